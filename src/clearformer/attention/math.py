@@ -1,0 +1,69 @@
+"""The reference attention: explicit scores, softmax and weighted sum.
+
+It is the slowest backend and the only one that can return the attention weights; every other
+backend is tested against it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..masks import causal_mask
+
+
+def combine_masks(
+    mask: Tensor | None, is_causal: bool, tq: int, tk: int, device: torch.device
+) -> Tensor | None:
+    """Fold a causal constraint into a 4-D bool mask (True = takes part)."""
+    if not is_causal:
+        return mask
+    causal = causal_mask(tq, tk, device)[None, None]  # (1, 1, Tq, Tk)
+    return causal if mask is None else mask & causal
+
+
+def math_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    *,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Scaled dot-product attention, written out.
+
+    Args:
+        q: (B, H, Tq, Dh) queries. k: (B, H, Tk, Dh) keys. v: (B, H, Tk, Dv) values.
+        mask: bool, broadcastable to (B, H, Tq, Tk), True = takes part; or None.
+        is_causal: add the bottom-right aligned causal constraint.
+        dropout_p: dropout on the attention probabilities (pass 0.0 in eval).
+        scale: score scale, default 1 / sqrt(Dh).
+        need_weights: also return the attention probabilities (before dropout).
+
+    Returns:
+        out (B, H, Tq, Dv) and weights (B, H, Tq, Tk) or None. A query with no key to attend
+        gets weights 0 and output 0.
+    """
+    tq, tk = q.shape[-2], k.shape[-2]
+    mask = combine_masks(mask, is_causal, tq, tk, q.device)
+    # Dividing by sqrt(Dh) keeps the scores' variance near 1 whatever the head width: the dot
+    # product of two random Dh-vectors has variance Dh, and a softmax of large scores saturates.
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, Tq, Tk)
+    if mask is not None:
+        # The most negative finite value, not -inf: a row with every key masked stays finite
+        # (uniform) through the softmax and is zeroed just below, so neither the output nor
+        # the gradient can become NaN. finfo(dtype).min is safe in every dtype.
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    # Softmax in float32 at least: half-precision exponentials lose the small weights.
+    weights = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    weights = weights.to(q.dtype)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)  # masked keys get exactly 0
+    probs = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
+    out = torch.matmul(probs, v)  # (B, H, Tq, Dv)
+    return out, (weights if need_weights else None)

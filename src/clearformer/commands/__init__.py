@@ -1,0 +1,8 @@
+"""Sub-commands of the ``clearformer`` CLI, one module each.
+
+Each module defines ``register(subparsers)``, which adds its parser and sets ``run`` as the
+parser's ``func`` default: ``run(args) -> int`` is the exit status.
+"""
+
+# Order of appearance in `clearformer --help`. A module that is missing is skipped.
+COMMANDS = ("encode", "search", "explain", "bench", "demo")

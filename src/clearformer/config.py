@@ -1,0 +1,111 @@
+"""Configuration at the model boundary: one frozen, validated dataclass per model."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from .attention.dispatch import BACKEND_NAMES
+from .blocks import NORMS
+from .feedforward import ACTIVATIONS
+
+POSITIONS = ("learned", "sinusoidal", "none")
+PACKING = ("auto", "always", "never")
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """An encoder stack, and optionally its token embeddings.
+
+    The stack alone (``Encoder``) needs the first block of fields; ``EncoderModel`` also reads
+    the embedding fields (``vocab_size`` set).
+    """
+
+    d_model: int = 512  # width D of every token's vector
+    n_heads: int = 8  # attention heads; d_model must be divisible by it
+    n_layers: int = 6  # encoder blocks
+    dim_mlp: int = 2048  # feed-forward hidden width (4 * d_model is customary)
+    dropout: float = 0.0  # after attention and feed-forward (and on embeddings)
+    attn_dropout: float | None = None  # on attention probabilities; None: same as dropout
+    norm: str = "pre"  # "pre": stable without warm-up; "post": BERT and the original paper
+    activation: str = "relu"  # relu (as torch.nn) | gelu (exact, BERT) | gelu_tanh | swiglu | geglu
+    norm_eps: float = 1e-5  # LayerNorm epsilon; BERT checkpoints use 1e-12
+    bias: bool = True  # biases in linear layers and norms; False is a bit faster
+    final_norm: bool | None = None  # norm after the last block; None: only for pre-norm
+    backend: str = "auto"  # attention backend: auto | math | sdpa | varlen
+    packing: str = "auto"  # unpad ragged batches: auto (when it pays) | always | never
+    checkpointing: bool = False  # recompute activations in backward to save memory (training)
+
+    # Embeddings (EncoderModel only).
+    vocab_size: int | None = None  # token vocabulary; None: the model takes vectors, not ids
+    max_positions: int = 512  # longest sequence the position table covers
+    positions: str = "learned"  # learned | sinusoidal | none
+    type_vocab_size: int = 0  # BERT's segment (token type) embeddings; 0: none
+    pad_token_id: int | None = 0  # its embedding row starts at zero and gets no gradient
+    position_offset: int = 0  # RoBERTa counts positions from pad_token_id + 1
+    embedding_norm: bool = False  # LayerNorm on the summed embeddings (BERT: yes)
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "n_layers", "dim_mlp", "max_positions"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"EncoderConfig.{name} must be a positive int, got {value!r}")
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"EncoderConfig.d_model must be divisible by n_heads: d_model={self.d_model}, "
+                f"n_heads={self.n_heads}"
+            )
+        for name in ("dropout", "attn_dropout"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ValueError(f"EncoderConfig.{name} must be in [0, 1), got {value!r}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"EncoderConfig.norm_eps must be > 0, got {self.norm_eps!r}")
+        for name, allowed in (
+            ("norm", NORMS),
+            ("activation", ACTIVATIONS),
+            ("backend", BACKEND_NAMES),
+            ("positions", POSITIONS),
+            ("packing", PACKING),
+        ):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"EncoderConfig.{name} must be one of {allowed}, got {value!r}")
+        if self.vocab_size is not None and (
+            not isinstance(self.vocab_size, int) or self.vocab_size <= 0
+        ):
+            raise ValueError(
+                f"EncoderConfig.vocab_size must be a positive int or None, got {self.vocab_size!r}"
+            )
+        if self.type_vocab_size < 0:
+            raise ValueError(
+                f"EncoderConfig.type_vocab_size must be >= 0, got {self.type_vocab_size!r}"
+            )
+        if (
+            self.pad_token_id is not None
+            and self.vocab_size is not None
+            and not (0 <= self.pad_token_id < self.vocab_size)
+        ):
+            raise ValueError(
+                f"EncoderConfig.pad_token_id must be in [0, vocab_size={self.vocab_size}), "
+                f"got {self.pad_token_id}"
+            )
+
+    @property
+    def use_final_norm(self) -> bool:
+        return self.norm == "pre" if self.final_norm is None else self.final_norm
+
+    @property
+    def max_length(self) -> int:
+        """The longest sequence the embeddings accept."""
+        return self.max_positions - self.position_offset
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> EncoderConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown EncoderConfig fields: {unknown}")
+        return cls(**data)

@@ -1,0 +1,63 @@
+"""Token embeddings: word + position (+ token type), optional LayerNorm, dropout."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .config import EncoderConfig
+from .positions import sinusoidal_table
+from .tracing import record
+
+
+class Embeddings(nn.Module):
+    """``(B, T)`` token ids -> ``(B, T, D)`` vectors.
+
+    ``x = Dropout(Norm(word[ids] + position[offset + t] + token_type[type_ids]))``; the norm
+    only when ``config.embedding_norm`` (BERT), token types only when ``type_vocab_size > 0``.
+    """
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("Embeddings need EncoderConfig.vocab_size, got None")
+        self.config = config
+        d = config.d_model
+        self.word = nn.Embedding(config.vocab_size, d, padding_idx=config.pad_token_id)
+        if config.positions == "learned":
+            self.position = nn.Embedding(config.max_positions, d)
+        else:
+            self.position = None
+        if config.positions == "sinusoidal":
+            table = sinusoidal_table(config.max_positions, d)
+            self.register_buffer("position_table", table, persistent=False)
+        else:
+            self.position_table = None
+        self.token_type = (
+            nn.Embedding(config.type_vocab_size, d) if config.type_vocab_size > 0 else None
+        )
+        self.norm = (
+            nn.LayerNorm(d, eps=config.norm_eps, bias=config.bias)
+            if config.embedding_norm
+            else nn.Identity()
+        )
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        B, T = input_ids.shape
+        x = self.word(input_ids)  # (B, T, D)
+        positions = torch.arange(
+            self.config.position_offset, self.config.position_offset + T, device=input_ids.device
+        )  # (T,)
+        if self.position is not None:
+            x = x + self.position(positions)  # (T, D) broadcast over B
+        elif self.position_table is not None:
+            x = x + self.position_table[positions].to(x.dtype)
+        if self.token_type is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(input_ids)
+            x = x + self.token_type(token_type_ids)
+        record("embeddings.sum", x)
+        x = self.dropout(self.norm(x))
+        record("embeddings.output", x)
+        return x

@@ -1,0 +1,64 @@
+"""The position-wise feed-forward network and its activations.
+
+Plain: ``fc_out(act(fc_in(x)))``. Gated (GLU family, Shazeer 2020): ``fc_in`` produces two halves,
+a gate and a value; ``fc_out(act(gate) * value)``. ``swiglu`` uses SiLU, ``geglu`` exact GELU.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
+GATED = {"swiglu": "silu", "geglu": "gelu"}
+
+
+def check_activation(activation: str, name: str = "activation") -> str:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{name} must be one of {ACTIVATIONS}, got {activation!r}")
+    return activation
+
+
+def activation_fn(name: str):
+    """The element-wise function for an activation name (the gate's for GLU variants)."""
+    name = GATED.get(name, name)
+    if name == "relu":
+        return F.relu
+    if name == "gelu":
+        return F.gelu  # exact (erf) GELU, as BERT uses
+    if name == "gelu_tanh":
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "silu":
+        return F.silu
+    raise ValueError(f"unknown activation {name!r}")
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network: (..., D) -> (..., D).
+
+    Args:
+        d_model: input and output width D.
+        dim_mlp: hidden width.
+        activation: one of ``ACTIVATIONS``.
+        bias: biases on both linear layers.
+    """
+
+    def __init__(self, d_model: int, dim_mlp: int, activation: str = "relu", bias: bool = True):
+        super().__init__()
+        self.activation = check_activation(activation)
+        self.gated = activation in GATED
+        self.act = activation_fn(activation)
+        self.fc_in = nn.Linear(d_model, 2 * dim_mlp if self.gated else dim_mlp, bias=bias)
+        self.fc_out = nn.Linear(dim_mlp, d_model, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.fc_in(x)  # (..., dim_mlp) or (..., 2 * dim_mlp) when gated
+        if self.gated:
+            gate, value = h.chunk(2, dim=-1)  # two (..., dim_mlp) halves
+            h = self.act(gate) * value
+        else:
+            h = self.act(h)
+        return self.fc_out(h)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}"

@@ -1,0 +1,1 @@
+"""Conversions between clearformer and other libraries' layers and checkpoints."""

@@ -1,0 +1,153 @@
+"""``torch.nn.TransformerEncoderLayer`` / ``TransformerEncoder`` <-> clearformer, same numerics.
+
+Name mapping (torch.nn -> clearformer): ``self_attn.in_proj_*`` -> ``attn.in_proj`` (same row
+order: queries, keys, values), ``self_attn.out_proj`` -> ``attn.out_proj``, ``linear1`` /
+``linear2`` -> ``mlp.fc_in`` / ``mlp.fc_out``, ``norm1`` -> ``attn_norm``, ``norm2`` ->
+``mlp_norm``. torch.nn applies dropout inside the feed-forward network too; clearformer does
+not, so the two agree exactly in eval mode (and in training with dropout 0).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..blocks import EncoderBlock
+from ..config import EncoderConfig
+from ..encoder import Encoder
+
+
+def _activation_name(activation) -> str:
+    if activation is F.relu or isinstance(activation, nn.ReLU):
+        return "relu"
+    if activation is F.gelu:
+        return "gelu"
+    if isinstance(activation, nn.GELU):
+        return "gelu" if activation.approximate == "none" else "gelu_tanh"
+    raise ValueError(
+        f"activation {activation!r} of the torch.nn layer has no clearformer equivalent; "
+        "supported: relu, gelu (exact or tanh)"
+    )
+
+
+def _layer_hparams(layer: nn.TransformerEncoderLayer) -> dict:
+    if not isinstance(layer, nn.TransformerEncoderLayer):
+        raise TypeError(
+            f"layer must be a torch.nn.TransformerEncoderLayer, got {type(layer).__name__}"
+        )
+    attn = layer.self_attn
+    if not attn._qkv_same_embed_dim:
+        raise ValueError("torch.nn layers with separate q/k/v projection weights are not supported")
+    return dict(
+        d_model=attn.embed_dim,
+        n_heads=attn.num_heads,
+        dim_mlp=layer.linear1.out_features,
+        dropout=layer.dropout1.p,
+        attn_dropout=attn.dropout,
+        norm="pre" if layer.norm_first else "post",
+        activation=_activation_name(layer.activation),
+        norm_eps=layer.norm1.eps,
+        bias=layer.linear1.bias is not None,
+    )
+
+
+@torch.no_grad()
+def _copy_layer(src: nn.TransformerEncoderLayer, dst: EncoderBlock, to_torch: bool) -> None:
+    pairs = [
+        (src.self_attn.in_proj_weight, dst.attn.in_proj.weight),
+        (src.self_attn.in_proj_bias, dst.attn.in_proj.bias),
+        (src.self_attn.out_proj.weight, dst.attn.out_proj.weight),
+        (src.self_attn.out_proj.bias, dst.attn.out_proj.bias),
+        (src.linear1.weight, dst.mlp.fc_in.weight),
+        (src.linear1.bias, dst.mlp.fc_in.bias),
+        (src.linear2.weight, dst.mlp.fc_out.weight),
+        (src.linear2.bias, dst.mlp.fc_out.bias),
+        (src.norm1.weight, dst.attn_norm.weight),
+        (src.norm1.bias, dst.attn_norm.bias),
+        (src.norm2.weight, dst.mlp_norm.weight),
+        (src.norm2.bias, dst.mlp_norm.bias),
+    ]
+    for theirs, ours in pairs:
+        if theirs is None or ours is None:
+            if (theirs is None) != (ours is None):
+                raise ValueError("bias presence differs between the torch.nn layer and the block")
+            continue
+        if theirs.shape != ours.shape:
+            raise ValueError(
+                f"shape mismatch: torch.nn {tuple(theirs.shape)} vs {tuple(ours.shape)}"
+            )
+        (theirs if to_torch else ours).copy_(ours if to_torch else theirs)
+
+
+def block_from_torch(layer: nn.TransformerEncoderLayer, backend: str = "auto") -> EncoderBlock:
+    hp = _layer_hparams(layer)
+    ref = layer.self_attn.in_proj_weight
+    block = EncoderBlock(
+        hp.pop("d_model"),
+        hp.pop("n_heads"),
+        hp.pop("dim_mlp"),
+        hp.pop("dropout"),
+        backend=backend,
+        **hp,
+    ).to(device=ref.device, dtype=ref.dtype)
+    _copy_layer(layer, block, to_torch=False)
+    block.train(layer.training)
+    return block
+
+
+def block_to_torch(block: EncoderBlock) -> nn.TransformerEncoderLayer:
+    if block.mlp.gated:
+        raise ValueError(
+            f"activation {block.mlp.activation!r} is gated (GLU); torch.nn.TransformerEncoderLayer "
+            "has no gated feed-forward network"
+        )
+    activation = {"relu": "relu", "gelu": "gelu", "gelu_tanh": nn.GELU(approximate="tanh")}[
+        block.mlp.activation
+    ]
+    ref = block.attn.in_proj.weight
+    layer = nn.TransformerEncoderLayer(
+        block.d_model,
+        block.attn.n_heads,
+        block.mlp.fc_in.out_features,
+        dropout=block.attn_residual_dropout.p,
+        activation=activation,
+        layer_norm_eps=block.attn_norm.eps,
+        batch_first=True,
+        norm_first=block.norm == "pre",
+        bias=block.attn.in_proj.bias is not None,
+        device=ref.device,
+        dtype=ref.dtype,
+    )
+    layer.self_attn.dropout = block.attn.attn_dropout
+    _copy_layer(layer, block, to_torch=True)
+    layer.train(block.training)
+    return layer
+
+
+def encoder_from_torch(stack: nn.TransformerEncoder, backend: str = "auto") -> Encoder:
+    if not isinstance(stack, nn.TransformerEncoder):
+        raise TypeError(f"stack must be a torch.nn.TransformerEncoder, got {type(stack).__name__}")
+    hps = [_layer_hparams(layer) for layer in stack.layers]
+    if any(hp != hps[0] for hp in hps[1:]):
+        raise ValueError("all layers of the torch.nn stack must share their hyper-parameters")
+    if stack.norm is not None and not isinstance(stack.norm, nn.LayerNorm):
+        raise ValueError(f"final norm must be a LayerNorm, got {type(stack.norm).__name__}")
+    config = EncoderConfig(
+        n_layers=len(stack.layers),
+        final_norm=stack.norm is not None,
+        backend=backend,
+        **hps[0],
+    )
+    ref = stack.layers[0].self_attn.in_proj_weight
+    encoder = Encoder(config).to(device=ref.device, dtype=ref.dtype)
+    for theirs, ours in zip(stack.layers, encoder.layers, strict=True):
+        _copy_layer(theirs, ours, to_torch=False)
+    if stack.norm is not None:
+        encoder.final_norm.eps = stack.norm.eps
+        with torch.no_grad():
+            encoder.final_norm.weight.copy_(stack.norm.weight)
+            if stack.norm.bias is not None:
+                encoder.final_norm.bias.copy_(stack.norm.bias)
+    encoder.train(stack.training)
+    return encoder

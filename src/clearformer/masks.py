@@ -1,0 +1,150 @@
+"""The one mask convention of clearformer, and the helper that enforces it.
+
+Convention: a mask is a ``torch.bool`` tensor and **True means "takes part"**
+(the key may be attended to). This is the seeds' convention and SDPA's.
+
+Accepted shapes (B batch, H heads, Tq queries, Tk keys):
+
+* ``(B, Tk)``         key-padding mask: padded keys are False;
+* ``(B, Tq, Tk)``     attention mask shared by all heads;
+* ``(B, H, Tq, Tk)``  attention mask per head.
+
+``is_causal=True`` adds a causal constraint aligned to the bottom-right corner:
+query ``i`` may attend key ``j`` when ``j <= i + (Tk - Tq)``. For self-attention
+(Tq == Tk) that is the usual lower triangle; with a key/value cache it lets the
+newest query see every cached key.
+
+Conversions from other conventions happen at the edges only:
+``from_key_padding_mask`` (torch.nn: True = ignore) and ``from_attention_mask``
+(Hugging Face: 1 = keep, 0 = pad).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "prepare_attention_mask",
+    "validate_key_padding_mask",
+    "causal_mask",
+    "from_key_padding_mask",
+    "from_attention_mask",
+]
+
+
+def _reject_non_bool(mask: Tensor, name: str) -> None:
+    if mask.dtype == torch.bool:
+        return
+    if mask.is_floating_point():
+        hint = (
+            f"an additive float mask cannot be converted safely; build a bool mask, "
+            f"e.g. `{name} = additive_mask == 0`"
+        )
+    else:
+        hint = (
+            f"for a 0/1 (Hugging Face style) mask use `{name}.bool()` or "
+            "`clearformer.masks.from_attention_mask(...)`; for torch.nn's key_padding_mask "
+            "(True = ignore) use `clearformer.masks.from_key_padding_mask(...)`"
+        )
+    raise TypeError(
+        f"{name} must be a torch.bool tensor (True = takes part), got dtype {mask.dtype}; {hint}"
+    )
+
+
+def validate_key_padding_mask(
+    mask: Tensor | None, batch: int, length: int, device: torch.device, name: str = "mask"
+) -> Tensor | None:
+    """Check a ``(B, T)`` bool key-padding mask and return it unchanged.
+
+    Raises:
+        TypeError: the mask is not a bool tensor.
+        ValueError: wrong shape or device.
+    """
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
+    _reject_non_bool(mask, name)
+    if tuple(mask.shape) != (batch, length):
+        raise ValueError(
+            f"{name} must have shape (B, T) = ({batch}, {length}), got {tuple(mask.shape)}"
+        )
+    if mask.device != device:
+        raise ValueError(f"{name} must be on device {device} like the input, got {mask.device}")
+    return mask
+
+
+def causal_mask(tq: int, tk: int, device: torch.device | None = None) -> Tensor:
+    """Bottom-right aligned causal mask of shape ``(Tq, Tk)``: True where query i may see key j."""
+    rows = torch.arange(tq, device=device).unsqueeze(1)  # (Tq, 1)
+    cols = torch.arange(tk, device=device).unsqueeze(0)  # (1, Tk)
+    return cols <= rows + (tk - tq)
+
+
+def prepare_attention_mask(
+    mask: Tensor | None,
+    *,
+    batch: int,
+    heads: int,
+    tq: int,
+    tk: int,
+    device: torch.device,
+    is_causal: bool = False,
+    name: str = "mask",
+) -> Tensor | None:
+    """Validate ``mask`` and normalise it to a 4-D bool tensor that broadcasts to (B, H, Tq, Tk).
+
+    Returns:
+        ``None`` when nothing is masked (no mask, not causal); otherwise a bool tensor of shape
+        ``(B, 1, 1, Tk)`` (key padding), ``(B, 1, Tq, Tk)``, ``(B, H, Tq, Tk)`` or
+        ``(1, 1, Tq, Tk)`` (causal only). A causal constraint is folded in with ``&``.
+    """
+    if mask is not None:
+        if not isinstance(mask, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
+        _reject_non_bool(mask, name)
+        if mask.device != device:
+            raise ValueError(f"{name} must be on device {device} like the query, got {mask.device}")
+        shape = tuple(mask.shape)
+        if shape == (batch, tk):
+            mask = mask[:, None, None, :]  # (B, 1, 1, Tk)
+        elif shape == (batch, tq, tk):
+            mask = mask[:, None, :, :]  # (B, 1, Tq, Tk)
+        elif shape == (batch, heads, tq, tk):
+            pass
+        else:
+            raise ValueError(
+                f"{name} must have shape (B, Tk) = ({batch}, {tk}), (B, Tq, Tk) = "
+                f"({batch}, {tq}, {tk}) or (B, H, Tq, Tk) = ({batch}, {heads}, {tq}, {tk}), "
+                f"got {shape}"
+            )
+    if is_causal:
+        causal = causal_mask(tq, tk, device)[None, None]  # (1, 1, Tq, Tk)
+        mask = causal if mask is None else mask & causal
+    return mask
+
+
+def from_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
+    """torch.nn's ``key_padding_mask`` (True = ignore) -> clearformer's (True = takes part)."""
+    if key_padding_mask.dtype == torch.bool:
+        return ~key_padding_mask
+    if key_padding_mask.is_floating_point():
+        # torch.nn also accepts additive float masks: -inf (or very negative) = ignore.
+        return key_padding_mask == 0
+    return key_padding_mask == 0
+
+
+def from_attention_mask(attention_mask: Tensor) -> Tensor:
+    """Hugging Face's ``attention_mask`` (1 = keep, 0 = pad; any integer or bool dtype) -> bool."""
+    if attention_mask.dtype == torch.bool:
+        return attention_mask
+    if attention_mask.is_floating_point():
+        raise TypeError(
+            "attention_mask must hold 0/1 integers or bools (1 = keep, 0 = pad), got a float "
+            f"tensor of dtype {attention_mask.dtype}"
+        )
+    values = torch.unique(attention_mask)
+    if not bool(((values == 0) | (values == 1)).all()):
+        raise ValueError(f"attention_mask must hold only 0 and 1, got values {values.tolist()[:8]}")
+    return attention_mask.bool()

@@ -1,0 +1,75 @@
+"""Unpad once at the stack's edge, repad once at the end.
+
+A ragged batch padded to ``(B, T, D)`` spends most of its work on padding when lengths vary.
+Linear layers, norms and the feed-forward network treat every row alike, so they can run on the
+real tokens only, packed into ``(N, D)``. Only attention needs to know where each sequence
+starts; ``cu_seqlens`` tells it (the flash-attention convention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["PackedLayout", "unpad", "repad", "pack_layout"]
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where the real tokens of a padded ``(B, T)`` batch live once packed into ``(N,)`` rows.
+
+    Attributes:
+        indices: ``(N,)`` int64, flat positions ``b * T + t`` of the real tokens, in order.
+        cu_seqlens: ``(B + 1,)`` int32, cumulative lengths; sequence b is rows
+            ``cu_seqlens[b]:cu_seqlens[b + 1]``.
+        offsets: the same cumulative lengths as Python ints (so attention can slice without
+            synchronising with the device again).
+        max_seqlen: the longest sequence.
+        batch, seqlen: the padded shape ``(B, T)`` to restore.
+    """
+
+    indices: Tensor
+    cu_seqlens: Tensor
+    offsets: tuple[int, ...]
+    max_seqlen: int
+    batch: int
+    seqlen: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.offsets[-1]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [b - a for a, b in zip(self.offsets[:-1], self.offsets[1:], strict=True)]
+
+
+def pack_layout(mask: Tensor) -> PackedLayout:
+    """Layout of the real tokens of a ``(B, T)`` bool mask (True = real token).
+
+    Real tokens need not be contiguous: whatever positions are True are packed in order.
+    """
+    batch, seqlen = mask.shape
+    lengths = mask.sum(dim=1, dtype=torch.int32)  # (B,)
+    cu_seqlens = torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
+    indices = torch.nonzero(mask.reshape(-1), as_tuple=False).flatten()  # (N,)
+    offsets = tuple(int(x) for x in cu_seqlens.tolist())
+    max_seqlen = int(lengths.max()) if batch > 0 else 0
+    return PackedLayout(indices, cu_seqlens, offsets, max_seqlen, batch, seqlen)
+
+
+def unpad(x: Tensor, mask: Tensor) -> tuple[Tensor, PackedLayout]:
+    """``(B, T, D)`` padded + ``(B, T)`` mask -> ``(N, D)`` real rows and their layout."""
+    layout = pack_layout(mask)
+    rows = x.reshape(-1, x.shape[-1]).index_select(0, layout.indices)  # (B*T, D) -> (N, D)
+    return rows, layout
+
+
+def repad(rows: Tensor, layout: PackedLayout) -> Tensor:
+    """``(N, D)`` packed rows -> ``(B, T, D)``, with zeros at padded positions."""
+    dim = rows.shape[-1]
+    out = rows.new_zeros(layout.batch * layout.seqlen, dim)  # (B*T, D)
+    out = out.index_copy(0, layout.indices, rows)  # out-of-place keeps autograd simple
+    return out.view(layout.batch, layout.seqlen, dim)  # (B, T, D)
