@@ -9,6 +9,8 @@ not, so the two agree exactly in eval mode (and in training with dropout 0).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,6 +27,8 @@ def _activation_name(activation) -> str:
         return "gelu"
     if isinstance(activation, nn.GELU):
         return "gelu" if activation.approximate == "none" else "gelu_tanh"
+    if isinstance(activation, functools.partial) and activation.func is F.gelu:
+        return "gelu_tanh" if activation.keywords.get("approximate") == "tanh" else "gelu"
     raise ValueError(
         f"activation {activation!r} of the torch.nn layer has no clearformer equivalent; "
         "supported: relu, gelu (exact or tanh)"
@@ -102,9 +106,9 @@ def block_to_torch(block: EncoderBlock) -> nn.TransformerEncoderLayer:
             f"activation {block.mlp.activation!r} is gated (GLU); torch.nn.TransformerEncoderLayer "
             "has no gated feed-forward network"
         )
-    activation = {"relu": "relu", "gelu": "gelu", "gelu_tanh": nn.GELU(approximate="tanh")}[
-        block.mlp.activation
-    ]
+    # Not nn.GELU("tanh"): torch.nn's fused fast path treats every nn.GELU as the exact GELU.
+    tanh_gelu = functools.partial(F.gelu, approximate="tanh")
+    activation = {"relu": "relu", "gelu": "gelu", "gelu_tanh": tanh_gelu}[block.mlp.activation]
     ref = block.attn.in_proj.weight
     layer = nn.TransformerEncoderLayer(
         block.d_model,
