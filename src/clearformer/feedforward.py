@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .tracing import record
+
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
 GATED = {"swiglu": "silu", "geglu": "gelu"}
 
@@ -53,12 +55,16 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.fc_in(x)  # (..., dim_mlp) or (..., 2 * dim_mlp) when gated
+        record("ffn.hidden", h)
         if self.gated:
             gate, value = h.chunk(2, dim=-1)  # two (..., dim_mlp) halves
             h = self.act(gate) * value
         else:
             h = self.act(h)
-        return self.fc_out(h)
+        record("ffn.activation", h)
+        out = self.fc_out(h)  # (..., D)
+        record("ffn.output", out)
+        return out
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..masks import causal_mask
+from ..tracing import record
 
 
 def combine_masks(
@@ -54,16 +55,20 @@ def math_attention(
     # product of two random Dh-vectors has variance Dh, and a softmax of large scores saturates.
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, Tq, Tk)
+    record("attn.scores", scores)
     if mask is not None:
         # The most negative finite value, not -inf: a row with every key masked stays finite
         # (uniform) through the softmax and is zeroed just below, so neither the output nor
         # the gradient can become NaN. finfo(dtype).min is safe in every dtype.
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        record("attn.masked_scores", scores, mask=mask)
     # Softmax in float32 at least: half-precision exponentials lose the small weights.
     weights = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
     weights = weights.to(q.dtype)
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)  # masked keys get exactly 0
+    record("attn.weights", weights)
     probs = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
     out = torch.matmul(probs, v)  # (B, H, Tq, Dv)
+    record("attn.context", out)
     return out, (weights if need_weights else None)

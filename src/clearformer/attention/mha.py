@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from ..masks import prepare_attention_mask
 from ..padding import PackedLayout
+from ..tracing import record
 from .dispatch import BackendChoice, check_backend_name, select_backend
 from .math import math_attention
 from .sdpa import sdpa_attention
@@ -182,8 +183,12 @@ class MultiHeadAttention(nn.Module):
             )
 
         q, k, v = self.project(query, key, value)
+        record("attn.q_proj", q)
+        record("attn.k_proj", k)
+        record("attn.v_proj", v)
         # (B, T, H*Dh) -> (B, T, H, Dh) -> (B, H, T, Dh): a view; the kernels read the strides.
         q = q.view(B, Tq, H, -1).transpose(1, 2)
+        record("attn.split_heads", q)
         k = k.view(B, Tk, H, -1).transpose(1, 2)
         v = v.view(B, Tk, H, -1).transpose(1, 2)
         attend = _PADDED_BACKENDS[choice.name]
@@ -197,7 +202,10 @@ class MultiHeadAttention(nn.Module):
             need_weights=need_weights,
         )  # (B, H, Tq, Dv)
         out = out.transpose(1, 2).reshape(B, Tq, self.v_dim)  # merge heads: (B, Tq, H*Dv)
-        return self.out_proj(out), weights
+        record("attn.merge_heads", out)
+        out = self.out_proj(out)  # (B, Tq, out_dim)
+        record("attn.out_proj", out)
+        return out, weights
 
     def _forward_packed(self, query, key, value, mask, layout, is_causal, need_weights):
         if key is not query or value is not query:
@@ -220,8 +228,9 @@ class MultiHeadAttention(nn.Module):
         choice = self.backend_for(need_weights=need_weights, packed=True)
         N, H = query.shape[0], self.n_heads
         q, k, v = self.project(query, query, query)
-        # (N, H*Dh) -> (N, H, Dh)
-        q, k, v = q.view(N, H, -1), k.view(N, H, -1), v.view(N, H, -1)
+        # (N, H*Dh) -> (N, H, Dh); explicit widths, so that a batch of no tokens (N = 0) works.
+        dh, dv = self.qk_dim // H, self.v_dim // H
+        q, k, v = q.view(N, H, dh), k.view(N, H, dh), v.view(N, H, dv)
         out = varlen_attention(
             q,
             k,

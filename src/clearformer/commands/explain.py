@@ -1,0 +1,172 @@
+"""``clearformer explain TEXT``: a live walk through the encoder's forward pass.
+
+Prints the annotated listing (each step's code, formula, shape and statistics) and writes the
+HTML report, PNG attention maps or JSON trace on request. Every check on the arguments (filters,
+output paths, empty texts) runs before the model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from ..attention.dispatch import BACKEND_NAMES
+from ..blocks import NORMS
+
+# The toy encoder's options: flag, type, default, meaning. Given without --random, they fail
+# rather than being silently ignored.
+_TOY_OPTIONS = (
+    ("--d-model", int, 64, "width D"),
+    ("--n-heads", int, 4, "attention heads"),
+    ("--n-layers", int, 2, "blocks"),
+    ("--max-length", int, 64, "words kept per text"),
+    ("--seed", int, 0, "initialises the parameters"),
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "explain",
+        help="walk through the encoder's real forward pass on a text",
+        description="Run the encoder on TEXT and narrate every step: the line of clearformer "
+        "that computes it, its formula, the live shapes and statistics, the attention maps.",
+    )
+    p.add_argument("texts", nargs="+", metavar="TEXT", help="one or more texts (a batch)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--model", metavar="DIR", help="checkpoint directory (default: bundled)")
+    source.add_argument("--random", action="store_true", help="an untrained toy encoder")
+    toy = p.add_argument_group("toy encoder (--random)")
+    for flag, kind, default, what in _TOY_OPTIONS:
+        toy.add_argument(flag, type=kind, help=f"{what} (default {default})")
+    toy.add_argument("--norm", choices=NORMS, help="norm placement (default pre)")
+    p.add_argument(
+        "--backend",
+        choices=BACKEND_NAMES,
+        default="auto",
+        help="the attention backend the model runs in production",
+    )
+    show = p.add_argument_group("what to show")
+    show.add_argument("--layer", type=int, help="only this layer (0-based)")
+    show.add_argument("--head", type=int, help="attention of this head (0-based)")
+    show.add_argument("--step", help="only these steps: a name (attn.scores) or group (attn)")
+    show.add_argument("--sequence", type=int, default=0, help="which text of the batch to show")
+    show.add_argument("-q", "--quiet", action="store_true", help="no listing on stdout")
+    out = p.add_argument_group("outputs (written atomically)")
+    out.add_argument("--html", metavar="FILE", help="self-contained HTML report")
+    out.add_argument("--png", metavar="FILE", help="attention maps (needs matplotlib)")
+    out.add_argument(
+        "--json",
+        metavar="FILE",
+        nargs="?",
+        const="-",
+        help="the whole trace as JSON (to stdout without FILE)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cli import CliError
+    from ..explainer import explain
+    from ..explainer.filters import Filters, check_filters
+
+    toy_given = [f for f, *_ in _TOY_OPTIONS if getattr(args, _dest(f)) is not None]
+    toy_given += ["--norm"] if args.norm is not None else []
+    if toy_given and not args.random:
+        raise CliError(f"{', '.join(toy_given)} configure the toy encoder: add --random")
+    for flag, _, default, _ in _TOY_OPTIONS:
+        if getattr(args, _dest(flag)) is None:
+            setattr(args, _dest(flag), default)
+    args.norm = args.norm or "pre"
+    for i, text in enumerate(args.texts):
+        if not text.strip():
+            raise CliError(f"TEXT {i + 1} is empty: give a text with at least one word")
+    outputs = {"--html": args.html, "--png": args.png, "--json": args.json}
+    for flag, path in outputs.items():
+        if path is not None and path != "-":
+            _check_writable(flag, path)
+    if args.png is not None and importlib.util.find_spec("matplotlib") is None:
+        raise CliError("--png needs matplotlib: pip install 'clearformer[plot]'")
+    filters = Filters(args.layer, args.head, args.step, args.sequence)
+
+    encoder = _load(args)
+    config = encoder.model.config
+    check_filters(filters, n_layers=config.n_layers, n_heads=config.n_heads, batch=len(args.texts))
+    trace = explain(encoder, args.texts)
+    listing = not args.quiet and args.json != "-"
+    if not listing:  # the listing's header carries the notes otherwise
+        for note in trace.notes:
+            print(f"clearformer explain: note: {note}", file=sys.stderr)
+
+    if args.json is not None:
+        text = trace.to_json(indent=1)
+        if args.json == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            _write_text(args.json, text + "\n")
+    if args.html is not None:
+        from ..explainer.render_html import write_html
+
+        write_html(trace, args.html)
+    if args.png is not None:
+        from ..explainer.render_png import write_png
+
+        write_png(trace, args.png, filters)
+    if listing:
+        from ..explainer.render_text import render_text
+
+        sys.stdout.write(render_text(trace, filters))
+    for flag, path in outputs.items():
+        if path is not None and path != "-":
+            print(f"clearformer explain: wrote {path} ({flag[2:]})", file=sys.stderr)
+    return 0
+
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def _load(args: argparse.Namespace):
+    if args.random:
+        from ..explainer.toy import ToyTextEncoder
+
+        for flag in ("--d-model", "--n-heads", "--n-layers", "--max-length"):
+            value = getattr(args, _dest(flag))
+            if value <= 0:
+                raise ValueError(f"{flag} must be positive, got {value}")
+        return ToyTextEncoder(
+            args.d_model,
+            args.n_heads,
+            args.n_layers,
+            norm=args.norm,
+            backend=args.backend,
+            max_length=args.max_length,
+            seed=args.seed,
+        )
+    from ..pretrained import TextEncoder
+
+    return TextEncoder.from_pretrained(args.model, backend=args.backend)
+
+
+def _check_writable(flag: str, path: str) -> None:
+    from ..cli import CliError
+
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise CliError(f"{flag}: {path} is a directory; give a file name")
+    if not directory.is_dir():
+        raise CliError(f"{flag}: cannot write {path}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise CliError(f"{flag}: cannot write {path}: directory {directory} is not writable")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise CliError(f"{flag}: cannot write {path}: the file is not writable")
+
+
+def _write_text(path: str, text: str) -> None:
+    from ..io import atomic_write
+
+    with atomic_write(path, "w") as handle:
+        handle.write(text)

