@@ -8,8 +8,10 @@ from .attention import MultiHeadAttention
 from .blocks import EncoderBlock
 from .config import EncoderConfig
 from .encoder import Encoder
+from .explainer import explain
 from .feedforward import FeedForward
 from .model import EncoderModel
+from .pretrained import TextEncoder
 
 __version__ = "0.1.0"
 
@@ -20,5 +22,7 @@ __all__ = [
     "EncoderModel",
     "FeedForward",
     "MultiHeadAttention",
+    "TextEncoder",
+    "explain",
     "__version__",
 ]

@@ -1,0 +1,217 @@
+"""``clearformer encode``: sentence embeddings for texts, with a pretrained encoder.
+
+Texts come from the arguments, a file (one per line, or JSONL with ``--field``) or stdin.
+Embeddings go to ``.npy`` or ``.jsonl`` (written atomically) or to stdout as JSONL;
+``--similarity`` prints their cosine matrix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+SIMILARITY_MAX = 32  # texts; a larger matrix does not fit a terminal
+OUTPUT_SUFFIXES = (".npy", ".jsonl")
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {number}")
+    return number
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """--model, --backend, --batch-size, --progress: shared by encode and search."""
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        default=None,
+        help="checkpoint directory (default: the bundled all-MiniLM-L6-v2)",
+    )
+    p.add_argument("--batch-size", type=positive_int, default=32, help="texts per forward pass")
+    p.add_argument(
+        "--backend",
+        choices=("auto", "math", "sdpa", "varlen"),
+        default="auto",
+        help="attention backend (auto packs ragged batches)",
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "encode",
+        help="sentence embeddings for texts",
+        description="Encode texts into sentence embeddings with a pretrained encoder.",
+    )
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to encode")
+    p.add_argument(
+        "-i", "--input", metavar="FILE", help="read texts from FILE, one per line ('-': stdin)"
+    )
+    p.add_argument(
+        "--field",
+        metavar="NAME",
+        help="read JSONL input and take this string field (default for .jsonl input: text)",
+    )
+    p.add_argument(
+        "-o", "--output", metavar="FILE", help="write embeddings to FILE.npy or FILE.jsonl"
+    )
+    p.add_argument("--similarity", action="store_true", help="print the cosine similarity matrix")
+    p.add_argument(
+        "--no-normalize",
+        dest="normalize",
+        action="store_false",
+        default=None,
+        help="do not L2-normalise (default: as the checkpoint's pipeline says)",
+    )
+    add_model_arguments(p)
+    p.set_defaults(func=run)
+
+
+def read_input(texts: list[str], input_path: str | None, field: str | None) -> list[str]:
+    """Texts from the arguments, ``--input`` or stdin (exactly one source)."""
+    from ..cli import CliError
+    from ..io import read_texts
+
+    if texts and input_path is not None:
+        raise CliError("give texts as arguments or with --input, not both")
+    if texts:
+        if field is not None:
+            raise CliError("--field applies to --input or stdin, not to texts given as arguments")
+        return texts
+    if input_path is None or input_path == "-":
+        if input_path is None and sys.stdin.isatty():
+            raise CliError("no input texts: pass texts as arguments, --input FILE, or pipe stdin")
+        data, source = sys.stdin.buffer.read(), "stdin"
+    else:
+        path = Path(input_path)
+        if not path.is_file():
+            raise CliError(f"--input file not found: {path}")
+        data, source = path.read_bytes(), str(path)
+        if field is None and path.suffix == ".jsonl":
+            field = "text"
+    result = read_texts(data, source, field=field)
+    if not result:
+        raise CliError(f"empty input: {source} holds no texts")
+    return result
+
+
+def check_output(output: str | None) -> Path | None:
+    from ..cli import CliError
+
+    if output is None:
+        return None
+    path = Path(output)
+    if path.suffix not in OUTPUT_SUFFIXES:
+        raise CliError(f"--output must end in .npy or .jsonl, got {output!r}")
+    if not path.parent.is_dir():
+        raise CliError(f"--output directory does not exist: {path.parent}")
+    if path.is_dir():
+        raise CliError(f"--output is a directory: {path}")
+    return path
+
+
+def load_encoder(args: argparse.Namespace):
+    from ..pretrained import TextEncoder
+
+    return TextEncoder.from_pretrained(args.model, backend=args.backend)
+
+
+def progress_for(args: argparse.Namespace, total: int):
+    """A stderr progress line for long runs (a terminal, or --progress), else None."""
+    show = args.progress if args.progress is not None else sys.stderr.isatty() and total >= 256
+    if not show:
+        return False
+
+    def update(done: int, total: int) -> None:
+        width = 30
+        filled = int(width * done / max(total, 1))
+        bar = "#" * filled + "-" * (width - filled)
+        end = "\n" if done >= total else ""
+        print(f"\rencode [{bar}] {done}/{total} texts", end=end, file=sys.stderr, flush=True)
+
+    return update
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from ..cli import CliError
+    from ..io import atomic_write
+
+    output = check_output(args.output)
+    texts = read_input(args.texts, args.input, args.field)
+    if args.similarity and len(texts) > SIMILARITY_MAX:
+        raise CliError(
+            f"--similarity prints an n x n matrix for at most {SIMILARITY_MAX} texts, "
+            f"got {len(texts)}; use --output to save the embeddings"
+        )
+    encoder = load_encoder(args)
+    embeddings = encoder.encode(
+        texts,
+        batch_size=args.batch_size,
+        normalize=args.normalize,
+        progress=progress_for(args, len(texts)),
+    )  # (n, D) float32
+    if output is not None and output.suffix == ".npy":
+        with atomic_write(output, "wb") as handle:
+            np.save(handle, embeddings)
+    elif output is not None:
+        with atomic_write(output) as handle:
+            write_jsonl(handle, texts, embeddings)
+    if args.similarity:
+        print(similarity_table(texts, embeddings))
+    elif output is None:
+        write_jsonl(sys.stdout, texts, embeddings)
+    else:
+        print(f"wrote {len(texts)} x {embeddings.shape[1]} embeddings to {output}", file=sys.stderr)
+    return 0
+
+
+def write_jsonl(handle, texts: list[str], embeddings) -> None:
+    """One JSON object per text: its index, text and embedding (9 significant digits, enough
+    to restore every float32 exactly)."""
+    for index, (text, row) in enumerate(zip(texts, embeddings, strict=True)):
+        numbers = ", ".join(f"{x:.9g}" for x in row.tolist())
+        handle.write(
+            f'{{"index": {index}, "text": {json.dumps(text, ensure_ascii=False)}, '
+            f'"embedding": [{numbers}]}}\n'
+        )
+
+
+def cosine_matrix(embeddings):
+    import numpy as np
+
+    norms = np.linalg.norm(embeddings, axis=1, keepdims=True)  # (n, 1)
+    unit = embeddings / np.maximum(norms, 1e-12)
+    return unit @ unit.T  # (n, n)
+
+
+def similarity_table(texts: list[str], embeddings) -> str:
+    """The cosine matrix with numbered texts as a legend."""
+    sims = cosine_matrix(embeddings)
+    n = len(texts)
+    lines = [f"[{i + 1}] {_shorten(t)}" for i, t in enumerate(texts)]
+    header = "     " + "".join(f"{f'[{j + 1}]':>8}" for j in range(n))
+    lines += ["", header]
+    for i in range(n):
+        lines.append(f"{f'[{i + 1}]':<5}" + "".join(f"{sims[i, j]:8.3f}" for j in range(n)))
+    return "\n".join(lines)
+
+
+def _shorten(text: str, width: int = 70) -> str:
+    flat = " ".join(text.split())
+    if not flat:
+        return repr(text)
+    return flat if len(flat) <= width else flat[: width - 3] + "..."

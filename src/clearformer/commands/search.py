@@ -1,0 +1,67 @@
+"""``clearformer search``: rank the lines of a file by meaning, closest to a query first."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .encode import add_model_arguments, load_encoder, positive_int, progress_for
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "search",
+        help="rank the lines of a file by meaning",
+        description="Rank the texts of a corpus file by cosine similarity to a query.",
+    )
+    p.add_argument("query", metavar="QUERY", help="the text to search for")
+    p.add_argument(
+        "--corpus", required=True, metavar="FILE", help="one text per line, or JSONL with --field"
+    )
+    p.add_argument("--field", metavar="NAME", help="JSONL corpus: the string field to search")
+    p.add_argument("-k", "--top-k", type=positive_int, default=5, help="results to show")
+    p.add_argument("--json", action="store_true", help="print results as JSON lines")
+    add_model_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from ..cli import CliError
+    from ..io import read_texts
+
+    path = Path(args.corpus)
+    if not path.is_file():
+        raise CliError(f"--corpus file not found: {path}")
+    if not args.query.strip():
+        raise CliError("QUERY is empty")
+    field = args.field if args.field is not None or path.suffix != ".jsonl" else "text"
+    texts = read_texts(path.read_bytes(), str(path), field=field)
+    # Blank lines carry no meaning to rank; keep each text's line number for the output.
+    entries = [(number, text) for number, text in enumerate(texts, start=1) if text.strip()]
+    if not entries:
+        raise CliError(f"empty input: {path} holds no non-blank texts")
+    encoder = load_encoder(args)
+    corpus = encoder.encode(
+        [t for _, t in entries],
+        batch_size=args.batch_size,
+        normalize=True,
+        progress=progress_for(args, len(entries)),
+    )  # (n, D), unit rows
+    query = encoder.encode([args.query], normalize=True)[0]  # (D,)
+    scores = corpus @ query  # (n,) cosine similarities
+    k = min(args.top_k, len(entries))
+    # Stable sort on -score: equal scores keep file order.
+    best = np.argsort(-scores, kind="stable")[:k]
+    for rank, i in enumerate(best, start=1):
+        number, text = entries[i]
+        if args.json:
+            item = {"rank": rank, "score": round(float(scores[i]), 6), "line": number, "text": text}
+            print(json.dumps(item, ensure_ascii=False))
+        else:
+            print(f"{rank:>3}  {scores[i]:.4f}  line {number}: {' '.join(text.split())}")
+    sys.stdout.flush()
+    return 0

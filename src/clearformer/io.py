@@ -1,0 +1,103 @@
+"""Reading text inputs and writing outputs atomically (used by the CLI commands).
+
+An output file is written to a temporary file in the same directory and moved into place with
+``os.replace``, so a reader never sees half a file and an earlier file is never lost to a
+failed write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+__all__ = ["atomic_write", "read_lines", "read_jsonl_field", "read_texts"]
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+    """Open a temporary file next to ``path``; on success move it onto ``path``.
+
+    Args:
+        path: the final file.
+        mode: ``"w"`` (UTF-8 text) or ``"wb"``.
+
+    On an exception the temporary file is removed and ``path`` is left as it was.
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise FileNotFoundError(f"output directory does not exist: {directory}")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        encoding = "utf-8" if mode == "w" else None
+        with os.fdopen(fd, mode, encoding=encoding) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _decode(data: bytes, source: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ValueError(
+            f"{source} is not valid UTF-8 text: byte 0x{data[exc.start]:02x} at offset "
+            f"{exc.start} (line {line}); convert the file to UTF-8"
+        ) from None
+
+
+def read_lines(data: bytes, source: str) -> list[str]:
+    """One text per line (``\\n`` or ``\\r\\n``); a final newline does not add an empty text."""
+    text = _decode(data, source)
+    if text.startswith("\ufeff"):
+        text = text[1:]  # a UTF-8 byte-order mark is not part of the first text
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def read_jsonl_field(data: bytes, source: str, field: str) -> list[str]:
+    """The string ``field`` of each JSON object, one object per non-blank line."""
+    texts = []
+    for number, line in enumerate(read_lines(data, source), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{source} line {number} is not valid JSON: {exc.msg}") from None
+        if not isinstance(item, dict) or field not in item:
+            raise ValueError(
+                f"{source} line {number}: expected a JSON object with a {field!r} field, "
+                f"got {type(item).__name__}"
+                + (f" with fields {sorted(item)[:5]}" if isinstance(item, dict) else "")
+            )
+        value = item[field]
+        if not isinstance(value, str):
+            raise ValueError(
+                f"{source} line {number}: field {field!r} must be a string, "
+                f"got {type(value).__name__}"
+            )
+        texts.append(value)
+    return texts
+
+
+def read_texts(data: bytes, source: str, *, field: str | None = None) -> list[str]:
+    """Texts from a file's bytes: JSONL when ``field`` is given, else one text per line."""
+    if field is not None:
+        return read_jsonl_field(data, source, field)
+    return read_lines(data, source)

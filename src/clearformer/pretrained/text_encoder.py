@@ -1,0 +1,241 @@
+"""``TextEncoder``: texts in, sentence embeddings out, on a pretrained BERT-family checkpoint.
+
+The pipeline: tokenize every text once; sort by length so each batch holds texts of similar
+length; run each batch through :class:`~clearformer.EncoderModel` (which packs the real tokens
+of a ragged batch, so padding costs nothing); pool; normalise; put rows back in input order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..config import EncoderConfig
+from ..io import atomic_write
+from ..model import EncoderModel
+from .checkpoint import CheckpointError, find_checkpoint
+from .hf_mapping import LoadReport
+from .loading import LoadedModel, load_model, save_model
+from .pooling import pool, pooling_mode_from_config
+from .tokenizer import TextTokenizer, TokenBatch, check_texts, max_length_for
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[int, int], None]  # (texts done, texts in all)
+_SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
+_LOG_PROGRESS_MIN = 2048  # texts; below this an encode call is short enough to need no progress
+# Files besides the weights and config.json that make a directory a complete checkpoint.
+_COPIED_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+)
+
+
+class TextEncoder:
+    """A pretrained encoder with its tokenizer and pooling.
+
+    Attributes:
+        model: the :class:`~clearformer.EncoderModel`, in eval mode.
+        config: its :class:`~clearformer.EncoderConfig`.
+        pooling: ``"mean"``, ``"cls"`` or ``"max"``.
+        normalize: whether :meth:`encode` L2-normalises by default (the checkpoint's
+            sentence-transformers modules include ``Normalize``).
+        max_length: texts are truncated to this many pieces, special tokens included.
+        path: the checkpoint directory.
+        report: what the load did (:class:`~clearformer.pretrained.LoadReport`).
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        tokenizer: TextTokenizer,
+        *,
+        pooling: str,
+        normalize: bool,
+    ) -> None:
+        self._loaded = loaded
+        self.model: EncoderModel = loaded.model
+        self.config: EncoderConfig = loaded.model.config
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.normalize = normalize
+        self.max_length = tokenizer.max_length
+        self.path: Path = loaded.files.path
+        self.report: LoadReport = loaded.report
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike | None = None,
+        *,
+        backend: str = "auto",
+        strict: bool = True,
+    ) -> TextEncoder:
+        """Load a checkpoint directory (None: the bundled all-MiniLM-L6-v2).
+
+        Raises:
+            FileNotFoundError: no such directory (or the bundled model is not installed).
+            CheckpointError: incomplete, unsupported, corrupt or mismatched checkpoint.
+        """
+        started = time.perf_counter()
+        files = find_checkpoint(path)
+        pooling = pooling_mode_from_config(files.pooling_config)
+        normalize = _check_modules(files.modules, files.path)
+        loaded = load_model(files, backend=backend, strict=strict)
+        config = loaded.model.config
+        pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+        tokenizer = TextTokenizer.from_files(
+            files, max_length_for(files, config.max_length), pad_id
+        )
+        log.info("loaded %s in %.2fs", files.path, time.perf_counter() - started)
+        return cls(loaded, tokenizer, pooling=pooling, normalize=normalize)
+
+    @property
+    def dim(self) -> int:
+        """Width D of the embeddings."""
+        return self.config.d_model
+
+    def tokenize(self, texts: list[str]) -> TokenBatch:
+        """Tokenize and pad ``texts`` as :meth:`encode` does (one batch, input order)."""
+        return self.tokenizer(texts)
+
+    def pool(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
+        """(B, T, D) token states + (B, T) bool mask -> (B, D) with the checkpoint's pooling."""
+        return pool(hidden, attention_mask, self.pooling)
+
+    def encode(
+        self,
+        texts: list[str],
+        batch_size: int = 32,
+        normalize: bool | None = None,
+        progress: bool | ProgressFn | None = None,
+    ) -> np.ndarray:
+        """Sentence embeddings of ``texts``.
+
+        Args:
+            texts: the texts (an empty list gives a (0, D) array).
+            batch_size: texts per forward pass.
+            normalize: L2-normalise each row; None = as the checkpoint says (:attr:`normalize`).
+            progress: None = log progress at INFO level for long inputs; True = a tqdm bar when
+                tqdm is installed (else log); False = silent; a callable gets (done, total).
+
+        Returns:
+            (n, D) float32, row i for ``texts[i]``.
+        """
+        texts = check_texts(texts)
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        normalize = self.normalize if normalize is None else bool(normalize)
+        n = len(texts)
+        out = np.empty((n, self.dim), dtype=np.float32)
+        if n == 0:
+            return out
+        encodings = self.tokenizer.encode(texts)
+        # Longest first: texts of similar length share a batch, and the largest batch (the peak
+        # of memory) comes first, so a memory problem shows at once.
+        order = sorted(range(n), key=lambda i: -len(encodings[i].ids))
+        report = _progress_reporter(progress, n)
+        with torch.inference_mode():
+            for start in range(0, n, batch_size):
+                rows = order[start : start + batch_size]
+                batch = self.tokenizer.pad([encodings[i] for i in rows])
+                mask = batch.attention_mask
+                # No padding at all: no mask, so attention runs its unmasked kernel.
+                hidden = self.model(
+                    batch.input_ids, None if bool(mask.all()) else mask, batch.token_type_ids
+                )  # (B, T, D)
+                vectors = self.pool(hidden, mask)  # (B, D)
+                if normalize:
+                    vectors = F.normalize(vectors, p=2.0, dim=-1)
+                out[rows] = vectors.float().numpy()
+                report(min(start + batch_size, n), n)
+        return out
+
+    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        """Write the checkpoint back in Hugging Face format, with tokenizer and pooling files."""
+        out = save_model(
+            self.model,
+            directory,
+            self._loaded.architecture,
+            base_config=self._loaded.hf_config,
+            kept=self._loaded.kept,
+        )
+        sources = [self.path / name for name in _COPIED_FILES]
+        modules = self._loaded.files.modules or []
+        sources += [
+            self.path / str(m.get("path", "")) / "config.json"
+            for m in modules
+            if str(m.get("type", "")).endswith(".Pooling")
+        ]
+        for source in sources:
+            if source.is_file():
+                target = out / source.relative_to(self.path)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with atomic_write(target, "wb") as handle:
+                    handle.write(source.read_bytes())
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"TextEncoder(path={str(self.path)!r}, architecture="
+            f"{self._loaded.architecture.model_type!r}, dim={self.dim}, pooling={self.pooling!r}, "
+            f"normalize={self.normalize}, max_length={self.max_length})"
+        )
+
+
+def _check_modules(modules: list[dict[str, Any]] | None, root: Path) -> bool:
+    """Whether sentence-transformers' modules end in Normalize; refuse modules not run here."""
+    if modules is None:
+        return False
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    unsupported = [k for k in kinds if k not in _SUPPORTED_MODULES]
+    if unsupported:
+        raise CheckpointError(
+            f"{root / 'modules.json'} lists sentence-transformers modules clearformer does not "
+            f"run: {unsupported}; supported: {', '.join(_SUPPORTED_MODULES)}"
+        )
+    return "Normalize" in kinds
+
+
+def _progress_reporter(progress: bool | ProgressFn | None, total: int) -> ProgressFn:
+    if callable(progress):
+        return progress
+    if progress is True:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            pass
+        else:
+            bar = tqdm(total=total, unit="text", desc="encode")
+
+            def update(done: int, total: int) -> None:
+                bar.update(done - bar.n)
+                if done >= total:
+                    bar.close()
+
+            return update
+    if progress is False or (progress is None and total < _LOG_PROGRESS_MIN):
+        return lambda done, total: None
+    step = max(total // 10, 1)
+    state = {"next": step}
+
+    def log_progress(done: int, total: int) -> None:
+        if done >= state["next"] or done == total:
+            log.info("encoded %d / %d texts", done, total)
+            state["next"] = done + step
+
+    return log_progress

@@ -1,0 +1,153 @@
+"""Text -> token ids with the checkpoint's own tokenizer files (the ``tokenizers`` library).
+
+``tokenizer.json`` is used as it is, except for its padding and truncation settings, which
+follow the model: truncation at the model's maximum length (all-MiniLM-L6-v2: 256 pieces,
+special tokens included) and padding done here, to the longest text of each batch.
+A checkpoint with only a WordPiece ``vocab.txt`` gets BERT's tokenizer pipeline built from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .checkpoint import CheckpointError, CheckpointFiles
+
+_UNBOUNDED = 10**6  # transformers writes a huge model_max_length when none is set
+
+
+@dataclass
+class TokenBatch:
+    """A padded batch of tokenized texts.
+
+    Attributes:
+        input_ids: (B, T) int64, padded with the model's pad id.
+        attention_mask: (B, T) bool, True = real token (special tokens included).
+        token_type_ids: (B, T) int64.
+        tokens: the word pieces of each row's real tokens, ``[CLS]``/``[SEP]`` included, one per
+            True position of ``attention_mask``.
+        truncated: whether each text lost pieces to the maximum length.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    token_type_ids: Tensor
+    tokens: list[list[str]]
+    truncated: list[bool]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(t) for t in self.tokens]
+
+
+def check_texts(texts: Any, name: str = "texts") -> list[str]:
+    """``texts`` as a list of str, or a TypeError naming the first bad item."""
+    if isinstance(texts, str):
+        raise TypeError(f"{name} must be a list of str, got a single str; wrap it: [{name}]")
+    try:
+        items = list(texts)
+    except TypeError:
+        raise TypeError(f"{name} must be a list of str, got {type(texts).__name__}") from None
+    for i, text in enumerate(items):
+        if not isinstance(text, str):
+            raise TypeError(f"{name}[{i}] must be a str, got {type(text).__name__}")
+    return items
+
+
+def max_length_for(files: CheckpointFiles, model_max: int) -> int:
+    """The truncation length: sentence-transformers' ``max_seq_length`` if set, else the
+    tokenizer's ``model_max_length``, never above what the position table covers."""
+    for value in (
+        files.sentence_config.get("max_seq_length"),
+        files.tokenizer_config.get("model_max_length"),
+    ):
+        if isinstance(value, int | float) and 0 < value < _UNBOUNDED:
+            return min(int(value), model_max)
+    return model_max
+
+
+class TextTokenizer:
+    """The checkpoint's tokenizer with the model's truncation; pads batches itself."""
+
+    def __init__(self, tokenizer, max_length: int, pad_id: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.pad_id = pad_id
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(max_length=max_length)
+
+    @classmethod
+    def from_files(cls, files: CheckpointFiles, max_length: int, pad_id: int) -> TextTokenizer:
+        from tokenizers import Tokenizer
+
+        try:
+            if files.tokenizer.name == "tokenizer.json":
+                tokenizer = Tokenizer.from_file(str(files.tokenizer))
+            else:
+                tokenizer = _wordpiece_from_vocab(files.tokenizer, files.tokenizer_config)
+        except CheckpointError:
+            raise
+        except Exception as exc:  # tokenizers raises its own Exception subclass
+            raise CheckpointError(f"cannot read tokenizer {files.tokenizer}: {exc}") from None
+        return cls(tokenizer, max_length, pad_id)
+
+    def encode(self, texts: list[str]) -> list:
+        """``tokenizers.Encoding`` per text (special tokens added, truncated, unpadded)."""
+        return self.tokenizer.encode_batch(texts, add_special_tokens=True)
+
+    def pad(self, encodings: list) -> TokenBatch:
+        """Pad encodings to the longest of them."""
+        B = len(encodings)
+        T = max((len(e.ids) for e in encodings), default=0)
+        ids = np.full((B, T), self.pad_id, dtype=np.int64)
+        types = np.zeros((B, T), dtype=np.int64)
+        mask = np.zeros((B, T), dtype=bool)
+        for row, enc in enumerate(encodings):
+            n = len(enc.ids)
+            ids[row, :n] = enc.ids
+            types[row, :n] = enc.type_ids
+            mask[row, :n] = True
+        return TokenBatch(
+            input_ids=torch.from_numpy(ids),
+            attention_mask=torch.from_numpy(mask),
+            token_type_ids=torch.from_numpy(types),
+            tokens=[list(e.tokens) for e in encodings],
+            truncated=[bool(e.overflowing) for e in encodings],
+        )
+
+    def __call__(self, texts: list[str]) -> TokenBatch:
+        return self.pad(self.encode(check_texts(texts)))
+
+
+def _wordpiece_from_vocab(vocab: Path, config: dict[str, Any]):
+    """BERT's tokenizer pipeline built from a ``vocab.txt`` (as transformers' BertTokenizer)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    unk = str(config.get("unk_token", "[UNK]"))
+    cls_token, sep = str(config.get("cls_token", "[CLS]")), str(config.get("sep_token", "[SEP]"))
+    tokenizer = Tokenizer(models.WordPiece.from_file(str(vocab), unk_token=unk))
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True,
+        handle_chinese_chars=bool(config.get("tokenize_chinese_chars", True)),
+        strip_accents=config.get("strip_accents"),
+        lowercase=bool(config.get("do_lower_case", True)),
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    ids = {t: tokenizer.token_to_id(t) for t in (cls_token, sep)}
+    if None in ids.values():
+        raise CheckpointError(f"{vocab} lacks the special tokens {cls_token} and {sep}")
+    specials = [
+        str(config.get(k, d)) for k, d in (("pad_token", "[PAD]"), ("mask_token", "[MASK]"))
+    ]
+    tokenizer.add_special_tokens([unk, cls_token, sep, *specials])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{cls_token} $A {sep}",
+        pair=f"{cls_token} $A {sep} $B:1 {sep}:1",
+        special_tokens=list(ids.items()),
+    )
+    return tokenizer
