@@ -71,6 +71,8 @@ class Encoder(nn.Module):
         """Decide between the padded and the packed path for a (B, T) mask."""
         cfg = self.config
         if mask is None:
+            if cfg.backend == "varlen":
+                return LayoutChoice(True, "backend='varlen' runs on packed rows")
             return LayoutChoice(False, "no mask: nothing to unpad")
         if cfg.backend in ("math", "sdpa"):
             return LayoutChoice(False, f"backend={cfg.backend!r} runs on the padded layout")
@@ -102,13 +104,19 @@ class Encoder(nn.Module):
                 f"x must have shape (B, T, d_model={self.config.d_model}), got {tuple(x.shape)}"
             )
         mask = validate_key_padding_mask(mask, x.shape[0], x.shape[1], x.device)
+        if mask is not None and not torch.compiler.is_compiling() and bool(mask.all()):
+            # Nothing is padding: the unmasked attention kernel is faster and nothing needs
+            # zeroing. (Under torch.compile the check would break the graph; the mask stays.)
+            mask = None
         if self.layout_for(mask).packed:
+            if mask is None:
+                mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)  # (B, T)
             rows, layout = unpad(x, mask)  # (N, D)
             rows = self._run_blocks(rows, None, layout)
             return repad(rows, layout)  # (B, T, D), zeros at padding
         x = self._run_blocks(x, mask, None)
         if mask is not None:
-            x = x.masked_fill(~mask[..., None], 0.0)
+            x = torch.where(mask[..., None], x, 0.0)  # one pass (masked_fill clones, then fills)
         return x
 
     def _run_blocks(self, x: Tensor, mask: Tensor | None, layout: PackedLayout | None) -> Tensor:

@@ -1,0 +1,30 @@
+"""The machine's own dense matrix-product rate: the ceiling for an encoder at these sizes."""
+
+from __future__ import annotations
+
+import torch
+
+from .timing import median_seconds
+from .workloads import ModelSize
+
+
+def gemm_rate(size: ModelSize, tokens: int = 4096, repeats: int = 5) -> float:
+    """GFLOP/s of ``torch.matmul`` on the shapes of one encoder layer, float32.
+
+    Runs the layer's four products (fused QKV, output, feed-forward in and out) on
+    ``(tokens, D)`` rows, without bias, and takes the median over ``repeats``.
+    """
+    D, F = size.d_model, size.dim_mlp
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(D, 3 * D), (D, D), (D, F), (F, D)]
+    xs = [torch.randn(tokens, i, generator=gen) for i, _ in shapes]
+    ws = [torch.randn(i, o, generator=gen) for i, o in shapes]
+    flops = sum(2.0 * tokens * i * o for i, o in shapes)
+
+    def products() -> None:
+        for x, w in zip(xs, ws, strict=True):
+            torch.matmul(x, w)
+
+    with torch.inference_mode():
+        seconds = median_seconds(products, warmup=1, repeats=repeats)
+    return flops / seconds / 1e9

@@ -1,0 +1,114 @@
+"""Writing the results: a markdown table, JSON, and a PNG chart (when matplotlib is present)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from .suite import Results
+
+TITLES = {
+    "kernels": "Attention alone on the ragged batch (varlen methods vs padded SDPA)",
+    "inference": "Inference (whole stack)",
+    "training": "Training step (forward, backward, AdamW)",
+    "long": "One layer, long sequences (no mask)",
+}
+
+
+def _fmt(value, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def markdown(results: Results) -> str:
+    env = results.environment
+    lines = [
+        "# clearformer benchmark",
+        "",
+        f"{env['date']} · torch {env['torch']} · {env['threads']} threads · {env['dtype']} · "
+        f"allocator: {env['allocator']}.",
+        "",
+        "GEMM rate (torch.matmul at each size's layer shapes): "
+        + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in results.gemm_gflops.items())
+        + ". Tokens are real tokens only; MFU = model FLOPs on real tokens / time / GEMM rate;"
+        " × torch.nn = tokens/s over the best torch.nn row of the same workload.",
+    ]
+    sections = [s for s in TITLES if any(r["section"] == s for r in results.rows)]
+    for section in sections:
+        rows = [r for r in results.rows if r["section"] == section]
+        long = section == "long"
+        lines += ["", f"## {TITLES[section]}", ""]
+        header = "| size | workload | implementation | tokens/s | ms | × torch.nn | MFU |"
+        rule = "| --- | --- | --- | ---: | ---: | ---: | ---: |"
+        if long:
+            header += " × SDPA speed | peak extra MB | memory × SDPA |"
+            rule += " ---: | ---: | ---: |"
+        lines += [header, rule]
+        for r in rows:
+            cells = [
+                r["size"],
+                r["workload"],
+                r["impl"],
+                f"{r['tokens_per_s']:,.0f}",
+                f"{r['seconds'] * 1e3:,.1f}",
+                _fmt(r.get("vs_torch_nn"), ".2f"),
+                _fmt(r.get("mfu"), ".0%"),
+            ]
+            if long:
+                cells += [
+                    _fmt(r.get("vs_sdpa"), ".2f"),
+                    _fmt(r.get("peak_extra_mb"), ",.0f"),
+                    _fmt(r.get("memory_vs_sdpa"), ".2f"),
+                ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(results: Results) -> str:
+    return json.dumps(asdict(results), indent=2)
+
+
+def chart(results: Results, path: Path) -> bool:
+    """A bar chart of tokens/s per workload; False when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    groups: dict[str, list[dict]] = {}
+    for r in results.rows:
+        if r["section"] in ("inference", "training", "long"):
+            groups.setdefault(f"{r['section']} · {r['size']} · {r['workload']}", []).append(r)
+    if not groups:
+        return False
+    fig, axes = plt.subplots(len(groups), 1, figsize=(9, 2.2 * len(groups) + 0.5), squeeze=False)
+    for ax, (title, rows) in zip(axes[:, 0], groups.items(), strict=True):
+        names = [r["impl"] for r in rows]
+        values = [r["tokens_per_s"] for r in rows]
+        colours = ["tab:blue" if r["family"] == "clearformer" else "tab:gray" for r in rows]
+        ax.barh(names, values, color=colours)
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel("real tokens / s", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write(results: Results, out_dir: Path, stem: str = "bench", with_chart: bool = True) -> list:
+    """Write ``<stem>.md``, ``<stem>.json`` and (optionally) ``<stem>.png``; return the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    md = out_dir / f"{stem}.md"
+    md.write_text(markdown(results))
+    written.append(md)
+    js = out_dir / f"{stem}.json"
+    js.write_text(to_json(results))
+    written.append(js)
+    if with_chart and chart(results, out_dir / f"{stem}.png"):
+        written.append(out_dir / f"{stem}.png")
+    return written

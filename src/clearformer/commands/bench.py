@@ -1,0 +1,91 @@
+"""``clearformer bench``: clearformer against torch.nn, Hugging Face and x-transformers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="benchmark clearformer against its peers, side by side in one process",
+        description="Times every implementation in one process under the same allocator "
+        "setting; writes a markdown table, JSON and a PNG chart.",
+    )
+    p.add_argument("--quick", action="store_true", help="MiniLM size, small batches (< 2 min)")
+    p.add_argument("--sizes", type=_names, help="comma-separated: minilm,bert-base")
+    p.add_argument("--batch", type=int, help="sequences per inference batch (default 32)")
+    p.add_argument("--seqlen", type=int, help="length of the fixed batches (default 128)")
+    p.add_argument("--min-length", type=int, help="shortest ragged sequence (default 16)")
+    p.add_argument("--max-length", type=int, help="longest ragged sequence, padded to (256)")
+    p.add_argument("--train-batch", type=int, help="sequences per training step (default 16)")
+    p.add_argument("--long-seqlens", type=_int_list, help="one-layer lengths (512,2048,8192)")
+    p.add_argument("--repeats", type=int, help="timed rounds, medians reported (default 5)")
+    p.add_argument("--train-repeats", type=int, help="timed training rounds (default 3)")
+    p.add_argument("--warmup", type=int, help="untimed rounds first (default 1)")
+    p.add_argument("--sections", type=_names, help="kernels,inference,training,long")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("--no-math", action="store_true", help="leave out the math backend")
+    p.add_argument("--no-memory", action="store_true", help="skip peak-memory probes")
+    p.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output folder")
+    p.add_argument("--name", default="bench", help="file stem of the outputs (default bench)")
+    p.set_defaults(func=run)
+
+
+_FIELDS = {
+    "sizes": "sizes",
+    "batch": "batch",
+    "seqlen": "seqlen",
+    "min_length": "min_length",
+    "max_length": "max_length",
+    "train_batch": "train_batch",
+    "long_seqlens": "long_seqlens",
+    "repeats": "repeats",
+    "train_repeats": "train_repeats",
+    "warmup": "warmup",
+    "sections": "sections",
+    "threads": "threads",
+}
+
+
+def options_from_args(args: argparse.Namespace):
+    """A validated :class:`~clearformer.bench.suite.BenchOptions` (ValueError on bad input)."""
+    from ..bench.suite import BenchOptions
+
+    chosen = {field: getattr(args, attr) for attr, field in _FIELDS.items()}
+    chosen = {k: v for k, v in chosen.items() if v is not None}
+    if args.no_math:
+        chosen["with_math"] = False
+    if args.no_memory:
+        chosen["measure_memory"] = False
+    return BenchOptions.quick(**chosen) if args.quick else BenchOptions(**chosen)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = options_from_args(args)  # validate before any heavy import or work
+
+    from ..bench.report import markdown, write
+    from ..bench.suite import run_suite
+
+    def progress(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    results = run_suite(options, progress)
+    print(markdown(results))
+    for path in write(results, args.out, args.name, with_chart=not args.no_chart):
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
