@@ -35,7 +35,7 @@ def trace():
 def test_listing_fits_100_columns_and_shows_code_formula_and_stats(trace):
     text = render_text(trace)
     assert max(len(line) for line in text.splitlines()) <= WIDTH
-    assert "scores = torch.matmul(q, k.transpose(-2, -1)) * scale" in text
+    assert "scores = torch.matmul(q * scale, k.transpose(-2, -1))" in text
     assert "S = Q Kᵀ / √Dh" in text
     assert "clearformer/attention/math.py:" in text
     assert "(B=2, H=4, Tq=6, Tk=6)" in text

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
 from .feedforward import FeedForward, check_activation
+from .masks import prepare_attention_mask
 from .padding import PackedLayout
 from .tracing import record
 
@@ -76,8 +77,11 @@ class EncoderBlock(nn.Module):
             )
         if not isinstance(dim_mlp, int) or dim_mlp <= 0:
             raise ValueError(f"dim_mlp must be a positive int, got {dim_mlp!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            kind = ValueError if isinstance(dropout, (int, float)) else TypeError
+            raise kind(f"dropout must be a float in [0, 1), got {dropout!r}")
+        if not isinstance(norm_eps, (int, float)) or not norm_eps > 0:
+            raise ValueError(f"norm_eps must be a float > 0, got {norm_eps!r}")
         self.norm = check_norm(norm)
         check_activation(activation)
         self.d_model = d_model
@@ -106,7 +110,7 @@ class EncoderBlock(nn.Module):
             Same shape as ``x``. Rows at padded positions are computed like any other query
             (they attend to the real keys); :class:`~clearformer.encoder.Encoder` zeroes them.
         """
-        self._check_input(x, layout)
+        self._check_input(x, mask, layout)
         record("block.input", x)
         if self.norm == "pre":
             x = x + self.attn_residual_dropout(self._attend(self.attn_norm(x), mask, layout))
@@ -129,7 +133,7 @@ class EncoderBlock(nn.Module):
         record("block.mlp_input", h)
         return self.mlp(h)
 
-    def _check_input(self, x: Tensor, layout: PackedLayout | None) -> None:
+    def _check_input(self, x: Tensor, mask: Tensor | None, layout: PackedLayout | None) -> None:
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         want = 2 if layout is not None else 3
@@ -142,6 +146,13 @@ class EncoderBlock(nn.Module):
             raise ValueError(
                 f"x last dim must be d_model={self.d_model}, got {x.shape[-1]} "
                 f"(shape {tuple(x.shape)})"
+            )
+        if layout is None:
+            # Attention checks the mask too, but only after the pre-norm has run: check it here
+            # so that a bad mask fails before any work.
+            B, T, _ = x.shape
+            prepare_attention_mask(
+                mask, batch=B, heads=self.attn.n_heads, tq=T, tk=T, device=x.device
             )
 
     # -- torch.nn interop ----------------------------------------------------------------------

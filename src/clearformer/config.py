@@ -54,9 +54,13 @@ class EncoderConfig:
                 f"EncoderConfig.d_model must be divisible by n_heads: d_model={self.d_model}, "
                 f"n_heads={self.n_heads}"
             )
-        for name in ("dropout", "attn_dropout"):
+        for name in ("dropout", "attn_dropout", "norm_eps"):
             value = getattr(self, name)
-            if value is not None and not 0.0 <= value < 1.0:
+            if value is None and name == "attn_dropout":
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise TypeError(f"EncoderConfig.{name} must be a float, got {value!r}")
+            if name != "norm_eps" and not 0.0 <= value < 1.0:
                 raise ValueError(f"EncoderConfig.{name} must be in [0, 1), got {value!r}")
         if not self.norm_eps > 0:
             raise ValueError(f"EncoderConfig.norm_eps must be > 0, got {self.norm_eps!r}")
@@ -70,15 +74,32 @@ class EncoderConfig:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"EncoderConfig.{name} must be one of {allowed}, got {value!r}")
+        if self.backend == "varlen" and self.packing == "never":
+            raise ValueError(
+                "EncoderConfig.packing must not be 'never' with backend='varlen', which runs on "
+                "packed rows only; got packing='never' (use packing='auto' or backend='sdpa')"
+            )
+        if self.packing == "always" and self.backend in ("math", "sdpa"):
+            raise ValueError(
+                f"EncoderConfig.packing='always' needs backend 'auto' or 'varlen' (packed rows "
+                f"run varlen attention), got backend={self.backend!r}"
+            )
         if self.vocab_size is not None and (
             not isinstance(self.vocab_size, int) or self.vocab_size <= 0
         ):
             raise ValueError(
                 f"EncoderConfig.vocab_size must be a positive int or None, got {self.vocab_size!r}"
             )
-        if self.type_vocab_size < 0:
+        if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
             raise ValueError(
-                f"EncoderConfig.type_vocab_size must be >= 0, got {self.type_vocab_size!r}"
+                f"EncoderConfig.type_vocab_size must be an int >= 0, got {self.type_vocab_size!r}"
+            )
+        if not isinstance(self.position_offset, int) or not (
+            0 <= self.position_offset < self.max_positions
+        ):
+            raise ValueError(
+                f"EncoderConfig.position_offset must be in [0, {self.max_positions}) "
+                f"(max_positions), got {self.position_offset!r}"
             )
         if (
             self.pad_token_id is not None

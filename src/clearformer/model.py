@@ -57,16 +57,38 @@ class EncoderModel(nn.Module):
             )
         mask = None
         if attention_mask is not None:
+            if not isinstance(attention_mask, Tensor):
+                raise TypeError(
+                    f"attention_mask must be a torch.Tensor or None, "
+                    f"got {type(attention_mask).__name__}"
+                )
             if tuple(attention_mask.shape) != (B, T):
                 raise ValueError(
                     f"attention_mask must have shape (B, T) = ({B}, {T}), "
                     f"got {tuple(attention_mask.shape)}"
                 )
             mask = from_attention_mask(attention_mask)
-        if token_type_ids is not None and tuple(token_type_ids.shape) != (B, T):
-            raise ValueError(
-                f"token_type_ids must have shape (B, T) = ({B}, {T}), "
-                f"got {tuple(token_type_ids.shape)}"
-            )
+        if token_type_ids is not None:
+            self._check_token_types(token_type_ids, B, T)
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, D)
         return self.encoder(x, mask)
+
+    def _check_token_types(self, token_type_ids: Tensor, B: int, T: int) -> None:
+        if not isinstance(token_type_ids, Tensor) or tuple(token_type_ids.shape) != (B, T):
+            shape = getattr(token_type_ids, "shape", type(token_type_ids).__name__)
+            raise ValueError(f"token_type_ids must have shape (B, T) = ({B}, {T}), got {shape}")
+        if not token_type_ids.numel():
+            return
+        low, high = int(token_type_ids.min()), int(token_type_ids.max())
+        types = self.config.type_vocab_size
+        if types == 0 and (low, high) != (0, 0):
+            # Zeros are what a tokenizer gives for single texts; anything else would be dropped.
+            raise ValueError(
+                "token_type_ids must be all 0: the model has no token type embeddings "
+                f"(type_vocab_size=0), got values in [{low}, {high}]"
+            )
+        if types > 0 and (low < 0 or high >= types):
+            raise ValueError(
+                f"token_type_ids must be in [0, {types}) (type_vocab_size), "
+                f"got values in [{low}, {high}]"
+            )

@@ -54,7 +54,8 @@ def math_attention(
     # Dividing by sqrt(Dh) keeps the scores' variance near 1 whatever the head width: the dot
     # product of two random Dh-vectors has variance Dh, and a softmax of large scores saturates.
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, Tq, Tk)
+    # Scale q before the product: in float16 the unscaled dot products can overflow.
+    scores = torch.matmul(q * scale, k.transpose(-2, -1))  # (B, H, Tq, Tk)
     record("attn.scores", scores)
     if mask is not None:
         # The most negative finite value, not -inf: a row with every key masked stays finite

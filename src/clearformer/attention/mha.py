@@ -75,7 +75,7 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         _check_divisible(qk_dim, n_heads, "qk_dim")
         _check_divisible(v_dim, n_heads, "v_dim")
-        if not 0.0 <= attn_dropout < 1.0:
+        if not isinstance(attn_dropout, (int, float)) or not 0.0 <= attn_dropout < 1.0:
             raise ValueError(f"attn_dropout must be in [0, 1), got {attn_dropout}")
         kv_dim = in_dim if kv_dim is None else kv_dim
         if not isinstance(kv_dim, int) or kv_dim <= 0:

@@ -1,8 +1,9 @@
 """``clearformer explain TEXT``: a live walk through the encoder's forward pass.
 
 Prints the annotated listing (each step's code, formula, shape and statistics) and writes the
-HTML report, PNG attention maps or JSON trace on request. Every check on the arguments (filters,
-output paths, empty texts) runs before the model is loaded.
+HTML report, PNG attention maps or JSON trace on request. The checks on the arguments run before
+any work: output paths and empty texts before the model is loaded, the filters (which need the
+model's size) before it runs.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Explain: a live walk through the encoder's real forward pass.
 
-``explain(model, inputs)`` runs the model once with recording on and returns a
-:class:`Trace`: every step with its formula, the line of clearformer's source that computed it,
-the live shape (named dimensions) and statistics, and the attention weights of every head.
+``explain(model, inputs)`` runs the model twice, as in production and then with recording on
+(on the reference attention path), and returns a :class:`Trace`: every step with its formula,
+the line of clearformer's source that computed it, the live shape (named dimensions) and
+statistics, the attention weights of every head, and how far the recorded output is from the
+production one.
 Renderers turn a trace into a terminal listing, JSON (``Trace.to_json``), an HTML report or
 PNG attention maps.
 

@@ -144,6 +144,8 @@ def _vectors(model: Encoder | EncoderBlock, inputs: Any, mask: Any, tokens: Any)
         )
     B, T, _ = x.shape
     _check_size(B, T)
+    if isinstance(mask, Tensor) and mask.dtype != torch.bool and not mask.is_floating_point():
+        mask = from_attention_mask(mask)  # 0/1, as for token ids; production takes bool only
     mask = validate_key_padding_mask(mask, B, T, x.device, name="mask")
     token_mask = _token_mask(mask, B, T, x.device)
     labels = _labels(tokens, [[f"t{t}" for t in range(T)] for _ in range(B)], token_mask)

@@ -14,7 +14,9 @@ from .filters import Filters, check_filters
 from .trace import Step, Trace
 
 WIDTH = 100
-_GRID_MAX_TOKENS = 16  # wider attention matrices print as "top keys per query" instead
+# A grid row is "#   " + a 10-column label + 6 columns per key: 14 keys fill WIDTH. Wider
+# attention matrices print as "top keys per query" instead.
+_GRID_MAX_TOKENS = (WIDTH - 14) // 6
 
 
 def render_text(trace: Trace, filters: Filters | None = None) -> str:
@@ -84,7 +86,7 @@ def _rule(title: str) -> str:
 
 def _step(trace: Trace, step: Step, f: Filters) -> list[str]:
     where = "" if step.layer is None else f"[L{step.layer}] "
-    lines = ["", f"# {where}{step.name}: {step.title}    {step.formula}"]
+    lines = ["", *_wrap(f"{where}{step.name}: {step.title}    {step.formula}")]
     lines += _wrap(step.about)
     lines += step.source.code.splitlines() or ["..."]
     shape = ", ".join(f"{d}={n}" for d, n in zip(step.dims, step.shape, strict=False))

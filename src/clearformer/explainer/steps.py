@@ -171,7 +171,7 @@ def _table(f: ModelFacts) -> dict[str, StepInfo]:
             "attn.masked_scores",
             "mask",
             "S[i, j] = min_float where key j does not take part",
-            r"S_{ij} = -\infty \ \text{where}\ m_{ij} = 0",
+            r"S_{ij} = \min_{\mathrm{float}} \ \text{where}\ m_{ij} = 0",
             "Padded keys get the most negative finite score, so the softmax gives them nothing.",
             ("B", "H", "Tq", "Tk"),
         ),

@@ -17,6 +17,13 @@ from torch import Tensor
 from ..blocks import EncoderBlock
 
 
+def _width(state: dict[str, Tensor], key: str, dim: int) -> int:
+    """A size read from ``state[key]``, the key's absence reported like any other."""
+    if key not in state:
+        raise ValueError(f"seed state_dict: missing keys [{key!r}] (needed to read the sizes)")
+    return state[key].shape[dim]
+
+
 def _take(state: dict[str, Tensor], expected: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -35,8 +42,8 @@ def block_from_seed000(
     state: dict[str, Tensor], num_heads: int, backend: str = "auto"
 ) -> EncoderBlock:
     """Seed 000's ``EncoderLayer`` as a post-norm :class:`EncoderBlock` with its weights."""
-    d_model = state["W_Q.weight"].shape[0]
-    dim_ff = state["ffn.0.weight"].shape[0]
+    d_model = _width(state, "W_Q.weight", 0)
+    dim_ff = _width(state, "ffn.0.weight", 0)
     shapes = {
         f"{w}.{p}": ((d_model, d_model) if p == "weight" else (d_model,))
         for w in ("W_Q", "W_K", "W_V", "W_O")
@@ -68,8 +75,8 @@ def block_from_seed001(
     state: dict[str, Tensor], n_heads: int, dropout: float = 0.0, backend: str = "auto"
 ) -> EncoderBlock:
     """Seed 001's ``EncoderBlock`` as a standard pre-norm :class:`EncoderBlock`."""
-    d_model = state["attn.Q.weight"].shape[1]
-    dim_mlp = state["mlp.0.weight"].shape[0]
+    d_model = _width(state, "attn.Q.weight", 1)
+    dim_mlp = _width(state, "mlp.0.weight", 0)
     shapes = {f"attn.{w}.weight": (d_model, d_model) for w in ("Q", "K", "V", "Wo")}
     shapes |= {"attn.Wo.bias": (d_model,)}
     shapes |= {

@@ -5,10 +5,16 @@ order: queries, keys, values), ``self_attn.out_proj`` -> ``attn.out_proj``, ``li
 ``linear2`` -> ``mlp.fc_in`` / ``mlp.fc_out``, ``norm1`` -> ``attn_norm``, ``norm2`` ->
 ``mlp_norm``. torch.nn applies dropout inside the feed-forward network too; clearformer does
 not, so the two agree exactly in eval mode (and in training with dropout 0).
+
+One caveat: torch.nn's fused inference fast path runs every ``nn.GELU`` module as the exact
+GELU, even ``nn.GELU(approximate="tanh")``; such a layer maps to ``gelu_tanh`` here, which
+matches torch.nn's regular path. ``block.to_torch()`` therefore passes the tanh GELU as a
+function, which keeps torch.nn off that fast path.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import torch
@@ -137,6 +143,11 @@ def encoder_from_torch(stack: nn.TransformerEncoder, backend: str = "auto") -> E
         raise ValueError("all layers of the torch.nn stack must share their hyper-parameters")
     if stack.norm is not None and not isinstance(stack.norm, nn.LayerNorm):
         raise ValueError(f"final norm must be a LayerNorm, got {type(stack.norm).__name__}")
+    if stack.norm is not None and tuple(stack.norm.normalized_shape) != (hps[0]["d_model"],):
+        raise ValueError(
+            f"final norm must normalise shape ({hps[0]['d_model']},) like the layers, got "
+            f"{tuple(stack.norm.normalized_shape)}"
+        )
     config = EncoderConfig(
         n_layers=len(stack.layers),
         final_norm=stack.norm is not None,
@@ -148,10 +159,8 @@ def encoder_from_torch(stack: nn.TransformerEncoder, backend: str = "auto") -> E
     for theirs, ours in zip(stack.layers, encoder.layers, strict=True):
         _copy_layer(theirs, ours, to_torch=False)
     if stack.norm is not None:
-        encoder.final_norm.eps = stack.norm.eps
-        with torch.no_grad():
-            encoder.final_norm.weight.copy_(stack.norm.weight)
-            if stack.norm.bias is not None:
-                encoder.final_norm.bias.copy_(stack.norm.bias)
+        # A copy keeps the norm as built: its eps, and its own choice of weight and bias,
+        # which need not match the layers' (a bias-free stack often ends in a default LayerNorm).
+        encoder.final_norm = copy.deepcopy(stack.norm)
     encoder.train(stack.training)
     return encoder
