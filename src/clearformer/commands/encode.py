@@ -34,7 +34,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="checkpoint directory (default: the bundled all-MiniLM-L6-v2)",
     )
-    p.add_argument("--batch-size", type=positive_int, default=32, help="texts per forward pass")
+    p.add_argument(
+        "--batch-size", type=positive_int, default=32, metavar="N", help="texts per forward pass"
+    )
     p.add_argument(
         "--backend",
         choices=("auto", "math", "sdpa", "varlen"),

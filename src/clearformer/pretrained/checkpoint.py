@@ -61,7 +61,7 @@ def resolve_path(path: str | os.PathLike | None) -> Path:
         raise TypeError(f"path must be a str, os.PathLike or None, got {type(path).__name__}")
     local = Path(path).expanduser()
     if local.exists():
-        return local
+        return local.resolve()
     if isinstance(path, str) and _HUB_ID.match(path):
         return _from_hub(path)
     raise FileNotFoundError(f"checkpoint directory not found: {local}")

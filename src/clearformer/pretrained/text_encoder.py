@@ -152,7 +152,7 @@ class TextEncoder:
         with torch.inference_mode():
             for start in range(0, n, batch_size):
                 rows = order[start : start + batch_size]
-                batch = self.tokenizer.pad([encodings[i] for i in rows])
+                batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
                 mask = batch.attention_mask
                 # No padding at all: no mask, so attention runs its unmasked kernel.
                 hidden = self.model(

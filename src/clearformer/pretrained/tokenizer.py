@@ -42,7 +42,8 @@ class TokenBatch:
 
     @property
     def lengths(self) -> list[int]:
-        return [len(t) for t in self.tokens]
+        """Real tokens per row."""
+        return self.attention_mask.sum(dim=1).tolist()
 
 
 def check_texts(texts: Any, name: str = "texts") -> list[str]:
@@ -100,8 +101,9 @@ class TextTokenizer:
         """``tokenizers.Encoding`` per text (special tokens added, truncated, unpadded)."""
         return self.tokenizer.encode_batch(texts, add_special_tokens=True)
 
-    def pad(self, encodings: list) -> TokenBatch:
-        """Pad encodings to the longest of them."""
+    def pad(self, encodings: list, *, with_tokens: bool = True) -> TokenBatch:
+        """Pad encodings to the longest of them (``with_tokens=False``: leave ``tokens`` empty,
+        which spares building strings when only the ids are needed)."""
         B = len(encodings)
         T = max((len(e.ids) for e in encodings), default=0)
         ids = np.full((B, T), self.pad_id, dtype=np.int64)
@@ -116,7 +118,7 @@ class TextTokenizer:
             input_ids=torch.from_numpy(ids),
             attention_mask=torch.from_numpy(mask),
             token_type_ids=torch.from_numpy(types),
-            tokens=[list(e.tokens) for e in encodings],
+            tokens=[list(e.tokens) for e in encodings] if with_tokens else [],
             truncated=[bool(e.overflowing) for e in encodings],
         )
 

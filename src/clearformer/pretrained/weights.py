@@ -28,7 +28,11 @@ def read_tensors(path: Path) -> dict[str, Tensor]:
         tensors: dict[str, Tensor] = {}
         for shard in sorted(set(weight_map.values())):
             shard_path = path.parent / str(shard)
-            if not shard_path.is_file() or shard_path.suffix != ".safetensors":
+            if shard_path.suffix != ".safetensors":
+                raise CheckpointError(
+                    f"weights index {path} names a shard that is not .safetensors: {shard}"
+                )
+            if not shard_path.is_file():
                 raise CheckpointError(f"weights index {path} names a missing shard: {shard_path}")
             tensors.update(_read_safetensors(shard_path))
         return tensors
