@@ -155,3 +155,17 @@ def test_read_texts_lines_and_jsonl():
         read_texts(b'{"text": "x"}', "f", field="body")
     with pytest.raises(ValueError, match=r"not valid UTF-8 text: byte 0xff at offset 2 \(line 2\)"):
         read_texts(b"a\n\xff", "f")
+
+
+def test_outputs_get_ordinary_file_permissions(tmp_path):
+    """Atomic writes go through mkstemp (0600); the published file gets 0666 less the umask."""
+    import os
+
+    from clearformer.io import atomic_write
+
+    target = tmp_path / "out.txt"
+    with atomic_write(target) as handle:
+        handle.write("x")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask

@@ -18,6 +18,18 @@ from typing import IO
 __all__ = ["atomic_write", "read_lines", "read_jsonl_field", "read_texts"]
 
 
+def publish(tmp: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Give a finished temporary file the usual permissions and move it onto ``target``.
+
+    ``mkstemp`` creates files readable by their owner only; a report or an embedding file
+    should get the permissions any new file gets (0666 less the umask).
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, target)
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     """Open a temporary file next to ``path``; on success move it onto ``path``.
@@ -41,7 +53,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, target)
+        publish(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

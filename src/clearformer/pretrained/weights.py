@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..io import publish
 from .checkpoint import CheckpointError, read_json
 
 
@@ -76,7 +77,7 @@ def write_safetensors(tensors: dict[str, Tensor], path: Path) -> None:
     os.close(fd)
     try:
         save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata={"format": "pt"})
-        os.replace(tmp, path)
+        publish(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
