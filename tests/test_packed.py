@@ -16,7 +16,7 @@ from .helpers import lengths_mask
 
 # A single real token, an empty sequence, a full row and ragged ones.
 LENGTHS = [1, 0, 9, 4, 2]
-METHODS = ("sequence", "bucket", "nested")
+METHODS = ("sequence", "padded", "bucket", "nested")
 D, H = 32, 4
 
 
@@ -56,7 +56,10 @@ def test_layout_of_empty_batch_and_no_tokens():
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-@pytest.mark.parametrize("options", [{"packing": "always"}, {"backend": "varlen"}])
+@pytest.mark.parametrize(
+    "options",
+    [{"packing": "always"}, {"backend": "varlen"}, {"packing": "always", "checkpointing": True}],
+)
 def test_packed_stack_matches_math_forward_and_gradients(norm, activation, options):
     reference, packed = twin_encoders(norm, activation, **options)
     mask = lengths_mask(LENGTHS)
@@ -213,3 +216,28 @@ def test_runs_of_equal_lengths_match_reference():
     want = varlen_attention(q, k, v, layout, reference=True)
     got = varlen_attention(q, k, v, layout, method="sequence")
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_auto_method_bounds_the_number_of_calls():
+    from clearformer.attention.varlen import MAX_SEQUENCE_CALLS, resolve_method
+
+    q, _, _, few = packed_qkv([5, 5, 5, 5, 3])  # two runs: two calls
+    assert resolve_method("auto", q, few) == "sequence"
+    lengths = [2 + (i % 2) for i in range(MAX_SEQUENCE_CALLS + 1)]  # no two neighbours equal
+    q, _, _, many = packed_qkv(lengths)
+    assert resolve_method("auto", q, many) == "padded"
+
+
+def test_many_sequences_through_padded_attention_match_math():
+    # More sequences than MAX_SEQUENCE_CALLS: auto attends on a padded copy inside the packed
+    # stack. Forward and gradients must still equal the reference.
+    lengths = [3, 0, 1, 7, 2, 5, 5, 1, 6, 4, 2, 7]
+    reference, packed = twin_encoders("post", "gelu", packing="always")
+    mask = lengths_mask(lengths)
+    x = torch.randn(len(lengths), mask.shape[1], D)
+    x_ref, x_packed = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_ref, out_packed = reference(x_ref, mask), packed(x_packed, mask)
+    torch.testing.assert_close(out_packed, out_ref, atol=1e-5, rtol=1e-5)
+    out_ref.square().sum().backward()
+    out_packed.square().sum().backward()
+    torch.testing.assert_close(x_packed.grad, x_ref.grad, atol=1e-5, rtol=1e-5)

@@ -71,5 +71,7 @@ def repad(rows: Tensor, layout: PackedLayout) -> Tensor:
     """``(N, D)`` packed rows -> ``(B, T, D)``, with zeros at padded positions."""
     dim = rows.shape[-1]
     out = rows.new_zeros(layout.batch * layout.seqlen, dim)  # (B*T, D)
-    out = out.index_copy(0, layout.indices, rows)  # out-of-place keeps autograd simple
+    # In place on a fresh buffer: one scatter, no second copy of the zeros. Autograd records it
+    # (the gradient of ``rows`` is the gathered output gradient).
+    out.index_copy_(0, layout.indices, rows)
     return out.view(layout.batch, layout.seqlen, dim)  # (B, T, D)

@@ -3,8 +3,9 @@
 Backends:
     ``math``    the reference (explicit scores and softmax); the only one returning weights.
     ``sdpa``    ``torch.nn.functional.scaled_dot_product_attention`` (fused, linear memory).
-    ``varlen``  packed rows without padding (see :mod:`clearformer.attention.varlen`); on a
-                padded batch with a key-padding mask it unpads and repads around the call.
+    ``varlen``  packed rows without padding (see :mod:`clearformer.attention.varlen`): rows from
+                :func:`clearformer.padding.unpad`, or an ``Encoder``, which packs at the stack's
+                edge; on CPU one fused SDPA call per sequence, on CUDA ``flash_attn`` if present.
     ``auto``    the fastest backend that can serve the call, with the reason recorded.
 """
 

@@ -6,6 +6,7 @@ CUDA) that never materialises the (Tq, Tk) score matrix, so memory stays linear 
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -48,4 +49,6 @@ def sdpa_attention(
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p, scale=scale
     )  # (B, H, Tq, Dv)
-    return out.masked_fill(~has_key, 0.0), None
+    # torch.where keeps the kernel's (B, Tq, H, Dv) memory order, so the head merge that follows
+    # stays a view (masked_fill's clone made it contiguous in (B, H, Tq, Dv), costing a copy).
+    return torch.where(has_key, out, 0.0), None

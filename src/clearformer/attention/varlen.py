@@ -8,19 +8,29 @@ Implementations (``method``), all returning the same values:
               on a ``(G, H, L, Dh)`` strided view. The CPU flash kernel takes 4-D inputs only;
               a 3-D ``(H, L, Dh)`` view silently falls back to the unfused math kernel, which
               was 2x slower here.
+``padded``    attention alone on a padded copy: one gather into ``(B, L_max)``, one masked SDPA
+              call, one gather back. Linear layers still skip the padding; attention does not,
+              but it makes one call per layer instead of B.
 ``bucket``    sequences sorted by length and grouped so that a group pads at most
               ``BUCKET_WASTE`` of its positions; one masked SDPA call per group. Fewer calls,
               but each group costs a gather and a scatter of its rows.
 ``nested``    a jagged nested tensor (``torch.nested``) through SDPA.
 ``flash``     ``flash_attn_varlen_func`` (CUDA, half precision, when the package is installed).
 
-``auto`` takes ``flash`` when it can serve the call and ``sequence`` otherwise. Measured on the
-project's 2-core CPU (torch 2.13, 32 sequences of 16-256 tokens, 12 heads of 32; forward,
-median of 7, one process): ``sequence`` 16 ms, ``bucket`` 25-41 ms (the gathers cost more than
-the saved calls), ``nested`` 229 ms (its CPU SDPA unbinds and runs the math kernel), and
-padded SDPA over the same batch 21 ms. ``torch.nn.attention.varlen.varlen_attn`` has no CPU
-kernel in this build (``NotImplementedError``). ``clearformer bench --kernels`` repeats the
-measurement.
+``auto`` takes ``flash`` when it can serve the call; otherwise ``sequence`` when the batch needs
+at most ``MAX_SEQUENCE_CALLS`` calls (equal-length neighbours share one), and ``padded`` above.
+Measured on the project's 2-core CPU (torch 2.13; 32 sequences of 16-256 tokens, 12 heads of
+32; forward, one process), on an idle machine: ``sequence`` 16 ms, padded SDPA over the batch
+21 ms plus the gathers, ``bucket`` 25-41 ms (the gathers cost more than the saved calls),
+``nested`` 229 ms (its CPU SDPA unbinds and runs the math kernel). ``sequence`` is the
+fastest there: a whole MiniLM-size stack on that batch took a median 614 ms per forward with
+it and 704 ms with ``padded``. But each call is an OpenMP parallel
+region, and when other processes compete for the cores every region can wait a scheduler
+slice for a descheduled thread: on the shared machine the MiniLM stack's median forward took
+4.1 s with ``sequence`` and 2.0-2.2 s with ``padded`` (BERT-base: 13.3 s and 9.7 s). ``auto``
+takes the choice that cannot collapse. ``torch.nn.attention.varlen.varlen_attn`` has no CPU
+kernel in this build (``NotImplementedError``). ``clearformer bench --sections kernels``
+repeats the kernel measurement.
 """
 
 from __future__ import annotations
@@ -32,9 +42,11 @@ from torch import Tensor
 from ..padding import PackedLayout
 from .math import math_attention
 
-VARLEN_METHODS = ("auto", "sequence", "bucket", "nested", "flash")
+VARLEN_METHODS = ("auto", "sequence", "padded", "bucket", "nested", "flash")
 # A bucket pads at most this fraction of its positions (keys and queries both).
 BUCKET_WASTE = 0.1
+# Above this many attention calls per layer, ``auto`` takes ``padded`` over ``sequence``.
+MAX_SEQUENCE_CALLS = 8
 
 
 def _flash_attn_varlen():
@@ -54,12 +66,15 @@ def flash_available(q: Tensor) -> bool:
     )
 
 
-def resolve_method(method: str, q: Tensor) -> str:
-    """The implementation ``method`` runs on for rows like ``q``."""
+def resolve_method(method: str, q: Tensor, layout: PackedLayout | None = None) -> str:
+    """The implementation ``method`` runs on for rows like ``q`` in ``layout``."""
     if method not in VARLEN_METHODS:
         raise ValueError(f"method must be one of {VARLEN_METHODS}, got {method!r}")
     if method == "auto":
-        return "flash" if flash_available(q) else "sequence"
+        if flash_available(q):
+            return "flash"
+        calls = len(equal_length_runs(layout.offsets)) if layout is not None else 1
+        return "sequence" if calls <= MAX_SEQUENCE_CALLS else "padded"
     if method == "flash" and not flash_available(q):
         raise ValueError(
             "method='flash' needs CUDA tensors in float16/bfloat16 and the flash_attn package, "
@@ -96,7 +111,7 @@ def varlen_attention(
     """
     if reference:
         return _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, reference=True)
-    method = resolve_method(method, q)
+    method = resolve_method(method, q, layout)
     if method == "flash":
         return _flash_attn_varlen()(
             q,
@@ -112,6 +127,8 @@ def varlen_attention(
         )
     if method == "bucket":
         return _bucketed(q, k, v, layout, is_causal, dropout_p, scale)
+    if method == "padded":
+        return _padded(q, k, v, layout, is_causal, dropout_p, scale)
     if method == "nested":
         return _nested(q, k, v, layout, is_causal, dropout_p, scale)
     return _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, reference=False)
@@ -136,12 +153,20 @@ def equal_length_runs(offsets: tuple[int, ...]) -> list[tuple[int, int, int]]:
 
 def _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, *, reference: bool) -> Tensor:
     H, Dv = v.shape[1], v.shape[2]
+    runs = equal_length_runs(layout.offsets)
+    if not runs:
+        return v.new_zeros(0, H, Dv)
+    # The runs tile the N rows in order. One split per tensor (not a slice per run): in backward
+    # a split concatenates the pieces' gradients in one pass, where B slices would each fill and
+    # add a zero (N, H, Dh) gradient, B times per layer.
+    sizes = [count * length for _, count, length in runs]
     pieces = []
-    for start, count, length in equal_length_runs(layout.offsets):
-        end = start + count * length
+    for (_, count, length), qs, ks, vs in zip(
+        runs, q.split(sizes), k.split(sizes), v.split(sizes), strict=True
+    ):
         # (G*L, H, Dh) -> (G, L, H, Dh) -> (G, H, L, Dh): a strided view that the flash kernel
         # (4-D inputs only) reads without a copy.
-        qs, ks, vs = (t[start:end].view(count, length, H, -1).transpose(1, 2) for t in (q, k, v))
+        qs, ks, vs = (t.view(count, length, H, -1).transpose(1, 2) for t in (qs, ks, vs))
         if reference:
             out, _ = math_attention(
                 qs, ks, vs, None, is_causal=is_causal, dropout_p=dropout_p, scale=scale
@@ -152,8 +177,6 @@ def _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, *, reference: bo
             )
         # (G, H, L, Dv) -> (G, L, H, Dv) -> (G*L, H, Dv); a view for the flash kernel's output.
         pieces.append(out.transpose(1, 2).reshape(count * length, H, Dv))
-    if not pieces:
-        return v.new_zeros(0, H, Dv)
     if len(pieces) == 1:
         return pieces[0]
     return torch.cat(pieces, dim=0)  # (N, H, Dv)
@@ -203,7 +226,7 @@ def _bucketed(q, k, v, layout, is_causal, dropout_p, scale) -> Tensor:
         else:
             mask = real[:, None, None, :]  # (G, 1, 1, L) keys
             if is_causal:
-                mask = mask & torch.ones(longest, longest, dtype=torch.bool).tril()
+                mask = mask & torch.ones(longest, longest, dtype=torch.bool, device=q.device).tril()
         o = F.scaled_dot_product_attention(
             qs,
             ks,
@@ -216,6 +239,33 @@ def _bucketed(q, k, v, layout, is_causal, dropout_p, scale) -> Tensor:
         keep = real.reshape(-1)
         out = out.index_copy(0, rows[keep], o.reshape(G * longest, H, Dv)[keep])
     return out
+
+
+def _padded(q, k, v, layout, is_causal, dropout_p, scale) -> Tensor:
+    N, H, Dv = v.shape
+    B, L = layout.batch, max(layout.max_seqlen, 1)
+    lengths = torch.tensor(layout.lengths, device=q.device)  # (B,)
+    starts = torch.tensor(layout.offsets[:-1], device=q.device)  # (B,)
+    steps = torch.arange(L, device=q.device)  # (L,)
+    real = steps[None, :] < lengths[:, None]  # (B, L) True = real token
+    # Padded slots read row 0 of the batch (finite values); their keys are masked out and
+    # their outputs dropped. With no rows at all there is nothing to attend.
+    if N == 0:
+        return v.new_zeros(0, H, Dv)
+    rows = torch.where(real, starts[:, None] + steps[None, :], 0).reshape(-1)  # (B*L,)
+    qs, ks, vs = (
+        t.index_select(0, rows).view(B, L, H, -1).transpose(1, 2) for t in (q, k, v)
+    )  # (B, H, L, Dh)
+    mask = real[:, None, None, :]  # (B, 1, 1, L) keys
+    if is_causal:
+        mask = mask & torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+    # An empty sequence's row has no key: let it attend everywhere (finite); it is dropped.
+    mask = mask | ~real.any(dim=1)[:, None, None, None]
+    out = F.scaled_dot_product_attention(
+        qs, ks, vs, attn_mask=mask, dropout_p=dropout_p, scale=scale
+    ).transpose(1, 2)  # (B, L, H, Dv)
+    keep = real.reshape(-1).nonzero().flatten()  # (N,) positions of the real tokens
+    return out.reshape(B * L, H, Dv).index_select(0, keep)  # (N, H, Dv)
 
 
 def _nested(q, k, v, layout, is_causal, dropout_p, scale) -> Tensor:

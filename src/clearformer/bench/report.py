@@ -13,6 +13,7 @@ TITLES = {
     "inference": "Inference (whole stack)",
     "training": "Training step (forward, backward, AdamW)",
     "long": "One layer, long sequences (no mask)",
+    "packing": "When packing pays: packed (varlen) vs padded (sdpa) clearformer",
 }
 
 
@@ -25,21 +26,24 @@ def markdown(results: Results) -> str:
     lines = [
         "# clearformer benchmark",
         "",
-        f"{env['date']} · torch {env['torch']} · {env['threads']} threads · {env['dtype']} · "
-        f"allocator: {env['allocator']}.",
+        f"{env['date']} · torch {env['torch']} · transformers {env.get('transformers')} · "
+        f"x-transformers {env.get('x_transformers')} · {env['threads']} threads · "
+        f"{env['dtype']} · allocator: {env['allocator']}.",
         "",
         "GEMM rate (torch.matmul at each size's layer shapes): "
         + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in results.gemm_gflops.items())
-        + ". Tokens are real tokens only; MFU = model FLOPs on real tokens / time / GEMM rate;"
-        " × torch.nn = tokens/s over the best torch.nn row of the same workload.",
+        + " (fastest of 10 rounds, highest of the runs before and after each section). Tokens are"
+        " real tokens only; tokens/s and ms are medians,"
+        " best = tokens/s of the fastest round; MFU = model FLOPs on real tokens / median time /"
+        " GEMM rate; × torch.nn = median tokens/s over the best torch.nn row of the workload.",
     ]
     sections = [s for s in TITLES if any(r["section"] == s for r in results.rows)]
     for section in sections:
         rows = [r for r in results.rows if r["section"] == section]
         long = section == "long"
         lines += ["", f"## {TITLES[section]}", ""]
-        header = "| size | workload | implementation | tokens/s | ms | × torch.nn | MFU |"
-        rule = "| --- | --- | --- | ---: | ---: | ---: | ---: |"
+        header = "| size | workload | implementation | tokens/s | best | ms | × torch.nn | MFU |"
+        rule = "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"
         if long:
             header += " × SDPA speed | peak extra MB | memory × SDPA |"
             rule += " ---: | ---: | ---: |"
@@ -50,6 +54,7 @@ def markdown(results: Results) -> str:
                 r["workload"],
                 r["impl"],
                 f"{r['tokens_per_s']:,.0f}",
+                f"{r['real_tokens'] / min(r['times']):,.0f}",
                 f"{r['seconds'] * 1e3:,.1f}",
                 _fmt(r.get("vs_torch_nn"), ".2f"),
                 _fmt(r.get("mfu"), ".0%"),

@@ -3,9 +3,11 @@
 Sections:
     ``kernels``    attention alone on the ragged batch: each varlen method against padded SDPA.
     ``inference``  whole stacks, fixed and ragged batches, ``inference_mode``.
-    ``training``   one step (forward, backward, AdamW) on fixed and ragged batches.
     ``long``       one layer, B 1, T in ``long_seqlens``: speed, and peak extra memory measured
                    in a fresh process per row (:mod:`clearformer.bench.memory`).
+    ``training``   one step (forward, backward, AdamW) on fixed and ragged batches.
+    ``packing``    packed against padded clearformer as padding grows from 0 (the basis of
+                   ``clearformer.encoder.PACK_MIN_PADDING``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from .workloads import SIZES, Batch, ModelSize, fixed_batch, ragged_batch
 
 log = logging.getLogger(__name__)
 
-SECTIONS = ("kernels", "inference", "training", "long")
+# In running order: the cheap and the headline sections first, the threshold sweep last.
+SECTIONS = ("kernels", "inference", "long", "training", "packing")
 
 
 @dataclass(frozen=True)
@@ -96,9 +99,11 @@ class BenchOptions:
 
     @classmethod
     def quick(cls, **overrides) -> BenchOptions:
-        """A run that finishes in under two minutes: MiniLM size, small batches, T <= 2048."""
+        """A run that finishes in under two minutes on an idle 2-core machine: MiniLM size, small
+        batches, T <= 2048, no math backend, no packing-threshold sweep."""
         base = dict(
             sizes=("minilm",),
+            sections=("kernels", "inference", "long", "training"),
             batch=8,
             train_batch=8,
             long_seqlens=(512, 2048),
@@ -118,19 +123,26 @@ class Results:
     rows: list[dict] = field(default_factory=list)
 
 
-def run_suite(options: BenchOptions, progress: Callable[[str], None] | None = None) -> Results:
-    """Run the selected sections and return every row."""
+def run_suite(
+    options: BenchOptions,
+    progress: Callable[[str], None] | None = None,
+    on_section: Callable[[Results], None] | None = None,
+) -> Results:
+    """Run the selected sections and return every row.
+
+    ``on_section`` receives the results so far after each section (to save partial output).
+    """
     say = progress or (lambda message: log.info("%s", message))
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     results = Results(asdict(options), _environment())
     for name in options.sizes:
-        size = SIZES[name]
         say(f"GEMM rate at {name} shapes ...")
-        results.gemm_gflops[name] = gemm_rate(size)
+        results.gemm_gflops[name] = gemm_rate(SIZES[name])
         say(f"  {results.gemm_gflops[name]:.0f} GFLOP/s")
     sections = {
         "kernels": _kernels,
+        "packing": _packing,
         "inference": _inference,
         "training": _training,
         "long": _long,
@@ -138,20 +150,34 @@ def run_suite(options: BenchOptions, progress: Callable[[str], None] | None = No
     for section in SECTIONS:
         if section in options.sections:
             sections[section](options, results, say)
-    # A shared machine can be slow at any moment: measure the ceiling again at the end and keep
-    # the higher figure (the rate the machine can reach), which makes utilisation conservative.
-    for name in options.sizes:
-        results.gemm_gflops[name] = max(results.gemm_gflops[name], gemm_rate(SIZES[name]))
-    _add_ratios(results)
+            # A shared machine can be slow at any moment: measure the ceiling again after each
+            # section and keep the highest figure (a rate the machine did reach), so a loaded
+            # moment cannot flatter the utilisation figures.
+            for name in options.sizes:
+                rate = gemm_rate(SIZES[name])
+                results.gemm_gflops[name] = max(results.gemm_gflops[name], rate)
+            finalize(results)
+            if on_section is not None:
+                on_section(results)
     return results
 
 
 def _environment() -> dict:
+    from importlib import metadata
+
     from ..runtime import retain_freed_memory
+
+    def version(package: str) -> str | None:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return None
 
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "torch": torch.__version__,
+        "transformers": version("transformers"),
+        "x_transformers": version("x-transformers"),
         "python": platform.python_version(),
         "machine": platform.machine(),
         "threads": torch.get_num_threads(),
@@ -170,7 +196,7 @@ def _batches(options: BenchOptions, size: ModelSize, batch: int) -> list[Batch]:
     ]
 
 
-def _row(section, size, batch_desc, peer_name, family, times, tokens, flops, gemm, **extra):
+def _row(section, size, batch_desc, peer_name, family, times, tokens, flops, **extra):
     seconds = statistics.median(times)
     return {
         "section": section,
@@ -182,7 +208,7 @@ def _row(section, size, batch_desc, peer_name, family, times, tokens, flops, gem
         "times": times,
         "real_tokens": tokens,
         "tokens_per_s": tokens / seconds,
-        "mfu": flops / seconds / (gemm * 1e9) if gemm else None,
+        "model_flops": flops,
         **extra,
     }
 
@@ -212,7 +238,6 @@ def _kernels(options: BenchOptions, results: Results, say) -> None:
                     ts,
                     batch.real_tokens,
                     attn_flops,
-                    results.gemm_gflops[name],
                 )
             )
 
@@ -233,12 +258,54 @@ def _attention_calls(size: ModelSize, batch: Batch, seed: int) -> dict[str, Call
     key_mask = batch.mask[:, None, None, :]  # (B, 1, 1, T)
     fns: dict[str, Callable] = {
         f"varlen {method}": functools.partial(varlen_attention, q, k, v, layout, method=method)
-        for method in ("sequence", "bucket", "nested")
+        for method in ("sequence", "padded", "bucket", "nested")
     }
     fns["padded SDPA (masked)"] = functools.partial(
         F.scaled_dot_product_attention, pq, pk, pv, attn_mask=key_mask
     )
     return fns
+
+
+PACKING_FRACTIONS = (0.0, 0.025, 0.05, 0.1, 0.2)
+
+
+def _packing(options: BenchOptions, results: Results, say) -> None:
+    """Packed vs padded clearformer on fixed-length batches with a little padding."""
+    size = SIZES[options.sizes[0]]
+    peers = [p for p in stack_peers(with_math=False) if p.name in _PACKING_PAIR]
+    models = {p.name: p.build(size, size.n_layers).eval() for p in peers}
+    models[_PACKING_PAIR[1]].load_state_dict(models[_PACKING_PAIR[0]].state_dict())
+    base = fixed_batch(size, options.batch, options.seqlen, options.seed)
+    gen = torch.Generator().manual_seed(options.seed)
+    for fraction in PACKING_FRACTIONS:
+        # Shorten each sequence by U[0, 2 * fraction * T] tokens: about `fraction` padding.
+        cut = (torch.rand(options.batch, generator=gen) * 2 * fraction * options.seqlen).long()
+        lengths = (options.seqlen - cut).clamp(min=1)  # (B,)
+        mask = torch.arange(options.seqlen)[None, :] < lengths[:, None]  # (B, T)
+        batch = Batch("ragged", base.x, mask, tuple(int(n) for n in lengths))
+        label = f"B {options.batch} x T {options.seqlen}, {batch.padding:.1%} padding"
+        say(f"packing {size.name}: {label}")
+        fns = {p.name: _call(p, models[p.name], batch.x, mask) for p in peers}
+        with torch.inference_mode():
+            times = interleaved(fns, warmup=options.warmup, repeats=options.repeats)
+        flops = forward_flops(size, batch.lengths)
+        for p in peers:
+            results.rows.append(
+                _row(
+                    "packing",
+                    size,
+                    label,
+                    p.name,
+                    p.family,
+                    times[p.name],
+                    batch.real_tokens,
+                    flops,
+                    padding=batch.padding,
+                )
+            )
+
+
+_PACKING_PAIR = ("clearformer varlen", "clearformer sdpa")
 
 
 def _inference(options: BenchOptions, results: Results, say) -> None:
@@ -264,7 +331,6 @@ def _inference(options: BenchOptions, results: Results, say) -> None:
                         times[p.name],
                         batch.real_tokens,
                         flops,
-                        results.gemm_gflops[name],
                         note=p.note,
                     )
                 )
@@ -279,8 +345,12 @@ def _call(peer: Peer, model, x: Tensor, mask: Tensor | None):
 def _training(options: BenchOptions, results: Results, say) -> None:
     for name in options.sizes:
         size = SIZES[name]
-        # The math backend trains like sdpa but slower; the padded clearformer row is sdpa.
-        peers = [p for p in stack_peers(with_math=False) if p.name != "clearformer varlen"]
+        # Every model keeps its AdamW state while the rounds interleave (BERT-base: 1.4 GB
+        # each), so rows that add no information are left out: varlen trains as auto does on a
+        # ragged batch, math as sdpa but slower, and torch.nn has no fast path in training, so
+        # its pre-norm stack runs the same plain path as its post-norm one.
+        skip = ("clearformer varlen", "torch.nn pre-norm")
+        peers = [p for p in stack_peers(with_math=False) if p.name not in skip]
         for batch in _batches(options, size, options.train_batch):
             say(f"training {name}: {batch.describe()} ({len(peers)} implementations)")
             mask = None if batch.kind == "fixed" else batch.mask
@@ -299,7 +369,6 @@ def _training(options: BenchOptions, results: Results, say) -> None:
                         times[p.name],
                         batch.real_tokens,
                         flops,
-                        results.gemm_gflops[name],
                         note=note,
                     )
                 )
@@ -333,9 +402,8 @@ def _long(options: BenchOptions, results: Results, say) -> None:
         x = torch.randn(1, seqlen, size.d_model, generator=torch.Generator().manual_seed(0))
         models = {p.name: p.build(size, 1).eval() for p in peers}
         fns = {p.name: _call(p, models[p.name], x, None) for p in peers}
-        repeats = options.repeats if seqlen <= 2048 else max(1, min(options.repeats, 3))
         with torch.inference_mode():
-            times = interleaved(fns, warmup=options.warmup, repeats=repeats)
+            times = interleaved(fns, warmup=options.warmup, repeats=options.repeats)
         del models, fns
         gc.collect()
         flops = forward_flops(size, [seqlen], n_layers=1)
@@ -355,15 +423,18 @@ def _long(options: BenchOptions, results: Results, say) -> None:
                     times[p.name],
                     seqlen,
                     flops,
-                    results.gemm_gflops[size.name],
                     note=p.note,
                     **extra,
                 )
             )
 
 
-def _add_ratios(results: Results) -> None:
-    """Ratio of each row's tokens/s to the best torch.nn row of its group (and to SDPA's)."""
+def finalize(results: Results) -> None:
+    """Utilisation against the GEMM rate, and each row's ratio to the best torch.nn row of its
+    workload (and, for one long layer, to the SDPA layer's speed and memory)."""
+    for row in results.rows:
+        gemm = results.gemm_gflops.get(row["size"])
+        row["mfu"] = row["model_flops"] / row["seconds"] / (gemm * 1e9) if gemm else None
     groups: dict[tuple, list[dict]] = {}
     for row in results.rows:
         groups.setdefault((row["section"], row["size"], row["workload"]), []).append(row)

@@ -1,25 +1,18 @@
 """Timing: warm-up, repeats in interleaved rounds, medians.
 
-Interleaving (every implementation once per round) spreads slow phases of a shared machine over
-all implementations instead of charging them to whichever ran at the time.
+Interleaving (every implementation once per round, in a rotating order) spreads slow phases of a
+shared machine over all implementations instead of charging them to whichever ran at the time.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 
 
-def median_seconds(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def best_seconds(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 10) -> float:
+    """The fastest of ``repeats`` calls: for ceilings (a rate the machine can reach)."""
+    return min(interleaved({"fn": fn}, warmup=warmup, repeats=repeats)["fn"])
 
 
 def interleaved(
@@ -30,9 +23,13 @@ def interleaved(
         for fn in fns.values():
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    names = list(fns)
+    for round_ in range(repeats):
+        # Rotate the order each round: no implementation always runs first (or right after a
+        # heavy neighbour).
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
             start = time.perf_counter()
-            fn()
+            fns[name]()
             times[name].append(time.perf_counter() - start)
     return times

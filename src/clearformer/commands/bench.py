@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, help="timed rounds, medians reported (default 5)")
     p.add_argument("--train-repeats", type=int, help="timed training rounds (default 3)")
     p.add_argument("--warmup", type=int, help="untimed rounds first (default 1)")
-    p.add_argument("--sections", type=_names, help="kernels,inference,training,long")
+    p.add_argument("--sections", type=_names, help="kernels,inference,long,training,packing")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--no-math", action="store_true", help="leave out the math backend")
     p.add_argument("--no-memory", action="store_true", help="skip peak-memory probes")
@@ -84,7 +84,11 @@ def run(args: argparse.Namespace) -> int:
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    results = run_suite(options, progress)
+    def save_partial(partial) -> None:
+        # A long run that is interrupted still leaves the sections it finished.
+        write(partial, args.out, args.name, with_chart=False)
+
+    results = run_suite(options, progress, on_section=save_partial)
     print(markdown(results))
     for path in write(results, args.out, args.name, with_chart=not args.no_chart):
         print(f"wrote {path}", file=sys.stderr)
