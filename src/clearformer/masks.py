@@ -129,9 +129,7 @@ def from_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
     """torch.nn's ``key_padding_mask`` (True = ignore) -> clearformer's (True = takes part)."""
     if key_padding_mask.dtype == torch.bool:
         return ~key_padding_mask
-    if key_padding_mask.is_floating_point():
-        # torch.nn also accepts additive float masks: -inf (or very negative) = ignore.
-        return key_padding_mask == 0
+    # Additive float masks (0 = keep, -inf = ignore) and 0/1 integer masks (1 = ignore).
     return key_padding_mask == 0
 
 
