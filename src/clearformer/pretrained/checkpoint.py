@@ -3,9 +3,11 @@
 What a directory must hold:
 
 * ``config.json`` -- the architecture and its numerics;
-* weights: ``model.safetensors`` (preferred), a sharded ``model.safetensors.index.json``, or
-  ``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``, never unpickled freely);
-* a tokenizer: ``tokenizer.json``, or a WordPiece ``vocab.txt``;
+* weights: ``model.safetensors`` (preferred), a sharded ``model.safetensors.index.json``,
+  ``pytorch_model.bin`` or a sharded ``pytorch_model.bin.index.json`` (``.bin`` files are read
+  with ``torch.load(weights_only=True)``, never unpickled freely);
+* a tokenizer: ``tokenizer.json``; else a byte-level BPE ``vocab.json`` with its ``merges.txt``
+  (RoBERTa); else a WordPiece ``vocab.txt`` (BERT);
 * optionally the sentence-transformers files: ``modules.json``, ``sentence_bert_config.json``
   and the pooling folder's ``config.json``.
 """
@@ -21,8 +23,14 @@ from typing import Any
 
 from .bundled import bundled_model_dir
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+BPE_FILES = ("vocab.json", "merges.txt")  # a byte-level BPE tokenizer: both or neither
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -37,11 +45,12 @@ class CheckpointFiles:
     path: Path
     config: dict[str, Any]  # config.json, parsed
     weights: Path  # one of WEIGHT_FILES
-    tokenizer: Path  # tokenizer.json or vocab.txt
+    tokenizer: Path  # tokenizer.json, vocab.json (BPE, with ``merges``) or vocab.txt
     tokenizer_config: dict[str, Any] = field(default_factory=dict)  # tokenizer_config.json
     modules: list[dict[str, Any]] | None = None  # sentence-transformers modules.json
     sentence_config: dict[str, Any] = field(default_factory=dict)  # sentence_bert_config.json
     pooling_config: dict[str, Any] | None = None  # <pooling module path>/config.json
+    merges: Path | None = None  # merges.txt, set exactly when ``tokenizer`` is vocab.json
 
 
 def read_json(path: Path, what: str) -> Any:
@@ -75,7 +84,15 @@ def _from_hub(repo_id: str) -> Path:
             f"checkpoint directory not found: {repo_id} (to fetch it from the Hugging Face Hub "
             "install huggingface_hub; or pass a local directory)"
         ) from None
-    patterns = ["*.json", "*.safetensors", "vocab.txt", "1_Pooling/*", "pytorch_model.bin"]
+    patterns = [
+        "*.json",
+        "*.safetensors",
+        "vocab.txt",
+        "merges.txt",
+        "1_Pooling/*",
+        "pytorch_model.bin",
+        "pytorch_model-*-of-*.bin",
+    ]
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns))
     except Exception as exc:  # the hub library raises many kinds; one clear message for all
@@ -101,9 +118,9 @@ def find_checkpoint(path: str | os.PathLike | None) -> CheckpointFiles:
     weights = next((root / n for n in WEIGHT_FILES if (root / n).is_file()), None)
     if weights is None:
         missing.append(" or ".join(WEIGHT_FILES))
-    tokenizer = next((root / n for n in TOKENIZER_FILES if (root / n).is_file()), None)
+    tokenizer, merges = _tokenizer_files(root)
     if tokenizer is None:
-        missing.append(" or ".join(TOKENIZER_FILES))
+        missing.append(" or ".join(TOKENIZER_FILES) + " (or vocab.json with merges.txt)")
     if missing:
         raise CheckpointError(f"checkpoint {root} is incomplete: missing {'; '.join(missing)}")
     config = read_json(root / "config.json", "config")
@@ -125,7 +142,31 @@ def find_checkpoint(path: str | os.PathLike | None) -> CheckpointFiles:
         modules=modules,
         sentence_config=sentence_config if isinstance(sentence_config, dict) else {},
         pooling_config=pooling_config,
+        merges=merges,
     )
+
+
+def _tokenizer_files(root: Path) -> tuple[Path | None, Path | None]:
+    """The tokenizer file and, for byte-level BPE, its merges file.
+
+    ``tokenizer.json`` describes the whole pipeline, so it wins. Without it, a ``vocab.json``
+    or ``merges.txt`` means a BPE tokenizer, which needs both: one without the other is an
+    error rather than a fall back to ``vocab.txt``, which would tokenize differently.
+    """
+    if (root / "tokenizer.json").is_file():
+        return root / "tokenizer.json", None
+    present = [name for name in BPE_FILES if (root / name).is_file()]
+    if len(present) == len(BPE_FILES):
+        return root / "vocab.json", root / "merges.txt"
+    if present:
+        absent = next(name for name in BPE_FILES if name not in present)
+        raise CheckpointError(
+            f"checkpoint {root} is incomplete: a byte-level BPE tokenizer needs both "
+            f"{' and '.join(BPE_FILES)}, found {present[0]} but {absent} is missing"
+        )
+    if (root / "vocab.txt").is_file():
+        return root / "vocab.txt", None
+    return None, None
 
 
 def _sentence_modules(root: Path) -> tuple[list[dict] | None, dict | None]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -14,32 +15,93 @@ from torch import Tensor
 from ..io import publish
 from .checkpoint import CheckpointError, read_json
 
+log = logging.getLogger(__name__)
+
+SHARD_SUFFIXES = (".safetensors", ".bin")
+
 
 def read_tensors(path: Path) -> dict[str, Tensor]:
-    """All tensors of a weights file (``.safetensors``, a sharded index, or ``.bin``).
+    """All tensors of a weights file (``.safetensors``, ``.bin``, or a sharded index of either).
 
     Raises:
-        CheckpointError: the file is corrupt, truncated or not a mapping of names to tensors.
+        CheckpointError: the file is corrupt, truncated or not a mapping of names to tensors; or
+            an index and its shards disagree.
     """
     if path.name.endswith(".index.json"):
-        index = read_json(path, "weights index")
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"weights index {path} has no 'weight_map'")
-        tensors: dict[str, Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
-            shard_path = path.parent / str(shard)
-            if shard_path.suffix != ".safetensors":
-                raise CheckpointError(
-                    f"weights index {path} names a shard that is not .safetensors: {shard}"
-                )
-            if not shard_path.is_file():
-                raise CheckpointError(f"weights index {path} names a missing shard: {shard_path}")
-            tensors.update(_read_safetensors(shard_path))
-        return tensors
+        return _read_sharded(path)
+    return _read_file(path)
+
+
+def _read_file(path: Path) -> dict[str, Tensor]:
     if path.suffix == ".safetensors":
         return _read_safetensors(path)
     return _read_bin(path)
+
+
+def _read_sharded(index_path: Path) -> dict[str, Tensor]:
+    """The tensors of every shard an index names, checked against its ``weight_map``.
+
+    The weight_map says which shard holds each tensor; a shard lacking one of its tensors, or
+    two shards holding the same name, means the files do not belong together, so either is an
+    error rather than a silently missing or overwritten weight.
+    """
+    shards = _shards_of(index_path)
+    tensors: dict[str, Tensor] = {}
+    origin: dict[str, str] = {}
+    for shard, expected in shards.items():
+        found = _read_file(index_path.parent / shard)
+        absent = sorted(set(expected) - set(found))
+        if absent:
+            raise CheckpointError(
+                f"shard {index_path.parent / shard} lacks tensor {absent[0]!r}, which the "
+                f"weight_map of {index_path} assigns to it ({len(absent)} missing in all)"
+            )
+        for name, tensor in found.items():
+            if name in origin:
+                raise CheckpointError(
+                    f"tensor {name!r} is in two shards of {index_path}: {origin[name]} and "
+                    f"{shard}; a name must be in exactly one shard"
+                )
+            origin[name] = shard
+            tensors[name] = tensor
+        unlisted = sorted(set(found) - set(expected))
+        if unlisted:
+            log.warning(
+                "shard %s holds %d tensors its index %s does not list, e.g. %r",
+                index_path.parent / shard,
+                len(unlisted),
+                index_path,
+                unlisted[0],
+            )
+    return tensors
+
+
+def _shards_of(index_path: Path) -> dict[str, list[str]]:
+    """Shard file name -> the tensor names the index's ``weight_map`` assigns to it, after
+    checking each shard is a ``.safetensors`` or ``.bin`` file beside the index."""
+    index = read_json(index_path, "weights index")
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"weights index {index_path} has no 'weight_map'")
+    shards: dict[str, list[str]] = {}
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or Path(shard).name != shard or shard in (".", ".."):
+            raise CheckpointError(
+                f"weights index {index_path} maps {name!r} to {shard!r}; expected the file name "
+                "of a shard in the same directory"
+            )
+        shards.setdefault(shard, []).append(name)
+    for shard in sorted(shards):
+        if Path(shard).suffix not in SHARD_SUFFIXES:
+            raise CheckpointError(
+                f"weights index {index_path} names shard {shard!r} with suffix "
+                f"{Path(shard).suffix!r}; expected one of {', '.join(SHARD_SUFFIXES)}"
+            )
+        if not (index_path.parent / shard).is_file():
+            raise CheckpointError(
+                f"weights index {index_path} names a missing shard: {index_path.parent / shard}"
+            )
+    return dict(sorted(shards.items()))
 
 
 def _read_safetensors(path: Path) -> dict[str, Tensor]:
