@@ -1,28 +1,45 @@
 """Sentence-encoding throughput: clearformer's ``TextEncoder`` against sentence-transformers.
 
-Both encode the same few thousand sentences of mixed length with the bundled all-MiniLM-L6-v2,
-in one process, under the same allocator setting (glibc keeps freed memory, see
-``clearformer.runtime.retain_freed_memory``), alternating calls so drift hits both alike.
-The corpus is synthetic (words of the model's own vocabulary, lengths spread from a few words
-to past the 256-piece limit), so nothing is downloaded.
+Both encode the same texts with the bundled all-MiniLM-L6-v2, in one process, under the same
+allocator setting (glibc keeps freed memory, see ``clearformer.runtime.retain_freed_memory``),
+taking turns chunk by chunk so that drift and bursts of load hit every configuration alike.
+Two synthetic corpora, built from the model's own vocabulary so nothing is downloaded:
 
-Run: ``python benchmarks/encode_throughput.py [--texts 3000] [--repeats 3] [--batch-size 32]
-[--chunk-batches 8]``
+``sentences``  word counts log-normal around 16 (from 3 to 80 words): sentence-like texts.
+``mixed``      word counts log-uniform from 3 to 300: sentences with a tail of paragraphs past
+               the 256-piece limit, where attention weighs more.
+
+Configurations:
+
+``sentence-transformers``       its ``encode`` with its defaults (batch_size=32); the reference.
+``clearformer``                 ``TextEncoder.encode`` with its defaults (batches of at most
+                                8192 padded tokens, two batches side by side on a CPU).
+``clearformer batch 32``        ``batch_size=32, workers=1``: the same batches as the
+                                reference's, one at a time on all threads.
+
+Run: ``python benchmarks/encode_throughput.py [--texts 2000] [--repeats 3] [--corpus both]
+[--out benchmarks/results/encode-throughput]``
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import random
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
+REFERENCE = "sentence-transformers"
+CORPORA = ("sentences", "mixed")
 
-def make_corpus(n: int, seed: int = 0) -> list[str]:
-    """``n`` sentences; word counts log-uniform in [3, 300] (most short, a long tail)."""
+
+def make_corpus(n: int, kind: str = "mixed", seed: int = 0) -> list[str]:
+    """``n`` texts of random vocabulary words; see the module docstring for ``kind``."""
     from clearformer.pretrained import bundled_model_dir
 
     vocab = (bundled_model_dir() / "vocab.txt").read_text(encoding="utf-8").split("\n")
@@ -30,111 +47,161 @@ def make_corpus(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     texts = []
     for _ in range(n):
-        count = int(round(3 * (100 ** rng.random())))  # 3 .. 300 words, log-uniform
+        if kind == "sentences":
+            count = min(max(int(round(rng.lognormvariate(math.log(16), 0.55))), 3), 80)
+        elif kind == "mixed":
+            count = int(round(3 * (100 ** rng.random())))  # 3 .. 300 words, log-uniform
+        else:
+            raise ValueError(f"kind must be one of {CORPORA}, got {kind!r}")
         sentence = " ".join(rng.choice(words) for _ in range(count))
         texts.append(sentence.capitalize() + ".")
     return texts
 
 
+def measure(kind: str, args, ours, theirs) -> dict:
+    import numpy as np
+
+    texts = make_corpus(args.texts, kind)
+    lengths = [len(e.ids) for e in ours.tokenizer.encode(texts)]
+    tokens = sum(lengths)
+    runners = {
+        REFERENCE: lambda chunk: theirs.encode(
+            chunk, normalize_embeddings=True, convert_to_numpy=True
+        ),
+        "clearformer": lambda chunk: ours.encode(chunk, normalize=True, progress=False),
+        "clearformer batch 32": lambda chunk: ours.encode(
+            chunk, batch_size=32, workers=1, normalize=True, progress=False
+        ),
+    }
+    # One `encode` call sorts its texts by length before batching: clearformer by token count,
+    # sentence-transformers by character count. Each library's order is computed once over the
+    # whole corpus, its own way, and cut into chunks of `--chunk` texts, so a chunk holds texts
+    # of similar length, as the batches of one call over the whole corpus would. Chunk c of
+    # every configuration is timed back to back in every repeat and each chunk's best time
+    # counts: a burst of load from other work spoils one chunk's sample, not a whole run.
+    orders = {
+        REFERENCE: [int(i) for i in np.argsort([-len(t) for t in texts], kind="stable")],
+        "clearformer": sorted(range(len(texts)), key=lambda i: -lengths[i]),
+    }
+    orders["clearformer batch 32"] = orders["clearformer"]
+    names = list(runners)
+    chunks = {
+        name: [order[i : i + args.chunk] for i in range(0, len(texts), args.chunk)]
+        for name, order in orders.items()
+    }
+    n_chunks = len(chunks[REFERENCE])
+    best = {name: [math.inf] * n_chunks for name in names}
+    results = {name: np.zeros((len(texts), ours.dim), dtype=np.float32) for name in names}
+    for repeat in range(args.repeats):
+        for c in range(n_chunks):
+            turn = names[(repeat + c) % len(names) :] + names[: (repeat + c) % len(names)]
+            for name in turn:
+                rows = chunks[name][c]
+                start = time.perf_counter()
+                vectors = runners[name]([texts[i] for i in rows])
+                best[name][c] = min(best[name][c], time.perf_counter() - start)
+                results[name][rows] = vectors
+    seconds = {name: sum(best[name]) for name in names}
+    return {
+        "corpus": kind,
+        "texts": len(texts),
+        "tokens": tokens,
+        "pieces_per_text": {
+            "min": min(lengths),
+            "median": int(np.median(lengths)),
+            "max": max(lengths),
+        },
+        "min_cosine_vs_reference": {
+            name: float((results[name] * results[REFERENCE]).sum(1).min()) for name in names
+        },
+        "seconds": seconds,
+        "tokens_per_second": {name: tokens / s for name, s in seconds.items()},
+        "speedup_vs_reference": {name: seconds[REFERENCE] / s for name, s in seconds.items()},
+    }
+
+
+def to_markdown(report: dict) -> str:
+    env = report["environment"]
+    lines = [
+        "# Sentence-encoding throughput: clearformer vs sentence-transformers",
+        "",
+        f"torch {env['torch']}, sentence-transformers {env['sentence_transformers']}, "
+        f"{env['threads']} threads, allocator retains freed memory: {env['retained']}, "
+        f"load average at end {env['load_average']:.2f}. Each chunk's best of "
+        f"{env['repeats']} repeats, summed.",
+        "",
+    ]
+    for run in report["runs"]:
+        p = run["pieces_per_text"]
+        lines += [
+            f"## Corpus `{run['corpus']}`: {run['texts']} texts, {run['tokens']} word pieces "
+            f"(per text: min {p['min']}, median {p['median']}, max {p['max']})",
+            "",
+            "| configuration | pieces/s | vs sentence-transformers | min cosine to it |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for name, rate in run["tokens_per_second"].items():
+            lines.append(
+                f"| {name} | {rate:,.0f} | {run['speedup_vs_reference'][name]:.2f}x | "
+                f"{run['min_cosine_vs_reference'][name]:.7f} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--texts", type=int, default=3000)
+    parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument(
-        "--chunk-batches",
-        type=int,
-        default=8,
-        help="batches per timed call; 0: the whole corpus in one call per repeat",
-    )
+    parser.add_argument("--chunk", type=int, default=256, help="texts per timed encode call")
+    parser.add_argument("--corpus", choices=(*CORPORA, "both"), default="both")
+    parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     args = parser.parse_args()
 
     from clearformer.runtime import retain_freed_memory
 
     retained = retain_freed_memory()  # before any large allocation, for both libraries alike
 
-    import numpy as np
+    import sentence_transformers
     import torch
     from sentence_transformers import SentenceTransformer
 
     from clearformer import TextEncoder
     from clearformer.pretrained import bundled_model_dir
 
-    texts = make_corpus(args.texts)
     ours = TextEncoder.from_pretrained()
     theirs = SentenceTransformer(str(bundled_model_dir()), device="cpu")
-    lengths = [len(b) for b in ours.tokenize(texts).tokens]
-    tokens = sum(lengths)
-
-    def encode_ours(chunk):
-        return ours.encode(chunk, batch_size=args.batch_size, normalize=True, progress=False)
-
-    def encode_theirs(chunk):
-        return theirs.encode(
-            chunk, batch_size=args.batch_size, normalize_embeddings=True, convert_to_numpy=True
-        )
-
-    # Warm-up: first calls pay for lazy initialisation in both libraries.
-    ours.encode(texts[:64])
-    theirs.encode(texts[:64])
-    # One `encode` call sorts its texts by length and cuts them into batches: clearformer by
-    # token count, sentence-transformers by character count (its `_input_length`). Here each
-    # library's order is computed once over the whole corpus, its own way, and cut into chunks
-    # of whole batches, so its chunks' batches are those of one call over the whole corpus.
-    # Chunk c of both libraries is timed back to back in every repeat and each chunk's best
-    # time counts: on a machine shared with other work, a burst of load spoils one chunk's
-    # sample instead of a whole run.
-    orders = {
-        "clearformer": sorted(range(len(texts)), key=lambda i: -lengths[i]),
-        "sentence-transformers": [int(i) for i in np.argsort([-len(t) for t in texts])],
+    warm = make_corpus(64, "mixed", seed=1)
+    ours.encode(warm, progress=False)  # first calls pay for lazy initialisation in both
+    theirs.encode(warm)
+    kinds = CORPORA if args.corpus == "both" else (args.corpus,)
+    runs = []
+    for kind in kinds:
+        run = measure(kind, args, ours, theirs)
+        runs.append(run)
+        print(f"corpus {kind}: {run['texts']} texts, {run['tokens']} pieces")
+        for name, rate in run["tokens_per_second"].items():
+            print(
+                f"  {name:>22}: {rate:8,.0f} pieces/s  "
+                f"{run['speedup_vs_reference'][name]:.2f}x  "
+                f"min cosine {run['min_cosine_vs_reference'][name]:.7f}"
+            )
+    report = {
+        "environment": {
+            "torch": torch.__version__,
+            "sentence_transformers": sentence_transformers.__version__,
+            "threads": torch.get_num_threads(),
+            "retained": retained,
+            "repeats": args.repeats,
+            "load_average": os.getloadavg()[0],
+        },
+        "runs": runs,
     }
-    size = args.chunk_batches * args.batch_size if args.chunk_batches > 0 else len(texts)
-    chunked = {
-        name: [order[i : i + size] for i in range(0, len(texts), size)]
-        for name, order in orders.items()
-    }
-    n_chunks = len(chunked["clearformer"])
-    names = ("clearformer", "sentence-transformers")
-    runners = {"clearformer": encode_ours, "sentence-transformers": encode_theirs}
-    best = {name: [float("inf")] * n_chunks for name in names}
-    total = {name: [0.0] * args.repeats for name in names}
-    results = {name: np.zeros((len(texts), ours.dim), dtype=np.float32) for name in names}
-    for repeat in range(args.repeats):
-        for c in range(n_chunks):
-            turn = names if (repeat + c) % 2 == 0 else names[::-1]  # alternate who goes first
-            for name in turn:
-                rows = chunked[name][c]
-                chunk = [texts[i] for i in rows]
-                start = time.perf_counter()
-                vectors = runners[name](chunk)
-                elapsed = time.perf_counter() - start
-                results[name][rows] = vectors
-                best[name][c] = min(best[name][c], elapsed)
-                total[name][repeat] += elapsed
-    cosine = (results["clearformer"] * results["sentence-transformers"]).sum(1)
-
-    print(
-        f"corpus: {len(texts)} texts, sorted by length, in {n_chunks} chunk(s) of up to {size}; "
-        f"{tokens} tokens "
-        f"(pieces per text: min {min(lengths)}, median {int(np.median(lengths))}, max "
-        f"{max(lengths)}; truncated at {ours.max_length})"
-    )
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; batch size "
-        f"{args.batch_size}; allocator retains freed memory: {retained}; load average at end "
-        f"{os.getloadavg()[0]:.2f}"
-    )
-    print(f"agreement: min cosine {cosine.min():.7f} over {len(texts)} texts")
-    seconds = {}
-    for name in names:
-        seconds[name] = sum(best[name])
-        print(
-            f"{name:>22}: {len(texts) / seconds[name]:7.1f} texts/s "
-            f"({tokens / seconds[name]:8.0f} tokens/s) summing each chunk's best; whole runs "
-            f"{', '.join(f'{t:.1f}' for t in total[name])} s"
-        )
-    ratio = seconds["sentence-transformers"] / seconds["clearformer"]
-    print(f"speed-up over sentence-transformers: {ratio:.2f}x")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+        args.out.with_suffix(".md").write_text(to_markdown(report))
+        print(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

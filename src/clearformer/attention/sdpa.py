@@ -46,6 +46,14 @@ def sdpa_attention(
     # A query with no key to attend must give zeros, with finite gradients, on every build and
     # kernel: let such rows attend everywhere (finite, harmless) and zero their output after.
     has_key = mask.any(dim=-1, keepdim=True)  # (B, H|1, Tq|1, 1)
+    if q.device.type == "cpu" and not torch.compiler.is_compiling() and bool(has_key.all()):
+        # The usual case, every query has a key: skip widening the mask and zeroing the output.
+        # On CPU reading the flag is free; on an accelerator it would wait for the device, and
+        # under torch.compile it would break the graph, so there both passes stay.
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale
+        )
+        return out, None
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p, scale=scale
     )  # (B, H, Tq, Dv)

@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..pretrained.batching import DEFAULT_MAX_TOKENS
+
 SIMILARITY_MAX = 32  # texts; a larger matrix does not fit a terminal
 OUTPUT_SUFFIXES = (".npy", ".jsonl")
 
@@ -27,7 +29,7 @@ def positive_int(value: str) -> int:
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """--model, --backend, --batch-size, --progress: shared by encode and search."""
+    """--model, --backend, --batch-size, --max-tokens, --progress: shared by encode and search."""
     p.add_argument(
         "--model",
         metavar="DIR",
@@ -35,7 +37,18 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         help="checkpoint directory (default: the bundled all-MiniLM-L6-v2)",
     )
     p.add_argument(
-        "--batch-size", type=positive_int, default=32, metavar="N", help="texts per forward pass"
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="texts per forward pass (default: as many as fit in --max-tokens)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_TOKENS,
+        metavar="N",
+        help=f"padded tokens per forward pass without --batch-size (default {DEFAULT_MAX_TOKENS})",
     )
     p.add_argument(
         "--backend",
@@ -163,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
     embeddings = encoder.encode(
         texts,
         batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
         normalize=args.normalize,
         progress=progress_for(args, len(texts)),
     )  # (n, D) float32

@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     corpus = encoder.encode(
         [t for _, t in entries],
         batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
         normalize=True,
         progress=progress_for(args, len(entries)),
     )  # (n, D), unit rows

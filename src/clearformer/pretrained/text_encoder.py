@@ -22,9 +22,11 @@ from torch import Tensor
 from ..config import EncoderConfig
 from ..io import atomic_write
 from ..model import EncoderModel
+from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
 from .checkpoint import CheckpointError, find_checkpoint
 from .hf_mapping import LoadReport
 from .loading import LoadedModel, load_model, save_model
+from .parallel import auto_workers, check_workers, map_in_workers
 from .pooling import pool, pooling_mode_from_config
 from .tokenizer import TextTokenizer, TokenBatch, check_texts, max_length_for
 
@@ -37,6 +39,8 @@ _LOG_PROGRESS_MIN = 2048  # texts; below this an encode call is short enough to 
 _COPIED_FILES = (
     "tokenizer.json",
     "vocab.txt",
+    "vocab.json",
+    "merges.txt",
     "tokenizer_config.json",
     "special_tokens_map.json",
     "modules.json",
@@ -120,40 +124,53 @@ class TextEncoder:
     def encode(
         self,
         texts: list[str],
-        batch_size: int = 32,
+        batch_size: int | None = None,
         normalize: bool | None = None,
         progress: bool | ProgressFn | None = None,
+        *,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        workers: int | None = None,
     ) -> np.ndarray:
         """Sentence embeddings of ``texts``.
 
         Args:
             texts: the texts (an empty list gives a (0, D) array).
-            batch_size: texts per forward pass.
+            batch_size: texts per forward pass; None = as many as fit in ``max_tokens``.
             normalize: L2-normalise each row; None = as the checkpoint says (:attr:`normalize`).
             progress: None = log progress at INFO level for long inputs; True = a tqdm bar when
                 tqdm is installed (else log); False = silent; a callable gets (done, total).
+            max_tokens: padded tokens per forward pass when ``batch_size`` is None (see
+                :mod:`clearformer.pretrained.batching`).
+            workers: forward passes run side by side, the CPU threads split between them;
+                None = two on a CPU with two or more threads (see
+                :mod:`clearformer.pretrained.parallel`), 1 = one at a time.
 
         Returns:
-            (n, D) float32, row i for ``texts[i]``.
+            (n, D) float32, row i for ``texts[i]``. Batching changes speed and memory, never
+            the result: a text's embedding does not depend on its batch-mates.
         """
         texts = check_texts(texts)
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         normalize = self.normalize if normalize is None else bool(normalize)
         n = len(texts)
         out = np.empty((n, self.dim), dtype=np.float32)
+        check_batch_limits(batch_size, max_tokens)  # before any work
+        check_workers(workers)
         if n == 0:
             return out
         encodings = self.tokenizer.encode(texts)
-        # Longest first: texts of similar length share a batch, and the largest batch (the peak
+        # Longest first: texts of similar length share a batch, and the longest batch (the peak
         # of memory) comes first, so a memory problem shows at once.
-        order = sorted(range(n), key=lambda i: -len(encodings[i].ids))
+        batches = plan_batches([len(e.ids) for e in encodings], batch_size, max_tokens)
         report = _progress_reporter(progress, n)
-        with torch.inference_mode():
-            for start in range(0, n, batch_size):
-                rows = order[start : start + batch_size]
-                batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
-                mask = batch.attention_mask
+        device = next(self.model.parameters()).device
+        if workers is None:
+            workers = auto_workers(device, len(batches))
+
+        def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:
+            batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
+            mask = batch.attention_mask
+            # Grad mode is per thread: each worker enters inference mode itself.
+            with torch.inference_mode():
                 # No padding at all: no mask, so attention runs its unmasked kernel.
                 hidden = self.model(
                     batch.input_ids, None if bool(mask.all()) else mask, batch.token_type_ids
@@ -161,8 +178,13 @@ class TextEncoder:
                 vectors = self.pool(hidden, mask)  # (B, D)
                 if normalize:
                     vectors = F.normalize(vectors, p=2.0, dim=-1)
-                out[rows] = vectors.float().numpy()
-                report(min(start + batch_size, n), n)
+            return rows, vectors.float().numpy()
+
+        done = 0
+        for rows, vectors in map_in_workers(embed, batches, workers):
+            out[rows] = vectors
+            done += len(rows)
+            report(done, n)
         return out
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:

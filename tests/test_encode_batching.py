@@ -1,0 +1,144 @@
+"""How ``TextEncoder.encode`` cuts texts into forward passes and runs them side by side."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from clearformer import TextEncoder
+from clearformer.pretrained.batching import plan_batches
+from clearformer.pretrained.parallel import auto_workers, map_in_workers
+
+from .test_pretrained_minilm import LONG, TEXTS
+
+
+@given(
+    lengths=st.lists(st.integers(0, 300), max_size=60),
+    max_tokens=st.integers(1, 2000),
+)
+def test_token_budget_plan_covers_every_text_once_within_budget(lengths, max_tokens):
+    batches = plan_batches(lengths, None, max_tokens)
+    flat = [i for batch in batches for i in batch]
+    assert sorted(flat) == list(range(len(lengths)))
+    # longest first, so each batch's first text sets its padded length
+    assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)
+    for batch in batches:
+        padded = len(batch) * max(lengths[i] for i in batch)
+        assert padded <= max_tokens or len(batch) == 1
+
+
+@given(lengths=st.lists(st.integers(0, 300), max_size=60), batch_size=st.integers(1, 10))
+def test_batch_size_plan_has_fixed_batches(lengths, batch_size):
+    batches = plan_batches(lengths, batch_size)
+    assert [len(b) for b in batches[:-1]] == [batch_size] * (len(batches) - 1)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+
+
+def test_token_budget_puts_short_texts_in_large_batches():
+    lengths = [200] * 4 + [10] * 90
+    batches = plan_batches(lengths, None, 900)
+    assert [len(b) for b in batches] == [4, 90]
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "max_tokens", "match"),
+    [
+        (0, 10, "batch_size must be a positive int or None, got 0"),
+        (True, 10, "batch_size must be a positive int or None, got True"),
+        (None, 0, "max_tokens must be a positive int, got 0"),
+        (None, 2.5, "max_tokens must be a positive int, got 2.5"),
+    ],
+)
+def test_bad_limits_are_named(batch_size, max_tokens, match):
+    with pytest.raises(ValueError, match=match):
+        plan_batches([3, 4], batch_size, max_tokens)
+
+
+def test_map_in_workers_keeps_order_splits_threads_and_restores_the_count():
+    before = torch.get_num_threads()
+    seen = []
+
+    def work(item):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return item * item
+
+    assert list(map_in_workers(work, range(20), workers=2)) == [i * i for i in range(20)]
+    assert torch.get_num_threads() == before
+    assert all(name.startswith("clearformer-batch") for name, _ in seen)
+    assert {count for _, count in seen} <= {max(1, before // 2), max(1, before - before // 2)}
+    # a thread started afterwards gets the caller's count again, not a worker's
+    started = []
+    thread = threading.Thread(target=lambda: started.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert started == [before]
+
+
+def test_map_in_workers_one_worker_runs_on_the_calling_thread():
+    names = list(map_in_workers(lambda _: threading.current_thread().name, range(3), workers=1))
+    assert names == [threading.current_thread().name] * 3
+
+
+def test_map_in_workers_passes_errors_on_and_restores_the_count():
+    before = torch.get_num_threads()
+
+    def work(item):
+        if item == 5:
+            raise RuntimeError("item 5 failed")
+        return item
+
+    with pytest.raises(RuntimeError, match="item 5 failed"):
+        list(map_in_workers(work, range(50), workers=2))
+    assert torch.get_num_threads() == before
+
+
+def test_auto_workers_only_on_cpu_with_several_batches():
+    assert auto_workers(torch.device("cpu"), 1) == 1
+    assert auto_workers(torch.device("cuda"), 10) == 1
+    assert auto_workers(torch.device("cpu"), 10) == min(2, torch.get_num_threads())
+
+
+@pytest.fixture(scope="module")
+def encoder() -> TextEncoder:
+    return TextEncoder.from_pretrained()
+
+
+def test_encode_same_result_for_every_plan_and_worker_count(encoder):
+    texts = TEXTS * 4 + [LONG] * 3
+    reference = np.stack([encoder.encode([t], workers=1)[0] for t in texts])
+    for kwargs in (
+        {"workers": 2, "max_tokens": 64},
+        {"workers": 3, "max_tokens": 300},
+        {"workers": 1, "max_tokens": 100_000},
+        {"workers": 2, "batch_size": 3},
+        {},
+    ):
+        got = encoder.encode(texts, **kwargs)
+        np.testing.assert_allclose(got, reference, atol=1e-6, rtol=0, err_msg=str(kwargs))
+
+
+def test_encode_progress_counts_every_text_with_workers(encoder):
+    calls = []
+    encoder.encode(
+        TEXTS, max_tokens=40, workers=2, progress=lambda done, total: calls.append((done, total))
+    )
+    assert calls[-1] == (len(TEXTS), len(TEXTS))
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+    assert len(calls) > 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"workers": 0}, "workers must be a positive int or None, got 0"),
+        ({"max_tokens": -1}, "max_tokens must be a positive int, got -1"),
+    ],
+)
+def test_encode_names_bad_arguments(encoder, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        encoder.encode(["a"], **kwargs)
