@@ -14,10 +14,12 @@ Configurations:
 ``sentence-transformers``       its ``encode`` with its defaults (batch_size=32); the reference.
 ``clearformer``                 ``TextEncoder.encode`` with its defaults (batches of at most
                                 8192 padded tokens, two batches side by side on a CPU).
-``clearformer batch 32``        ``batch_size=32, workers=1``: the same batches as the
-                                reference's, one at a time on all threads.
+``clearformer workers 1``       its default batches, one at a time on all threads: what the
+                                two batches side by side add.
+``clearformer batch 32``        ``batch_size=32, workers=1``: batches of the reference's size,
+                                one at a time on all threads.
 
-Run: ``python benchmarks/encode_throughput.py [--texts 2000] [--repeats 3] [--corpus both]
+Run: ``python benchmarks/encode_throughput.py [--texts 2000] [--repeats 4] [--corpus both]
 [--out benchmarks/results/encode-throughput]``
 """
 
@@ -69,6 +71,9 @@ def measure(kind: str, args, ours, theirs) -> dict:
             chunk, normalize_embeddings=True, convert_to_numpy=True
         ),
         "clearformer": lambda chunk: ours.encode(chunk, normalize=True, progress=False),
+        "clearformer workers 1": lambda chunk: ours.encode(
+            chunk, workers=1, normalize=True, progress=False
+        ),
         "clearformer batch 32": lambda chunk: ours.encode(
             chunk, batch_size=32, workers=1, normalize=True, progress=False
         ),
@@ -83,7 +88,7 @@ def measure(kind: str, args, ours, theirs) -> dict:
         REFERENCE: [int(i) for i in np.argsort([-len(t) for t in texts], kind="stable")],
         "clearformer": sorted(range(len(texts)), key=lambda i: -lengths[i]),
     }
-    orders["clearformer batch 32"] = orders["clearformer"]
+    orders["clearformer workers 1"] = orders["clearformer batch 32"] = orders["clearformer"]
     names = list(runners)
     chunks = {
         name: [order[i : i + args.chunk] for i in range(0, len(texts), args.chunk)]
@@ -152,8 +157,8 @@ def to_markdown(report: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--chunk", type=int, default=256, help="texts per timed encode call")
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--chunk", type=int, default=500, help="texts per timed encode call")
     parser.add_argument("--corpus", choices=(*CORPORA, "both"), default="both")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     args = parser.parse_args()

@@ -36,6 +36,21 @@ def test_texts_as_arguments_to_stdout_jsonl(capsys, reference):
     np.testing.assert_allclose(np.array([r["embedding"] for r in rows]), reference, atol=1e-7)
 
 
+@pytest.mark.parametrize("limits", [["--max-tokens", "8"], ["--batch-size", "1"]])
+def test_batching_options_do_not_change_embeddings(capsys, reference, limits):
+    code, out, err = _run(capsys, "encode", *limits, *TEXTS)
+    assert code == 0, err
+    got = np.array([json.loads(line)["embedding"] for line in out.splitlines()])
+    np.testing.assert_allclose(got, reference, atol=1e-6)
+
+
+def test_bad_batching_option_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["encode", "--max-tokens", "0", "x"])
+    assert exit_info.value.code == 2
+    assert "--max-tokens: expected a positive integer, got 0" in capsys.readouterr().err
+
+
 def test_input_file_to_npy(tmp_path, capsys, reference):
     source = tmp_path / "texts.txt"
     source.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")

@@ -12,7 +12,7 @@ from clearformer.attention.varlen import length_buckets, varlen_attention
 from clearformer.encoder import PACK_MIN_PADDING
 from clearformer.padding import pack_layout, repad, unpad
 
-from .helpers import lengths_mask
+from .helpers import intra_op_threads, lengths_mask
 
 # A single real token, an empty sequence, a full row and ragged ones.
 LENGTHS = [1, 0, 9, 4, 2]
@@ -222,10 +222,13 @@ def test_auto_method_bounds_the_number_of_calls():
     from clearformer.attention.varlen import MAX_SEQUENCE_CALLS, resolve_method
 
     q, _, _, few = packed_qkv([5, 5, 5, 5, 3])  # two runs: two calls
-    assert resolve_method("auto", q, few) == "sequence"
     lengths = [2 + (i % 2) for i in range(MAX_SEQUENCE_CALLS + 1)]  # no two neighbours equal
-    q, _, _, many = packed_qkv(lengths)
-    assert resolve_method("auto", q, many) == "padded"
+    _, _, _, many = packed_qkv(lengths)
+    with intra_op_threads(2):
+        assert resolve_method("auto", q, few) == "sequence"
+        assert resolve_method("auto", q, many) == "padded"
+    with intra_op_threads(1):  # no parallel region to wait for: one call per run
+        assert resolve_method("auto", q, many) == "sequence"
 
 
 def test_many_sequences_through_padded_attention_match_math():
@@ -236,7 +239,8 @@ def test_many_sequences_through_padded_attention_match_math():
     mask = lengths_mask(lengths)
     x = torch.randn(len(lengths), mask.shape[1], D)
     x_ref, x_packed = x.clone().requires_grad_(), x.clone().requires_grad_()
-    out_ref, out_packed = reference(x_ref, mask), packed(x_packed, mask)
+    with intra_op_threads(2):  # with one thread auto calls per sequence instead
+        out_ref, out_packed = reference(x_ref, mask), packed(x_packed, mask)
     torch.testing.assert_close(out_packed, out_ref, atol=1e-5, rtol=1e-5)
     out_ref.square().sum().backward()
     out_packed.square().sum().backward()
