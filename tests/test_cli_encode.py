@@ -36,7 +36,10 @@ def test_texts_as_arguments_to_stdout_jsonl(capsys, reference):
     np.testing.assert_allclose(np.array([r["embedding"] for r in rows]), reference, atol=1e-7)
 
 
-@pytest.mark.parametrize("limits", [["--max-tokens", "8"], ["--batch-size", "1"]])
+@pytest.mark.parametrize(
+    "limits",
+    [["--max-tokens", "8"], ["--batch-size", "1"], ["--workers", "2", "--max-tokens", "8"]],
+)
 def test_batching_options_do_not_change_embeddings(capsys, reference, limits):
     code, out, err = _run(capsys, "encode", *limits, *TEXTS)
     assert code == 0, err

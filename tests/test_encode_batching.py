@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from clearformer import TextEncoder
 from clearformer.pretrained.batching import plan_batches
-from clearformer.pretrained.parallel import auto_workers, map_in_workers
+from clearformer.pretrained.parallel import map_in_workers
 
 from .test_pretrained_minilm import LONG, TEXTS
 
@@ -79,6 +79,14 @@ def test_map_in_workers_keeps_order_splits_threads_and_restores_the_count():
     assert started == [before]
 
 
+def test_map_in_workers_runs_the_last_uneven_round_on_the_calling_thread():
+    here = threading.current_thread().name
+    names = list(map_in_workers(lambda _: threading.current_thread().name, range(5), workers=2))
+    assert all(name.startswith("clearformer-batch") for name in names[:4])
+    assert names[4] == here
+    assert list(map_in_workers(lambda _: threading.current_thread().name, [0], 2)) == [here]
+
+
 def test_map_in_workers_one_worker_runs_on_the_calling_thread():
     names = list(map_in_workers(lambda _: threading.current_thread().name, range(3), workers=1))
     assert names == [threading.current_thread().name] * 3
@@ -95,12 +103,6 @@ def test_map_in_workers_passes_errors_on_and_restores_the_count():
     with pytest.raises(RuntimeError, match="item 5 failed"):
         list(map_in_workers(work, range(50), workers=2))
     assert torch.get_num_threads() == before
-
-
-def test_auto_workers_only_on_cpu_with_several_batches():
-    assert auto_workers(torch.device("cpu"), 1) == 1
-    assert auto_workers(torch.device("cuda"), 10) == 1
-    assert auto_workers(torch.device("cpu"), 10) == min(2, torch.get_num_threads())
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +137,8 @@ def test_encode_progress_counts_every_text_with_workers(encoder):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"workers": 0}, "workers must be a positive int or None, got 0"),
+        ({"workers": 0}, "workers must be a positive int, got 0"),
+        ({"workers": None}, "workers must be a positive int, got None"),
         ({"max_tokens": -1}, "max_tokens must be a positive int, got -1"),
     ],
 )

@@ -32,9 +32,10 @@ slice for a descheduled thread: on the shared machine the MiniLM stack's median 
 takes the choice that cannot collapse. A single-threaded caller (such as each of
 ``TextEncoder.encode``'s two workers) has no parallel region to wait for, and there
 ``sequence`` stays the fastest whatever the count: on 180 sequences of 15-30 tokens (16 runs)
-17 ms against 38 ms for ``padded``, on 28 of 100-200 (27 runs) 25 ms against 37 ms. ``torch.nn.attention.varlen.varlen_attn`` has no CPU
-kernel in this build (``NotImplementedError``). ``clearformer bench --sections kernels``
-repeats the kernel measurement.
+17 ms against 38 ms for ``padded``, on 28 of 100-200 (27 runs) 25 ms against 37 ms.
+``torch.nn.attention.varlen.varlen_attn`` has no CPU kernel in this build
+(``NotImplementedError``). ``clearformer bench --sections kernels`` repeats the kernel
+measurement.
 """
 
 from __future__ import annotations

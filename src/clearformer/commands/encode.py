@@ -29,7 +29,7 @@ def positive_int(value: str) -> int:
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """--model, --backend, --batch-size, --max-tokens, --progress: shared by encode and search."""
+    """The options encode and search share: model, batching, workers, backend, progress."""
     p.add_argument(
         "--model",
         metavar="DIR",
@@ -49,6 +49,13 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_TOKENS,
         metavar="N",
         help=f"padded tokens per forward pass without --batch-size (default {DEFAULT_MAX_TOKENS})",
+    )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="batches run side by side, the CPU threads split between them (default 1)",
     )
     p.add_argument(
         "--backend",
@@ -177,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         texts,
         batch_size=args.batch_size,
         max_tokens=args.max_tokens,
+        workers=args.workers,
         normalize=args.normalize,
         progress=progress_for(args, len(texts)),
     )  # (n, D) float32

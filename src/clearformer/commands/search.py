@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         [t for _, t in entries],
         batch_size=args.batch_size,
         max_tokens=args.max_tokens,
+        workers=args.workers,
         normalize=True,
         progress=progress_for(args, len(entries)),
     )  # (n, D), unit rows

@@ -26,7 +26,7 @@ from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
 from .checkpoint import CheckpointError, find_checkpoint
 from .hf_mapping import LoadReport
 from .loading import LoadedModel, load_model, save_model
-from .parallel import auto_workers, check_workers, map_in_workers
+from .parallel import check_workers, map_in_workers
 from .pooling import pool, pooling_mode_from_config
 from .tokenizer import TextTokenizer, TokenBatch, check_texts, max_length_for
 
@@ -129,7 +129,7 @@ class TextEncoder:
         progress: bool | ProgressFn | None = None,
         *,
         max_tokens: int = DEFAULT_MAX_TOKENS,
-        workers: int | None = None,
+        workers: int = 1,
     ) -> np.ndarray:
         """Sentence embeddings of ``texts``.
 
@@ -141,9 +141,9 @@ class TextEncoder:
                 tqdm is installed (else log); False = silent; a callable gets (done, total).
             max_tokens: padded tokens per forward pass when ``batch_size`` is None (see
                 :mod:`clearformer.pretrained.batching`).
-            workers: forward passes run side by side, the CPU threads split between them;
-                None = two on a CPU with two or more threads (see
-                :mod:`clearformer.pretrained.parallel`), 1 = one at a time.
+            workers: forward passes run side by side on a CPU, its threads split between
+                them; 1 = one at a time. ``workers=2`` helped long texts on a 2-core machine
+                and not short ones (see :mod:`clearformer.pretrained.parallel`).
 
         Returns:
             (n, D) float32, row i for ``texts[i]``. Batching changes speed and memory, never
@@ -162,9 +162,6 @@ class TextEncoder:
         # of memory) comes first, so a memory problem shows at once.
         batches = plan_batches([len(e.ids) for e in encodings], batch_size, max_tokens)
         report = _progress_reporter(progress, n)
-        device = next(self.model.parameters()).device
-        if workers is None:
-            workers = auto_workers(device, len(batches))
 
         def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:
             batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
