@@ -117,7 +117,12 @@ def measure(kind: str, args, ours, theirs) -> dict:
             "max": max(lengths),
         },
         "min_cosine_vs_reference": {
-            name: float((results[name] * results[REFERENCE]).sum(1).min()) for name in names
+            name: float(
+                (results[name].astype(np.float64) * results[REFERENCE].astype(np.float64))
+                .sum(1)
+                .min()
+            )
+            for name in names
         },
         "seconds": seconds,
         "tokens_per_second": {name: tokens / s for name, s in seconds.items()},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from clearformer import TextEncoder
 from clearformer.pretrained.batching import plan_batches
 from clearformer.pretrained.parallel import map_in_workers
 
+from .helpers import intra_op_threads
 from .test_pretrained_minilm import LONG, TEXTS
 
 
@@ -77,6 +79,19 @@ def test_map_in_workers_keeps_order_splits_threads_and_restores_the_count():
     thread.start()
     thread.join()
     assert started == [before]
+
+
+def test_map_in_workers_gives_each_worker_its_share_of_an_uneven_split():
+    counts = {}
+
+    def work(_):
+        time.sleep(0.05)  # let both workers start before either reads its count
+        counts[threading.current_thread().name] = torch.get_num_threads()
+
+    with intra_op_threads(5):
+        list(map_in_workers(work, range(8), workers=2))
+        assert torch.get_num_threads() == 5
+    assert sorted(counts.values()) == [2, 3]
 
 
 def test_map_in_workers_runs_the_last_uneven_round_on_the_calling_thread():

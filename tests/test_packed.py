@@ -229,6 +229,8 @@ def test_auto_method_bounds_the_number_of_calls():
         assert resolve_method("auto", q, many) == "padded"
     with intra_op_threads(1):  # no parallel region to wait for: one call per run
         assert resolve_method("auto", q, many) == "sequence"
+        # the CPU's thread count says nothing about an accelerator's kernels
+        assert resolve_method("auto", q.to("meta"), many) == "padded"
 
 
 def test_many_sequences_through_padded_attention_match_math():

@@ -175,8 +175,17 @@ def test_other_shard_formats_are_refused(checkpoint, suffix):
     }
     _write_index(directory, index)
     with pytest.raises(
-        CheckpointError, match=rf"shard '{renamed.name}' with suffix '\{suffix}'; expected one of"
+        CheckpointError, match=rf"shard '{renamed.name}' with suffix '\{suffix}'; expected \.bin"
     ):
+        TextEncoder.from_pretrained(directory)
+
+
+def test_a_safetensors_index_never_reads_bin_shards(checkpoint):
+    # Preferring safetensors must never end in torch.load: a .safetensors index that names a
+    # .bin shard is refused before any shard is read.
+    directory, _, index = checkpoint
+    (directory / INDEX).rename(directory / "model.safetensors.index.json")
+    with pytest.raises(CheckpointError, match=r"with suffix '\.bin'; expected \.safetensors"):
         TextEncoder.from_pretrained(directory)
 
 

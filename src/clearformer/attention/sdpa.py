@@ -47,7 +47,7 @@ def sdpa_attention(
     # kernel: let such rows attend everywhere (finite, harmless) and zero their output after.
     has_key = mask.any(dim=-1, keepdim=True)  # (B, H|1, Tq|1, 1)
     if q.device.type == "cpu" and not torch.compiler.is_compiling() and bool(has_key.all()):
-        # The usual case, every query has a key: skip widening the mask and zeroing the output.
+        # The usual case, every query has a key: skip the mask's OR and the output's where.
         # On CPU reading the flag is free; on an accelerator it would wait for the device, and
         # under torch.compile it would break the graph, so there both passes stay.
         out = F.scaled_dot_product_attention(

@@ -19,7 +19,7 @@ Implementations (``method``), all returning the same values:
 
 ``auto`` takes ``flash`` when it can serve the call; otherwise ``sequence`` when the batch needs
 at most ``MAX_SEQUENCE_CALLS`` calls (equal-length neighbours share one) or the calling thread
-runs PyTorch single-threaded, and ``padded`` above.
+runs PyTorch single-threaded on CPU, and ``padded`` above.
 Measured on the project's 2-core CPU (torch 2.13; 32 sequences of 16-256 tokens, 12 heads of
 32; forward, one process), on an idle machine: ``sequence`` 16 ms, padded SDPA over the batch
 21 ms plus the gathers, ``bucket`` 25-41 ms (the gathers cost more than the saved calls),
@@ -29,8 +29,9 @@ it and 704 ms with ``padded``. But each call is an OpenMP parallel
 region, and when other processes compete for the cores every region can wait a scheduler
 slice for a descheduled thread: on the shared machine the MiniLM stack's median forward took
 4.1 s with ``sequence`` and 2.0-2.2 s with ``padded`` (BERT-base: 13.3 s and 9.7 s). ``auto``
-takes the choice that cannot collapse. A single-threaded caller (such as each of
-``TextEncoder.encode``'s two workers) has no parallel region to wait for, and there
+takes the choice that cannot collapse. A single-threaded CPU caller (such as each of
+``TextEncoder.encode(workers=2)``'s workers on two cores) has no parallel region to wait for,
+and there
 ``sequence`` stays the fastest whatever the count: on 180 sequences of 15-30 tokens (16 runs)
 17 ms against 38 ms for ``padded``, on 28 of 100-200 (27 runs) 25 ms against 37 ms.
 ``torch.nn.attention.varlen.varlen_attn`` has no CPU kernel in this build
@@ -78,7 +79,7 @@ def resolve_method(method: str, q: Tensor, layout: PackedLayout | None = None) -
     if method == "auto":
         if flash_available(q):
             return "flash"
-        if torch.get_num_threads() == 1:
+        if q.device.type == "cpu" and torch.get_num_threads() == 1:
             # No parallel region, nothing to wait for: one call per run is the fastest at any
             # count (measured single-threaded, 16-32 runs: 1.3-2.3x faster than ``padded``).
             return "sequence"

@@ -91,11 +91,15 @@ def _shards_of(index_path: Path) -> dict[str, list[str]]:
                 "of a shard in the same directory"
             )
         shards.setdefault(shard, []).append(name)
+    # A safetensors index names safetensors shards only, so that preferring safetensors never
+    # ends in torch.load; a .bin index names .bin shards.
+    kind = Path(index_path.name.removesuffix(".index.json")).suffix
+    allowed = (kind,) if kind in SHARD_SUFFIXES else SHARD_SUFFIXES
     for shard in sorted(shards):
-        if Path(shard).suffix not in SHARD_SUFFIXES:
+        if Path(shard).suffix not in allowed:
             raise CheckpointError(
                 f"weights index {index_path} names shard {shard!r} with suffix "
-                f"{Path(shard).suffix!r}; expected one of {', '.join(SHARD_SUFFIXES)}"
+                f"{Path(shard).suffix!r}; expected {' or '.join(allowed)}"
             )
         if not (index_path.parent / shard).is_file():
             raise CheckpointError(
