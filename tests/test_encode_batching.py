@@ -160,3 +160,19 @@ def test_encode_progress_counts_every_text_with_workers(encoder):
 def test_encode_names_bad_arguments(encoder, kwargs, match):
     with pytest.raises(ValueError, match=match):
         encoder.encode(["a"], **kwargs)
+
+
+def test_workers_refused_while_a_trace_records(encoder):
+    from clearformer.tracing import recording
+
+    class Steps:
+        def __init__(self):
+            self.names = []
+
+        def on_step(self, name, value, meta, file, line):
+            self.names.append(name)
+
+    steps = Steps()
+    with recording(steps), pytest.raises(ValueError, match="workers must be 1 while a trace"):
+        encoder.encode(["a", "b"], workers=2)
+    assert steps.names == []  # refused before any forward pass

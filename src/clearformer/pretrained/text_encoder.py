@@ -22,6 +22,7 @@ from torch import Tensor
 from ..config import EncoderConfig
 from ..io import atomic_write
 from ..model import EncoderModel
+from ..tracing import is_recording
 from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
 from .checkpoint import CheckpointError, find_checkpoint
 from .hf_mapping import LoadReport
@@ -155,6 +156,11 @@ class TextEncoder:
         out = np.empty((n, self.dim), dtype=np.float32)
         check_batch_limits(batch_size, max_tokens)  # before any work
         check_workers(workers)
+        if workers > 1 and is_recording():
+            # The recorder is process-wide: two batches at once would interleave their steps.
+            raise ValueError(
+                f"workers must be 1 while a trace is recording (explain), got {workers}"
+            )
         if n == 0:
             return out
         encodings = self.tokenizer.encode(texts)
