@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 
 from .attention.dispatch import BACKEND_NAMES
 from .blocks import NORMS
+from .checks import check_positive_int
 from .feedforward import ACTIVATIONS
 
 POSITIONS = ("learned", "sinusoidal", "none")
@@ -46,9 +47,7 @@ class EncoderConfig:
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "dim_mlp", "max_positions"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"EncoderConfig.{name} must be a positive int, got {value!r}")
+            check_positive_int(getattr(self, name), f"EncoderConfig.{name}")
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"EncoderConfig.d_model must be divisible by n_heads: d_model={self.d_model}, "
@@ -84,12 +83,7 @@ class EncoderConfig:
                 f"EncoderConfig.packing='always' needs backend 'auto' or 'varlen' (packed rows "
                 f"run varlen attention), got backend={self.backend!r}"
             )
-        if self.vocab_size is not None and (
-            not isinstance(self.vocab_size, int) or self.vocab_size <= 0
-        ):
-            raise ValueError(
-                f"EncoderConfig.vocab_size must be a positive int or None, got {self.vocab_size!r}"
-            )
+        check_positive_int(self.vocab_size, "EncoderConfig.vocab_size", optional=True)
         if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
             raise ValueError(
                 f"EncoderConfig.type_vocab_size must be an int >= 0, got {self.type_vocab_size!r}"

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import Tensor
 
+from ..checks import check_positive_int
 from . import memory
 from .flops import forward_flops, step_flops
 from .gemm import gemm_rate
@@ -72,9 +73,7 @@ class BenchOptions:
             "repeats",
             "train_repeats",
         ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_positive_int(getattr(self, name), name)
         if not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads <= 0):

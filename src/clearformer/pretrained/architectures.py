@@ -221,7 +221,30 @@ def _linear(target: str, source: str) -> NameTable:
     return [(f"{target}.weight", (f"{source}.weight",)), (f"{target}.bias", (f"{source}.bias",))]
 
 
-def _bert_names(n_layers: int, *, token_types: bool) -> NameTable:
+# Where each part of a block lives in a Hugging Face layer, relative to the layer's prefix.
+_BERT_LAYER = {
+    "prefix": "encoder.layer",
+    "qkv": ("attention.self.query", "attention.self.key", "attention.self.value"),
+    "attn.out_proj": "attention.output.dense",
+    "attn_norm": "attention.output.LayerNorm",
+    "mlp.fc_in": "intermediate.dense",
+    "mlp.fc_out": "output.dense",
+    "mlp_norm": "output.LayerNorm",
+}
+_DISTILBERT_LAYER = {
+    "prefix": "transformer.layer",
+    "qkv": ("attention.q_lin", "attention.k_lin", "attention.v_lin"),
+    "attn.out_proj": "attention.out_lin",
+    "attn_norm": "sa_layer_norm",
+    "mlp.fc_in": "ffn.lin1",
+    "mlp.fc_out": "ffn.lin2",
+    "mlp_norm": "output_layer_norm",
+}
+_LINEAR_PARTS = ("attn.out_proj", "attn_norm", "mlp.fc_in", "mlp.fc_out", "mlp_norm")
+
+
+def _names(n_layers: int, layer: dict, *, token_types: bool) -> NameTable:
+    """The name table of an embeddings + ``n_layers`` blocks model laid out as ``layer`` says."""
     names: NameTable = [
         ("embeddings.word.weight", ("embeddings.word_embeddings.weight",)),
         ("embeddings.position.weight", ("embeddings.position_embeddings.weight",)),
@@ -230,36 +253,20 @@ def _bert_names(n_layers: int, *, token_types: bool) -> NameTable:
         names.append(("embeddings.token_type.weight", ("embeddings.token_type_embeddings.weight",)))
     names += _linear("embeddings.norm", "embeddings.LayerNorm")
     for i in range(n_layers):
-        ours, theirs = f"encoder.layers.{i}", f"encoder.layer.{i}"
-        qkv = [f"{theirs}.attention.self.{p}" for p in ("query", "key", "value")]
+        ours, theirs = f"encoder.layers.{i}", f"{layer['prefix']}.{i}"
+        qkv = [f"{theirs}.{part}" for part in layer["qkv"]]
         names += [
             (f"{ours}.attn.in_proj.weight", tuple(f"{n}.weight" for n in qkv)),
             (f"{ours}.attn.in_proj.bias", tuple(f"{n}.bias" for n in qkv)),
         ]
-        names += _linear(f"{ours}.attn.out_proj", f"{theirs}.attention.output.dense")
-        names += _linear(f"{ours}.attn_norm", f"{theirs}.attention.output.LayerNorm")
-        names += _linear(f"{ours}.mlp.fc_in", f"{theirs}.intermediate.dense")
-        names += _linear(f"{ours}.mlp.fc_out", f"{theirs}.output.dense")
-        names += _linear(f"{ours}.mlp_norm", f"{theirs}.output.LayerNorm")
+        for part in _LINEAR_PARTS:
+            names += _linear(f"{ours}.{part}", f"{theirs}.{layer[part]}")
     return names
+
+
+def _bert_names(n_layers: int, *, token_types: bool) -> NameTable:
+    return _names(n_layers, _BERT_LAYER, token_types=token_types)
 
 
 def _distilbert_names(n_layers: int) -> NameTable:
-    names: NameTable = [
-        ("embeddings.word.weight", ("embeddings.word_embeddings.weight",)),
-        ("embeddings.position.weight", ("embeddings.position_embeddings.weight",)),
-    ]
-    names += _linear("embeddings.norm", "embeddings.LayerNorm")
-    for i in range(n_layers):
-        ours, theirs = f"encoder.layers.{i}", f"transformer.layer.{i}"
-        qkv = [f"{theirs}.attention.{p}" for p in ("q_lin", "k_lin", "v_lin")]
-        names += [
-            (f"{ours}.attn.in_proj.weight", tuple(f"{n}.weight" for n in qkv)),
-            (f"{ours}.attn.in_proj.bias", tuple(f"{n}.bias" for n in qkv)),
-        ]
-        names += _linear(f"{ours}.attn.out_proj", f"{theirs}.attention.out_lin")
-        names += _linear(f"{ours}.attn_norm", f"{theirs}.sa_layer_norm")
-        names += _linear(f"{ours}.mlp.fc_in", f"{theirs}.ffn.lin1")
-        names += _linear(f"{ours}.mlp.fc_out", f"{theirs}.ffn.lin2")
-        names += _linear(f"{ours}.mlp_norm", f"{theirs}.output_layer_norm")
-    return names
+    return _names(n_layers, _DISTILBERT_LAYER, token_types=False)

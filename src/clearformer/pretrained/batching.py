@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..checks import check_positive_int
+
 # Padded tokens per forward pass when no batch size is given. On a 2-core CPU with
 # all-MiniLM-L6-v2 (``benchmarks/encode_throughput.py``) budgets from 2048 to 16384 and batches
 # of 32 texts ran at the same speed within the noise; 4096 keeps the memory small: 4096 rows of
@@ -25,12 +27,8 @@ DEFAULT_MAX_TOKENS = 4096
 
 def check_batch_limits(batch_size: int | None, max_tokens: int) -> None:
     """Raise ValueError naming the argument when a limit is not a positive int."""
-    if batch_size is not None and (
-        not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0
-    ):
-        raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0:
-        raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+    check_positive_int(batch_size, "batch_size", optional=True)
+    check_positive_int(max_tokens, "max_tokens")
 
 
 def plan_batches(

@@ -33,12 +33,6 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
-def check_workers(workers: int) -> None:
-    """Raise ValueError naming the argument when ``workers`` is not a positive int."""
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers <= 0:
-        raise ValueError(f"workers must be a positive int, got {workers!r}")
-
-
 def map_in_workers(
     fn: Callable[[Item], Result], items: Sequence[Item], workers: int
 ) -> Iterator[Result]:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..checks import check_positive_int
 from ..config import EncoderConfig
 from ..io import atomic_write
 from ..model import EncoderModel
@@ -27,7 +28,7 @@ from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
 from .checkpoint import CheckpointError, find_checkpoint
 from .hf_mapping import LoadReport
 from .loading import LoadedModel, load_model, save_model
-from .parallel import check_workers, map_in_workers
+from .parallel import map_in_workers
 from .pooling import pool, pooling_mode_from_config
 from .tokenizer import TextTokenizer, TokenBatch, check_texts, max_length_for
 
@@ -155,7 +156,7 @@ class TextEncoder:
         n = len(texts)
         out = np.empty((n, self.dim), dtype=np.float32)
         check_batch_limits(batch_size, max_tokens)  # before any work
-        check_workers(workers)
+        check_positive_int(workers, "workers")
         if workers > 1 and is_recording():
             # The recorder is process-wide: two batches at once would interleave their steps.
             raise ValueError(
