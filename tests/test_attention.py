@@ -115,7 +115,7 @@ def test_weights_sum_to_one_and_are_exactly_zero_on_masked_keys():
     masked = ~mask[:, None, None, :].expand_as(w)
     assert masked.any()
     assert (w[masked] == 0).all()
-    assert attn.backend_for(need_weights=True).name == "math"
+    assert attn.plan_for(x, need_weights=True).kernel.choice == "math"
 
 
 @pytest.mark.parametrize("backend", PADDED_BACKENDS)
@@ -170,8 +170,14 @@ def test_attention_dropout_only_in_training():
 
 
 def test_auto_reports_its_choice_and_reason():
+    from clearformer.padding import unpad
+
     attn = MultiHeadAttention(8, 8, 8, 8, 2)
-    assert attn.backend_choice.name == "sdpa"
-    assert "weights" in attn.backend_for(need_weights=True).reason
-    assert attn.backend_for(packed=True).name == "varlen"
-    assert str(attn.backend_choice).startswith("sdpa (")
+    x = torch.randn(2, 3, 8)
+    assert attn.plan_for(x).kernel.choice == "sdpa"
+    assert "weights" in attn.plan_for(x, need_weights=True).kernel.reason
+    rows, layout = unpad(x, lengths_mask([3, 1]))
+    assert attn.plan_for(rows, layout=layout).kernel.choice == "varlen"
+    assert str(attn.plan_for(x).kernel).startswith("sdpa (")
+    assert attn.plan_for(x, backend="math").kernel.choice == "math"  # per call
+    assert attn.backend == "auto"  # and nothing stored

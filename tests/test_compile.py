@@ -48,7 +48,7 @@ def test_fullgraph_matches_eager_forward_and_backward(backend, norm):
 def test_auto_stays_padded_under_compile():
     encoder = small_encoder("auto")
     mask = lengths_mask([6, 1, 2, 1])  # mostly padding: eager packs, compiled must not
-    assert encoder.layout_for(mask).packed
+    assert encoder.plan_for(mask).packed
     x = torch.randn(4, 6, 32)
     compiled = torch.compile(encoder, fullgraph=True, backend="aot_eager")
     with torch.no_grad():

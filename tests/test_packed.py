@@ -8,22 +8,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clearformer import Encoder, EncoderConfig, MultiHeadAttention
-from clearformer.attention.varlen import length_buckets, varlen_attention
-from clearformer.encoder import PACK_MIN_PADDING
+from clearformer.bench.varlen_methods import bench_varlen_attention, length_buckets
+from clearformer.kernels.varlen import varlen_attention
 from clearformer.padding import pack_layout, repad, unpad
+from clearformer.plan import PACK_MIN_PADDING
 
 from .helpers import intra_op_threads, lengths_mask
 
 # A single real token, an empty sequence, a full row and ragged ones.
 LENGTHS = [1, 0, 9, 4, 2]
-METHODS = ("sequence", "padded", "bucket", "nested")
+METHODS = ("sequence", "padded", "bucket", "nested")  # the kernel's two, the benchmark's two
 D, H = 32, 4
 
 
 def twin_encoders(norm: str, activation: str, **packed_options) -> tuple[Encoder, Encoder]:
     """The same weights twice: the math reference on the padded layout, and a packed stack."""
     common = dict(d_model=D, n_heads=H, n_layers=2, dim_mlp=64, norm=norm, activation=activation)
-    reference = Encoder(EncoderConfig(**common, backend="math", packing="never"))
+    reference = Encoder(EncoderConfig(**common, backend="math"))
     packed = Encoder(EncoderConfig(**common, **packed_options))
     packed.load_state_dict(reference.state_dict())
     with torch.no_grad():  # non-trivial norms, so that a misplaced norm would show
@@ -58,12 +59,12 @@ def test_layout_of_empty_batch_and_no_tokens():
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 @pytest.mark.parametrize(
     "options",
-    [{"packing": "always"}, {"backend": "varlen"}, {"packing": "always", "checkpointing": True}],
+    [{}, {"backend": "varlen"}, {"backend": "varlen", "checkpointing": True}],
 )
 def test_packed_stack_matches_math_forward_and_gradients(norm, activation, options):
     reference, packed = twin_encoders(norm, activation, **options)
     mask = lengths_mask(LENGTHS)
-    assert packed.layout_for(mask).packed and not reference.layout_for(mask).packed
+    assert packed.plan_for(mask).packed and not reference.plan_for(mask).packed
     x = torch.randn(len(LENGTHS), mask.shape[1], D)
     x_ref, x_packed = x.clone().requires_grad_(), x.clone().requires_grad_()
     for model in (reference, packed):
@@ -85,14 +86,14 @@ def test_packed_stack_matches_math_forward_and_gradients(norm, activation, optio
 
 def test_auto_packs_only_when_padding_pays():
     _, auto = twin_encoders("pre", "relu")
-    assert not auto.layout_for(None).packed
+    assert not auto.plan_for(None, shape=(2, 40), device=torch.device("cpu")).packed
     full = torch.ones(2, 40, dtype=torch.bool)
-    assert not auto.layout_for(full).packed
+    assert not auto.plan_for(full).packed
     barely = full.clone()
     barely[0, -1] = False  # 1 / 80 padding, below the threshold
-    assert PACK_MIN_PADDING > 1 / 80 and not auto.layout_for(barely).packed
-    assert auto.layout_for(lengths_mask(LENGTHS)).packed
-    assert "padding" in str(auto.layout_for(lengths_mask(LENGTHS)))
+    assert PACK_MIN_PADDING > 1 / 80 and not auto.plan_for(barely).packed
+    assert auto.plan_for(lengths_mask(LENGTHS)).packed
+    assert "padding" in str(auto.plan_for(lengths_mask(LENGTHS)).layout)
 
 
 def test_full_mask_equals_no_mask():
@@ -125,7 +126,10 @@ def test_varlen_methods_match_reference(method, is_causal):
     lengths = LENGTHS
     q, k, v, layout = packed_qkv(lengths)
     want = varlen_attention(q, k, v, layout, is_causal=is_causal, reference=True)
-    got = varlen_attention(q, k, v, layout, is_causal=is_causal, method=method)
+    if method in ("bucket", "nested"):
+        got = bench_varlen_attention(q, k, v, layout, is_causal=is_causal, method=method)
+    else:
+        got = varlen_attention(q, k, v, layout, is_causal=is_causal, method=method)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     grads_want = torch.autograd.grad(want.square().sum(), (q, k, v))
     grads_got = torch.autograd.grad(got.square().sum(), (q, k, v))
@@ -148,13 +152,15 @@ def test_varlen_rejects_unknown_method():
         varlen_attention(q, k, v, layout, method="fast")
     with pytest.raises(ValueError, match="method='flash' needs CUDA"):
         varlen_attention(q, k, v, layout, method="flash")
+    with pytest.raises(ValueError, match="method must be one of"):
+        varlen_attention(q, k, v, layout, method="nested")  # the benchmark's, not the kernel's
     with pytest.raises(ValueError, match="'nested' does not support is_causal"):
-        varlen_attention(q, k, v, layout, method="nested", is_causal=True)
+        bench_varlen_attention(q, k, v, layout, method="nested", is_causal=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_packed_half_precision_is_finite_with_empty_rows(dtype):
-    _, packed = twin_encoders("pre", "gelu", packing="always")
+    _, packed = twin_encoders("pre", "gelu", backend="varlen")
     packed = packed.to(dtype).eval()
     mask = lengths_mask(LENGTHS)
     x = torch.randn(len(LENGTHS), mask.shape[1], D, dtype=dtype)
@@ -163,7 +169,7 @@ def test_packed_half_precision_is_finite_with_empty_rows(dtype):
     assert out.dtype == dtype and torch.isfinite(out).all() and (out[~mask] == 0).all()
 
 
-@pytest.mark.parametrize("options", [{"packing": "always"}, {"backend": "sdpa"}])
+@pytest.mark.parametrize("options", [{"backend": "varlen"}, {"backend": "sdpa"}])
 def test_autocast_bf16_is_close_to_float32(options):
     reference, packed = twin_encoders("post", "gelu", **options)
     mask = lengths_mask(LENGTHS)
@@ -183,8 +189,7 @@ def test_mha_packed_rows_match_padded_math():
     rows, layout = unpad(x, mask)
     with torch.no_grad():
         want, _ = attn(x, mask=mask)
-        attn.backend = "auto"
-        got, _ = attn(rows, layout=layout)
+        got, _ = attn(rows, layout=layout, backend="auto")
     torch.testing.assert_close(repad(got, layout)[mask], want[mask], atol=1e-5, rtol=1e-5)
 
 
@@ -194,7 +199,7 @@ def test_mha_packed_rows_match_padded_math():
     norm=st.sampled_from(["pre", "post"]),
 )
 def test_packed_matches_padded_for_any_lengths(lengths, extra, norm):
-    reference, packed = twin_encoders(norm, "relu", packing="always")
+    reference, packed = twin_encoders(norm, "relu", backend="varlen")
     mask = lengths_mask(lengths, max(lengths) + extra if max(lengths) + extra > 0 else 1)
     x = torch.randn(len(lengths), mask.shape[1], D)
     with torch.no_grad():
@@ -204,7 +209,7 @@ def test_packed_matches_padded_for_any_lengths(lengths, extra, norm):
 
 
 def test_equal_length_runs_merge_only_neighbours():
-    from clearformer.attention.varlen import equal_length_runs
+    from clearformer.kernels.varlen import equal_length_runs
 
     # lengths 3, 3, 0, 3, 5, 5, 3: an empty sequence has no rows, so it does not split a run
     offsets = (0, 3, 6, 6, 9, 14, 19, 22)
@@ -219,25 +224,27 @@ def test_runs_of_equal_lengths_match_reference():
 
 
 def test_auto_method_bounds_the_number_of_calls():
-    from clearformer.attention.varlen import MAX_SEQUENCE_CALLS, resolve_method
+    from clearformer.kernels.varlen import MAX_SEQUENCE_CALLS, resolve_method
 
     q, _, _, few = packed_qkv([5, 5, 5, 5, 3])  # two runs: two calls
     lengths = [2 + (i % 2) for i in range(MAX_SEQUENCE_CALLS + 1)]  # no two neighbours equal
     _, _, _, many = packed_qkv(lengths)
+    cpu, meta = q.device, torch.device("meta")
     with intra_op_threads(2):
-        assert resolve_method("auto", q, few) == "sequence"
-        assert resolve_method("auto", q, many) == "padded"
+        assert resolve_method("auto", few, device=cpu).choice == "sequence"
+        assert resolve_method("auto", many, device=cpu).choice == "padded"
+        assert str(MAX_SEQUENCE_CALLS) in resolve_method("auto", many, device=cpu).reason
     with intra_op_threads(1):  # no parallel region to wait for: one call per run
-        assert resolve_method("auto", q, many) == "sequence"
+        assert resolve_method("auto", many, device=cpu).choice == "sequence"
         # the CPU's thread count says nothing about an accelerator's kernels
-        assert resolve_method("auto", q.to("meta"), many) == "padded"
+        assert resolve_method("auto", many, device=meta).choice == "padded"
 
 
 def test_many_sequences_through_padded_attention_match_math():
     # More sequences than MAX_SEQUENCE_CALLS: auto attends on a padded copy inside the packed
     # stack. Forward and gradients must still equal the reference.
     lengths = [3, 0, 1, 7, 2, 5, 5, 1, 6, 4, 2, 7]
-    reference, packed = twin_encoders("post", "gelu", packing="always")
+    reference, packed = twin_encoders("post", "gelu", backend="varlen")
     mask = lengths_mask(lengths)
     x = torch.randn(len(lengths), mask.shape[1], D)
     x_ref, x_packed = x.clone().requires_grad_(), x.clone().requires_grad_()

@@ -86,7 +86,7 @@ def test_hidden_states_match_transformers(encoder, hf_model):
         ).last_hidden_state
         # HF-style 0/1 integer masks are accepted at the model's edge.
         ours = encoder.model(batch.input_ids, mask.long(), batch.token_type_ids)
-    assert encoder.model.encoder.layout_for(mask).packed  # the ragged batch ran packed
+    assert encoder.model.encoder.plan_for(mask).packed  # the ragged batch ran packed
     torch.testing.assert_close(ours[mask], ref[mask], atol=1e-5, rtol=0)
     assert bool((ours[~mask] == 0).all())
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from clearformer import Encoder, EncoderBlock, EncoderConfig, MultiHeadAttention
+from clearformer import Encoder, EncoderBlock, EncoderConfig, MultiHeadAttention, from_torch
 
 from .helpers import lengths_mask
 
@@ -28,7 +28,7 @@ def test_encoder_from_torch_keeps_the_final_norm_as_built(layer_bias, norm_kwarg
     with torch.no_grad():
         for p in stack.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    encoder = Encoder.from_torch(stack).eval()
+    encoder = from_torch(stack).eval()
     x = torch.randn(2, 5, 16)
     mask = lengths_mask([5, 2])
     with torch.no_grad():
@@ -41,14 +41,24 @@ def test_encoder_from_torch_rejects_a_final_norm_of_another_width():
     layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True)
     stack = nn.TransformerEncoder(layer, 1, norm=nn.LayerNorm(8), enable_nested_tensor=False)
     with pytest.raises(ValueError, match=r"final norm.*\(16,\).*\(8,\)"):
-        Encoder.from_torch(stack)
+        from_torch(stack)
 
 
-def test_config_rejects_varlen_without_packing():
-    """backend='varlen' runs on packed rows only: packing='never' would fail on every masked
-    call, so the configuration itself is refused."""
-    with pytest.raises(ValueError, match="backend='varlen'.*packing='never'"):
-        EncoderConfig(d_model=16, n_heads=4, backend="varlen", packing="never")
+def test_config_says_layout_and_kernel_once():
+    """One knob: 'varlen' always packs, 'sdpa' and 'math' never do, so no combination of two
+    knobs can contradict itself. An old config with 'packing' gets told what replaced it."""
+    ragged = torch.tensor([[True] * 8, [True] + [False] * 7])
+    full = torch.ones(2, 8, dtype=torch.bool)
+    varlen = Encoder(EncoderConfig(d_model=16, n_heads=4, n_layers=1, backend="varlen"))
+    assert varlen.plan_for(ragged).packed and varlen.plan_for(full).packed
+    for backend in ("sdpa", "math"):
+        padded = Encoder(EncoderConfig(d_model=16, n_heads=4, n_layers=1, backend=backend))
+        assert not padded.plan_for(ragged).packed
+        assert padded.plan_for(ragged).kernel.choice == backend
+    with pytest.raises(TypeError, match="packing"):
+        EncoderConfig(d_model=16, n_heads=4, packing="never")
+    with pytest.raises(ValueError, match="'packing' is now backend"):
+        EncoderConfig.from_dict({"d_model": 16, "n_heads": 4, "packing": "always"})
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
@@ -205,11 +215,6 @@ def test_seed_loaders_name_a_missing_key(load, key, state):
 
     with pytest.raises(ValueError, match=f"missing keys.*{key}"):
         getattr(seeds, load)(state, 2)
-
-
-def test_config_rejects_packing_always_with_a_padded_backend():
-    with pytest.raises(ValueError, match="packing='always'.*backend='sdpa'"):
-        EncoderConfig(d_model=16, n_heads=4, packing="always", backend="sdpa")
 
 
 def test_math_attention_stays_finite_in_float16_with_large_inputs():

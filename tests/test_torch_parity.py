@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from clearformer import Encoder, EncoderBlock
+from clearformer import EncoderBlock, from_torch, to_torch
 
 from .helpers import lengths_mask
 
@@ -37,7 +37,7 @@ def torch_layer(norm_first, activation, heads, batch_first=True, d=32):
 @pytest.mark.parametrize("backend", ["math", "sdpa"])
 def test_block_matches_torch_layer(norm_first, activation, heads, backend):
     layer = torch_layer(norm_first, activation, heads)
-    block = EncoderBlock.from_torch(layer, backend=backend)
+    block = from_torch(layer, backend=backend)
     assert block.norm == ("pre" if norm_first else "post")
     x = torch.randn(len(LENGTHS), max(LENGTHS), 32)
     mask = lengths_mask(LENGTHS)
@@ -50,7 +50,7 @@ def test_block_matches_torch_layer(norm_first, activation, heads, backend):
 
 def test_block_from_sequence_first_layer():
     layer = torch_layer(False, "relu", 4, batch_first=False)
-    block = EncoderBlock.from_torch(layer)
+    block = from_torch(layer)
     x = torch.randn(5, 3, 32)  # (T, B, D): torch.nn's sequence-first layout
     with torch.no_grad():
         want = layer(x).transpose(0, 1)
@@ -62,7 +62,7 @@ def test_block_from_sequence_first_layer():
 @pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
 def test_to_torch_round_trip(norm, activation):
     block = EncoderBlock(32, 4, 64, 0.1, norm=norm, activation=activation, norm_eps=1e-6).eval()
-    layer = block.to_torch().eval()
+    layer = to_torch(block).eval()
     assert layer.self_attn.batch_first and layer.norm_first == (norm == "pre")
     x = torch.randn(3, 6, 32)
     mask = lengths_mask([6, 2, 1])
@@ -70,7 +70,7 @@ def test_to_torch_round_trip(norm, activation):
         torch.testing.assert_close(
             layer(x, src_key_padding_mask=~mask)[mask], block(x, mask)[mask], atol=1e-5, rtol=1e-5
         )
-    back = EncoderBlock.from_torch(layer)
+    back = from_torch(layer)
     for (name, a), (_, b) in zip(
         block.state_dict().items(), back.state_dict().items(), strict=True
     ):
@@ -79,7 +79,7 @@ def test_to_torch_round_trip(norm, activation):
 
 def test_to_torch_rejects_gated_activations():
     with pytest.raises(ValueError, match="swiglu.*gated"):
-        EncoderBlock(16, 2, 32, activation="swiglu").to_torch()
+        to_torch(EncoderBlock(16, 2, 32, activation="swiglu"))
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -92,7 +92,7 @@ def test_encoder_matches_torch_stack(norm_first, final_norm, backend):
     with torch.no_grad():  # layers are deep copies: make them differ
         for p in stack.parameters():
             p.add_(0.01 * torch.randn_like(p))
-    encoder = Encoder.from_torch(stack, backend=backend)
+    encoder = from_torch(stack, backend=backend)
     assert encoder.config.use_final_norm == final_norm
     x = torch.randn(len(LENGTHS), max(LENGTHS), 32)
     mask = lengths_mask(LENGTHS)

@@ -7,10 +7,12 @@ D model width, H heads, Dh head width, N real tokens of a packed batch.
 from .attention import MultiHeadAttention
 from .blocks import EncoderBlock
 from .config import EncoderConfig
-from .encoder import Encoder
+from .encoder import Encoder, EncoderOutput
 from .explainer import explain
 from .feedforward import FeedForward
+from .interop.torch_nn import from_torch, to_torch
 from .model import EncoderModel
+from .plan import ForwardPlan
 from .pretrained import TextEncoder
 
 __version__ = "0.1.0"
@@ -20,9 +22,13 @@ __all__ = [
     "EncoderBlock",
     "EncoderConfig",
     "EncoderModel",
+    "EncoderOutput",
     "FeedForward",
+    "ForwardPlan",
     "MultiHeadAttention",
     "TextEncoder",
     "explain",
+    "from_torch",
+    "to_torch",
     "__version__",
 ]

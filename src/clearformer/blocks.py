@@ -19,21 +19,31 @@ ends with one final norm (see :class:`clearformer.encoder.Encoder`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
-from .feedforward import FeedForward, check_activation
-from .masks import prepare_attention_mask
-from .padding import PackedLayout
+from .checks import (
+    check_choice,
+    check_divisible,
+    check_positive_float,
+    check_positive_int,
+    check_probability,
+)
+from .feedforward import FeedForward
+from .options import ACTIVATIONS, BACKENDS, NORMS
+from .plan import ForwardPlan, plan_attention
 from .tracing import record
 
-NORMS = ("pre", "post")
 
+@dataclass(frozen=True)
+class BlockOutput:
+    """What one block returns to its stack: the new rows and, on request, the attention
+    probabilities (B, H, T, T) of the ``math`` kernel."""
 
-def check_norm(norm: str, name: str = "norm") -> str:
-    if norm not in NORMS:
-        raise ValueError(f"{name} must be one of {NORMS}, got {norm!r}")
-    return norm
+    hidden: Tensor
+    attention: Tensor | None
 
 
 class EncoderBlock(nn.Module):
@@ -67,107 +77,113 @@ class EncoderBlock(nn.Module):
         backend: str = "auto",
     ) -> None:
         super().__init__()
-        if not isinstance(d_model, int) or d_model <= 0:
-            raise ValueError(f"d_model must be a positive int, got {d_model!r}")
-        if not isinstance(n_heads, int) or n_heads <= 0:
-            raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
-        if d_model % n_heads != 0:
-            raise ValueError(
-                f"d_model must be divisible by n_heads: d_model={d_model}, n_heads={n_heads}"
-            )
-        if not isinstance(dim_mlp, int) or dim_mlp <= 0:
-            raise ValueError(f"dim_mlp must be a positive int, got {dim_mlp!r}")
-        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            kind = ValueError if isinstance(dropout, (int, float)) else TypeError
-            raise kind(f"dropout must be a float in [0, 1), got {dropout!r}")
-        if not isinstance(norm_eps, (int, float)) or not norm_eps > 0:
-            raise ValueError(f"norm_eps must be a float > 0, got {norm_eps!r}")
-        self.norm = check_norm(norm)
-        check_activation(activation)
+        for value, name in ((d_model, "d_model"), (n_heads, "n_heads"), (dim_mlp, "dim_mlp")):
+            check_positive_int(value, name)
+        check_divisible(d_model, n_heads, "d_model", "n_heads")
+        check_probability(dropout, "dropout")
+        check_probability(attn_dropout, "attn_dropout", optional=True)
+        check_positive_float(norm_eps, "norm_eps")
+        self.norm = check_choice(norm, NORMS, "norm")
+        check_choice(activation, ACTIVATIONS, "activation")
+        self._backend = check_choice(backend, BACKENDS, "backend")
         self.d_model = d_model
         attn_dropout = dropout if attn_dropout is None else attn_dropout
 
         self.attn_norm = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
         self.attn = MultiHeadAttention(
-            d_model, d_model, d_model, d_model, n_heads, attn_dropout, bias=bias, backend=backend
+            d_model, d_model, d_model, d_model, n_heads, attn_dropout, bias=bias
         )
         self.attn_residual_dropout = nn.Dropout(dropout)
         self.mlp_norm = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
         self.mlp = FeedForward(d_model, dim_mlp, activation, bias=bias)
         self.mlp_residual_dropout = nn.Dropout(dropout)
 
+    @property
+    def backend(self) -> str:
+        """The backend of a lone call that names none (read-only: a call chooses with
+        ``backend=``; inside a stack the stack's plan decides)."""
+        return self._backend
+
+    def plan_for(
+        self, x: Tensor, mask: Tensor | None = None, *, backend: str | None = None
+    ) -> ForwardPlan:
+        """The plan of a lone call on ``x`` (B, T, D): validated mask, kernel and why."""
+        self._check_input(x)
+        B, T, _ = x.shape
+        return plan_attention(
+            mask,
+            batch=B,
+            heads=self.attn.n_heads,
+            tq=T,
+            tk=T,
+            device=x.device,
+            backend=self._backend if backend is None else backend,
+        )
+
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, *, layout: PackedLayout | None = None
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        *,
+        backend: str | None = None,
+        plan: ForwardPlan | None = None,
     ) -> Tensor:
         """Encode ``x``.
 
         Args:
-            x: (B, T, D); or (N, D) packed rows when ``layout`` is given.
+            x: (B, T, D); or (N, D) packed rows when ``plan`` is a packed plan.
             mask: bool, True = takes part: (B, T) key padding, or (B, T, T) / (B, H, T, T).
-            layout: where each packed sequence starts (see :mod:`clearformer.padding`).
+            backend: this call's attention backend; default the block's.
+            plan: a plan made by a stack for this call (then no mask or backend here).
 
         Returns:
             Same shape as ``x``. Rows at padded positions are computed like any other query
             (they attend to the real keys); :class:`~clearformer.encoder.Encoder` zeroes them.
         """
-        self._check_input(x, mask, layout)
+        if plan is None:
+            # Checked here, before the pre-norm runs, so that a bad mask fails before any work.
+            plan = self.plan_for(x, mask, backend=backend)
+        elif mask is not None or backend is not None:
+            raise ValueError("give either a plan or mask/backend, not both")
+        return self.run(x, plan).hidden
+
+    def run(self, x: Tensor, plan: ForwardPlan) -> BlockOutput:
+        """One block on rows laid out as ``plan`` says; the plan is trusted as it is."""
         record("block.input", x)
         if self.norm == "pre":
-            x = x + self.attn_residual_dropout(self._attend(self.attn_norm(x), mask, layout))
+            h, weights = self._attend(self.attn_norm(x), plan)
+            x = x + self.attn_residual_dropout(h)
             record("block.attn_residual", x)
             x = x + self.mlp_residual_dropout(self._feed_forward(self.mlp_norm(x)))
             record("block.mlp_residual", x)
         else:
-            x = self.attn_norm(x + self.attn_residual_dropout(self._attend(x, mask, layout)))
+            h, weights = self._attend(x, plan)
+            x = self.attn_norm(x + self.attn_residual_dropout(h))
             record("block.attn_residual", x)
             x = self.mlp_norm(x + self.mlp_residual_dropout(self._feed_forward(x)))
             record("block.mlp_residual", x)
-        return x
+        return BlockOutput(x, weights)
 
-    def _attend(self, h: Tensor, mask: Tensor | None, layout: PackedLayout | None) -> Tensor:
+    def _attend(self, h: Tensor, plan: ForwardPlan) -> tuple[Tensor, Tensor | None]:
         record("block.attn_input", h)
-        out, _ = self.attn(h, h, h, mask, layout=layout)
-        return out
+        return self.attn.attend(h, h, h, plan)
 
     def _feed_forward(self, h: Tensor) -> Tensor:
         record("block.mlp_input", h)
         return self.mlp(h)
 
-    def _check_input(self, x: Tensor, mask: Tensor | None, layout: PackedLayout | None) -> None:
+    def _check_input(self, x: Tensor) -> None:
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        want = 2 if layout is not None else 3
-        if x.dim() != want:
-            form = "(N, D) packed rows" if layout is not None else "(B, T, D)"
+        if x.dim() != 3:
             raise ValueError(
-                f"x must be {want}-D {form} with D={self.d_model}, got shape {tuple(x.shape)}"
+                f"x must be 3-D (B, T, D) with D={self.d_model}, got shape {tuple(x.shape)}"
             )
         if x.shape[-1] != self.d_model:
             raise ValueError(
                 f"x last dim must be d_model={self.d_model}, got {x.shape[-1]} "
                 f"(shape {tuple(x.shape)})"
             )
-        if layout is None:
-            # Attention checks the mask too, but only after the pre-norm has run: check it here
-            # so that a bad mask fails before any work.
-            B, T, _ = x.shape
-            prepare_attention_mask(
-                mask, batch=B, heads=self.attn.n_heads, tq=T, tk=T, device=x.device
-            )
-
-    # -- torch.nn interop ----------------------------------------------------------------------
-    @classmethod
-    def from_torch(cls, layer: nn.TransformerEncoderLayer, backend: str = "auto") -> EncoderBlock:
-        """A block with the same numerics as a ``torch.nn.TransformerEncoderLayer``."""
-        from .interop.torch_nn import block_from_torch
-
-        return block_from_torch(layer, backend=backend)
-
-    def to_torch(self) -> nn.TransformerEncoderLayer:
-        """A ``torch.nn.TransformerEncoderLayer(batch_first=True)`` with the same numerics."""
-        from .interop.torch_nn import block_to_torch
-
-        return block_to_torch(self)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, norm={self.norm!r}"

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from .attention.dispatch import BACKEND_NAMES
-from .blocks import NORMS
-from .checks import check_positive_int
-from .feedforward import ACTIVATIONS
+from .checks import (
+    check_choice,
+    check_divisible,
+    check_positive_float,
+    check_positive_int,
+    check_probability,
+)
+from .options import ACTIVATIONS, BACKENDS, NORMS, POSITIONS
 
-POSITIONS = ("learned", "sinusoidal", "none")
-PACKING = ("auto", "always", "never")
+# Fields that earlier versions had, and what replaced them (for a clear error on old configs).
+_RENAMED = {
+    "packing": "backend ('auto' packs when it pays, 'varlen' always packs, 'sdpa' or 'math' "
+    "never packs)",
+}
 
 
 @dataclass(frozen=True)
@@ -32,8 +39,10 @@ class EncoderConfig:
     norm_eps: float = 1e-5  # LayerNorm epsilon; BERT checkpoints use 1e-12
     bias: bool = True  # biases in linear layers and norms; False is a bit faster
     final_norm: bool | None = None  # norm after the last block; None: only for pre-norm
-    backend: str = "auto"  # attention backend: auto | math | sdpa | varlen
-    packing: str = "auto"  # unpad ragged batches: auto (when it pays) | always | never
+    # Attention kernel and layout, one choice: auto (packed varlen when padding makes it pay,
+    # else sdpa) | math (reference, padded) | sdpa (fused, padded) | varlen (always packed).
+    # A call can override it: model(x, mask, backend="math").
+    backend: str = "auto"
     checkpointing: bool = False  # recompute activations in backward to save memory (training)
 
     # Embeddings (EncoderModel only).
@@ -48,41 +57,17 @@ class EncoderConfig:
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "dim_mlp", "max_positions"):
             check_positive_int(getattr(self, name), f"EncoderConfig.{name}")
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(
-                f"EncoderConfig.d_model must be divisible by n_heads: d_model={self.d_model}, "
-                f"n_heads={self.n_heads}"
-            )
-        for name in ("dropout", "attn_dropout", "norm_eps"):
-            value = getattr(self, name)
-            if value is None and name == "attn_dropout":
-                continue
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise TypeError(f"EncoderConfig.{name} must be a float, got {value!r}")
-            if name != "norm_eps" and not 0.0 <= value < 1.0:
-                raise ValueError(f"EncoderConfig.{name} must be in [0, 1), got {value!r}")
-        if not self.norm_eps > 0:
-            raise ValueError(f"EncoderConfig.norm_eps must be > 0, got {self.norm_eps!r}")
+        check_divisible(self.d_model, self.n_heads, "EncoderConfig.d_model", "n_heads")
+        check_probability(self.dropout, "EncoderConfig.dropout")
+        check_probability(self.attn_dropout, "EncoderConfig.attn_dropout", optional=True)
+        check_positive_float(self.norm_eps, "EncoderConfig.norm_eps")
         for name, allowed in (
             ("norm", NORMS),
             ("activation", ACTIVATIONS),
-            ("backend", BACKEND_NAMES),
+            ("backend", BACKENDS),
             ("positions", POSITIONS),
-            ("packing", PACKING),
         ):
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(f"EncoderConfig.{name} must be one of {allowed}, got {value!r}")
-        if self.backend == "varlen" and self.packing == "never":
-            raise ValueError(
-                "EncoderConfig.packing must not be 'never' with backend='varlen', which runs on "
-                "packed rows only; got packing='never' (use packing='auto' or backend='sdpa')"
-            )
-        if self.packing == "always" and self.backend in ("math", "sdpa"):
-            raise ValueError(
-                f"EncoderConfig.packing='always' needs backend 'auto' or 'varlen' (packed rows "
-                f"run varlen attention), got backend={self.backend!r}"
-            )
+            check_choice(getattr(self, name), allowed, f"EncoderConfig.{name}")
         check_positive_int(self.vocab_size, "EncoderConfig.vocab_size", optional=True)
         if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
             raise ValueError(
@@ -121,6 +106,9 @@ class EncoderConfig:
     def from_dict(cls, data: dict) -> EncoderConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
+        renamed = [f"{name!r} is now {_RENAMED[name]}" for name in unknown if name in _RENAMED]
+        if renamed:
+            raise ValueError(f"unknown EncoderConfig fields: {unknown}; {'; '.join(renamed)}")
         if unknown:
             raise ValueError(f"unknown EncoderConfig fields: {unknown}")
         return cls(**data)

@@ -1,8 +1,10 @@
-"""The encoder stack: N blocks, one layout for the whole stack, a final norm for pre-norm.
+"""The encoder stack: N blocks, one plan for the whole stack, a final norm for pre-norm.
 
-On a ragged batch the stack unpads once at its edge (``(B, T, D)`` -> ``(N, D)`` real tokens),
-runs every block on the packed rows and repads once at the end. Either way the output at padded
-positions is **zero**, so the padded and packed paths give the same tensor.
+A call is planned once at the stack's edge (:mod:`clearformer.plan`): the mask is validated, the
+layout and kernel are chosen, and every block receives the same plan. On a ragged batch the
+stack unpads once (``(B, T, D)`` -> ``(N, D)`` real tokens), runs every block on the packed rows
+and repads once at the end. Either way the output at padded positions is **zero**, so the
+padded and packed paths give the same tensor.
 """
 
 from __future__ import annotations
@@ -15,27 +17,27 @@ from torch.utils.checkpoint import checkpoint
 
 from .blocks import EncoderBlock
 from .config import EncoderConfig
-from .masks import validate_key_padding_mask
-from .padding import PackedLayout, repad, unpad
+from .padding import repad
+from .plan import ForwardPlan, plan_stack
 from .tracing import record
-
-# Packing costs one gather and one scatter of (N, D), and attention then needs either one call
-# per run of equally long sequences or a gather to a padded copy (clearformer.attention.varlen).
-# Measured on 2 CPU cores, idle (`clearformer bench --sections packing`, MiniLM size,
-# B 32 x T 128): packed vs padded -1 % at 1.9 % padding, -2 % at 4.9 %, +12 % at 8.5 %,
-# +17 % at 17.9 %; break-even lies between 5 and 8.5 %.
-PACK_MIN_PADDING = 0.06
 
 
 @dataclass(frozen=True)
-class LayoutChoice:
-    """Whether a call runs packed, and why."""
+class EncoderOutput:
+    """A stack call's results when more than the last layer is asked for.
 
-    packed: bool
-    reason: str
+    Attributes:
+        last_hidden_state: (B, T, D), zero at padded positions (after the final norm).
+        hidden_states: with ``output_hidden_states``: the stack's input and every block's
+            output, ``n_layers + 1`` tensors (B, T, D), zero at padded positions (as Hugging
+            Face's ``output_hidden_states``; a final norm applies to ``last_hidden_state`` only).
+        attentions: with ``output_attentions``: every block's attention probabilities
+            (B, H, T, T), from the reference kernel.
+    """
 
-    def __str__(self) -> str:
-        return f"{'packed' if self.packed else 'padded'} ({self.reason})"
+    last_hidden_state: Tensor
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
 
 
 class Encoder(nn.Module):
@@ -70,35 +72,67 @@ class Encoder(nn.Module):
             else nn.Identity()
         )
 
-    def layout_for(self, mask: Tensor | None) -> LayoutChoice:
-        """Decide between the padded and the packed path for a (B, T) mask."""
-        cfg = self.config
-        if mask is None:
-            if cfg.backend == "varlen":
-                return LayoutChoice(True, "backend='varlen' runs on packed rows")
-            return LayoutChoice(False, "no mask: nothing to unpad")
-        if cfg.backend in ("math", "sdpa"):
-            return LayoutChoice(False, f"backend={cfg.backend!r} runs on the padded layout")
-        if cfg.packing == "never":
-            return LayoutChoice(False, "packing='never'")
-        if cfg.packing == "always" or cfg.backend == "varlen":
-            return LayoutChoice(True, "packing requested")
-        if torch.compiler.is_compiling():
-            return LayoutChoice(False, "under torch.compile the padded path has static shapes")
-        padding = 1.0 - float(mask.sum()) / max(mask.numel(), 1)
-        if padding >= PACK_MIN_PADDING:
-            return LayoutChoice(True, f"{padding:.0%} of positions are padding")
-        return LayoutChoice(False, f"only {padding:.0%} padding: packing would not pay")
+    def plan_for(
+        self,
+        mask: Tensor | None,
+        *,
+        shape: tuple[int, int] | None = None,
+        device: torch.device | None = None,
+        backend: str | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+        dtype: torch.dtype | None = None,
+    ) -> ForwardPlan:
+        """The plan of a call with this (B, T) mask: layout, kernel and the reason for each.
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        ``print(encoder.plan_for(mask))`` says what will run and why. ``shape`` and ``device``
+        default to the mask's; with no mask they describe the batch.
+        """
+        if shape is None or device is None:
+            if not isinstance(mask, Tensor):
+                raise ValueError(
+                    "shape and device must be given unless mask is a (B, T) tensor, got "
+                    f"mask={type(mask).__name__}"
+                )
+            if shape is None:
+                # A mask of the wrong rank still gets its shape error from the one mask check.
+                dims = tuple(mask.shape) or (0,)
+                shape = (dims[0], dims[-1])
+            device = mask.device if device is None else device
+        return plan_stack(
+            mask,
+            shape=shape,
+            device=device,
+            backend=self.config.backend if backend is None else backend,
+            need_weights=output_attentions,
+            output_hidden_states=output_hidden_states,
+            dtype=dtype,
+        )
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        *,
+        backend: str | None = None,
+        plan: ForwardPlan | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> Tensor | EncoderOutput:
         """Encode a batch.
 
         Args:
             x: (B, T, D) input vectors.
             mask: (B, T) bool, True = real token, False = padding.
+            backend: this call's kernel (``auto``, ``math``, ``sdpa``, ``varlen``); default the
+                config's.
+            plan: a plan from :meth:`plan_for` for this batch (then no mask, backend or flags).
+            output_attentions: also return every layer's attention probabilities.
+            output_hidden_states: also return the input and every layer's output.
 
         Returns:
-            (B, T, D) hidden states; zero at padded positions.
+            (B, T, D) hidden states, zero at padded positions; an :class:`EncoderOutput` when
+            attentions or hidden states are asked for.
         """
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -106,36 +140,64 @@ class Encoder(nn.Module):
             raise ValueError(
                 f"x must have shape (B, T, d_model={self.config.d_model}), got {tuple(x.shape)}"
             )
-        mask = validate_key_padding_mask(mask, x.shape[0], x.shape[1], x.device)
-        if mask is not None and not torch.compiler.is_compiling() and bool(mask.all()):
-            # Nothing is padding: the unmasked attention kernel is faster and nothing needs
-            # zeroing. (Under torch.compile the check would break the graph; the mask stays.)
-            mask = None
-        if self.layout_for(mask).packed:
-            if mask is None:
-                mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)  # (B, T)
-            rows, layout = unpad(x, mask)  # (N, D)
-            rows = self._run_blocks(rows, None, layout)
-            return repad(rows, layout)  # (B, T, D), zeros at padding
-        x = self._run_blocks(x, mask, None)
-        if mask is not None:
-            x = torch.where(mask[..., None], x, 0.0)  # one pass (masked_fill clones, then fills)
-        return x
+        B, T, _ = x.shape
+        if plan is None:
+            plan = self.plan_for(
+                mask,
+                shape=(B, T),
+                device=x.device,
+                backend=backend,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+                dtype=x.dtype,
+            )
+        else:
+            if mask is not None or backend is not None or output_attentions or output_hidden_states:
+                raise ValueError(
+                    "give either a plan or mask/backend/output flags, not both: the plan holds them"
+                )
+            if (plan.batch, plan.tq) != (B, T):
+                raise ValueError(
+                    f"plan was made for a batch of (B, T) = ({plan.batch}, {plan.tq}), "
+                    f"got x of shape {tuple(x.shape)}"
+                )
+        return self.run(x, plan)
 
-    def _run_blocks(self, x: Tensor, mask: Tensor | None, layout: PackedLayout | None) -> Tensor:
+    def run(self, x: Tensor, plan: ForwardPlan) -> Tensor | EncoderOutput:
+        """The stack on a (B, T, D) batch as ``plan`` says; the plan is trusted as it is."""
+        hidden: list[Tensor] = []
+        attentions: list[Tensor] = []
+        if plan.packed:
+            x = x.reshape(-1, x.shape[-1]).index_select(0, plan.packing.indices)  # (N, D)
+        if plan.output_hidden_states:
+            hidden.append(_padded_output(x, plan))
         for index, block in enumerate(self.layers):
             record("encoder.layer", x, layer=index)
             if self.config.checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, mask, layout=layout, use_reentrant=False)
+                out = checkpoint(block.run, x, plan, use_reentrant=False)
             else:
-                x = block(x, mask, layout=layout)
+                out = block.run(x, plan)
+            x = out.hidden
+            if plan.output_hidden_states:
+                hidden.append(_padded_output(x, plan))
+            if plan.need_weights:
+                attentions.append(out.attention)
         x = self.final_norm(x)
         record("encoder.output", x)
-        return x
+        last = _padded_output(x, plan)
+        if not (plan.output_hidden_states or plan.need_weights):
+            return last
+        return EncoderOutput(
+            last,
+            tuple(hidden) if plan.output_hidden_states else None,
+            tuple(attentions) if plan.need_weights else None,
+        )
 
-    @classmethod
-    def from_torch(cls, stack: nn.TransformerEncoder, backend: str = "auto") -> Encoder:
-        """An :class:`Encoder` with the same numerics as a ``torch.nn.TransformerEncoder``."""
-        from .interop.torch_nn import encoder_from_torch
 
-        return encoder_from_torch(stack, backend=backend)
+def _padded_output(rows: Tensor, plan: ForwardPlan) -> Tensor:
+    """(N, D) packed or (B, T, D) padded rows -> (B, T, D) with zeros at padded positions."""
+    if plan.packed:
+        return repad(rows, plan.packing)
+    if plan.token_mask is None:
+        return rows
+    return torch.where(plan.token_mask[..., None], rows, 0.0)  # one pass (masked_fill clones)

@@ -9,21 +9,14 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .checks import check_choice, check_positive_int
+from .options import ACTIVATIONS, GATED_ACTIVATIONS
 from .tracing import record
-
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
-GATED = {"swiglu": "silu", "geglu": "gelu"}
-
-
-def check_activation(activation: str, name: str = "activation") -> str:
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"{name} must be one of {ACTIVATIONS}, got {activation!r}")
-    return activation
 
 
 def activation_fn(name: str):
     """The element-wise function for an activation name (the gate's for GLU variants)."""
-    name = GATED.get(name, name)
+    name = GATED_ACTIVATIONS.get(name, name)
     if name == "relu":
         return F.relu
     if name == "gelu":
@@ -47,8 +40,10 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, dim_mlp: int, activation: str = "relu", bias: bool = True):
         super().__init__()
-        self.activation = check_activation(activation)
-        self.gated = activation in GATED
+        check_positive_int(d_model, "d_model")
+        check_positive_int(dim_mlp, "dim_mlp")
+        self.activation = check_choice(activation, ACTIVATIONS, "activation")
+        self.gated = activation in GATED_ACTIVATIONS
         self.act = activation_fn(activation)
         self.fc_in = nn.Linear(d_model, 2 * dim_mlp if self.gated else dim_mlp, bias=bias)
         self.fc_out = nn.Linear(dim_mlp, d_model, bias=bias)

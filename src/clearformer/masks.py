@@ -28,6 +28,8 @@ __all__ = [
     "prepare_attention_mask",
     "validate_key_padding_mask",
     "causal_mask",
+    "fold_causal",
+    "rows_with_key",
     "from_key_padding_mask",
     "from_attention_mask",
 ]
@@ -61,17 +63,16 @@ def validate_key_padding_mask(
         TypeError: the mask is not a bool tensor.
         ValueError: wrong shape or device.
     """
-    if mask is None:
-        return None
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
-    _reject_non_bool(mask, name)
-    if tuple(mask.shape) != (batch, length):
-        raise ValueError(
-            f"{name} must have shape (B, T) = ({batch}, {length}), got {tuple(mask.shape)}"
-        )
-    if mask.device != device:
-        raise ValueError(f"{name} must be on device {device} like the input, got {mask.device}")
+    prepare_attention_mask(
+        mask,
+        batch=batch,
+        heads=1,
+        tq=length,
+        tk=length,
+        device=device,
+        name=name,
+        key_padding_only=True,
+    )
     return mask
 
 
@@ -80,6 +81,12 @@ def causal_mask(tq: int, tk: int, device: torch.device | None = None) -> Tensor:
     rows = torch.arange(tq, device=device).unsqueeze(1)  # (Tq, 1)
     cols = torch.arange(tk, device=device).unsqueeze(0)  # (1, Tk)
     return cols <= rows + (tk - tq)
+
+
+def fold_causal(mask: Tensor | None, tq: int, tk: int, device: torch.device) -> Tensor:
+    """``mask`` (4-D bool, or None) with the bottom-right aligned causal constraint folded in."""
+    causal = causal_mask(tq, tk, device)[None, None]  # (1, 1, Tq, Tk)
+    return causal if mask is None else mask & causal
 
 
 def prepare_attention_mask(
@@ -92,8 +99,15 @@ def prepare_attention_mask(
     device: torch.device,
     is_causal: bool = False,
     name: str = "mask",
+    key_padding_only: bool = False,
 ) -> Tensor | None:
     """Validate ``mask`` and normalise it to a 4-D bool tensor that broadcasts to (B, H, Tq, Tk).
+
+    This is the one place a mask is checked: a forward plan calls it once per call, and every
+    layer below trusts the result.
+
+    Args:
+        key_padding_only: accept only the ``(B, Tk)`` form (what a stack can pack).
 
     Returns:
         ``None`` when nothing is masked (no mask, not causal); otherwise a bool tensor of shape
@@ -104,9 +118,11 @@ def prepare_attention_mask(
         if not isinstance(mask, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
         _reject_non_bool(mask, name)
-        if mask.device != device:
-            raise ValueError(f"{name} must be on device {device} like the query, got {mask.device}")
         shape = tuple(mask.shape)
+        if key_padding_only and shape != (batch, tk):
+            raise ValueError(f"{name} must have shape (B, T) = ({batch}, {tk}), got {shape}")
+        if mask.device != device:
+            raise ValueError(f"{name} must be on device {device} like the input, got {mask.device}")
         if shape == (batch, tk):
             mask = mask[:, None, None, :]  # (B, 1, 1, Tk)
         elif shape == (batch, tq, tk):
@@ -120,9 +136,23 @@ def prepare_attention_mask(
                 f"got {shape}"
             )
     if is_causal:
-        causal = causal_mask(tq, tk, device)[None, None]  # (1, 1, Tq, Tk)
-        mask = causal if mask is None else mask & causal
+        mask = fold_causal(mask, tq, tk, device)
     return mask
+
+
+def rows_with_key(mask: Tensor | None, device: torch.device) -> Tensor | None:
+    """Which query rows have a key, or None when all of them do (checked on CPU only).
+
+    A row with no key to attend must give zeros: the kernels open such rows to every key (finite
+    values) and zero them after. Reading the answer on CPU is free; on an accelerator it would
+    wait for the device and under torch.compile break the graph, so there the rows stay marked.
+    """
+    if mask is None:
+        return None
+    has_key = mask.any(dim=-1, keepdim=True)  # (B, H|1, Tq|1, 1)
+    if device.type == "cpu" and not torch.compiler.is_compiling() and bool(has_key.all()):
+        return None
+    return has_key
 
 
 def from_key_padding_mask(key_padding_mask: Tensor) -> Tensor:

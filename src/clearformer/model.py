@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from .config import EncoderConfig
 from .embeddings import Embeddings
-from .encoder import Encoder
+from .encoder import Encoder, EncoderOutput
 from .masks import from_attention_mask
+from .plan import plan_stack
 
 
 class EncoderModel(nn.Module):
@@ -27,34 +27,27 @@ class EncoderModel(nn.Module):
         input_ids: Tensor,
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
-    ) -> Tensor:
+        *,
+        backend: str | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> Tensor | EncoderOutput:
         """Encode token ids.
 
         Args:
             input_ids: (B, T) int64 token ids.
             attention_mask: (B, T), bool or 0/1 integers (Hugging Face style): 1/True = token.
             token_type_ids: (B, T) segment ids, when the model has token types.
+            backend: this call's attention kernel; default the config's.
+            output_attentions: also return every layer's attention probabilities.
+            output_hidden_states: also return the embeddings' output and every layer's output.
 
         Returns:
-            (B, T, D) hidden states, zero at padded positions.
+            (B, T, D) hidden states, zero at padded positions; an
+            :class:`~clearformer.encoder.EncoderOutput` when more is asked for.
         """
-        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
-            shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids)
-            raise ValueError(f"input_ids must be a 2-D (B, T) tensor, got {shape}")
-        if input_ids.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-            raise TypeError(f"input_ids must hold integers, got dtype {input_ids.dtype}")
+        check_token_ids(input_ids, self.config)
         B, T = input_ids.shape
-        if self.config.max_length < T:
-            raise ValueError(
-                f"input_ids has length T={T}, above the model's maximum "
-                f"{self.config.max_length}; truncate the input"
-            )
-        vocab = self.config.vocab_size
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
-            raise ValueError(
-                f"input_ids must be in [0, vocab_size={vocab}), got values in "
-                f"[{int(input_ids.min())}, {int(input_ids.max())}]"
-            )
         mask = None
         if attention_mask is not None:
             if not isinstance(attention_mask, Tensor):
@@ -62,16 +55,22 @@ class EncoderModel(nn.Module):
                     f"attention_mask must be a torch.Tensor or None, "
                     f"got {type(attention_mask).__name__}"
                 )
-            if tuple(attention_mask.shape) != (B, T):
-                raise ValueError(
-                    f"attention_mask must have shape (B, T) = ({B}, {T}), "
-                    f"got {tuple(attention_mask.shape)}"
-                )
             mask = from_attention_mask(attention_mask)
         if token_type_ids is not None:
             self._check_token_types(token_type_ids, B, T)
+        # Planned before any work: the mask is checked here, once, for every layer.
+        plan = plan_stack(
+            mask,
+            shape=(B, T),
+            device=input_ids.device,
+            backend=self.config.backend if backend is None else backend,
+            need_weights=output_attentions,
+            output_hidden_states=output_hidden_states,
+            mask_name="attention_mask",
+            dtype=self.embeddings.word.weight.dtype,
+        )
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, D)
-        return self.encoder(x, mask)
+        return self.encoder.run(x, plan)
 
     def _check_token_types(self, token_type_ids: Tensor, B: int, T: int) -> None:
         if not isinstance(token_type_ids, Tensor) or tuple(token_type_ids.shape) != (B, T):
@@ -92,3 +91,24 @@ class EncoderModel(nn.Module):
                 f"token_type_ids must be in [0, {types}) (type_vocab_size), "
                 f"got values in [{low}, {high}]"
             )
+
+
+def check_token_ids(input_ids: Tensor, config: EncoderConfig, name: str = "input_ids") -> None:
+    """Raise unless ``input_ids`` is a (B, T) integer tensor of ids the model can embed."""
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+        shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids)
+        raise ValueError(f"{name} must be a 2-D (B, T) tensor, got {shape}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex:
+        raise TypeError(f"{name} must hold integers, got dtype {input_ids.dtype}")
+    T = input_ids.shape[1]
+    if config.max_length < T:
+        raise ValueError(
+            f"{name} has length T={T}, above the model's maximum {config.max_length}; "
+            "truncate the input"
+        )
+    vocab = config.vocab_size
+    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+        raise ValueError(
+            f"{name} must be in [0, vocab_size={vocab}), got values in "
+            f"[{int(input_ids.min())}, {int(input_ids.max())}]"
+        )

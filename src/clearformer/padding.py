@@ -9,11 +9,12 @@ starts; ``cu_seqlens`` tells it (the flash-attention convention).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
 
-__all__ = ["PackedLayout", "unpad", "repad", "pack_layout"]
+__all__ = ["PackedLayout", "equal_length_runs", "unpad", "repad", "pack_layout"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,37 @@ class PackedLayout:
     @property
     def lengths(self) -> list[int]:
         return [b - a for a, b in zip(self.offsets[:-1], self.offsets[1:], strict=True)]
+
+    # Derived once per layout, on first use, and then shared by every layer of the call.
+    @cached_property
+    def runs(self) -> list[tuple[int, int, int]]:
+        """``(first row, sequences, length)`` of each run of equally long sequences."""
+        return equal_length_runs(self.offsets)
+
+    @cached_property
+    def positions(self) -> Tensor:
+        """(N,) int64: each row's position within its own sequence (restarting at 0)."""
+        starts = self.cu_seqlens[:-1].to(torch.int64)  # (B,)
+        lengths = self.cu_seqlens.diff().to(torch.int64)  # (B,)
+        rows = torch.arange(self.num_tokens, device=self.cu_seqlens.device)  # (N,)
+        return rows - torch.repeat_interleave(starts, lengths, output_size=self.num_tokens)
+
+
+def equal_length_runs(offsets: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """``(first row, sequences, length)`` for each run of consecutive, equally long, non-empty
+    sequences. Such a run is one ``(G, L)`` slab of the packed rows: attention takes it in one
+    call, through a view, with no mask and no copy."""
+    runs: list[tuple[int, int, int]] = []
+    for start, end in zip(offsets[:-1], offsets[1:], strict=True):
+        length = end - start
+        if length == 0:
+            continue
+        if runs and runs[-1][2] == length and runs[-1][0] + runs[-1][1] * length == start:
+            first, count, _ = runs[-1]
+            runs[-1] = (first, count + 1, length)
+        else:
+            runs.append((start, 1, length))
+    return runs
 
 
 def pack_layout(mask: Tensor) -> PackedLayout:

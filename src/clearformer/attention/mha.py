@@ -9,29 +9,15 @@ N real tokens of a packed batch.
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..masks import prepare_attention_mask
+from ..checks import check_choice, check_divisible, check_positive_int, check_probability
+from ..kernels import KERNELS
+from ..options import BACKENDS
 from ..padding import PackedLayout
+from ..plan import ForwardPlan, plan_attention
 from ..tracing import record
-from .dispatch import BackendChoice, check_backend_name, select_backend
-from .math import math_attention
-from .sdpa import sdpa_attention
-from .varlen import varlen_attention
-
-_PADDED_BACKENDS = {"math": math_attention, "sdpa": sdpa_attention}
-
-
-def _check_divisible(value: int, n_heads: int, name: str) -> None:
-    if not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if value % n_heads != 0:
-        raise ValueError(
-            f"{name} must be divisible by n_heads: {name}={value}, n_heads={n_heads} "
-            f"leaves a remainder of {value % n_heads}"
-        )
 
 
 class MultiHeadAttention(nn.Module):
@@ -46,12 +32,15 @@ class MultiHeadAttention(nn.Module):
         attn_dropout: dropout on the attention probabilities (training only).
         kv_dim: width of the keys' and values' input; default ``in_dim``.
         bias: add biases to the projections.
-        backend: ``"auto"``, ``"math"``, ``"sdpa"`` or ``"varlen"``
-            (see :mod:`clearformer.attention.dispatch`).
+        cross: cross-attention (keys and values from a memory): store the projections by role,
+            ``q_proj`` and ``kv_proj``, even when ``kv_dim == in_dim``.
+        backend: the backend of calls that name none: ``"auto"``, ``"math"``, ``"sdpa"`` or
+            ``"varlen"`` (see :mod:`clearformer.plan`). A stack's plan overrides it.
 
-    Parameters: when ``kv_dim == in_dim`` the query, key and value projections are stored as one
-    ``in_proj`` (rows: queries, keys, values, as in ``torch.nn.MultiheadAttention``), so
-    self-attention costs one matrix product; otherwise ``q_proj`` and ``kv_proj``.
+    Parameters: for self-attention the query, key and value projections are stored as one
+    ``in_proj`` (rows: queries, keys, values, as in ``torch.nn.MultiheadAttention``), so it costs
+    one matrix product; for cross-attention (``cross=True`` or ``kv_dim != in_dim``) as
+    ``q_proj`` and ``kv_proj``, so keys and values of one memory are one product too.
     """
 
     def __init__(
@@ -66,26 +55,24 @@ class MultiHeadAttention(nn.Module):
         kv_dim: int | None = None,
         bias: bool = True,
         backend: str = "auto",
+        cross: bool = False,
     ) -> None:
         super().__init__()
-        if not isinstance(n_heads, int) or n_heads <= 0:
-            raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
-        for value, name in ((in_dim, "in_dim"), (out_dim, "out_dim")):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        _check_divisible(qk_dim, n_heads, "qk_dim")
-        _check_divisible(v_dim, n_heads, "v_dim")
-        if not isinstance(attn_dropout, (int, float)) or not 0.0 <= attn_dropout < 1.0:
-            raise ValueError(f"attn_dropout must be in [0, 1), got {attn_dropout}")
+        for value, name in ((n_heads, "n_heads"), (in_dim, "in_dim"), (out_dim, "out_dim")):
+            check_positive_int(value, name)
+        for value, name in ((qk_dim, "qk_dim"), (v_dim, "v_dim")):
+            check_positive_int(value, name)
+            check_divisible(value, n_heads, name, "n_heads")
+        check_probability(attn_dropout, "attn_dropout")
+        check_positive_int(kv_dim, "kv_dim", optional=True)
         kv_dim = in_dim if kv_dim is None else kv_dim
-        if not isinstance(kv_dim, int) or kv_dim <= 0:
-            raise ValueError(f"kv_dim must be a positive int or None, got {kv_dim!r}")
         self.in_dim, self.qk_dim, self.v_dim, self.out_dim = in_dim, qk_dim, v_dim, out_dim
         self.kv_dim, self.n_heads = kv_dim, n_heads
         self.attn_dropout = attn_dropout
-        self.backend = check_backend_name(backend)
+        self._backend = check_choice(backend, BACKENDS, "backend")
 
-        if kv_dim == in_dim:
+        # Parameters by role, fixed at construction: a call never concatenates weights.
+        if kv_dim == in_dim and not cross:
             self.in_proj = nn.Linear(in_dim, 2 * qk_dim + v_dim, bias=bias)
             self.q_proj = self.kv_proj = None
         else:
@@ -94,15 +81,41 @@ class MultiHeadAttention(nn.Module):
             self.kv_proj = nn.Linear(kv_dim, qk_dim + v_dim, bias=bias)
         self.out_proj = nn.Linear(v_dim, out_dim, bias=bias)
 
-    # -- the backend ---------------------------------------------------------------------------
-    def backend_for(self, *, need_weights: bool = False, packed: bool = False) -> BackendChoice:
-        """Which backend a call with these options runs on, and why."""
-        return select_backend(self.backend, need_weights=need_weights, packed=packed)
-
     @property
-    def backend_choice(self) -> BackendChoice:
-        """The backend a plain padded call (no weights) runs on, and why."""
-        return self.backend_for()
+    def backend(self) -> str:
+        """The backend of a call that names none (read-only: a call chooses with ``backend=``)."""
+        return self._backend
+
+    def plan_for(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        mask: Tensor | None = None,
+        *,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        backend: str | None = None,
+        layout: PackedLayout | None = None,
+    ) -> ForwardPlan:
+        """The plan of a lone call with these inputs: validated mask, kernel and why."""
+        key = query if key is None else key
+        if layout is not None:
+            self._check_packed_query(query, layout)
+            B, Tq, Tk = layout.batch, layout.seqlen, layout.seqlen
+        else:
+            B, Tq, Tk = query.shape[0], query.shape[1], key.shape[1]
+        return plan_attention(
+            mask,
+            batch=B,
+            heads=self.n_heads,
+            tq=Tq,
+            tk=Tk,
+            device=query.device,
+            backend=self._backend if backend is None else backend,
+            is_causal=is_causal,
+            need_weights=need_weights,
+            packing=layout,
+        )
 
     # -- projections ---------------------------------------------------------------------------
     def projection_weights(self) -> tuple[tuple[Tensor, Tensor | None], ...]:
@@ -122,19 +135,20 @@ class MultiHeadAttention(nn.Module):
 
     def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values, ``(..., qk_dim)``, ``(..., qk_dim)``, ``(..., v_dim)``."""
-        if self.in_proj is not None and key is query and value is query:
-            # Self-attention: one fused matrix product for all three.
-            qkv = self.in_proj(query)  # (..., 2 * qk_dim + v_dim)
-            return qkv.split([self.qk_dim, self.qk_dim, self.v_dim], dim=-1)
-        (wq, bq), (wk, bk), (wv, bv) = self.projection_weights()
-        q = F.linear(query, wq, bq)
+        sizes = [self.qk_dim, self.qk_dim, self.v_dim]
+        if self.in_proj is not None:
+            if key is query and value is query:
+                # Self-attention: one fused matrix product for all three.
+                return self.in_proj(query).split(sizes, dim=-1)  # (..., 2 * qk_dim + v_dim)
+            (wq, bq), (wk, bk), (wv, bv) = self.projection_weights()
+            return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
+        q = self.q_proj(query)
         if value is key:
-            # Cross-attention over one memory: keys and values in one product.
-            bkv = None if bk is None else torch.cat([bk, bv])
-            k, v = F.linear(key, torch.cat([wk, wv]), bkv).split([self.qk_dim, self.v_dim], -1)
-        else:
-            k, v = F.linear(key, wk, bk), F.linear(value, wv, bv)
-        return q, k, v
+            # Cross-attention over one memory: keys and values in one stored product.
+            k, v = self.kv_proj(key).split([self.qk_dim, self.v_dim], dim=-1)
+            return q, k, v
+        (_, _), (wk, bk), (wv, bv) = self.projection_weights()
+        return q, F.linear(key, wk, bk), F.linear(value, wv, bv)
 
     # -- forward -------------------------------------------------------------------------------
     def forward(
@@ -146,7 +160,9 @@ class MultiHeadAttention(nn.Module):
         *,
         is_causal: bool = False,
         need_weights: bool = False,
+        backend: str | None = None,
         layout: PackedLayout | None = None,
+        plan: ForwardPlan | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value``.
 
@@ -157,90 +173,84 @@ class MultiHeadAttention(nn.Module):
             mask: bool, True = takes part; (B, Tk), (B, Tq, Tk) or (B, H, Tq, Tk).
             is_causal: query i sees keys j <= i + (Tk - Tq).
             need_weights: return the attention probabilities (``math`` backend only).
+            backend: this call's backend; default the one given at construction.
             layout: the packed layout of ``query`` (self-attention on packed rows, no mask).
+            plan: a plan made by a stack for this call: then no mask, flags or backend here;
+                the plan is trusted as it is.
 
         Returns:
             out: (B, Tq, out_dim) (or (N, out_dim) packed); weights: (B, H, Tq, Tk) or None.
         """
         key = query if key is None else key
         value = key if value is None else value
-        if layout is not None:
-            return self._forward_packed(query, key, value, mask, layout, is_causal, need_weights)
-
-        self._check_padded_inputs(query, key, value)
-        B, Tq, _ = query.shape
-        Tk = key.shape[1]
-        H = self.n_heads
-        mask = prepare_attention_mask(
-            mask, batch=B, heads=H, tq=Tq, tk=Tk, device=query.device, name="mask"
-        )
-        choice = self.backend_for(need_weights=need_weights)
-        if choice.name == "varlen":
-            raise ValueError(
-                "backend='varlen' runs on packed rows: pass (N, in_dim) rows with a layout from "
-                "clearformer.padding.unpad, or use Encoder, which packs at the stack's edge; "
-                "for a padded (B, T, D) batch use backend='sdpa' or 'auto'"
+        if plan is None:
+            if layout is None:
+                self._check_padded_inputs(query, key, value)
+            elif key is not query or value is not query:
+                raise ValueError("packed rows (layout given) support self-attention only")
+            plan = self.plan_for(
+                query,
+                key,
+                mask,
+                is_causal=is_causal,
+                need_weights=need_weights,
+                backend=backend,
+                layout=layout,
             )
+        elif mask is not None or layout is not None or backend is not None:
+            raise ValueError(
+                "give either a plan or mask/layout/backend, not both: the plan already holds them"
+            )
+        return self.attend(query, key, value, plan)
 
+    def attend(
+        self, query: Tensor, key: Tensor, value: Tensor, plan: ForwardPlan
+    ) -> tuple[Tensor, Tensor | None]:
+        """The one attention path, whatever the layout: project, split heads, (positions),
+        kernel, merge heads, project out."""
         q, k, v = self.project(query, key, value)
         record("attn.q_proj", q)
         record("attn.k_proj", k)
         record("attn.v_proj", v)
-        # (B, T, H*Dh) -> (B, T, H, Dh) -> (B, H, T, Dh): a view; the kernels read the strides.
-        q = q.view(B, Tq, H, -1).transpose(1, 2)
+        q, k, v = (self._split_heads(t, plan) for t in (q, k, v))
         record("attn.split_heads", q)
-        k = k.view(B, Tk, H, -1).transpose(1, 2)
-        v = v.view(B, Tk, H, -1).transpose(1, 2)
-        attend = _PADDED_BACKENDS[choice.name]
-        out, weights = attend(
-            q,
-            k,
-            v,
-            mask,
-            is_causal=is_causal,
-            dropout_p=self.attn_dropout if self.training else 0.0,
-            need_weights=need_weights,
-        )  # (B, H, Tq, Dv)
-        out = out.transpose(1, 2).reshape(B, Tq, self.v_dim)  # merge heads: (B, Tq, H*Dv)
+        # Positions enter here, once, for every layout: rotary tables from the plan would
+        # rotate q and k at this point (plan.positions gives each row's position).
+        kernel = KERNELS[plan.kernel.choice]
+        dropout_p = self.attn_dropout if self.training else 0.0
+        out, weights = kernel(q, k, v, plan, dropout_p)
+        out = self._merge_heads(out, plan)
         record("attn.merge_heads", out)
-        out = self.out_proj(out)  # (B, Tq, out_dim)
+        out = self.out_proj(out)  # (B, Tq, out_dim) or (N, out_dim)
         record("attn.out_proj", out)
         return out, weights
 
-    def _forward_packed(self, query, key, value, mask, layout, is_causal, need_weights):
-        if key is not query or value is not query:
-            raise ValueError("packed rows (layout given) support self-attention only")
-        if mask is not None:
+    def _split_heads(self, t: Tensor, plan: ForwardPlan) -> Tensor:
+        H = self.n_heads
+        if plan.packed:
+            # (N, H*Dh) -> (N, H, Dh); explicit widths, so that a batch of no tokens (N = 0) works.
+            return t.view(t.shape[0], H, t.shape[-1] // H)
+        B, T, _ = t.shape
+        # (B, T, H*Dh) -> (B, T, H, Dh) -> (B, H, T, Dh): a view; the kernels read the strides.
+        return t.view(B, T, H, -1).transpose(1, 2)
+
+    def _merge_heads(self, out: Tensor, plan: ForwardPlan) -> Tensor:
+        if plan.packed:
+            return out.reshape(out.shape[0], self.v_dim)  # (N, H, Dv) -> (N, H*Dv)
+        B, _, Tq, _ = out.shape
+        return out.transpose(1, 2).reshape(B, Tq, self.v_dim)  # (B, H, Tq, Dv) -> (B, Tq, H*Dv)
+
+    def _check_packed_query(self, query: Tensor, layout: PackedLayout) -> None:
+        if not isinstance(query, Tensor) or query.dim() != 2 or query.shape[-1] != self.in_dim:
+            shape = tuple(query.shape) if isinstance(query, Tensor) else type(query).__name__
             raise ValueError(
-                "mask must be None on packed rows: the layout already says where each "
-                "sequence starts and ends"
-            )
-        if query.dim() != 2 or query.shape[-1] != self.in_dim:
-            raise ValueError(
-                f"packed query must have shape (N, in_dim) = (N, {self.in_dim}), "
-                f"got {tuple(query.shape)}"
+                f"packed query must have shape (N, in_dim) = (N, {self.in_dim}), got {shape}"
             )
         if query.shape[0] != layout.num_tokens:
             raise ValueError(
                 f"packed query has {query.shape[0]} rows but the layout holds "
                 f"{layout.num_tokens} tokens"
             )
-        choice = self.backend_for(need_weights=need_weights, packed=True)
-        N, H = query.shape[0], self.n_heads
-        q, k, v = self.project(query, query, query)
-        # (N, H*Dh) -> (N, H, Dh); explicit widths, so that a batch of no tokens (N = 0) works.
-        dh, dv = self.qk_dim // H, self.v_dim // H
-        q, k, v = q.view(N, H, dh), k.view(N, H, dh), v.view(N, H, dv)
-        out = varlen_attention(
-            q,
-            k,
-            v,
-            layout,
-            is_causal=is_causal,
-            dropout_p=self.attn_dropout if self.training else 0.0,
-            reference=choice.name == "math",
-        )  # (N, H, Dv)
-        return self.out_proj(out.reshape(N, self.v_dim)), None
 
     def _check_padded_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for t, name, width, width_name in (
@@ -278,5 +288,5 @@ class MultiHeadAttention(nn.Module):
         return (
             f"in_dim={self.in_dim}, qk_dim={self.qk_dim}, v_dim={self.v_dim}, "
             f"out_dim={self.out_dim}, n_heads={self.n_heads}, attn_dropout={self.attn_dropout}, "
-            f"backend={self.backend!r}"
+            f"backend={self._backend!r}"
         )

@@ -34,7 +34,7 @@ class Peer:
 
 
 # -- clearformer -----------------------------------------------------------------------------
-def _clearformer(backend: str, packing: str = "auto") -> Callable[[ModelSize, int], nn.Module]:
+def _clearformer(backend: str) -> Callable[[ModelSize, int], nn.Module]:
     def build(size: ModelSize, n_layers: int) -> nn.Module:
         config = EncoderConfig(
             d_model=size.d_model,
@@ -44,7 +44,6 @@ def _clearformer(backend: str, packing: str = "auto") -> Callable[[ModelSize, in
             norm="post",
             activation="gelu",
             backend=backend,
-            packing=packing,
         )
         return Encoder(config)
 

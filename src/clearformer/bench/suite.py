@@ -245,8 +245,9 @@ def _attention_calls(size: ModelSize, batch: Batch, seed: int) -> dict[str, Call
     """Attention alone on one ragged batch: each varlen method and padded, masked SDPA."""
     import torch.nn.functional as F
 
-    from ..attention.varlen import varlen_attention
+    from ..kernels.varlen import varlen_attention
     from ..padding import unpad
+    from .varlen_methods import BENCH_METHODS, bench_varlen_attention
 
     B, T = batch.mask.shape
     H, Dh = size.n_heads, size.d_model // size.n_heads
@@ -257,8 +258,12 @@ def _attention_calls(size: ModelSize, batch: Batch, seed: int) -> dict[str, Call
     key_mask = batch.mask[:, None, None, :]  # (B, 1, 1, T)
     fns: dict[str, Callable] = {
         f"varlen {method}": functools.partial(varlen_attention, q, k, v, layout, method=method)
-        for method in ("sequence", "padded", "bucket", "nested")
+        for method in ("sequence", "padded")
     }
+    for method in BENCH_METHODS:
+        fns[f"varlen {method}"] = functools.partial(
+            bench_varlen_attention, q, k, v, layout, method=method
+        )
     fns["padded SDPA (masked)"] = functools.partial(
         F.scaled_dot_product_attention, pq, pk, pv, attn_mask=key_mask
     )

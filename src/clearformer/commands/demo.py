@@ -38,8 +38,9 @@ def run(args: argparse.Namespace) -> int:
         f"encoder: {config.n_layers} x {config.norm}-norm blocks, d_model={config.d_model}, "
         f"{config.n_heads} heads, {sum(p.numel() for p in encoder.parameters()):,} parameters"
     )
-    print(f"batch: lengths {lengths.tolist()} padded to T={T}; path: {encoder.layout_for(mask)}")
-    print(f"attention backend: {encoder.layers[0].attn.backend_choice}")
+    plan = encoder.plan_for(mask)
+    print(f"batch: lengths {lengths.tolist()} padded to T={T}; path: {plan.layout}")
+    print(f"attention kernel: {plan.kernel}")
     worst = max((packed[b, : int(n)] - alone[b]).abs().max().item() for b, n in enumerate(lengths))
     print(f"each sequence in the batch vs alone: max |difference| = {worst:.2e}")
     print(f"padded positions are zero: {bool((packed[~mask] == 0).all())}")

@@ -14,8 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..attention.dispatch import BACKEND_NAMES
-from ..blocks import NORMS
+from ..options import BACKENDS, NORMS
 
 # The toy encoder's options: flag, type, default, meaning. Given without --random, they fail
 # rather than being silently ignored.
@@ -45,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     toy.add_argument("--norm", choices=NORMS, help="norm placement (default pre)")
     p.add_argument(
         "--backend",
-        choices=BACKEND_NAMES,
+        choices=BACKENDS,
         default="auto",
         help="the attention backend the model runs in production",
     )

@@ -13,7 +13,7 @@ from ..blocks import EncoderBlock
 from ..tracing import recording
 from .inputs import Prepared, prepare
 from .recorder import TraceRecorder, summarize
-from .reference import REFERENCE, eval_mode, production_path, reference_path
+from .reference import REFERENCE, REFERENCE_BACKEND, eval_mode, production_path
 from .source import Source, display_path
 from .steps import ModelFacts
 from .trace import Fidelity, Trace
@@ -43,8 +43,10 @@ def explain(
     Returns:
         A :class:`~clearformer.explainer.trace.Trace`. The model is run twice under
         ``torch.no_grad()`` in eval mode: once as in production, once on the reference
-        attention path with recording on; the trace holds the second run's values and how far
-        they are from the first. The model's modes and backends are restored afterwards.
+        kernel (``backend="math"`` for that call) with recording on; the trace holds the second
+        run's values and how far they are from the first. No module or config is changed, so the
+        same model can serve other threads meanwhile (a model in training mode is switched to
+        eval for the two runs and back).
     """
     prepared = prepare(model, inputs, mask, tokens)
     module = prepared.module
@@ -53,10 +55,11 @@ def explain(
     notes: list[str] = []
     with torch.no_grad(), eval_mode(module) as was_training:
         production = prepared.forward()
-        described, switched = production_path(module, prepared.layout_mask)
+        described, switched = production_path(module, prepared.token_mask, prepared.layout_mask)
         recorder = TraceRecorder(facts, prepared.token_mask, first_layer)
-        with reference_path(module), recording(recorder):
-            traced = prepared.forward()
+        # The reference kernel for this one call only: no module or config is changed.
+        with recording(recorder):
+            traced = prepared.forward(backend=REFERENCE_BACKEND)
         pooled, production_pooled = _pool(prepared, recorder, traced, production)
 
     info = _model_info(module, facts, prepared)

@@ -28,7 +28,8 @@ class Prepared:
     Attributes:
         kind: "TextEncoder", "EncoderModel", "Encoder" or "EncoderBlock".
         module: the nn.Module whose forward pass is traced.
-        forward: runs that module on the input; returns (B, T, D) hidden states.
+        forward: runs that module on the input, ``forward(backend=None)`` (a backend for that
+            call only); returns (B, T, D) hidden states.
         token_mask: (B, T) bool, True = real token.
         layout_mask: the mask production sees (None when the caller gave none).
         tokens: (B, T) labels; padding positions are ``PAD_LABEL``.
@@ -38,7 +39,7 @@ class Prepared:
 
     kind: str
     module: nn.Module
-    forward: Callable[[], Tensor]
+    forward: Callable[..., Tensor]
     token_mask: Tensor
     layout_mask: Tensor | None
     tokens: list[list[str]]
@@ -87,7 +88,7 @@ def _texts(encoder: Any, inputs: Any) -> Prepared:
     return Prepared(
         kind=type(encoder).__name__,
         module=model,
-        forward=lambda: model(ids, attention, type_ids),
+        forward=lambda backend=None: model(ids, attention, type_ids, backend=backend),
         token_mask=attention,
         layout_mask=attention,
         tokens=labels,
@@ -127,7 +128,8 @@ def _token_ids(model: EncoderModel, inputs: Any, mask: Any, tokens: Any) -> Prep
         mask = from_attention_mask(mask).to(ids.device)
     token_mask = _token_mask(mask, B, T, ids.device)
     labels = _labels(tokens, [[str(i) for i in row] for row in ids.tolist()], token_mask)
-    return Prepared("EncoderModel", model, lambda: model(ids, mask), token_mask, mask, labels)
+    forward = lambda backend=None: model(ids, mask, backend=backend)  # noqa: E731
+    return Prepared("EncoderModel", model, forward, token_mask, mask, labels)
 
 
 def _vectors(model: Encoder | EncoderBlock, inputs: Any, mask: Any, tokens: Any) -> Prepared:
@@ -149,7 +151,8 @@ def _vectors(model: Encoder | EncoderBlock, inputs: Any, mask: Any, tokens: Any)
     mask = validate_key_padding_mask(mask, B, T, x.device, name="mask")
     token_mask = _token_mask(mask, B, T, x.device)
     labels = _labels(tokens, [[f"t{t}" for t in range(T)] for _ in range(B)], token_mask)
-    return Prepared(kind, model, lambda: model(x, mask), token_mask, mask, labels)
+    forward = lambda backend=None: model(x, mask, backend=backend)  # noqa: E731
+    return Prepared(kind, model, forward, token_mask, mask, labels)
 
 
 def _check_size(B: int, T: int) -> None:

@@ -23,7 +23,7 @@ class Source:
 
     Attributes:
         file: path relative to the directory holding the ``clearformer`` package
-            (``clearformer/attention/math.py``), or the absolute path outside it.
+            (``clearformer/kernels/math.py``), or the absolute path outside it.
         line: first line of the computing statement (1-based).
         code: its text, dedented, at most ``MAX_CODE_LINES`` lines.
         function: the enclosing function's name.

@@ -164,3 +164,24 @@ def encoder_from_torch(stack: nn.TransformerEncoder, backend: str = "auto") -> E
         encoder.final_norm = copy.deepcopy(stack.norm)
     encoder.train(stack.training)
     return encoder
+
+
+def from_torch(module: nn.Module, backend: str = "auto") -> EncoderBlock | Encoder:
+    """The clearformer twin of a ``torch.nn`` encoder layer or stack, with the same numerics.
+
+    ``TransformerEncoderLayer`` -> :class:`EncoderBlock`; ``TransformerEncoder`` ->
+    :class:`Encoder`.
+    """
+    if isinstance(module, nn.TransformerEncoderLayer):
+        return block_from_torch(module, backend=backend)
+    if isinstance(module, nn.TransformerEncoder):
+        return encoder_from_torch(module, backend=backend)
+    raise TypeError(
+        "module must be a torch.nn.TransformerEncoderLayer or TransformerEncoder, got "
+        f"{type(module).__name__}"
+    )
+
+
+def to_torch(block: EncoderBlock) -> nn.TransformerEncoderLayer:
+    """A ``torch.nn.TransformerEncoderLayer(batch_first=True)`` with the block's numerics."""
+    return block_to_torch(block)

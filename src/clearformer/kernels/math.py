@@ -10,18 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..masks import causal_mask
+from ..masks import fold_causal
 from ..tracing import record
-
-
-def combine_masks(
-    mask: Tensor | None, is_causal: bool, tq: int, tk: int, device: torch.device
-) -> Tensor | None:
-    """Fold a causal constraint into a 4-D bool mask (True = takes part)."""
-    if not is_causal:
-        return mask
-    causal = causal_mask(tq, tk, device)[None, None]  # (1, 1, Tq, Tk)
-    return causal if mask is None else mask & causal
 
 
 def math_attention(
@@ -50,7 +40,8 @@ def math_attention(
         gets weights 0 and output 0.
     """
     tq, tk = q.shape[-2], k.shape[-2]
-    mask = combine_masks(mask, is_causal, tq, tk, q.device)
+    if is_causal:
+        mask = fold_causal(mask, tq, tk, q.device)
     # Dividing by sqrt(Dh) keeps the scores' variance near 1 whatever the head width: the dot
     # product of two random Dh-vectors has variance Dh, and a softmax of large scores saturates.
     scale = q.shape[-1] ** -0.5 if scale is None else scale

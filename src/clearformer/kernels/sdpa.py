@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .math import combine_masks
+from ..masks import fold_causal, rows_with_key
+
+_UNKNOWN = object()  # query_has_key not computed by the caller: work it out here
 
 
 def sdpa_attention(
@@ -23,12 +25,16 @@ def sdpa_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     need_weights: bool = False,
+    query_has_key: Tensor | None | object = _UNKNOWN,
 ) -> tuple[Tensor, None]:
-    """Same contract as :func:`clearformer.attention.math.math_attention`, without weights.
+    """Same contract as :func:`clearformer.kernels.math.math_attention`, without weights.
 
     Args:
         q: (B, H, Tq, Dh), k: (B, H, Tk, Dh), v: (B, H, Tk, Dv), mask broadcastable to
         (B, H, Tq, Tk) with True = takes part.
+        query_has_key: which query rows have a key, (B, H|1, Tq|1, 1) bool, or None when every
+            row has one; a forward plan computes it once for all layers. Left out, it is
+            computed here.
     """
     if need_weights:
         raise ValueError(
@@ -42,21 +48,21 @@ def sdpa_attention(
             q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale
         )
         return out, None
-    mask = combine_masks(mask, is_causal, tq, tk, q.device)
-    # A query with no key to attend must give zeros, with finite gradients, on every build and
-    # kernel: let such rows attend everywhere (finite, harmless) and zero their output after.
-    has_key = mask.any(dim=-1, keepdim=True)  # (B, H|1, Tq|1, 1)
-    if q.device.type == "cpu" and not torch.compiler.is_compiling() and bool(has_key.all()):
-        # The usual case, every query has a key: skip the mask's OR and the output's where.
-        # On CPU reading the flag is free; on an accelerator it would wait for the device, and
-        # under torch.compile it would break the graph, so there both passes stay.
+    if is_causal:
+        mask = fold_causal(mask, tq, tk, q.device)
+    if query_has_key is _UNKNOWN:
+        query_has_key = rows_with_key(mask, q.device)
+    if query_has_key is None:
+        # The usual case, every query has a key: no mask widening, no output zeroing.
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale
         )
         return out, None
+    # A query with no key to attend must give zeros, with finite gradients, on every build and
+    # kernel: let such rows attend everywhere (finite, harmless) and zero their output after.
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p, scale=scale
+        q, k, v, attn_mask=mask | ~query_has_key, dropout_p=dropout_p, scale=scale
     )  # (B, H, Tq, Dv)
     # torch.where keeps the kernel's (B, Tq, H, Dv) memory order, so the head merge that follows
     # stays a view (masked_fill's clone made it contiguous in (B, H, Tq, Dv), costing a copy).
-    return torch.where(has_key, out, 0.0), None
+    return torch.where(query_has_key, out, 0.0), None

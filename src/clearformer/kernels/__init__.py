@@ -1,0 +1,71 @@
+"""Attention kernels, all behind one signature: ``kernel(q, k, v, plan, dropout_p)``.
+
+Each takes queries, keys and values already split into heads in the plan's layout (padded:
+``(B, H, T, Dh)``; packed: ``(N, H, Dh)``) and returns ``(out, weights)``, ``out`` in the same
+layout and ``weights`` (B, H, Tq, Tk) from ``math`` on request, else None. They read what the
+forward plan prepared once for the call (the mask with its causal fold, which rows have a key,
+the packed layout and the varlen method) and never re-check it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from .math import math_attention
+from .sdpa import sdpa_attention
+from .varlen import varlen_attention
+
+if TYPE_CHECKING:  # the plan imports the kernels' rules; the kernels only read the plan
+    from ..plan import ForwardPlan
+
+__all__ = ["KERNELS", "Kernel", "math_attention", "sdpa_attention", "varlen_attention"]
+
+Kernel = Callable[[Tensor, Tensor, Tensor, "ForwardPlan", float], tuple[Tensor, Tensor | None]]
+
+
+def _math(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float):
+    if plan.packing is not None:  # the reference formula, sequence by sequence
+        out = varlen_attention(
+            q, k, v, plan.packing, is_causal=plan.is_causal, dropout_p=dropout_p, reference=True
+        )
+        return out, None
+    return math_attention(
+        q,
+        k,
+        v,
+        plan.mask,
+        is_causal=plan.is_causal,
+        dropout_p=dropout_p,
+        need_weights=plan.need_weights,
+    )
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float):
+    return sdpa_attention(
+        q,
+        k,
+        v,
+        plan.mask,
+        is_causal=plan.is_causal,
+        dropout_p=dropout_p,
+        query_has_key=plan.query_has_key,
+    )
+
+
+def _varlen(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float):
+    out = varlen_attention(
+        q,
+        k,
+        v,
+        plan.packing,
+        is_causal=plan.is_causal,
+        dropout_p=dropout_p,
+        method=plan.method.choice,
+    )
+    return out, None
+
+
+KERNELS: dict[str, Kernel] = {"math": _math, "sdpa": _sdpa, "varlen": _varlen}

@@ -1,0 +1,191 @@
+"""Attention on packed rows: ``(N, H, Dh)`` real tokens of B sequences, split by ``cu_seqlens``.
+
+Each sequence attends only to itself, so no padding enters any matrix product.
+
+Implementations (``method``), all returning the same values:
+
+``sequence``  one fused SDPA call per run of consecutive, equally long sequences, on a
+              ``(G, H, L, Dh)`` strided view. The CPU flash kernel takes 4-D inputs only; a 3-D
+              ``(H, L, Dh)`` view silently falls back to the slower unfused math kernel.
+``padded``    attention alone on a padded copy: one gather into ``(B, L_max)``, one masked SDPA
+              call, one gather back. Linear layers still skip the padding; attention does not,
+              but it makes one call per layer instead of one per sequence.
+``flash``     ``flash_attn_varlen_func`` (CUDA, half precision, when the package is installed).
+
+``auto`` takes ``flash`` when it can serve the call; otherwise ``sequence`` when the batch needs
+at most ``MAX_SEQUENCE_CALLS`` calls or the calling thread runs PyTorch single-threaded on CPU,
+and ``padded`` above. Every call of ``sequence`` is an OpenMP parallel region, and when other
+processes compete for the cores each region can wait for a descheduled thread; ``padded``
+cannot collapse that way. A single-threaded caller has no region to wait for. The
+measurements behind these rules are in ``docs/performance.md``; two more methods that lost
+(``bucket``, ``nested``) live with the benchmark, in :mod:`clearformer.bench.varlen_methods`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..checks import check_choice
+from ..options import VARLEN_METHODS, Decision
+from ..padding import PackedLayout, equal_length_runs
+
+__all__ = ["MAX_SEQUENCE_CALLS", "equal_length_runs", "resolve_method", "varlen_attention"]
+from .math import math_attention
+
+# Above this many attention calls per layer, ``auto`` takes ``padded`` over ``sequence``.
+MAX_SEQUENCE_CALLS = 8
+
+
+def _flash_attn_varlen():
+    try:
+        from flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+def flash_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """``flash_attn_varlen_func`` can serve rows on ``device`` in ``dtype`` (CUDA, fp16/bf16)."""
+    return (
+        device.type == "cuda"
+        and dtype in (torch.float16, torch.bfloat16)
+        and _flash_attn_varlen() is not None
+    )
+
+
+def resolve_method(
+    method: str,
+    layout: PackedLayout,
+    *,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+) -> Decision:
+    """The implementation ``method`` runs on for rows on ``device`` in ``dtype``, and why."""
+    check_choice(method, VARLEN_METHODS, "method")
+    if method == "auto":
+        if flash_available(device, dtype):
+            return Decision("flash", "CUDA half precision with flash_attn installed")
+        if device.type == "cpu" and torch.get_num_threads() == 1:
+            # No parallel region, nothing to wait for: one call per run is the fastest at any
+            # count.
+            return Decision("sequence", "a single-threaded caller: one call per run is fastest")
+        calls = len(layout.runs)
+        if calls <= MAX_SEQUENCE_CALLS:
+            return Decision("sequence", f"{calls} call(s) of fused attention per layer")
+        return Decision(
+            "padded", f"{calls} runs of equal lengths > {MAX_SEQUENCE_CALLS}: one padded call"
+        )
+    if method == "flash" and not flash_available(device, dtype):
+        raise ValueError(
+            "method='flash' needs CUDA tensors in float16/bfloat16 and the flash_attn package, "
+            f"got device={device}, dtype={dtype}"
+        )
+    return Decision(method, "requested by name")
+
+
+def varlen_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout: PackedLayout,
+    *,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    reference: bool = False,
+    method: str = "auto",
+) -> Tensor:
+    """Self-attention within each packed sequence.
+
+    Args:
+        q, k: (N, H, Dh); v: (N, H, Dv); rows ordered as ``layout.offsets`` says.
+        layout: where each sequence starts (see :class:`clearformer.padding.PackedLayout`).
+        is_causal: token i of a sequence sees tokens j <= i of the same sequence.
+        dropout_p: dropout on the attention probabilities.
+        scale: score scale, default 1 / sqrt(Dh).
+        reference: run the explicit ``math`` formula per sequence (for tests and explain).
+        method: one of ``VARLEN_METHODS`` (see the module docstring).
+
+    Returns:
+        (N, H, Dv). Rows of an empty sequence do not exist, so nothing needs zeroing.
+    """
+    if reference:
+        return _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, reference=True)
+    if method not in ("sequence", "padded"):
+        method = resolve_method(method, layout, device=q.device, dtype=q.dtype).choice
+    if method == "flash":
+        return _flash_attn_varlen()(
+            q,
+            k,
+            v,
+            layout.cu_seqlens,
+            layout.cu_seqlens,
+            layout.max_seqlen,
+            layout.max_seqlen,
+            dropout_p=dropout_p,
+            softmax_scale=scale,
+            causal=is_causal,
+        )
+    if method == "padded":
+        return _padded(q, k, v, layout, is_causal, dropout_p, scale)
+    return _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, reference=False)
+
+
+def _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, *, reference: bool) -> Tensor:
+    H, Dv = v.shape[1], v.shape[2]
+    runs = layout.runs
+    if not runs:
+        return v.new_zeros(0, H, Dv)
+    # The runs tile the N rows in order. One split per tensor (not a slice per run): in backward
+    # a split concatenates the pieces' gradients in one pass, where B slices would each fill and
+    # add a zero (N, H, Dh) gradient, B times per layer.
+    sizes = [count * length for _, count, length in runs]
+    pieces = []
+    for (_, count, length), qs, ks, vs in zip(
+        runs, q.split(sizes), k.split(sizes), v.split(sizes), strict=True
+    ):
+        # (G*L, H, Dh) -> (G, L, H, Dh) -> (G, H, L, Dh): a strided view that the flash kernel
+        # (4-D inputs only) reads without a copy.
+        qs, ks, vs = (t.view(count, length, H, -1).transpose(1, 2) for t in (qs, ks, vs))
+        if reference:
+            out, _ = math_attention(
+                qs, ks, vs, None, is_causal=is_causal, dropout_p=dropout_p, scale=scale
+            )
+        else:
+            out = F.scaled_dot_product_attention(
+                qs, ks, vs, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+            )
+        # (G, H, L, Dv) -> (G, L, H, Dv) -> (G*L, H, Dv); a view for the flash kernel's output.
+        pieces.append(out.transpose(1, 2).reshape(count * length, H, Dv))
+    if len(pieces) == 1:
+        return pieces[0]
+    return torch.cat(pieces, dim=0)  # (N, H, Dv)
+
+
+def _padded(q, k, v, layout, is_causal, dropout_p, scale) -> Tensor:
+    N, H, Dv = v.shape
+    B, L = layout.batch, max(layout.max_seqlen, 1)
+    lengths = torch.tensor(layout.lengths, device=q.device)  # (B,)
+    starts = torch.tensor(layout.offsets[:-1], device=q.device)  # (B,)
+    steps = torch.arange(L, device=q.device)  # (L,)
+    real = steps[None, :] < lengths[:, None]  # (B, L) True = real token
+    # Padded slots read row 0 of the batch (finite values); their keys are masked out and
+    # their outputs dropped. With no rows at all there is nothing to attend.
+    if N == 0:
+        return v.new_zeros(0, H, Dv)
+    rows = torch.where(real, starts[:, None] + steps[None, :], 0).reshape(-1)  # (B*L,)
+    qs, ks, vs = (
+        t.index_select(0, rows).view(B, L, H, -1).transpose(1, 2) for t in (q, k, v)
+    )  # (B, H, L, Dh)
+    mask = real[:, None, None, :]  # (B, 1, 1, L) keys
+    if is_causal:
+        mask = mask & torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+    # An empty sequence's row has no key: let it attend everywhere (finite); it is dropped.
+    mask = mask | ~real.any(dim=1)[:, None, None, None]
+    out = F.scaled_dot_product_attention(
+        qs, ks, vs, attn_mask=mask, dropout_p=dropout_p, scale=scale
+    ).transpose(1, 2)  # (B, L, H, Dv)
+    keep = real.reshape(-1).nonzero().flatten()  # (N,) positions of the real tokens
+    return out.reshape(B * L, H, Dv).index_select(0, keep)  # (N, H, Dv)

@@ -1,0 +1,35 @@
+"""The vocabulary below the configuration: every named choice a model or a call can make.
+
+This module imports nothing from the package, so the configuration, the layers and the
+converters can all name the same choices without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NORMS = ("pre", "post")  # where a block's LayerNorm sits (see clearformer.blocks)
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")  # feed-forward activations
+GATED_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu"}  # GLU variants -> their gate's function
+POSITIONS = ("learned", "sinusoidal", "none")  # absolute position embeddings
+
+# Attention kernels: ``math`` (the reference, the only one returning weights), ``sdpa``
+# (PyTorch's fused kernel on padded rows), ``varlen`` (packed rows, no padding computed).
+KERNELS = ("math", "sdpa", "varlen")
+# What a configuration or a call may ask for: a kernel by name, or ``auto`` (the plan decides).
+BACKENDS = ("auto", *KERNELS)
+LAYOUTS = ("padded", "packed")  # (B, T, D) with a mask, or (N, D) real rows with cu_seqlens
+# How the varlen kernel attends within packed sequences (see clearformer.kernels.varlen).
+VARLEN_METHODS = ("auto", "sequence", "padded", "flash")
+LAYER_TYPES = ("global", "local")  # full attention, or a sliding window around each query
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One choice made for a call (a layout, a kernel, a method) and why it was made."""
+
+    choice: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.choice} ({self.reason})"

@@ -1,0 +1,294 @@
+"""The forward plan: what one call runs, decided once, before any work, at the stack's edge.
+
+A call is planned once: its mask is validated once, the layout (padded rows with a mask, or
+packed rows with ``cu_seqlens``) and the attention kernel are chosen, each with its reason, and
+what every layer would otherwise recompute (the causal fold, which queries have a key, the
+varlen method) is computed here. Blocks and attention receive the plan and trust it.
+
+The plan is a frozen value made per call, never state on a module: the same model can serve
+packed batches in one thread while another thread explains it on the reference kernel.
+
+Where later capabilities plug in, all on this one seam: per-token positions for rotary tables
+(``ForwardPlan.positions``), per-layer attention types (a global or a windowed mask per layer
+type, built here once), a causal flag (``is_causal``), a cross-attention memory layout and a
+key/value cache (one more layout, planned and returned explicitly).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from . import masks
+from .checks import check_choice
+from .kernels.varlen import resolve_method
+from .options import BACKENDS, Decision
+from .padding import PackedLayout, pack_layout
+
+__all__ = ["Decision", "ForwardPlan", "plan_attention", "plan_stack", "PACK_MIN_PADDING"]
+
+# Packing costs one gather and one scatter of (N, D), and attention then needs one call per run
+# of equally long sequences or a gather to a padded copy: below this fraction of padding the
+# padded layout is as fast (measured break-even between 5 and 8.5 %, docs/performance.md).
+PACK_MIN_PADDING = 0.06
+
+
+@dataclass(frozen=True, eq=False)
+class ForwardPlan:
+    """Everything the layers of one call need to know besides their input rows.
+
+    Attributes:
+        layout: ``padded`` ((B, T, D) rows, ``mask`` applies) or ``packed`` ((N, D) rows).
+        kernel: ``math``, ``sdpa`` or ``varlen``.
+        method: on packed rows, how ``varlen`` attends (see clearformer.kernels.varlen).
+        batch, tq, tk: the padded shape of the call (queries and keys).
+        token_mask: (B, T) bool key-padding mask of a stack call, True = real token; None when
+            every position is real. The stack zeroes its padded output rows with it.
+        mask: padded layout: bool, broadcastable to (B, H, Tq, Tk), True = may attend, causal
+            constraint folded in; None = attend everywhere.
+        query_has_key: (B, H|1, Tq|1, 1) bool, whether a query row has any key; None when
+            every row has one (known without looking at the device) or no mask is given.
+        packing: packed layout: where each sequence's rows are (``cu_seqlens``, offsets).
+        is_causal: the kernel still has to apply the causal constraint itself (packed rows,
+            or a padded call whose causal triangle was not folded into ``mask``).
+        need_weights: return attention probabilities (``math`` only).
+        output_hidden_states: return every layer's hidden states.
+    """
+
+    layout: Decision
+    kernel: Decision
+    method: Decision | None
+    batch: int
+    tq: int
+    tk: int
+    token_mask: Tensor | None = None
+    mask: Tensor | None = None
+    query_has_key: Tensor | None = None
+    packing: PackedLayout | None = None
+    is_causal: bool = False
+    need_weights: bool = False
+    output_hidden_states: bool = False
+
+    @property
+    def packed(self) -> bool:
+        return self.packing is not None
+
+    @property
+    def positions(self) -> Tensor:
+        """Each row's position within its own sequence: (N,) when packed, (T,) when padded."""
+        if self.packing is not None:
+            return self.packing.positions
+        return torch.arange(self.tq, device=self.mask.device if self.mask is not None else None)
+
+    def __str__(self) -> str:
+        lines = [f"layout: {self.layout}", f"kernel: {self.kernel}"]
+        if self.method is not None:
+            lines.append(f"varlen method: {self.method}")
+        return "\n".join(lines)
+
+
+def _compute_dtype(device: torch.device, dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype attention will see: autocast's when it is on, else the rows' own."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return torch.float32 if dtype is None else dtype
+
+
+def _weights_decision(requested: str) -> Decision:
+    if requested in ("auto", "math"):
+        return Decision("math", "attention weights requested; only the math kernel returns them")
+    raise ValueError(
+        f"need_weights=True: the {requested!r} backend cannot return attention weights; use "
+        "backend='math' (or 'auto', which picks 'math' when weights are requested)"
+    )
+
+
+def plan_stack(
+    mask: Tensor | None,
+    *,
+    shape: tuple[int, int],
+    device: torch.device,
+    backend: str = "auto",
+    is_causal: bool = False,
+    need_weights: bool = False,
+    output_hidden_states: bool = False,
+    mask_name: str = "mask",
+    dtype: torch.dtype | None = None,
+) -> ForwardPlan:
+    """Plan one call of a stack on a (B, T) batch with an optional (B, T) key-padding mask.
+
+    Args:
+        mask: (B, T) bool, True = real token; None = every position is real.
+        shape: the batch shape (B, T).
+        device: the input's device.
+        backend: ``auto`` (packed when enough of the batch is padding) or a kernel by name.
+        is_causal: token i attends to tokens j <= i of its own sequence.
+        need_weights: every layer returns its attention probabilities (``math`` kernel).
+        output_hidden_states: the call returns every layer's hidden states.
+        mask_name: how errors name the mask (the caller's argument name).
+        dtype: the rows' dtype (which varlen implementations can serve them); None = the
+            autocast dtype when autocast is on, else float32.
+
+    Raises:
+        TypeError, ValueError: a bad mask or backend, or a backend that cannot serve the call.
+    """
+    check_choice(backend, BACKENDS, "backend")
+    dtype = _compute_dtype(device, dtype)
+    B, T = shape
+    masks.prepare_attention_mask(
+        mask, batch=B, heads=1, tq=T, tk=T, device=device, key_padding_only=True, name=mask_name
+    )
+    compiling = torch.compiler.is_compiling()
+    if mask is not None and not compiling and bool(mask.all()):
+        # Nothing is padding: the unmasked kernels are faster and nothing needs zeroing. (Under
+        # torch.compile the check would break the graph; the mask stays.)
+        mask = None
+    flags = dict(need_weights=need_weights, output_hidden_states=output_hidden_states)
+
+    if need_weights:
+        kernel = _weights_decision(backend)
+        layout = Decision("padded", "attention weights are (B, H, T, T) on the padded layout")
+    elif backend in ("math", "sdpa"):
+        kernel = Decision(backend, "requested by name")
+        layout = Decision("padded", f"the {backend!r} kernel runs on the padded layout")
+    elif backend == "varlen":
+        kernel = Decision("varlen", "requested by name")
+        layout = Decision("packed", "the 'varlen' kernel runs on packed rows")
+    elif mask is None:
+        kernel = Decision("sdpa", "fused kernel, padded layout")
+        layout = Decision("padded", "no padding: nothing to unpad")
+    elif compiling:
+        kernel = Decision("sdpa", "fused kernel, padded layout")
+        layout = Decision("padded", "under torch.compile the padded path has static shapes")
+    else:
+        padding = 1.0 - float(mask.sum()) / max(mask.numel(), 1)
+        if padding >= PACK_MIN_PADDING:
+            kernel = Decision("varlen", "packed rows: only varlen attention reads cu_seqlens")
+            layout = Decision("packed", f"{padding:.0%} of positions are padding")
+        else:
+            kernel = Decision("sdpa", "fused kernel, padded layout")
+            layout = Decision("padded", f"only {padding:.0%} padding: packing would not pay")
+
+    if layout.choice == "packed":
+        keep = mask if mask is not None else torch.ones(B, T, dtype=torch.bool, device=device)
+        packing = pack_layout(keep)
+        method = resolve_method("auto", packing, device=device, dtype=dtype)
+        return ForwardPlan(
+            layout,
+            kernel,
+            method,
+            B,
+            T,
+            T,
+            token_mask=mask,
+            packing=packing,
+            is_causal=is_causal,
+            **flags,
+        )
+    # Padded: fold the key-padding and causal constraints into one mask, once for all layers.
+    # An unmasked causal call keeps the flag instead: sdpa has a fast causal path.
+    fold = is_causal and mask is not None
+    full = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, T) keys
+    if fold:
+        full = masks.fold_causal(full, T, T, device)
+    return ForwardPlan(
+        layout,
+        kernel,
+        None,
+        B,
+        T,
+        T,
+        token_mask=mask,
+        mask=full,
+        query_has_key=masks.rows_with_key(full, device),
+        is_causal=is_causal and not fold,
+        **flags,
+    )
+
+
+def plan_attention(
+    mask: Tensor | None,
+    *,
+    batch: int,
+    heads: int,
+    tq: int,
+    tk: int,
+    device: torch.device,
+    backend: str = "auto",
+    is_causal: bool = False,
+    need_weights: bool = False,
+    packing: PackedLayout | None = None,
+    dtype: torch.dtype | None = None,
+) -> ForwardPlan:
+    """Plan one call of a lone attention module or block (no stack to pack for it).
+
+    Args:
+        mask: bool, True = takes part: (B, Tk), (B, Tq, Tk) or (B, H, Tq, Tk); or None.
+        packing: the layout of packed (N, D) rows the caller already unpadded; then ``mask``
+            must be None (the layout says where every sequence starts and ends).
+
+    Raises:
+        TypeError, ValueError: a bad mask or backend, or a backend that cannot serve the call.
+    """
+    check_choice(backend, BACKENDS, "backend")
+    if packing is not None:
+        if mask is not None:
+            raise ValueError(
+                "mask must be None on packed rows: the layout already says where each "
+                "sequence starts and ends"
+            )
+        if need_weights:
+            raise ValueError(
+                "need_weights=True on packed rows: weights need the padded layout and the "
+                "'math' backend; run the stack with backend='math'"
+            )
+        if backend == "math":
+            kernel = Decision("math", "packed rows, reference formula per sequence")
+            method = None
+        else:
+            kernel = Decision("varlen", "rows are packed; only varlen attention reads cu_seqlens")
+            method = resolve_method(
+                "auto", packing, device=device, dtype=_compute_dtype(device, dtype)
+            )
+        layout = Decision("packed", "the caller gave packed rows and their layout")
+        return ForwardPlan(
+            layout,
+            kernel,
+            method,
+            packing.batch,
+            packing.seqlen,
+            packing.seqlen,
+            packing=packing,
+            is_causal=is_causal,
+        )
+    if need_weights:
+        kernel = _weights_decision(backend)
+    elif backend == "varlen":
+        raise ValueError(
+            "backend='varlen' runs on packed rows: pass (N, in_dim) rows with a layout from "
+            "clearformer.padding.unpad, or use Encoder, which packs at the stack's edge; "
+            "for a padded (B, T, D) batch use backend='sdpa' or 'auto'"
+        )
+    elif backend == "auto":
+        kernel = Decision("sdpa", "fused kernel, no weights requested, padded layout")
+    else:
+        kernel = Decision(backend, "requested by name")
+    # sdpa's own causal path serves only an unmasked square call; otherwise fold it in once.
+    fold = is_causal and (mask is not None or tq != tk)
+    full = masks.prepare_attention_mask(
+        mask, batch=batch, heads=heads, tq=tq, tk=tk, device=device, is_causal=fold
+    )
+    return ForwardPlan(
+        Decision("padded", "a lone layer runs on the rows it is given"),
+        kernel,
+        None,
+        batch,
+        tq,
+        tk,
+        mask=full,
+        query_has_key=masks.rows_with_key(full, device),
+        is_causal=is_causal and not fold,
+        need_weights=need_weights,
+    )
