@@ -5,12 +5,12 @@
 * :class:`LoadReport` -- what a load did; :class:`CheckpointError` -- why it could not.
 """
 
+from ..heads import POOLING_MODES, pool
 from .architectures import ARCHITECTURES, Architecture, architecture_for
 from .bundled import bundled_model_dir
 from .checkpoint import CheckpointError, CheckpointFiles, find_checkpoint
 from .hf_mapping import LoadReport
 from .loading import LoadedModel, load_model, save_model
-from .pooling import POOLING_MODES, pool
 from .text_encoder import TextEncoder
 from .tokenizer import TextTokenizer, TokenBatch
 

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..checks import check_positive_int
 from ..config import EncoderConfig
+from ..heads import pool
 from ..io import atomic_write
 from ..model import EncoderModel
 from ..tracing import is_recording
@@ -29,7 +30,7 @@ from .checkpoint import CheckpointError, find_checkpoint
 from .hf_mapping import LoadReport
 from .loading import LoadedModel, load_model, save_model
 from .parallel import map_in_workers
-from .pooling import pool, pooling_mode_from_config
+from .pooling import pooling_mode_from_config
 from .tokenizer import TextTokenizer, TokenBatch, check_texts, max_length_for
 
 log = logging.getLogger(__name__)
