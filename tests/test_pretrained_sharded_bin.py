@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from clearformer import TextEncoder
+from clearformer.interop.hf.files import find_checkpoint
+from clearformer.interop.hf.weights import read_tensors
 from clearformer.pretrained import CheckpointError
-from clearformer.pretrained.checkpoint import find_checkpoint
-from clearformer.pretrained.weights import read_tensors
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -158,7 +158,7 @@ def test_a_tensor_the_index_does_not_list_is_kept_with_a_warning(checkpoint, cap
     tensors = torch.load(shard, weights_only=True)
     tensors["pooler.extra.weight"] = torch.ones(2)
     torch.save(tensors, shard)
-    with caplog.at_level(logging.WARNING, logger="clearformer.pretrained.weights"):
+    with caplog.at_level(logging.WARNING, logger="clearformer.interop.hf.weights"):
         read = read_tensors(directory / INDEX)
     assert torch.equal(read["pooler.extra.weight"], torch.ones(2))
     assert "does not list" in caplog.text and shard.name in caplog.text

@@ -6,13 +6,27 @@
 """
 
 from ..heads import POOLING_MODES, pool
-from .architectures import ARCHITECTURES, Architecture, architecture_for
-from .bundled import bundled_model_dir
-from .checkpoint import CheckpointError, CheckpointFiles, find_checkpoint
-from .hf_mapping import LoadReport
-from .loading import LoadedModel, load_model, save_model
+from ..interop.hf import (
+    FAMILIES,
+    CheckpointError,
+    CheckpointFiles,
+    Family,
+    LoadedModel,
+    LoadReport,
+    TextTokenizer,
+    TokenBatch,
+    bundled_model_dir,
+    family_for,
+    find_checkpoint,
+    load_model,
+    save_model,
+)
 from .text_encoder import TextEncoder
-from .tokenizer import TextTokenizer, TokenBatch
+
+# The names these had before checkpoint families became plug-ins.
+ARCHITECTURES = FAMILIES
+Architecture = Family
+architecture_for = family_for
 
 __all__ = [
     "ARCHITECTURES",

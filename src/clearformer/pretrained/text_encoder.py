@@ -12,7 +12,6 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -22,21 +21,27 @@ from torch import Tensor
 from ..checks import check_positive_int
 from ..config import EncoderConfig
 from ..heads import pool
+from ..interop.hf import (
+    LoadedModel,
+    LoadReport,
+    TextTokenizer,
+    TokenBatch,
+    find_checkpoint,
+    load_model,
+    normalize_from_modules,
+    pooling_mode_from_config,
+    save_model,
+)
+from ..interop.hf.tokenizer import check_texts, max_length_for
 from ..io import atomic_write
 from ..model import EncoderModel
 from ..tracing import is_recording
 from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
-from .checkpoint import CheckpointError, find_checkpoint
-from .hf_mapping import LoadReport
-from .loading import LoadedModel, load_model, save_model
 from .parallel import map_in_workers
-from .pooling import pooling_mode_from_config
-from .tokenizer import TextTokenizer, TokenBatch, check_texts, max_length_for
 
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int], None]  # (texts done, texts in all)
-_SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
 _LOG_PROGRESS_MIN = 2048  # texts; below this an encode call is short enough to need no progress
 # Files besides the weights and config.json that make a directory a complete checkpoint.
 _COPIED_FILES = (
@@ -101,7 +106,7 @@ class TextEncoder:
         started = time.perf_counter()
         files = find_checkpoint(path)
         pooling = pooling_mode_from_config(files.pooling_config)
-        normalize = _check_modules(files.modules, files.path)
+        normalize = normalize_from_modules(files.modules, files.path)
         loaded = load_model(files, backend=backend, strict=strict)
         config = loaded.model.config
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
@@ -222,20 +227,6 @@ class TextEncoder:
             f"{self._loaded.architecture.model_type!r}, dim={self.dim}, pooling={self.pooling!r}, "
             f"normalize={self.normalize}, max_length={self.max_length})"
         )
-
-
-def _check_modules(modules: list[dict[str, Any]] | None, root: Path) -> bool:
-    """Whether sentence-transformers' modules end in Normalize; refuse modules not run here."""
-    if modules is None:
-        return False
-    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
-    unsupported = [k for k in kinds if k not in _SUPPORTED_MODULES]
-    if unsupported:
-        raise CheckpointError(
-            f"{root / 'modules.json'} lists sentence-transformers modules clearformer does not "
-            f"run: {unsupported}; supported: {', '.join(_SUPPORTED_MODULES)}"
-        )
-    return "Normalize" in kinds
 
 
 def _progress_reporter(progress: bool | ProgressFn | None, total: int) -> ProgressFn:

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..io import publish
-from .checkpoint import CheckpointError, read_json
+from ...io import publish
+from .files import CheckpointError, read_json
 
 log = logging.getLogger(__name__)
 
