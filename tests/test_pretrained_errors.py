@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from clearformer.pretrained import CheckpointError, TextEncoder, load_model
+from clearformer.interop.hf import CheckpointError, load_model
+from clearformer.text import TextEncoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -258,8 +259,8 @@ def test_bundled_model_found_without_running_its_package(monkeypatch):
 
 def test_hub_name_goes_through_huggingface_hub_only_when_not_local(monkeypatch, tmp_path):
     hub = pytest.importorskip("huggingface_hub")
+    from clearformer.interop.hf import bundled_model_dir
     from clearformer.interop.hf.files import resolve_path
-    from clearformer.pretrained import bundled_model_dir
 
     asked = []
 

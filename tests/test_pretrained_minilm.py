@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from clearformer import TextEncoder
-from clearformer.pretrained import bundled_model_dir
+from clearformer.interop.hf import bundled_model_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")

@@ -11,7 +11,7 @@ from .encoder import Encoder
 from .explainer import explain
 from .feedforward import FeedForward
 from .model import EncoderModel
-from .pretrained import TextEncoder
+from .text import TextEncoder
 
 __version__ = "0.1.0"
 

@@ -1,8 +1,11 @@
-"""Pretrained BERT-family encoders: Hugging Face checkpoints on clearformer.
+"""The names ``clearformer.pretrained`` has always offered, re-exported from where they live.
 
-* :class:`TextEncoder` -- texts in, sentence embeddings out (tokenizer, model, pooling);
-* :func:`load_model` / :func:`save_model` -- a checkpoint directory <-> ``EncoderModel``;
-* :class:`LoadReport` -- what a load did; :class:`CheckpointError` -- why it could not.
+* :class:`TextEncoder` -- :mod:`clearformer.text` (texts in, sentence embeddings out);
+* :func:`load_model`, :func:`save_model`, :class:`LoadReport`, :class:`CheckpointError`, the
+  tokenizer and the checkpoint families -- :mod:`clearformer.interop.hf`;
+* :func:`pool`, ``POOLING_MODES`` -- :mod:`clearformer.heads`.
+
+New code imports from those modules; this package holds no code of its own.
 """
 
 from ..heads import POOLING_MODES, pool
@@ -21,7 +24,7 @@ from ..interop.hf import (
     load_model,
     save_model,
 )
-from .text_encoder import TextEncoder
+from ..text import TextEncoder
 
 # The names these had before checkpoint families became plug-ins.
 ARCHITECTURES = FAMILIES

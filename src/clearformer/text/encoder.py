@@ -37,7 +37,7 @@ from ..io import atomic_write
 from ..model import EncoderModel
 from ..tracing import is_recording
 from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
-from .parallel import map_in_workers
+from .workers import map_in_workers
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class TextEncoder:
             sentence-transformers modules include ``Normalize``).
         max_length: texts are truncated to this many pieces, special tokens included.
         path: the checkpoint directory.
-        report: what the load did (:class:`~clearformer.pretrained.LoadReport`).
+        report: what the load did (:class:`~clearformer.interop.hf.LoadReport`).
     """
 
     def __init__(
@@ -148,10 +148,10 @@ class TextEncoder:
             progress: None = log progress at INFO level for long inputs; True = a tqdm bar when
                 tqdm is installed (else log); False = silent; a callable gets (done, total).
             max_tokens: padded tokens per forward pass when ``batch_size`` is None (see
-                :mod:`clearformer.pretrained.batching`).
+                :mod:`clearformer.text.batching`).
             workers: forward passes run side by side on a CPU, its threads split between
                 them; 1 = one at a time. ``workers=2`` helped long texts on a 2-core machine
-                and not short ones (see :mod:`clearformer.pretrained.parallel`).
+                and not short ones (see :mod:`clearformer.text.workers`).
 
         Returns:
             (n, D) float32, row i for ``texts[i]``. Batching changes speed and memory, never
@@ -178,13 +178,11 @@ class TextEncoder:
 
         def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:
             batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
-            mask = batch.attention_mask
+            mask = batch.attention_mask  # (B, T) bool
             # Grad mode is per thread: each worker enters inference mode itself.
             with torch.inference_mode():
-                # No padding at all: no mask, so attention runs its unmasked kernel.
-                hidden = self.model(
-                    batch.input_ids, None if bool(mask.all()) else mask, batch.token_type_ids
-                )  # (B, T, D)
+                # The mask goes as it is: the Encoder's plan drops one without padding itself.
+                hidden = self.model(batch.input_ids, mask, batch.token_type_ids)  # (B, T, D)
                 vectors = self.pool(hidden, mask)  # (B, D)
                 if normalize:
                     vectors = F.normalize(vectors, p=2.0, dim=-1)
