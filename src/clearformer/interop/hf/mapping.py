@@ -130,7 +130,7 @@ def load_state(
             report.ignored.append(prefix + key)
         elif key.startswith(family.unused_prefixes):
             report.unused.append(prefix + key)
-            if key.startswith("pooler."):
+            if key.startswith(family.kept_prefixes):
                 kept[key] = inner[key]  # saved back under the base model's own name
         else:
             report.unexpected.append(prefix + key)

@@ -100,6 +100,7 @@ BERT = Family(
     write_config=partial(write_config, family="bert"),
     names=names,
     config_defaults=_DEFAULTS,
+    kept_prefixes=("pooler.",),
 )
 ROBERTA = Family(
     model_type="roberta",
@@ -111,5 +112,6 @@ ROBERTA = Family(
     write_config=partial(write_config, family="roberta"),
     names=names,
     config_defaults=_DEFAULTS,
+    kept_prefixes=("pooler.",),
 )
 FAMILIES = (BERT, ROBERTA)

@@ -37,6 +37,8 @@ class Family:
             determines; raises CheckpointError for what the family cannot express.
         names: ``n_layers -> NameTable``.
         config_defaults: config.json fields written only where the base config lacks them.
+        kept_prefixes: unused base-model tensors (the pooler) a load hands back so that a save
+            writes them again: transformers' base model has them, clearformer does not run them.
     """
 
     model_type: str
@@ -48,6 +50,7 @@ class Family:
     write_config: Callable[[EncoderConfig], dict[str, Any]]
     names: Callable[[int], NameTable]
     config_defaults: Mapping[str, Any] = field(default_factory=dict)
+    kept_prefixes: tuple[str, ...] = ()
 
     def encoder_config(self, hf: dict[str, Any], backend: str = "auto") -> EncoderConfig:
         """The :class:`EncoderConfig` of a config.json of this family."""
