@@ -27,7 +27,7 @@ class LoadedModel:
 
     model: EncoderModel  # eval mode
     report: LoadReport
-    architecture: Family  # the checkpoint's family (named for its config.json "architectures")
+    architecture: Family  # the checkpoint's family (the field keeps its earlier name)
     hf_config: dict[str, Any]  # the checkpoint's config.json
     kept: dict[str, Tensor]  # base-model tensors clearformer does not run (the pooler)
     files: CheckpointFiles
