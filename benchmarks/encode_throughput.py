@@ -42,7 +42,7 @@ CORPORA = ("sentences", "mixed")
 
 def make_corpus(n: int, kind: str = "mixed", seed: int = 0) -> list[str]:
     """``n`` texts of random vocabulary words; see the module docstring for ``kind``."""
-    from clearformer.pretrained import bundled_model_dir
+    from clearformer.interop.hf import bundled_model_dir
 
     vocab = (bundled_model_dir() / "vocab.txt").read_text(encoding="utf-8").split("\n")
     words = [w for w in vocab[2000:] if w.isalpha() and w.isascii()]
@@ -177,7 +177,7 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     from clearformer import TextEncoder
-    from clearformer.pretrained import bundled_model_dir
+    from clearformer.interop.hf import bundled_model_dir
 
     ours = TextEncoder.from_pretrained()
     theirs = SentenceTransformer(str(bundled_model_dir()), device="cpu")

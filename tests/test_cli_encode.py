@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from clearformer.cli import main
-from clearformer.pretrained import TextEncoder
+from clearformer.text import TextEncoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

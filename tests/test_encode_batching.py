@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clearformer import TextEncoder
-from clearformer.pretrained.batching import plan_batches
-from clearformer.pretrained.parallel import map_in_workers
+from clearformer.text.batching import plan_batches
+from clearformer.text.workers import map_in_workers
 
 from .helpers import intra_op_threads
 from .test_pretrained_minilm import LONG, TEXTS

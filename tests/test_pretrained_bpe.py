@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from clearformer import TextEncoder
-from clearformer.pretrained import CheckpointError
-from clearformer.pretrained.checkpoint import find_checkpoint
+from clearformer.interop.hf import CheckpointError
+from clearformer.interop.hf.files import find_checkpoint
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")

@@ -226,7 +226,7 @@ def test_bundled_model_round_trip(tmp_path):
     # the pooler, unused by clearformer, is written back unchanged
     from safetensors.torch import load_file
 
-    from clearformer.pretrained import bundled_model_dir
+    from clearformer.interop.hf import bundled_model_dir
 
     before = load_file(str(bundled_model_dir() / "model.safetensors"))
     after = load_file(str(tmp_path / "model.safetensors"))

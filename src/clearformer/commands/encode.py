@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..pretrained.batching import DEFAULT_MAX_TOKENS
+from ..text.batching import DEFAULT_MAX_TOKENS
 
 SIMILARITY_MAX = 32  # texts; a larger matrix does not fit a terminal
 OUTPUT_SUFFIXES = (".npy", ".jsonl")
@@ -145,7 +145,7 @@ def check_output(output: str | None) -> Path | None:
 
 
 def load_encoder(args: argparse.Namespace):
-    from ..pretrained import TextEncoder
+    from ..text import TextEncoder
 
     return TextEncoder.from_pretrained(args.model, backend=args.backend)
 

@@ -145,7 +145,7 @@ def _load(args: argparse.Namespace):
             max_length=args.max_length,
             seed=args.seed,
         )
-    from ..pretrained import TextEncoder
+    from ..text import TextEncoder
 
     return TextEncoder.from_pretrained(args.model, backend=args.backend)
 

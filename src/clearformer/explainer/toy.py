@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..config import EncoderConfig
+from ..heads import pool
 from ..model import EncoderModel
 
 _WORD = re.compile(r"\w+|[^\w\s]")
@@ -92,6 +93,5 @@ class ToyTextEncoder:
         return ToyBatch(ids, mask, None, words, truncated)
 
     def pool(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
-        """Mean over the real tokens: (B, T, D) -> (B, D)."""
-        keep = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-        return (hidden * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
+        """(B, T, D) token states + (B, T) bool mask -> (B, D), the mean of the real tokens."""
+        return pool(hidden, attention_mask, self.pooling)

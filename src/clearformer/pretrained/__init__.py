@@ -1,18 +1,35 @@
-"""Pretrained BERT-family encoders: Hugging Face checkpoints on clearformer.
+"""The names ``clearformer.pretrained`` has always offered, re-exported from where they live.
 
-* :class:`TextEncoder` -- texts in, sentence embeddings out (tokenizer, model, pooling);
-* :func:`load_model` / :func:`save_model` -- a checkpoint directory <-> ``EncoderModel``;
-* :class:`LoadReport` -- what a load did; :class:`CheckpointError` -- why it could not.
+* :class:`TextEncoder` -- :mod:`clearformer.text` (texts in, sentence embeddings out);
+* :func:`load_model`, :func:`save_model`, :class:`LoadReport`, :class:`CheckpointError`, the
+  tokenizer and the checkpoint families -- :mod:`clearformer.interop.hf`;
+* :func:`pool`, ``POOLING_MODES`` -- :mod:`clearformer.heads`.
+
+New code imports from those modules; this package holds no code of its own.
 """
 
-from .architectures import ARCHITECTURES, Architecture, architecture_for
-from .bundled import bundled_model_dir
-from .checkpoint import CheckpointError, CheckpointFiles, find_checkpoint
-from .hf_mapping import LoadReport
-from .loading import LoadedModel, load_model, save_model
-from .pooling import POOLING_MODES, pool
-from .text_encoder import TextEncoder
-from .tokenizer import TextTokenizer, TokenBatch
+from ..heads import POOLING_MODES, pool
+from ..interop.hf import (
+    FAMILIES,
+    CheckpointError,
+    CheckpointFiles,
+    Family,
+    LoadedModel,
+    LoadReport,
+    TextTokenizer,
+    TokenBatch,
+    bundled_model_dir,
+    family_for,
+    find_checkpoint,
+    load_model,
+    save_model,
+)
+from ..text import TextEncoder
+
+# The names these had before checkpoint families became plug-ins.
+ARCHITECTURES = FAMILIES
+Architecture = Family
+architecture_for = family_for
 
 __all__ = [
     "ARCHITECTURES",

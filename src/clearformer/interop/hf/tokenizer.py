@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .checkpoint import CheckpointError, CheckpointFiles
+from .files import CheckpointError, CheckpointFiles
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -21,21 +20,28 @@ from torch import Tensor
 
 from ..checks import check_positive_int
 from ..config import EncoderConfig
+from ..heads import pool
+from ..interop.hf import (
+    LoadedModel,
+    LoadReport,
+    TextTokenizer,
+    TokenBatch,
+    find_checkpoint,
+    load_model,
+    normalize_from_modules,
+    pooling_mode_from_config,
+    save_model,
+)
+from ..interop.hf.tokenizer import check_texts, max_length_for
 from ..io import atomic_write
 from ..model import EncoderModel
 from ..tracing import is_recording
 from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
-from .checkpoint import CheckpointError, find_checkpoint
-from .hf_mapping import LoadReport
-from .loading import LoadedModel, load_model, save_model
-from .parallel import map_in_workers
-from .pooling import pool, pooling_mode_from_config
-from .tokenizer import TextTokenizer, TokenBatch, check_texts, max_length_for
+from .workers import map_in_workers
 
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int], None]  # (texts done, texts in all)
-_SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
 _LOG_PROGRESS_MIN = 2048  # texts; below this an encode call is short enough to need no progress
 # Files besides the weights and config.json that make a directory a complete checkpoint.
 _COPIED_FILES = (
@@ -62,7 +68,7 @@ class TextEncoder:
             sentence-transformers modules include ``Normalize``).
         max_length: texts are truncated to this many pieces, special tokens included.
         path: the checkpoint directory.
-        report: what the load did (:class:`~clearformer.pretrained.LoadReport`).
+        report: what the load did (:class:`~clearformer.interop.hf.LoadReport`).
     """
 
     def __init__(
@@ -100,7 +106,7 @@ class TextEncoder:
         started = time.perf_counter()
         files = find_checkpoint(path)
         pooling = pooling_mode_from_config(files.pooling_config)
-        normalize = _check_modules(files.modules, files.path)
+        normalize = normalize_from_modules(files.modules, files.path)
         loaded = load_model(files, backend=backend, strict=strict)
         config = loaded.model.config
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
@@ -142,10 +148,10 @@ class TextEncoder:
             progress: None = log progress at INFO level for long inputs; True = a tqdm bar when
                 tqdm is installed (else log); False = silent; a callable gets (done, total).
             max_tokens: padded tokens per forward pass when ``batch_size`` is None (see
-                :mod:`clearformer.pretrained.batching`).
+                :mod:`clearformer.text.batching`).
             workers: forward passes run side by side on a CPU, its threads split between
                 them; 1 = one at a time. ``workers=2`` helped long texts on a 2-core machine
-                and not short ones (see :mod:`clearformer.pretrained.parallel`).
+                and not short ones (see :mod:`clearformer.text.workers`).
 
         Returns:
             (n, D) float32, row i for ``texts[i]``. Batching changes speed and memory, never
@@ -172,13 +178,11 @@ class TextEncoder:
 
         def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:
             batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
-            mask = batch.attention_mask
+            mask = batch.attention_mask  # (B, T) bool
             # Grad mode is per thread: each worker enters inference mode itself.
             with torch.inference_mode():
-                # No padding at all: no mask, so attention runs its unmasked kernel.
-                hidden = self.model(
-                    batch.input_ids, None if bool(mask.all()) else mask, batch.token_type_ids
-                )  # (B, T, D)
+                # The mask goes as it is: the Encoder's plan drops one without padding itself.
+                hidden = self.model(batch.input_ids, mask, batch.token_type_ids)  # (B, T, D)
                 vectors = self.pool(hidden, mask)  # (B, D)
                 if normalize:
                     vectors = F.normalize(vectors, p=2.0, dim=-1)
@@ -221,20 +225,6 @@ class TextEncoder:
             f"{self._loaded.architecture.model_type!r}, dim={self.dim}, pooling={self.pooling!r}, "
             f"normalize={self.normalize}, max_length={self.max_length})"
         )
-
-
-def _check_modules(modules: list[dict[str, Any]] | None, root: Path) -> bool:
-    """Whether sentence-transformers' modules end in Normalize; refuse modules not run here."""
-    if modules is None:
-        return False
-    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
-    unsupported = [k for k in kinds if k not in _SUPPORTED_MODULES]
-    if unsupported:
-        raise CheckpointError(
-            f"{root / 'modules.json'} lists sentence-transformers modules clearformer does not "
-            f"run: {unsupported}; supported: {', '.join(_SUPPORTED_MODULES)}"
-        )
-    return "Normalize" in kinds
 
 
 def _progress_reporter(progress: bool | ProgressFn | None, total: int) -> ProgressFn:

@@ -11,11 +11,11 @@ from typing import Any
 
 from torch import Tensor
 
-from ..io import atomic_write
-from ..model import EncoderModel
-from .architectures import Architecture, architecture_for
-from .checkpoint import CheckpointFiles, find_checkpoint
-from .hf_mapping import LoadReport, export_state, load_state
+from ...io import atomic_write
+from ...model import EncoderModel
+from .families import Family, family_for, family_named
+from .files import CheckpointFiles, find_checkpoint
+from .mapping import LoadReport, export_state, load_state
 from .weights import read_tensors, write_safetensors
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ class LoadedModel:
 
     model: EncoderModel  # eval mode
     report: LoadReport
-    architecture: Architecture
+    architecture: Family  # the checkpoint's family (the field keeps its earlier name)
     hf_config: dict[str, Any]  # the checkpoint's config.json
     kept: dict[str, Tensor]  # base-model tensors clearformer does not run (the pooler)
     files: CheckpointFiles
@@ -52,19 +52,19 @@ def load_model(
     """
     files = path if isinstance(path, CheckpointFiles) else find_checkpoint(path)
     source = str(files.path / "config.json")
-    arch = architecture_for(files.config, source)
-    config = arch.encoder_config(files.config, backend=backend)  # validated before any weight
+    family = family_for(files.config, source)
+    config = family.encoder_config(files.config, backend=backend)  # validated before any weight
     model = EncoderModel(config)
     tensors = read_tensors(files.weights)
-    report, kept = load_state(model, tensors, arch, strict=strict, source=str(files.weights))
+    report, kept = load_state(model, tensors, family, strict=strict, source=str(files.weights))
     log.info("%s", report)
-    return LoadedModel(model.eval(), report, arch, dict(files.config), kept, files)
+    return LoadedModel(model.eval(), report, family, dict(files.config), kept, files)
 
 
 def save_model(
     model: EncoderModel,
     directory: str | os.PathLike,
-    architecture: Architecture | str,
+    architecture: Family | str,
     *,
     base_config: dict[str, Any] | None = None,
     kept: dict[str, Tensor] | None = None,
@@ -72,18 +72,31 @@ def save_model(
     """Write ``model`` as a Hugging Face checkpoint (``config.json`` + ``model.safetensors``)
     that ``transformers.AutoModel.from_pretrained`` loads with the same outputs.
 
-    Each file is written atomically; the directory is created if needed.
-    """
-    from .architectures import ARCHITECTURES
+    Args:
+        architecture: the family, or its ``model_type`` (``"bert"``, ``"roberta"``, ...).
+        base_config: a config.json whose other fields are kept (the loaded checkpoint's).
+        kept: tensors written as they are (the pooler a load set aside).
 
-    arch = ARCHITECTURES[architecture] if isinstance(architecture, str) else architecture
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = export_state(model, arch)
+    Each file is written atomically; the directory is created if needed.
+
+    Raises:
+        CheckpointError: an unknown ``architecture``, or a model its family cannot express
+            (before any file is written).
+    """
+    family = (
+        family_named(architecture, "save_model(architecture=...)")
+        if isinstance(architecture, str)
+        else architecture
+    )
+    # Both built before anything is written: a config the family cannot express (a gated
+    # activation, say) must not leave a weights file without its config.json.
+    config = family.hf_config(model.config, base_config)
+    tensors = export_state(model, family)
     for name, value in (kept or {}).items():
         tensors.setdefault(name, value.detach().contiguous().clone())
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
     write_safetensors(tensors, out / "model.safetensors")
-    config = arch.hf_config(model.config, base_config)
     with atomic_write(out / "config.json") as handle:
         json.dump(config, handle, indent=2, sort_keys=True)
         handle.write("\n")

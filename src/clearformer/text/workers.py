@@ -6,12 +6,10 @@ small matrix products of short batches, each a parallel region whose threads wai
 slowest. Sentence encoding has many independent batches, so it can instead run several at once,
 each on a share of the threads.
 
-Measured on the project's 2-core machine with all-MiniLM-L6-v2 (``benchmarks/encode_throughput.py``
-and side-by-side A/B runs; the machine is shared, so every figure moved by a few percent):
-``workers=2`` was 4-13 % faster than one batch at a time on texts up to 256 pieces, where
-attention weighs most, but between 7 % slower and 8 % faster on sentence-length texts, where
-Python work that holds the interpreter lock (padding each batch) competes between the workers.
-That is not a win to impose, so ``encode`` runs one batch at a time unless asked.
+Whether that wins depends on the texts: it helped long texts and not sentence-length ones,
+where Python work that holds the interpreter lock (padding each batch) competes between the
+workers (measurements in docs/performance.md, "Encoding texts"). So ``encode`` runs one batch
+at a time unless asked.
 
 PyTorch's intra-op thread count is per thread, but a new thread starts with the count most
 recently set anywhere in the process, so :func:`map_in_workers` restores the caller's count when

@@ -18,10 +18,9 @@ from collections.abc import Sequence
 
 from ..checks import check_positive_int
 
-# Padded tokens per forward pass when no batch size is given. On a 2-core CPU with
-# all-MiniLM-L6-v2 (``benchmarks/encode_throughput.py``) budgets from 2048 to 16384 and batches
-# of 32 texts ran at the same speed within the noise; 4096 keeps the memory small: 4096 rows of
-# width 1536 are 24 MiB of activations per batch.
+# Padded tokens per forward pass when no batch size is given: as fast as larger budgets and
+# 32-text batches in the measurements (docs/performance.md, "Encoding texts"), and small in
+# memory: 4096 rows of width 1536 are 24 MiB of activations per batch.
 DEFAULT_MAX_TOKENS = 4096
 
 

@@ -3,17 +3,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from ..io import publish
-from .checkpoint import CheckpointError, read_json
+from ...io import atomic_write
+from .files import CheckpointError, read_json
 
 log = logging.getLogger(__name__)
 
@@ -136,15 +133,11 @@ def _read_bin(path: Path) -> dict[str, Tensor]:
 
 
 def write_safetensors(tensors: dict[str, Tensor], path: Path) -> None:
-    """Write ``tensors`` to ``path`` atomically (temporary file, then ``os.replace``)."""
-    from safetensors.torch import save_file
+    """Write ``tensors`` to ``path`` atomically (:func:`clearformer.io.atomic_write`)."""
+    from safetensors.torch import save
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata={"format": "pt"})
-        publish(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    # Serialised in memory, then written through atomic_write, so a failed write leaves an
+    # earlier file as it was. The bytes are about the size of the tensors, held once more.
+    data = save({k: v.contiguous() for k, v in tensors.items()}, metadata={"format": "pt"})
+    with atomic_write(path, "wb") as handle:
+        handle.write(data)

@@ -35,7 +35,8 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded: incomplete, unsupported or corrupt."""
+    """A checkpoint that cannot be loaded (incomplete, unsupported or corrupt), or a model
+    that a checkpoint family cannot express."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Sharded ``.bin`` checkpoints (``pytorch_model.bin.index.json``) load with transformers'
 outputs, each shard through ``torch.load(weights_only=True)``; an index and shards that
-disagree get one clear error each."""
+disagree get one clear error each. Writing safetensors is atomic."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from clearformer import TextEncoder
-from clearformer.pretrained import CheckpointError
-from clearformer.pretrained.checkpoint import find_checkpoint
-from clearformer.pretrained.weights import read_tensors
+from clearformer.interop.hf import CheckpointError
+from clearformer.interop.hf.files import find_checkpoint
+from clearformer.interop.hf.weights import read_tensors
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -158,7 +158,7 @@ def test_a_tensor_the_index_does_not_list_is_kept_with_a_warning(checkpoint, cap
     tensors = torch.load(shard, weights_only=True)
     tensors["pooler.extra.weight"] = torch.ones(2)
     torch.save(tensors, shard)
-    with caplog.at_level(logging.WARNING, logger="clearformer.pretrained.weights"):
+    with caplog.at_level(logging.WARNING, logger="clearformer.interop.hf.weights"):
         read = read_tensors(directory / INDEX)
     assert torch.equal(read["pooler.extra.weight"], torch.ones(2))
     assert "does not list" in caplog.text and shard.name in caplog.text
@@ -220,3 +220,26 @@ def test_an_index_without_weight_map(checkpoint):
     _write_index(directory, {"metadata": {}})
     with pytest.raises(CheckpointError, match=rf"weights index .*{INDEX} has no 'weight_map'"):
         TextEncoder.from_pretrained(directory)
+
+
+def test_write_safetensors_replaces_a_file_whole_or_not_at_all(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from clearformer.interop.hf.weights import write_safetensors
+
+    path = tmp_path / "model.safetensors"
+    write_safetensors({"a": torch.arange(6.0).view(2, 3).t()}, path)  # non-contiguous is fine
+    assert torch.equal(load_file(str(path))["a"], torch.arange(6.0).view(2, 3).t())
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as any new file, not mkstemp's 0600
+    before = path.read_bytes()
+
+    def fail(fd):  # the disk fails after the bytes went out, before the file is in place
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_safetensors({"b": torch.zeros(3)}, path)
+    assert path.read_bytes() == before  # the earlier file is left as it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]  # no temporary

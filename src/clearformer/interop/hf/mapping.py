@@ -1,6 +1,6 @@
 """Hugging Face state dicts <-> :class:`clearformer.EncoderModel`, strictly and shape-checked.
 
-Loading walks the architecture's name table (see :mod:`.architectures`): every clearformer
+Loading walks the family's name table (see :mod:`.families`): every clearformer
 parameter must find its sources, every source must have the shape the config implies, and
 every checkpoint key must be used, be a known task head or pooler (reported, not loaded), or be
 a known buffer. Anything else is an error unless ``strict=False``, which reports it instead.
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..model import EncoderModel
-from .architectures import Architecture
-from .checkpoint import CheckpointError
+from ...model import EncoderModel
+from .families import Family
+from .files import CheckpointError
 
 # Checkpoints converted from TensorFlow name LayerNorm parameters gamma / beta.
 _LEGACY_SUFFIXES = {".gamma": ".weight", ".beta": ".bias"}
@@ -66,10 +66,10 @@ def _normalise_keys(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def _split_prefix(
-    tensors: dict[str, Tensor], arch: Architecture
+    tensors: dict[str, Tensor], family: Family
 ) -> tuple[dict[str, Tensor], dict[str, Tensor], str]:
     """(encoder keys with a task model's prefix removed, keys outside the encoder, prefix)."""
-    prefix = arch.base_prefix
+    prefix = family.base_prefix
     if not any(k.startswith(prefix) for k in tensors):
         return tensors, {}, ""
     inner = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
@@ -80,7 +80,7 @@ def _split_prefix(
 def load_state(
     model: EncoderModel,
     tensors: dict[str, Tensor],
-    arch: Architecture,
+    family: Family,
     *,
     strict: bool = True,
     source: str = "checkpoint",
@@ -95,13 +95,13 @@ def load_state(
         CheckpointError: a tensor of the wrong shape (always); with ``strict``, also missing or
             unexpected keys. Shapes are all checked before any parameter is written.
     """
-    report = LoadReport(source=source, architecture=arch.model_type)
-    inner, outer, prefix = _split_prefix(_normalise_keys(tensors), arch)
+    report = LoadReport(source=source, architecture=family.model_type)
+    inner, outer, prefix = _split_prefix(_normalise_keys(tensors), family)
     params = dict(model.named_parameters())
-    table = arch.name_table(model.config.n_layers)
+    table = family.name_table(model.config.n_layers)
     if {t for t, _ in table} != set(params):
         raise CheckpointError(
-            f"internal name table for {arch.model_type} does not cover the model: "
+            f"internal name table for {family.model_type} does not cover the model: "
             f"{sorted(set(params) ^ {t for t, _ in table})[:4]}"
         )
     updates: list[tuple[Tensor, Tensor]] = []
@@ -126,16 +126,16 @@ def load_state(
         report.loaded.append(target)
     kept: dict[str, Tensor] = {}
     for key in sorted(set(inner) - used):
-        if key in arch.ignored_keys:
+        if key in family.ignored_keys:
             report.ignored.append(prefix + key)
-        elif key.startswith(arch.unused_prefixes):
+        elif key.startswith(family.unused_prefixes):
             report.unused.append(prefix + key)
-            if key.startswith("pooler."):
+            if key.startswith(family.kept_prefixes):
                 kept[key] = inner[key]  # saved back under the base model's own name
         else:
             report.unexpected.append(prefix + key)
     for key in sorted(outer):
-        bucket = report.unused if key.startswith(arch.unused_prefixes) else report.unexpected
+        bucket = report.unused if key.startswith(family.unused_prefixes) else report.unexpected
         bucket.append(key)
     if strict and not report.complete:
         problems = []
@@ -144,7 +144,7 @@ def load_state(
         if report.unexpected:
             problems.append(f"unexpected {report.unexpected[:5]}")
         raise CheckpointError(
-            f"{source} does not match a {arch.model_type} encoder of its config.json: "
+            f"{source} does not match a {family.model_type} encoder of its config.json: "
             f"{'; '.join(problems)} (load with strict=False to accept it)"
         )
     with torch.no_grad():
@@ -153,11 +153,11 @@ def load_state(
     return report, kept
 
 
-def export_state(model: EncoderModel, arch: Architecture) -> dict[str, Tensor]:
+def export_state(model: EncoderModel, family: Family) -> dict[str, Tensor]:
     """``model``'s parameters under the Hugging Face base model's names (inverse of loading)."""
     params = dict(model.named_parameters())
     out: dict[str, Tensor] = {}
-    for target, sources in arch.name_table(model.config.n_layers):
+    for target, sources in family.name_table(model.config.n_layers):
         pieces = params[target].detach().chunk(len(sources), dim=0)  # q; k; v rows apart
         for name, piece in zip(sources, pieces, strict=True):
             out[name] = piece.contiguous().clone()

@@ -1,0 +1,66 @@
+"""What a checkpoint's sentence-transformers files ask for: a pooling mode and normalisation.
+
+The pooling mode comes from the pooling module's config (``1_Pooling/config.json``): the legacy
+``pooling_mode_*_tokens`` booleans or the newer ``pooling_mode`` string. The pooling itself is
+:func:`clearformer.heads.pool`. Normalisation is a ``Normalize`` module in ``modules.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ...heads import POOLING_MODES
+from .files import CheckpointError
+
+# The sentence-transformers modules clearformer runs (as the last part of their type name).
+SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
+
+_LEGACY_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+
+
+def pooling_mode_from_config(config: dict[str, Any] | None) -> str:
+    """The pooling mode a sentence-transformers pooling config asks for ("mean" when absent).
+
+    Raises:
+        CheckpointError: a mode clearformer does not implement, or several modes at once.
+    """
+    if not config:
+        return "mean"  # what sentence-transformers uses for a plain transformers checkpoint
+    mode = config.get("pooling_mode")
+    if mode is None:
+        modes = [name for key, name in _LEGACY_KEYS.items() if config.get(key)]
+    else:
+        modes = [mode] if isinstance(mode, str) else list(mode)
+    if len(modes) != 1 or modes[0] not in POOLING_MODES:
+        raise CheckpointError(
+            f"unsupported pooling {modes or 'none'} in the pooling config; supported: one of "
+            f"{POOLING_MODES}"
+        )
+    return modes[0]
+
+
+def normalize_from_modules(modules: list[dict[str, Any]] | None, root: Path) -> bool:
+    """Whether sentence-transformers' modules include Normalize (False without modules.json).
+
+    Raises:
+        CheckpointError: a module clearformer does not run (a Dense layer, say), whose
+            embeddings would silently differ.
+    """
+    if modules is None:
+        return False
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    unsupported = [k for k in kinds if k not in SUPPORTED_MODULES]
+    if unsupported:
+        raise CheckpointError(
+            f"{root / 'modules.json'} lists sentence-transformers modules clearformer does not "
+            f"run: {unsupported}; supported: {', '.join(SUPPORTED_MODULES)}"
+        )
+    return "Normalize" in kinds
