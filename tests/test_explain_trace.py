@@ -265,7 +265,7 @@ def test_bad_inputs_fail_before_any_work():
     encoder = Encoder(small_config()).eval()
     with raises(TypeError, "model", "EncoderModel", "Linear"):
         explain(torch.nn.Linear(2, 2), torch.randn(1, 2))
-    with raises(ValueError, "integer token ids", "float32"):
+    with raises(TypeError, "integer token ids", "float32"):
         explain(model, torch.randn(1, 4))
     with raises(ValueError, "T=9", "max_length=8"):
         explain(model, torch.ones(1, 9, dtype=torch.long))

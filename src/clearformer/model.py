@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from .config import EncoderConfig
@@ -94,21 +95,33 @@ class EncoderModel(nn.Module):
 
 
 def check_token_ids(input_ids: Tensor, config: EncoderConfig, name: str = "input_ids") -> None:
-    """Raise unless ``input_ids`` is a (B, T) integer tensor of ids the model can embed."""
-    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
-        shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids)
-        raise ValueError(f"{name} must be a 2-D (B, T) tensor, got {shape}")
-    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex:
-        raise TypeError(f"{name} must hold integers, got dtype {input_ids.dtype}")
+    """Raise unless ``input_ids`` is a (B, T) integer tensor of ids the model can embed.
+
+    The one check of token ids, for the model and for every entry point that takes ids.
+    """
+    if not isinstance(input_ids, Tensor):
+        raise TypeError(
+            f"{name} must be a (B, T) tensor of integer token ids, got {type(input_ids).__name__}"
+        )
+    if (
+        input_ids.dtype.is_floating_point
+        or input_ids.dtype.is_complex
+        or (input_ids.dtype == torch.bool)
+    ):
+        raise TypeError(f"{name} must be integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.dim() != 2:
+        raise ValueError(
+            f"{name} must be integer token ids of shape (B, T), got shape {tuple(input_ids.shape)}"
+        )
     T = input_ids.shape[1]
     if config.max_length < T:
         raise ValueError(
-            f"{name} has length T={T}, above the model's maximum {config.max_length}; "
+            f"{name} has T={T} tokens, above the model's limit max_length={config.max_length}; "
             "truncate the input"
         )
     vocab = config.vocab_size
     if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
         raise ValueError(
-            f"{name} must be in [0, vocab_size={vocab}), got values in "
+            f"{name} must be token ids in [0, vocab_size={vocab}), got values in "
             f"[{int(input_ids.min())}, {int(input_ids.max())}]"
         )

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..blocks import EncoderBlock
 from ..encoder import Encoder
 from ..masks import from_attention_mask, validate_key_padding_mask
-from ..model import EncoderModel
+from ..model import EncoderModel, check_token_ids
 
 PAD_LABEL = "[pad]"
 
@@ -102,24 +102,9 @@ def _token_ids(model: EncoderModel, inputs: Any, mask: Any, tokens: Any) -> Prep
     ids = inputs if isinstance(inputs, Tensor) else torch.as_tensor(inputs)
     if ids.dim() == 1:
         ids = ids[None]
-    if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        raise ValueError(
-            "inputs must be integer token ids of shape (B, T) or (T,) for an EncoderModel, got "
-            f"dtype {ids.dtype} and shape {tuple(ids.shape)}"
-        )
+    check_token_ids(ids, model.config, name="inputs")
     B, T = ids.shape
     _check_size(B, T)
-    if model.config.max_length < T:
-        raise ValueError(
-            f"inputs has T={T} tokens, above the model's limit max_length="
-            f"{model.config.max_length}; truncate the input"
-        )
-    vocab = model.config.vocab_size
-    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-        raise ValueError(
-            f"inputs must be token ids in [0, vocab_size={vocab}), got values in "
-            f"[{int(ids.min())}, {int(ids.max())}]"
-        )
     ids = ids.to(_device(model)).long()
     if mask is not None:
         if not isinstance(mask, Tensor) or tuple(mask.shape) != (B, T):
