@@ -164,7 +164,8 @@ class TextEncoder:
         check_batch_limits(batch_size, max_tokens)  # before any work
         check_positive_int(workers, "workers")
         if workers > 1 and is_recording():
-            # The recorder is process-wide: two batches at once would interleave their steps.
+            # A recorder sees its own thread's steps only: batches run on worker threads would
+            # be missing from the trace, and the calling thread's share would be out of order.
             raise ValueError(
                 f"workers must be 1 while a trace is recording (explain), got {workers}"
             )
