@@ -13,7 +13,7 @@ from ..files import CheckpointError
 
 # Hugging Face activation names -> clearformer's. gelu_new / gelu_fast / gelu_pytorch_tanh are
 # all the tanh approximation of GELU; plain "gelu" is the exact (erf) one.
-ACTIVATIONS = {
+FROM_HF_ACTIVATIONS = {
     "gelu": "gelu",
     "gelu_new": "gelu_tanh",
     "gelu_fast": "gelu_tanh",
@@ -22,7 +22,7 @@ ACTIVATIONS = {
 }
 # clearformer's -> the name a saved config.json uses. The gated ones (swiglu, geglu) have no
 # BERT-family equivalent: their feed-forward has a third matrix these checkpoints lack.
-HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+SAVED_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
 
 
 def require(hf: dict[str, Any], key: str, kind: type = int) -> Any:
@@ -37,23 +37,23 @@ def require(hf: dict[str, Any], key: str, kind: type = int) -> Any:
 
 def activation(name: Any, key: str) -> str:
     """clearformer's name for the Hugging Face activation ``name`` read from ``key``."""
-    if name not in ACTIVATIONS:
+    if name not in FROM_HF_ACTIVATIONS:
         raise CheckpointError(
             f"unsupported activation {key}={name!r} in config.json; supported: "
-            f"{', '.join(ACTIVATIONS)}"
+            f"{', '.join(FROM_HF_ACTIVATIONS)}"
         )
-    return ACTIVATIONS[name]
+    return FROM_HF_ACTIVATIONS[name]
 
 
 def hf_activation(config: EncoderConfig, family: str) -> str:
     """The config.json activation name for ``config.activation``."""
-    if config.activation not in HF_ACTIVATIONS:
+    if config.activation not in SAVED_ACTIVATIONS:
         raise CheckpointError(
-            f"activation must be one of {', '.join(HF_ACTIVATIONS)} to save a {family} "
+            f"activation must be one of {', '.join(SAVED_ACTIVATIONS)} to save a {family} "
             f"checkpoint (BERT-family configs have no gated feed-forward), got "
             f"activation={config.activation!r}"
         )
-    return HF_ACTIVATIONS[config.activation]
+    return SAVED_ACTIVATIONS[config.activation]
 
 
 def attn_dropout(config: EncoderConfig) -> float:
