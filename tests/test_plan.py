@@ -216,3 +216,35 @@ def test_cross_attention_stores_its_projections_by_role():
         want = cross.out_proj((ref @ v).transpose(1, 2).reshape(2, 3, D))
     torch.testing.assert_close(w, ref, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+
+
+class _ListRecorder:
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, torch.Tensor]] = []
+
+    def on_step(self, name, value, meta, file, line) -> None:
+        self.steps.append((name, value.detach().clone()))
+
+
+def test_record_points_are_the_same_on_the_packed_path():
+    """One attention path: the packed run passes every record point the padded run passes,
+    in the same order, with the same values at the real tokens."""
+    from clearformer.tracing import recording
+
+    encoder = Encoder(small_config(n_layers=2)).eval()
+    mask = lengths_mask(LENGTHS)
+    x = torch.randn(len(LENGTHS), 6, D)
+    runs = {}
+    for backend in ("sdpa", "varlen"):
+        recorder = _ListRecorder()
+        with torch.no_grad(), recording(recorder):
+            encoder(x, mask, backend=backend)
+        runs[backend] = recorder.steps
+    padded, packed = runs["sdpa"], runs["varlen"]
+    assert [n for n, _ in packed] == [n for n, _ in padded]
+    assert sum(n == "attn.q_proj" for n, _ in packed) == 2  # every layer, packed too
+    for (name, p), (_, q) in zip(padded, packed, strict=True):
+        if p.dim() == 4:  # (B, H, T, Dh) -> (B, T, H, Dh): rows of real tokens
+            p = p.transpose(1, 2)
+        assert q.shape[0] == int(mask.sum()), name
+        torch.testing.assert_close(q, p[mask], atol=1e-5, rtol=1e-5, msg=name)

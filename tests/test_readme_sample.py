@@ -1,0 +1,20 @@
+"""The README's Python sample runs as written, so the documented API cannot drift from the code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_the_in_python_sample_runs():
+    text = README.read_text()
+    section = text.split("## In Python", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    out, hidden, mask = namespace["out"], namespace["hidden"], namespace["mask"]
+    assert len(out.hidden_states) == namespace["config"].n_layers + 1
+    assert out.attentions[0].shape == (3, 12, 10, 10)
+    assert (hidden[~mask] == 0).all()
