@@ -14,7 +14,7 @@ def test_the_in_python_sample_runs():
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)
-    out, hidden, mask = namespace["out"], namespace["hidden"], namespace["mask"]
-    assert len(out.hidden_states) == namespace["config"].n_layers + 1
-    assert out.attentions[0].shape == (3, 12, 10, 10)
+    every, hidden, mask = namespace["every"], namespace["hidden"], namespace["mask"]
+    assert len(every.hidden_states) == namespace["config"].n_layers + 1
+    assert every.attentions[0].shape == (3, 12, 10, 10)
     assert (hidden[~mask] == 0).all()
