@@ -44,6 +44,7 @@ class ForwardPlan:
         kernel: ``math``, ``sdpa`` or ``varlen``.
         method: on packed rows, how ``varlen`` attends (see clearformer.kernels.varlen).
         batch, tq, tk: the padded shape of the call (queries and keys).
+        device: where the call's rows live.
         token_mask: (B, T) bool key-padding mask of a stack call, True = real token; None when
             every position is real. The stack zeroes its padded output rows with it.
         mask: padded layout: bool, broadcastable to (B, H, Tq, Tk), True = may attend, causal
@@ -63,6 +64,7 @@ class ForwardPlan:
     batch: int
     tq: int
     tk: int
+    device: torch.device
     token_mask: Tensor | None = None
     mask: Tensor | None = None
     query_has_key: Tensor | None = None
@@ -80,7 +82,7 @@ class ForwardPlan:
         """Each row's position within its own sequence: (N,) when packed, (T,) when padded."""
         if self.packing is not None:
             return self.packing.positions
-        return torch.arange(self.tq, device=self.mask.device if self.mask is not None else None)
+        return torch.arange(self.tq, device=self.device)
 
     def __str__(self) -> str:
         lines = [f"layout: {self.layout}", f"kernel: {self.kernel}"]
@@ -182,6 +184,7 @@ def plan_stack(
             B,
             T,
             T,
+            device,
             token_mask=mask,
             packing=packing,
             is_causal=is_causal,
@@ -200,6 +203,7 @@ def plan_stack(
         B,
         T,
         T,
+        device,
         token_mask=mask,
         mask=full,
         query_has_key=masks.rows_with_key(full, device),
@@ -260,6 +264,7 @@ def plan_attention(
             packing.batch,
             packing.seqlen,
             packing.seqlen,
+            device,
             packing=packing,
             is_causal=is_causal,
         )
@@ -287,6 +292,7 @@ def plan_attention(
         batch,
         tq,
         tk,
+        device,
         mask=full,
         query_has_key=masks.rows_with_key(full, device),
         is_causal=is_causal and not fold,

@@ -8,7 +8,7 @@ not, so the two agree exactly in eval mode (and in training with dropout 0).
 
 One caveat: torch.nn's fused inference fast path runs every ``nn.GELU`` module as the exact
 GELU, even ``nn.GELU(approximate="tanh")``; such a layer maps to ``gelu_tanh`` here, which
-matches torch.nn's regular path. ``block.to_torch()`` therefore passes the tanh GELU as a
+matches torch.nn's regular path. ``to_torch(block)`` therefore passes the tanh GELU as a
 function, which keeps torch.nn off that fast path.
 """
 
