@@ -169,6 +169,10 @@ class Encoder(nn.Module):
         attentions: list[Tensor] = []
         if plan.packed:
             x = x.reshape(-1, x.shape[-1]).index_select(0, plan.packing.indices)  # (N, D)
+        elif plan.token_mask is not None:
+            # Padded rows become zeros once, here: whatever they held (NaN included) can then
+            # never reach a real token through a zero attention weight (0 * NaN is NaN).
+            x = torch.where(plan.token_mask[..., None], x, 0.0)
         if plan.output_hidden_states:
             hidden.append(_padded_output(x, plan))
         for index, block in enumerate(self.layers):

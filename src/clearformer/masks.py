@@ -30,6 +30,7 @@ __all__ = [
     "causal_mask",
     "fold_causal",
     "rows_with_key",
+    "keys_in_use",
     "from_key_padding_mask",
     "from_attention_mask",
 ]
@@ -153,6 +154,17 @@ def rows_with_key(mask: Tensor | None, device: torch.device) -> Tensor | None:
     if device.type == "cpu" and not torch.compiler.is_compiling() and bool(has_key.all()):
         return None
     return has_key
+
+
+def keys_in_use(mask: Tensor | None, device: torch.device) -> Tensor | None:
+    """(B, H|1, Tk, 1) bool: whether any query may attend each key; None when every key is
+    used or no mask is given (checked on CPU only; elsewhere the tensor is always returned)."""
+    if mask is None:
+        return None
+    used = mask.any(dim=-2).unsqueeze(-1)  # (B, H|1, Tk, 1)
+    if device.type == "cpu" and not torch.compiler.is_compiling() and bool(used.all()):
+        return None
+    return used
 
 
 def from_key_padding_mask(key_padding_mask: Tensor) -> Tensor:

@@ -51,6 +51,10 @@ class ForwardPlan:
             constraint folded in; None = attend everywhere.
         query_has_key: (B, H|1, Tq|1, 1) bool, whether a query row has any key; None when
             every row has one (known without looking at the device) or no mask is given.
+        key_in_use: (B, H|1, Tk, 1) bool, whether any query may attend a key, for a lone layer
+            whose mask leaves some key unused (its key and value are zeroed, so that a NaN
+            there cannot reach a real query); None otherwise. A stack needs none: it zeroes
+            padded rows once at its entry.
         packing: packed layout: where each sequence's rows are (``cu_seqlens``, offsets).
         is_causal: the kernel still has to apply the causal constraint itself (packed rows,
             or a padded call whose causal triangle was not folded into ``mask``).
@@ -68,6 +72,7 @@ class ForwardPlan:
     token_mask: Tensor | None = None
     mask: Tensor | None = None
     query_has_key: Tensor | None = None
+    key_in_use: Tensor | None = None
     packing: PackedLayout | None = None
     is_causal: bool = False
     need_weights: bool = False
@@ -295,6 +300,7 @@ def plan_attention(
         device,
         mask=full,
         query_has_key=masks.rows_with_key(full, device),
+        key_in_use=masks.keys_in_use(full, device),
         is_causal=is_causal and not fold,
         need_weights=need_weights,
     )

@@ -9,6 +9,7 @@ N real tokens of a packed batch.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -214,6 +215,11 @@ class MultiHeadAttention(nn.Module):
         record("attn.v_proj", v)
         q, k, v = (self._split_heads(t, plan) for t in (q, k, v))
         record("attn.split_heads", q)
+        if plan.key_in_use is not None:
+            # A key no query may see gets weight 0, but 0 * NaN is NaN: whatever a padded
+            # position holds must not reach a real one, so its key and value become zeros.
+            k = torch.where(plan.key_in_use, k, 0.0)
+            v = torch.where(plan.key_in_use, v, 0.0)
         # Positions enter here, once, for every layout: rotary tables from the plan would
         # rotate q and k at this point (plan.positions gives each row's position).
         kernel = KERNELS[plan.kernel.choice]
@@ -230,9 +236,10 @@ class MultiHeadAttention(nn.Module):
         if plan.packed:
             # (N, H*Dh) -> (N, H, Dh); explicit widths, so that a batch of no tokens (N = 0) works.
             return t.view(t.shape[0], H, t.shape[-1] // H)
-        B, T, _ = t.shape
+        B, T, width = t.shape
         # (B, T, H*Dh) -> (B, T, H, Dh) -> (B, H, T, Dh): a view; the kernels read the strides.
-        return t.view(B, T, H, -1).transpose(1, 2)
+        # Explicit widths, so that an empty batch (B = 0 or T = 0) works.
+        return t.view(B, T, H, width // H).transpose(1, 2)
 
     def _merge_heads(self, out: Tensor, plan: ForwardPlan) -> Tensor:
         if plan.packed:

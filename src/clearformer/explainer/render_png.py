@@ -52,9 +52,11 @@ def render_png(trace: Trace, filters: Filters | None = None, *, dpi: int = 110) 
         for c, h in enumerate(heads):
             ax = axes[r][c]
             weights = attention.weights[b, h].numpy()  # (Tq, Tk)
-            allowed = real[:, None] & (
-                attention.mask[b, h].numpy() if attention.mask is not None else True
-            )
+            # (Tq, Tk): a real query and a real key the mask lets it see. Built as the full
+            # grid even when no mask was recorded (a batch without padding).
+            allowed = real[:, None] & real[None, :]
+            if attention.mask is not None:
+                allowed = allowed & attention.mask[b, h].numpy()
             shown = np.ma.masked_array(weights, mask=~allowed)
             cmap = _cmap()
             image = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
