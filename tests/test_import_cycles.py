@@ -46,32 +46,43 @@ def _import_nodes(tree: ast.AST):
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The package modules that importing ``name`` runs (its own ancestors excluded: they are
-    already running when it is imported)."""
+    """The package modules that importing ``name`` runs.
+
+    An import names its target explicitly (``from . import masks``: ``clearformer.masks``;
+    ``from clearformer import explain``: the package root, whose ``__init__`` runs everything)
+    and implies its parent packages (``clearformer.kernels.varlen`` runs ``clearformer.kernels``
+    first). Explicit targets always count; implied parents that are ``name``'s own ancestors do
+    not (they are already running when ``name`` is imported).
+    """
     is_package = path.name == "__init__.py"
     package = name if is_package else name.rpartition(".")[0]
-    targets: set[str] = set()
+    explicit: set[str] = set()
     for node in _import_nodes(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            bases = [alias.name for alias in node.names]
-            candidates = bases
+            explicit.update(alias.name for alias in node.names)
+            continue
+        if node.level:
+            anchor = package.split(".")
+            anchor = anchor[: len(anchor) - (node.level - 1)]
+            base = ".".join(anchor + ([node.module] if node.module else []))
         else:
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join(anchor + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            candidates = [base] + [f"{base}.{alias.name}" for alias in node.names]
-        for target in candidates:
-            if target not in modules:
-                continue
-            # Importing a.b.c runs a, a.b and a.b.c.
-            parts = target.split(".")
-            for i in range(2, len(parts) + 1):
-                targets.add(".".join(parts[:i]))
+            base = node.module or ""
+        for alias in node.names:
+            submodule = f"{base}.{alias.name}"
+            explicit.add(submodule if submodule in modules else base)
     ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
-    return targets - ancestors - {name, "clearformer"}
+    targets: set[str] = set()
+    for target in explicit:
+        if target not in modules:
+            continue  # outside the package
+        targets.add(target)
+        parts = target.split(".")
+        targets.update(
+            parent
+            for parent in (".".join(parts[:i]) for i in range(1, len(parts)))
+            if parent not in ancestors
+        )
+    return targets - {name}
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -155,3 +166,28 @@ def test_options_import_nothing_from_the_package():
 def test_the_checker_sees_a_cycle_when_there_is_one():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize(
+    "module,line",
+    [
+        ("options.py", "from . import TextEncoder"),  # through the package root
+        ("encoder.py", "from clearformer import explain"),
+        ("blocks.py", "from .interop.torch_nn import from_torch"),
+        ("plan.py", "    from .encoder import Encoder"),  # deferred, inside a function
+    ],
+)
+def test_the_checker_sees_an_import_back_into_the_package(module, line, tmp_path, monkeypatch):
+    import shutil
+
+    copy = tmp_path / "clearformer"
+    shutil.copytree(PACKAGE, copy)
+    path = copy / module
+    text = path.read_text()
+    if line.startswith(" "):
+        text += f"\n\ndef _probe():\n{line}\n"
+    else:
+        text += f"\n{line}\n"
+    path.write_text(text)
+    monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", copy)
+    assert cycles(import_graph())

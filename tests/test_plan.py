@@ -248,3 +248,89 @@ def test_record_points_are_the_same_on_the_packed_path():
             p = p.transpose(1, 2)
         assert q.shape[0] == int(mask.sum()), name
         torch.testing.assert_close(q, p[mask], atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_an_explicit_plan_is_checked_against_what_it_is_given():
+    attn = MultiHeadAttention(D, D, D, D, H).eval()
+    block = EncoderBlock(D, H, 64).eval()
+    encoder = Encoder(small_config(n_layers=1)).eval()
+    x = torch.randn(2, 5, D)
+    mask = lengths_mask([5, 2])
+    plan = attn.plan_for(x, mask=mask)
+    with pytest.raises(ValueError, match="is_causal/need_weights, not both"):
+        attn(x, plan=plan, is_causal=True)
+    with pytest.raises(ValueError, match="is_causal/need_weights, not both"):
+        attn(x, plan=plan, need_weights=True)
+    with pytest.raises(ValueError, match=r"plan was made for \(B, T\) = \(2, 5\)"):
+        attn(torch.randn(1, 5, D), plan=plan)
+    with pytest.raises(ValueError, match=r"plan was made for \(B, T\) = \(2, 5\)"):
+        block(torch.randn(3, 5, D), plan=block.plan_for(x, mask))
+    with pytest.raises(ValueError, match="must be a stack's plan"):
+        encoder(x, plan=block.plan_for(x, mask))  # it would not zero the padded rows
+    with pytest.raises(ValueError, match="on meta, got x of shape .* on cpu"):
+        encoder(x, plan=dataclasses.replace(encoder.plan_for(mask), device=torch.device("meta")))
+
+
+def test_packed_rows_refuse_a_padded_kernel():
+    attn = MultiHeadAttention(D, D, D, D, H)
+    rows, layout = unpad(torch.randn(2, 5, D), lengths_mask([5, 2]))
+    with pytest.raises(ValueError, match="backend='sdpa' runs on the padded layout"):
+        attn(rows, layout=layout, backend="sdpa")
+
+
+def test_the_printed_plan_is_the_plan_that_runs_for_half_precision(monkeypatch):
+    """plan_for without an input takes the dtype and head width from the model itself."""
+    from clearformer.kernels import varlen
+
+    asked = []
+    monkeypatch.setattr(
+        varlen,
+        "flash_available",
+        lambda device, dtype, head_dim=None: asked.append((dtype, head_dim)) or False,
+    )
+    encoder = Encoder(small_config(n_layers=1)).to(torch.bfloat16).eval()
+    mask = lengths_mask(LENGTHS)
+    encoder.plan_for(mask)
+    with torch.no_grad():
+        encoder(torch.randn(len(LENGTHS), 6, D, dtype=torch.bfloat16), mask)
+    attn = MultiHeadAttention(D, D, D, D, H).to(torch.float16)
+    rows, layout = unpad(torch.randn(4, 6, D, dtype=torch.float16), mask)
+    attn.plan_for(rows, layout=layout)
+    assert asked == [(torch.bfloat16, D // H)] * 2 + [(torch.float16, D // H)]
+
+
+def test_varlen_under_compile_is_refused_with_a_reason(monkeypatch):
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with pytest.raises(ValueError, match="torch.compile"):
+        plan_stack(
+            lengths_mask(LENGTHS), shape=(4, 6), device=torch.device("cpu"), backend="varlen"
+        )
+
+
+def test_two_explains_of_one_training_model_keep_dropout_off():
+    import threading
+
+    from clearformer import explain
+
+    encoder = Encoder(small_config(n_layers=2, dropout=0.5)).train()
+    x = torch.randn(2, 6, D)
+    want = explain(encoder, x).output
+    outputs, errors = [], []
+
+    def run():
+        try:
+            for _ in range(5):
+                outputs.append(explain(encoder, x).output)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(outputs) == 10
+    for out in outputs:  # dropout 0.5 on would change every output
+        torch.testing.assert_close(out, want)
+    assert all(m.training for m in encoder.modules())

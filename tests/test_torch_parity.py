@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from clearformer import EncoderBlock, from_torch, to_torch
+from clearformer import Encoder, EncoderBlock, EncoderConfig, from_torch, to_torch
 
 from .helpers import lengths_mask
 
@@ -101,3 +101,29 @@ def test_encoder_matches_torch_stack(norm_first, final_norm, backend):
         got = encoder(x, mask)
     torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=1e-5)
     assert (got[~mask] == 0).all()  # documented: padded positions are zero
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_encoder_to_torch_round_trip(norm):
+    config = EncoderConfig(d_model=32, n_heads=4, n_layers=3, dim_mlp=64, norm=norm)
+    encoder = Encoder(config).eval()
+    stack = to_torch(encoder).eval()
+    assert isinstance(stack, nn.TransformerEncoder) and len(stack.layers) == 3
+    assert (stack.norm is not None) == config.use_final_norm
+    x = torch.randn(len(LENGTHS), max(LENGTHS), 32)
+    mask = lengths_mask(LENGTHS)
+    with torch.no_grad():
+        want = encoder(x, mask)
+        got = stack(x, src_key_padding_mask=~mask)
+        back = from_torch(stack)(x, mask)
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(back, want, atol=1e-6, rtol=1e-6)
+
+
+def test_converters_name_what_they_accept():
+    with pytest.raises(TypeError, match="EncoderBlock or Encoder, got Linear"):
+        to_torch(nn.Linear(2, 2))
+    with pytest.raises(
+        TypeError, match="TransformerEncoderLayer or TransformerEncoder, got Linear"
+    ):
+        from_torch(nn.Linear(2, 2))

@@ -118,6 +118,8 @@ class EncoderBlock(nn.Module):
             tk=T,
             device=x.device,
             backend=self._backend if backend is None else backend,
+            dtype=x.dtype,
+            head_dim=self.d_model // self.attn.n_heads,
         )
 
     def forward(
@@ -143,8 +145,10 @@ class EncoderBlock(nn.Module):
         if plan is None:
             # Checked here, before the pre-norm runs, so that a bad mask fails before any work.
             plan = self.plan_for(x, mask, backend=backend)
-        elif mask is not None or backend is not None:
-            raise ValueError("give either a plan or mask/backend, not both")
+        else:
+            if mask is not None or backend is not None:
+                raise ValueError("give either a plan or mask/backend, not both")
+            plan.check_rows(x)
         return self.run(x, plan).hidden
 
     def run(self, x: Tensor, plan: ForwardPlan) -> BlockOutput:

@@ -1,7 +1,11 @@
 """Argument checks shared across the package: one wording, one error type per kind of mistake.
 
-A value of the wrong type raises ``TypeError``; a value of the right type outside its range or
-set raises ``ValueError``. Every message names the argument, what was expected and what came.
+Rates and epsilons (floats): a value of the wrong type raises ``TypeError``, one outside its
+range ``ValueError``. Sizes and counts (:func:`check_positive_int`) raise ``ValueError`` for
+anything that is not a positive int, ``True``, ``8.0`` and ``"8"`` included, as they always
+have. Names from a fixed set raise ``ValueError``. Whatever the class that takes the argument,
+the same bad value gets the same error and wording (``tests/test_argument_checks.py``), and every
+message names the argument, what was expected and what came.
 """
 
 from __future__ import annotations

@@ -86,11 +86,12 @@ class Encoder(nn.Module):
         """The plan of a call with this (B, T) mask: layout, kernel and the reason for each.
 
         ``print(encoder.plan_for(mask))`` says what will run and why. ``shape`` and ``device``
-        default to the mask's; with no mask they describe the batch.
+        default to the mask's; with no mask they describe the batch. ``dtype`` defaults to the
+        parameters' (the input's, in a forward).
         """
         if shape is None or device is None:
             if not isinstance(mask, Tensor):
-                raise ValueError(
+                raise TypeError(
                     "shape and device must be given unless mask is a (B, T) tensor, got "
                     f"mask={type(mask).__name__}"
                 )
@@ -106,8 +107,14 @@ class Encoder(nn.Module):
             backend=self.config.backend if backend is None else backend,
             need_weights=output_attentions,
             output_hidden_states=output_hidden_states,
-            dtype=dtype,
+            dtype=self._dtype() if dtype is None else dtype,
+            head_dim=self.config.d_model // self.config.n_heads,
         )
+
+    def _dtype(self) -> torch.dtype:
+        """The dtype the stack computes in (its parameters'), for the plan's kernel choice."""
+        param = next(self.parameters(), None)
+        return torch.float32 if param is None else param.dtype
 
     def forward(
         self,
@@ -156,10 +163,15 @@ class Encoder(nn.Module):
                 raise ValueError(
                     "give either a plan or mask/backend/output flags, not both: the plan holds them"
                 )
-            if (plan.batch, plan.tq) != (B, T):
+            if plan.scope != "stack":
                 raise ValueError(
-                    f"plan was made for a batch of (B, T) = ({plan.batch}, {plan.tq}), "
-                    f"got x of shape {tuple(x.shape)}"
+                    f"plan must be a stack's plan (from Encoder.plan_for), got a plan made for "
+                    f"one {plan.scope}: it does not say which rows are padding"
+                )
+            if (plan.batch, plan.tq) != (B, T) or plan.device != x.device:
+                raise ValueError(
+                    f"plan was made for a batch of (B, T) = ({plan.batch}, {plan.tq}) on "
+                    f"{plan.device}, got x of shape {tuple(x.shape)} on {x.device}"
                 )
         return self.run(x, plan)
 

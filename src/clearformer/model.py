@@ -69,6 +69,7 @@ class EncoderModel(nn.Module):
             output_hidden_states=output_hidden_states,
             mask_name="attention_mask",
             dtype=self.embeddings.word.weight.dtype,
+            head_dim=self.config.d_model // self.config.n_heads,
         )
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, D)
         return self.encoder.run(x, plan)

@@ -15,13 +15,12 @@ POSITIONS = ("learned", "sinusoidal", "none")  # absolute position embeddings
 
 # Attention kernels: ``math`` (the reference, the only one returning weights), ``sdpa``
 # (PyTorch's fused kernel on padded rows), ``varlen`` (packed rows, no padding computed).
-KERNELS = ("math", "sdpa", "varlen")
+KERNEL_NAMES = ("math", "sdpa", "varlen")
 # What a configuration or a call may ask for: a kernel by name, or ``auto`` (the plan decides).
-BACKENDS = ("auto", *KERNELS)
+BACKENDS = ("auto", *KERNEL_NAMES)
 LAYOUTS = ("padded", "packed")  # (B, T, D) with a mask, or (N, D) real rows with cu_seqlens
 # How the varlen kernel attends within packed sequences (see clearformer.kernels.varlen).
 VARLEN_METHODS = ("auto", "sequence", "padded", "flash")
-LAYER_TYPES = ("global", "local")  # full attention, or a sliding window around each query
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from torch import Tensor
 from . import masks
 from .checks import check_choice
 from .kernels.varlen import resolve_method
-from .options import BACKENDS, Decision
+from .options import BACKENDS, KERNEL_NAMES, LAYOUTS, Decision
 from .padding import PackedLayout, pack_layout
 
 __all__ = ["Decision", "ForwardPlan", "plan_attention", "plan_stack", "PACK_MIN_PADDING"]
@@ -43,6 +43,8 @@ class ForwardPlan:
         layout: ``padded`` ((B, T, D) rows, ``mask`` applies) or ``packed`` ((N, D) rows).
         kernel: ``math``, ``sdpa`` or ``varlen``.
         method: on packed rows, how ``varlen`` attends (see clearformer.kernels.varlen).
+        scope: ``stack`` (made by :func:`plan_stack` for a whole stack) or ``layer`` (made by
+            :func:`plan_attention` for one lone layer); a stack accepts only its own kind.
         batch, tq, tk: the padded shape of the call (queries and keys).
         device: where the call's rows live.
         token_mask: (B, T) bool key-padding mask of a stack call, True = real token; None when
@@ -65,6 +67,7 @@ class ForwardPlan:
     layout: Decision
     kernel: Decision
     method: Decision | None
+    scope: str
     batch: int
     tq: int
     tk: int
@@ -78,6 +81,10 @@ class ForwardPlan:
     need_weights: bool = False
     output_hidden_states: bool = False
 
+    def __post_init__(self) -> None:
+        # Decisions speak the vocabulary of clearformer.options, nothing else.
+        assert self.layout.choice in LAYOUTS and self.kernel.choice in KERNEL_NAMES, self
+
     @property
     def packed(self) -> bool:
         return self.packing is not None
@@ -89,6 +96,19 @@ class ForwardPlan:
             return self.packing.positions
         return torch.arange(self.tq, device=self.device)
 
+    def check_rows(self, rows: Tensor, name: str = "x") -> None:
+        """Raise unless ``rows`` are laid out as this plan says (shape and device)."""
+        if self.packing is not None:
+            want, form = (self.packing.num_tokens,), "(N,) packed rows"
+        else:
+            want, form = (self.batch, self.tq), "(B, T)"
+        if tuple(rows.shape[: len(want)]) != want or rows.dim() != len(want) + 1:
+            raise ValueError(
+                f"plan was made for {form} = {want}, got {name} of shape {tuple(rows.shape)}"
+            )
+        if rows.device != self.device:
+            raise ValueError(f"plan was made for device {self.device}, got {name} on {rows.device}")
+
     def __str__(self) -> str:
         lines = [f"layout: {self.layout}", f"kernel: {self.kernel}"]
         if self.method is not None:
@@ -98,7 +118,11 @@ class ForwardPlan:
 
 def _compute_dtype(device: torch.device, dtype: torch.dtype | None) -> torch.dtype:
     """The dtype attention will see: autocast's when it is on, else the rows' own."""
-    if torch.is_autocast_enabled(device.type):
+    try:
+        autocast = torch.is_autocast_enabled(device.type)
+    except RuntimeError:  # a device type autocast does not know (meta): no autocast there
+        autocast = False
+    if autocast:
         return torch.get_autocast_dtype(device.type)
     return torch.float32 if dtype is None else dtype
 
@@ -107,8 +131,9 @@ def _weights_decision(requested: str) -> Decision:
     if requested in ("auto", "math"):
         return Decision("math", "attention weights requested; only the math kernel returns them")
     raise ValueError(
-        f"need_weights=True: the {requested!r} backend cannot return attention weights; use "
-        "backend='math' (or 'auto', which picks 'math' when weights are requested)"
+        f"attention weights requested (need_weights / output_attentions): the {requested!r} "
+        "backend cannot return attention weights; use backend='math' (or 'auto', which picks "
+        "'math' when weights are requested)"
     )
 
 
@@ -123,6 +148,7 @@ def plan_stack(
     output_hidden_states: bool = False,
     mask_name: str = "mask",
     dtype: torch.dtype | None = None,
+    head_dim: int | None = None,
 ) -> ForwardPlan:
     """Plan one call of a stack on a (B, T) batch with an optional (B, T) key-padding mask.
 
@@ -137,6 +163,7 @@ def plan_stack(
         mask_name: how errors name the mask (the caller's argument name).
         dtype: the rows' dtype (which varlen implementations can serve them); None = the
             autocast dtype when autocast is on, else float32.
+        head_dim: the attention heads' width (which varlen implementations can serve them).
 
     Raises:
         TypeError, ValueError: a bad mask or backend, or a backend that cannot serve the call.
@@ -161,6 +188,12 @@ def plan_stack(
         kernel = Decision(backend, "requested by name")
         layout = Decision("padded", f"the {backend!r} kernel runs on the padded layout")
     elif backend == "varlen":
+        if compiling:
+            raise ValueError(
+                "backend='varlen' packs rows by their data-dependent lengths, which "
+                "torch.compile(fullgraph=True) cannot trace; compile with backend='auto' or "
+                "'sdpa' (the padded path has static shapes)"
+            )
         kernel = Decision("varlen", "requested by name")
         layout = Decision("packed", "the 'varlen' kernel runs on packed rows")
     elif mask is None:
@@ -181,11 +214,12 @@ def plan_stack(
     if layout.choice == "packed":
         keep = mask if mask is not None else torch.ones(B, T, dtype=torch.bool, device=device)
         packing = pack_layout(keep)
-        method = resolve_method("auto", packing, device=device, dtype=dtype)
+        method = resolve_method("auto", packing, device=device, dtype=dtype, head_dim=head_dim)
         return ForwardPlan(
             layout,
             kernel,
             method,
+            "stack",
             B,
             T,
             T,
@@ -205,6 +239,7 @@ def plan_stack(
         layout,
         kernel,
         None,
+        "stack",
         B,
         T,
         T,
@@ -230,6 +265,7 @@ def plan_attention(
     need_weights: bool = False,
     packing: PackedLayout | None = None,
     dtype: torch.dtype | None = None,
+    head_dim: int | None = None,
 ) -> ForwardPlan:
     """Plan one call of a lone attention module or block (no stack to pack for it).
 
@@ -253,19 +289,29 @@ def plan_attention(
                 "need_weights=True on packed rows: weights need the padded layout and the "
                 "'math' backend; run the stack with backend='math'"
             )
+        if backend == "sdpa":
+            raise ValueError(
+                "backend='sdpa' runs on the padded layout, got packed rows (a layout); use "
+                "backend='varlen' or 'auto' for packed rows, or pass (B, T, D) rows with a mask"
+            )
         if backend == "math":
             kernel = Decision("math", "packed rows, reference formula per sequence")
             method = None
         else:
             kernel = Decision("varlen", "rows are packed; only varlen attention reads cu_seqlens")
             method = resolve_method(
-                "auto", packing, device=device, dtype=_compute_dtype(device, dtype)
+                "auto",
+                packing,
+                device=device,
+                dtype=_compute_dtype(device, dtype),
+                head_dim=head_dim,
             )
         layout = Decision("packed", "the caller gave packed rows and their layout")
         return ForwardPlan(
             layout,
             kernel,
             method,
+            "layer",
             packing.batch,
             packing.seqlen,
             packing.seqlen,
@@ -294,6 +340,7 @@ def plan_attention(
         Decision("padded", "a lone layer runs on the rows it is given"),
         kernel,
         None,
+        "layer",
         batch,
         tq,
         tk,

@@ -116,6 +116,8 @@ class MultiHeadAttention(nn.Module):
             is_causal=is_causal,
             need_weights=need_weights,
             packing=layout,
+            dtype=query.dtype,
+            head_dim=self.qk_dim // self.n_heads,
         )
 
     # -- projections ---------------------------------------------------------------------------
@@ -198,10 +200,19 @@ class MultiHeadAttention(nn.Module):
                 backend=backend,
                 layout=layout,
             )
-        elif mask is not None or layout is not None or backend is not None:
-            raise ValueError(
-                "give either a plan or mask/layout/backend, not both: the plan already holds them"
-            )
+        else:
+            if (
+                mask is not None
+                or layout is not None
+                or backend is not None
+                or is_causal
+                or need_weights
+            ):
+                raise ValueError(
+                    "give either a plan or mask/layout/backend/is_causal/need_weights, not both: "
+                    "the plan already holds them"
+                )
+            plan.check_rows(query, "query")
         return self.attend(query, key, value, plan)
 
     def attend(

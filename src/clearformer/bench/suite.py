@@ -7,7 +7,7 @@ Sections:
                    in a fresh process per row (:mod:`clearformer.bench.memory`).
     ``training``   one step (forward, backward, AdamW) on fixed and ragged batches.
     ``packing``    packed against padded clearformer as padding grows from 0 (the basis of
-                   ``clearformer.encoder.PACK_MIN_PADDING``).
+                   ``clearformer.plan.PACK_MIN_PADDING``).
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ call differ. Nothing is assigned to any module, so the model can serve other thr
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,6 +23,13 @@ from ..plan import plan_attention
 REFERENCE = "math attention on the padded layout"
 REFERENCE_BACKEND = "math"
 
+# One lock per model being explained: two explains of one model in training mode must not
+# interleave their switch to eval mode and back (the second would see the first's eval mode,
+# take it for the model's own and run on while the first restores training). Explains of one
+# model therefore take turns; forward passes outside explain never wait for it.
+_EXPLAIN_LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
 
 @contextmanager
 def eval_mode(module: nn.Module) -> Iterator[bool]:
@@ -30,17 +39,22 @@ def eval_mode(module: nn.Module) -> Iterator[bool]:
     serving model changes nothing another thread could see. Yields whether any submodule was
     in training mode.
     """
-    flags = [(m, m.training) for m in module.modules()]
-    was_training = any(flag for _, flag in flags)
-    if not was_training:
-        yield False
-        return
-    try:
-        module.eval()
-        yield True
-    finally:
-        for m, flag in flags:
-            m.training = flag
+    with _LOCKS_GUARD:
+        lock = _EXPLAIN_LOCKS.setdefault(module, threading.Lock())
+    with lock:
+        # Read under the lock: no other explain of this model is between its switch and its
+        # restore, so these are the model's own flags.
+        flags = [(m, m.training) for m in module.modules()]
+        was_training = any(flag for _, flag in flags)
+        if not was_training:
+            yield False
+            return
+        try:
+            module.eval()
+            yield True
+        finally:
+            for m, flag in flags:
+                m.training = flag
 
 
 def production_path(module: nn.Module, token_mask: Tensor, mask: Tensor | None) -> tuple[str, bool]:

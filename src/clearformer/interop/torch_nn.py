@@ -182,6 +182,24 @@ def from_torch(module: nn.Module, backend: str = "auto") -> EncoderBlock | Encod
     )
 
 
-def to_torch(block: EncoderBlock) -> nn.TransformerEncoderLayer:
-    """A ``torch.nn.TransformerEncoderLayer(batch_first=True)`` with the block's numerics."""
-    return block_to_torch(block)
+def encoder_to_torch(encoder: Encoder) -> nn.TransformerEncoder:
+    """A ``torch.nn.TransformerEncoder`` (batch first) with the stack's numerics."""
+    layers = [block_to_torch(block) for block in encoder.layers]
+    final = encoder.final_norm
+    norm = copy.deepcopy(final) if isinstance(final, nn.LayerNorm) else None
+    # The constructor deep-copies one layer n times; the converted layers replace the copies.
+    stack = nn.TransformerEncoder(layers[0], len(layers), norm=norm, enable_nested_tensor=False)
+    stack.layers = nn.ModuleList(layers)
+    stack.train(encoder.training)
+    return stack
+
+
+def to_torch(module: EncoderBlock | Encoder) -> nn.TransformerEncoderLayer | nn.TransformerEncoder:
+    """The ``torch.nn`` twin (batch first) of an :class:`EncoderBlock` or :class:`Encoder`."""
+    if isinstance(module, EncoderBlock):
+        return block_to_torch(module)
+    if isinstance(module, Encoder):
+        return encoder_to_torch(module)
+    raise TypeError(
+        f"module must be a clearformer EncoderBlock or Encoder, got {type(module).__name__}"
+    )

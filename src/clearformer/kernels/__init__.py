@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from ..options import KERNEL_NAMES
 from .math import math_attention
 from .sdpa import sdpa_attention
 from .varlen import varlen_attention
@@ -69,3 +70,4 @@ def _varlen(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float
 
 
 KERNELS: dict[str, Kernel] = {"math": _math, "sdpa": _sdpa, "varlen": _varlen}
+assert tuple(KERNELS) == KERNEL_NAMES, "every kernel name of clearformer.options has a kernel"

@@ -46,11 +46,13 @@ def _flash_attn_varlen():
     return flash_attn_varlen_func
 
 
-def flash_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """``flash_attn_varlen_func`` can serve rows on ``device`` in ``dtype`` (CUDA, fp16/bf16)."""
+def flash_available(device: torch.device, dtype: torch.dtype, head_dim: int | None = None) -> bool:
+    """``flash_attn_varlen_func`` can serve rows on ``device`` in ``dtype`` (CUDA, fp16/bf16)
+    with heads ``head_dim`` wide (at most 256, a multiple of 8; None: not checked)."""
     return (
         device.type == "cuda"
         and dtype in (torch.float16, torch.bfloat16)
+        and (head_dim is None or (head_dim <= 256 and head_dim % 8 == 0))
         and _flash_attn_varlen() is not None
     )
 
@@ -61,11 +63,13 @@ def resolve_method(
     *,
     device: torch.device,
     dtype: torch.dtype = torch.float32,
+    head_dim: int | None = None,
 ) -> Decision:
-    """The implementation ``method`` runs on for rows on ``device`` in ``dtype``, and why."""
+    """The implementation ``method`` runs on for rows on ``device`` in ``dtype`` with heads
+    ``head_dim`` wide, and why."""
     check_choice(method, VARLEN_METHODS, "method")
     if method == "auto":
-        if flash_available(device, dtype):
+        if flash_available(device, dtype, head_dim):
             return Decision("flash", "CUDA half precision with flash_attn installed")
         if device.type == "cpu" and torch.get_num_threads() == 1:
             # No parallel region, nothing to wait for: one call per run is the fastest at any
@@ -77,10 +81,11 @@ def resolve_method(
         return Decision(
             "padded", f"{calls} runs of equal lengths > {MAX_SEQUENCE_CALLS}: one padded call"
         )
-    if method == "flash" and not flash_available(device, dtype):
+    if method == "flash" and not flash_available(device, dtype, head_dim):
         raise ValueError(
-            "method='flash' needs CUDA tensors in float16/bfloat16 and the flash_attn package, "
-            f"got device={device}, dtype={dtype}"
+            "method='flash' needs CUDA tensors in float16/bfloat16, heads at most 256 wide in "
+            f"multiples of 8 and the flash_attn package, got device={device}, dtype={dtype}, "
+            f"head_dim={head_dim}"
         )
     return Decision(method, "requested by name")
 
@@ -111,10 +116,14 @@ def varlen_attention(
     Returns:
         (N, H, Dv). Rows of an empty sequence do not exist, so nothing needs zeroing.
     """
+    if layout.num_tokens == 0:  # no rows: nothing to attend, whatever the method
+        return v.new_zeros(0, v.shape[1], v.shape[2])
     if reference:
         return _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, reference=True)
     if method not in ("sequence", "padded"):
-        method = resolve_method(method, layout, device=q.device, dtype=q.dtype).choice
+        method = resolve_method(
+            method, layout, device=q.device, dtype=q.dtype, head_dim=q.shape[-1]
+        ).choice
     if method == "flash":
         return _flash_attn_varlen()(
             q,
