@@ -60,6 +60,7 @@ class EncoderBlock(nn.Module):
         norm_eps: LayerNorm epsilon (BERT uses 1e-12).
         bias: biases in every linear layer and norm.
         backend: attention backend, see :class:`clearformer.attention.MultiHeadAttention`.
+        attn_norm: False: no norm before attention (pre-norm only; ModernBERT's layer 0).
     """
 
     def __init__(
@@ -75,6 +76,7 @@ class EncoderBlock(nn.Module):
         norm_eps: float = 1e-5,
         bias: bool = True,
         backend: str = "auto",
+        attn_norm: bool = True,
     ) -> None:
         super().__init__()
         for value, name in ((d_model, "d_model"), (n_heads, "n_heads"), (dim_mlp, "dim_mlp")):
@@ -84,12 +86,19 @@ class EncoderBlock(nn.Module):
         check_probability(attn_dropout, "attn_dropout", optional=True)
         check_positive_float(norm_eps, "norm_eps")
         self.norm = check_choice(norm, NORMS, "norm")
+        if not attn_norm and norm == "post":
+            raise ValueError(
+                "attn_norm=False needs norm='pre': a post-norm block's norm is its output"
+            )
         check_choice(activation, ACTIVATIONS, "activation")
         self._backend = check_choice(backend, BACKENDS, "backend")
         self.d_model = d_model
         attn_dropout = dropout if attn_dropout is None else attn_dropout
 
-        self.attn_norm = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
+        # ModernBERT's first layer has no attention norm: its input is the normed embeddings.
+        self.attn_norm = (
+            nn.LayerNorm(d_model, eps=norm_eps, bias=bias) if attn_norm else nn.Identity()
+        )
         self.attn = MultiHeadAttention(
             d_model, d_model, d_model, d_model, n_heads, attn_dropout, bias=bias
         )

@@ -44,11 +44,19 @@ class EncoderConfig:
     # A call can override it: model(x, mask, backend="math").
     backend: str = "auto"
     checkpointing: bool = False  # recompute activations in backward to save memory (training)
+    # Layer types (ModernBERT): layer i is global when i % global_every == 0, else local; a
+    # local layer's query i sees keys j with |i - j| <= local_window // 2. None: all global.
+    local_window: int | None = None
+    global_every: int = 1  # ModernBERT: 3
+    # Rotary positions (positions="rotary"): the frequency base of global and of local layers.
+    rope_theta: float = 10_000.0  # the paper's; ModernBERT's global layers: 160,000
+    local_rope_theta: float | None = None  # None: rope_theta; ModernBERT: 10,000
+    first_attn_norm: bool = True  # False: layer 0 has no attention norm (ModernBERT)
 
     # Embeddings (EncoderModel only).
     vocab_size: int | None = None  # token vocabulary; None: the model takes vectors, not ids
     max_positions: int = 512  # longest sequence the position table covers
-    positions: str = "learned"  # learned | sinusoidal | none
+    positions: str = "learned"  # learned | sinusoidal | rotary (in attention) | none
     type_vocab_size: int = 0  # BERT's segment (token type) embeddings; 0: none
     pad_token_id: int | None = 0  # its embedding row starts at zero and gets no gradient
     position_offset: int = 0  # RoBERTa counts positions from pad_token_id + 1
@@ -68,6 +76,20 @@ class EncoderConfig:
             ("positions", POSITIONS),
         ):
             check_choice(getattr(self, name), allowed, f"EncoderConfig.{name}")
+        if not self.first_attn_norm and self.norm == "post":
+            raise ValueError(
+                "EncoderConfig.first_attn_norm=False needs norm='pre', got norm='post'"
+            )
+        check_positive_int(self.local_window, "EncoderConfig.local_window", optional=True)
+        check_positive_int(self.global_every, "EncoderConfig.global_every")
+        check_positive_float(self.rope_theta, "EncoderConfig.rope_theta")
+        if self.local_rope_theta is not None:
+            check_positive_float(self.local_rope_theta, "EncoderConfig.local_rope_theta")
+        if self.positions == "rotary" and (self.d_model // self.n_heads) % 2:
+            raise ValueError(
+                "EncoderConfig.positions='rotary' needs an even head width (d_model / n_heads), "
+                f"got {self.d_model // self.n_heads}"
+            )
         check_positive_int(self.vocab_size, "EncoderConfig.vocab_size", optional=True)
         if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
             raise ValueError(
@@ -89,6 +111,27 @@ class EncoderConfig:
                 f"EncoderConfig.pad_token_id must be in [0, vocab_size={self.vocab_size}), "
                 f"got {self.pad_token_id}"
             )
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """``global`` or ``local`` for every layer."""
+        if self.local_window is None:
+            return ("global",) * self.n_layers
+        return tuple(
+            "global" if i % self.global_every == 0 else "local" for i in range(self.n_layers)
+        )
+
+    def window_of(self, layer_type: str) -> int | None:
+        """The half-window of a layer type: query i sees keys j with |i - j| <= it."""
+        return None if layer_type == "global" else self.local_window // 2
+
+    def rope_theta_of(self, layer_type: str) -> float | None:
+        """The rotary base of a layer type (None without rotary positions)."""
+        if self.positions != "rotary":
+            return None
+        if layer_type == "local" and self.local_rope_theta is not None:
+            return self.local_rope_theta
+        return self.rope_theta
 
     @property
     def use_final_norm(self) -> bool:

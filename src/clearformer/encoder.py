@@ -63,8 +63,9 @@ class Encoder(nn.Module):
                 norm_eps=config.norm_eps,
                 bias=config.bias,
                 backend=config.backend,
+                attn_norm=config.first_attn_norm or index > 0,
             )
-            for _ in range(config.n_layers)
+            for index in range(config.n_layers)
         )
         self.final_norm = (
             nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
@@ -82,6 +83,7 @@ class Encoder(nn.Module):
         output_attentions: bool = False,
         output_hidden_states: bool = False,
         dtype: torch.dtype | None = None,
+        mask_name: str = "mask",
     ) -> ForwardPlan:
         """The plan of a call with this (B, T) mask: layout, kernel and the reason for each.
 
@@ -109,7 +111,14 @@ class Encoder(nn.Module):
             output_hidden_states=output_hidden_states,
             dtype=self._dtype() if dtype is None else dtype,
             head_dim=self.config.d_model // self.config.n_heads,
+            layers=self._layer_kinds(),
+            mask_name=mask_name,
         )
+
+    def _layer_kinds(self) -> tuple[tuple[int | None, float | None], ...]:
+        """(window, rotary base) of every layer, for the plan."""
+        cfg = self.config
+        return tuple((cfg.window_of(t), cfg.rope_theta_of(t)) for t in cfg.layer_types)
 
     def _dtype(self) -> torch.dtype:
         """The dtype the stack computes in (its parameters'), for the plan's kernel choice."""
@@ -189,10 +198,11 @@ class Encoder(nn.Module):
             hidden.append(_padded_output(x, plan))
         for index, block in enumerate(self.layers):
             record("encoder.layer", x, layer=index)
+            layer_plan = plan.layer(index)
             if self.config.checkpointing and self.training and torch.is_grad_enabled():
-                out = checkpoint(block.run, x, plan, use_reentrant=False)
+                out = checkpoint(block.run, x, layer_plan, use_reentrant=False)
             else:
-                out = block.run(x, plan)
+                out = block.run(x, layer_plan)
             x = out.hidden
             if plan.output_hidden_states:
                 hidden.append(_padded_output(x, plan))

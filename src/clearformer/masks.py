@@ -29,6 +29,7 @@ __all__ = [
     "validate_key_padding_mask",
     "causal_mask",
     "fold_causal",
+    "band_mask",
     "rows_with_key",
     "keys_in_use",
     "from_key_padding_mask",
@@ -82,6 +83,13 @@ def causal_mask(tq: int, tk: int, device: torch.device | None = None) -> Tensor:
     rows = torch.arange(tq, device=device).unsqueeze(1)  # (Tq, 1)
     cols = torch.arange(tk, device=device).unsqueeze(0)  # (1, Tk)
     return cols <= rows + (tk - tq)
+
+
+def band_mask(tq: int, window: int, device: torch.device | None = None) -> Tensor:
+    """(1, 1, T, T) bool: query i may see key j when |i - j| <= ``window`` (a local, symmetric,
+    inclusive window of 2 * window + 1 keys)."""
+    steps = torch.arange(tq, device=device)
+    return ((steps[:, None] - steps[None, :]).abs() <= window)[None, None]
 
 
 def fold_causal(mask: Tensor | None, tq: int, tk: int, device: torch.device) -> Tensor:

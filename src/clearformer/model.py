@@ -9,7 +9,6 @@ from .config import EncoderConfig
 from .embeddings import Embeddings
 from .encoder import Encoder, EncoderOutput
 from .masks import from_attention_mask
-from .plan import plan_stack
 
 
 class EncoderModel(nn.Module):
@@ -60,16 +59,15 @@ class EncoderModel(nn.Module):
         if token_type_ids is not None:
             self._check_token_types(token_type_ids, B, T)
         # Planned before any work: the mask is checked here, once, for every layer.
-        plan = plan_stack(
+        plan = self.encoder.plan_for(
             mask,
             shape=(B, T),
             device=input_ids.device,
-            backend=self.config.backend if backend is None else backend,
-            need_weights=output_attentions,
+            backend=backend,
+            output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            mask_name="attention_mask",
             dtype=self.embeddings.word.weight.dtype,
-            head_dim=self.config.d_model // self.config.n_heads,
+            mask_name="attention_mask",
         )
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, D)
         return self.encoder.run(x, plan)

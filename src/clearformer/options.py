@@ -11,7 +11,10 @@ from dataclasses import dataclass
 NORMS = ("pre", "post")  # where a block's LayerNorm sits (see clearformer.blocks)
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")  # feed-forward activations
 GATED_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu"}  # GLU variants -> their gate's function
-POSITIONS = ("learned", "sinusoidal", "none")  # absolute position embeddings
+# Positions: absolute embeddings added to the tokens (learned, sinusoidal), rotary positions
+# applied to queries and keys in every attention layer, or none.
+POSITIONS = ("learned", "sinusoidal", "rotary", "none")
+LAYER_TYPES = ("global", "local")  # full attention, or a window around each query
 
 # Attention kernels: ``math`` (the reference, the only one returning weights), ``sdpa``
 # (PyTorch's fused kernel on padded rows), ``varlen`` (packed rows, no padding computed).

@@ -16,6 +16,7 @@ key/value cache (one more layout, planned and returned explicitly).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,7 @@ from .checks import check_choice
 from .kernels.varlen import resolve_method
 from .options import BACKENDS, KERNEL_NAMES, LAYOUTS, Decision
 from .padding import PackedLayout, pack_layout
+from .positions import rotary_tables
 
 __all__ = ["Decision", "ForwardPlan", "plan_attention", "plan_stack", "PACK_MIN_PADDING"]
 
@@ -62,6 +64,14 @@ class ForwardPlan:
             or a padded call whose causal triangle was not folded into ``mask``).
         need_weights: return attention probabilities (``math`` only).
         output_hidden_states: return every layer's hidden states.
+        window: local attention: query i sees keys j of its sequence with |i - j| <= window
+            (already folded into ``mask`` on the padded layout; the varlen kernel applies it on
+            packed rows); None = global attention.
+        rotary: (cos, sin) float32 tables for rotary positions, shaped to broadcast over the
+            heads of split queries and keys ((N, 1, Dh) packed, (B, 1, T, Dh) padded).
+        per_layer: a stack whose layers differ (local and global layers, rotary bases): the
+            plan of each layer, derived from this one and built once per layer type. Empty when
+            every layer runs this plan.
     """
 
     layout: Decision
@@ -80,6 +90,13 @@ class ForwardPlan:
     is_causal: bool = False
     need_weights: bool = False
     output_hidden_states: bool = False
+    window: int | None = None
+    rotary: tuple[Tensor, Tensor] | None = None
+    per_layer: tuple[ForwardPlan, ...] = ()
+
+    def layer(self, index: int) -> ForwardPlan:
+        """The plan layer ``index`` of a stack runs."""
+        return self.per_layer[index] if self.per_layer else self
 
     def __post_init__(self) -> None:
         # Decisions speak the vocabulary of clearformer.options, nothing else.
@@ -113,6 +130,14 @@ class ForwardPlan:
         lines = [f"layout: {self.layout}", f"kernel: {self.kernel}"]
         if self.method is not None:
             lines.append(f"varlen method: {self.method}")
+        kinds: dict[str, list[int]] = {}
+        for i, plan in enumerate(self.per_layer):
+            what = "global" if plan.window is None else f"local |i - j| <= {plan.window}"
+            if plan.rotary is not None:
+                what += ", rotary"
+            kinds.setdefault(what, []).append(i)
+        for what, layers in kinds.items():
+            lines.append(f"layers {layers}: {what}")
         return "\n".join(lines)
 
 
@@ -149,6 +174,7 @@ def plan_stack(
     mask_name: str = "mask",
     dtype: torch.dtype | None = None,
     head_dim: int | None = None,
+    layers: tuple[tuple[int | None, float | None], ...] = (),
 ) -> ForwardPlan:
     """Plan one call of a stack on a (B, T) batch with an optional (B, T) key-padding mask.
 
@@ -163,7 +189,11 @@ def plan_stack(
         mask_name: how errors name the mask (the caller's argument name).
         dtype: the rows' dtype (which varlen implementations can serve them); None = the
             autocast dtype when autocast is on, else float32.
-        head_dim: the attention heads' width (which varlen implementations can serve them).
+        head_dim: the attention heads' width (which varlen implementations can serve them;
+            the width of rotary tables).
+        layers: per layer, ``(window, rotary theta)``: a local layer's half-window (None:
+            global) and its rotary base (None: no rotary positions). Empty: every layer global,
+            without rotary positions.
 
     Raises:
         TypeError, ValueError: a bad mask or backend, or a backend that cannot serve the call.
@@ -215,7 +245,7 @@ def plan_stack(
         keep = mask if mask is not None else torch.ones(B, T, dtype=torch.bool, device=device)
         packing = pack_layout(keep)
         method = resolve_method("auto", packing, device=device, dtype=dtype, head_dim=head_dim)
-        return ForwardPlan(
+        base = ForwardPlan(
             layout,
             kernel,
             method,
@@ -229,13 +259,14 @@ def plan_stack(
             is_causal=is_causal,
             **flags,
         )
+        return _with_layers(base, layers, head_dim)
     # Padded: fold the key-padding and causal constraints into one mask, once for all layers.
     # An unmasked causal call keeps the flag instead: sdpa has a fast causal path.
     fold = is_causal and mask is not None
     full = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, T) keys
     if fold:
         full = masks.fold_causal(full, T, T, device)
-    return ForwardPlan(
+    base = ForwardPlan(
         layout,
         kernel,
         None,
@@ -249,6 +280,74 @@ def plan_stack(
         query_has_key=masks.rows_with_key(full, device),
         is_causal=is_causal and not fold,
         **flags,
+    )
+    return _with_layers(base, layers, head_dim)
+
+
+def _with_layers(
+    base: ForwardPlan, layers: tuple[tuple[int | None, float | None], ...], head_dim: int | None
+) -> ForwardPlan:
+    """``base`` with one plan per distinct layer type (window, rotary base), built once each."""
+    if all(window is None and theta is None for window, theta in layers):
+        return base
+    positions = _positions(base)
+    built: dict[tuple[int | None, float | None], ForwardPlan] = {}
+    for kind in layers:
+        if kind not in built:
+            built[kind] = _layer_plan(base, *kind, positions, head_dim)
+    return dataclasses.replace(base, per_layer=tuple(built[kind] for kind in layers))
+
+
+def _positions(plan: ForwardPlan) -> Tensor:
+    """Each row's position within its own sequence: (N,) packed, (B, T) padded.
+
+    Counted over real tokens only, so that a padded row and the same row packed get the same
+    position (with right padding, as tokenizers pad, that is simply 0, 1, 2, ...).
+    """
+    if plan.packing is not None:
+        return plan.packing.positions
+    if plan.token_mask is None:
+        return torch.arange(plan.tq, device=plan.device)[None].expand(plan.batch, plan.tq)
+    return (plan.token_mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
+
+
+def _layer_plan(
+    base: ForwardPlan,
+    window: int | None,
+    theta: float | None,
+    positions: Tensor,
+    head_dim: int | None,
+) -> ForwardPlan:
+    rotary = None
+    if theta is not None:
+        if head_dim is None:
+            raise ValueError("rotary positions need head_dim, the width of their tables")
+        cos, sin = rotary_tables(positions, head_dim, theta)  # P + (Dh,)
+        # Broadcast over heads: packed (N, 1, Dh); padded (B, 1, T, Dh).
+        rotary = (
+            (cos.unsqueeze(-2), sin.unsqueeze(-2))
+            if base.packed
+            else (
+                cos.unsqueeze(1),
+                sin.unsqueeze(1),
+            )
+        )
+    if window is None or base.packed:
+        return dataclasses.replace(base, window=window, rotary=rotary)
+    # Padded: fold the band into the mask once for all layers of this type. A padded query
+    # farther than the window from every real key has no key: its row is zeroed by the kernel.
+    mask = base.mask
+    if base.is_causal:
+        mask = masks.fold_causal(mask, base.tq, base.tk, base.device)
+    band = masks.band_mask(base.tq, window, base.device)  # (1, 1, T, T)
+    mask = band if mask is None else mask & band
+    return dataclasses.replace(
+        base,
+        mask=mask,
+        is_causal=False,
+        query_has_key=masks.rows_with_key(mask, base.device),
+        window=window,
+        rotary=rotary,
     )
 
 

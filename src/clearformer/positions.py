@@ -22,3 +22,40 @@ def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
     table[:, 0::2] = torch.sin(position * freq)
     table[:, 1::2] = torch.cos(position * freq[: d_model // 2])
     return table.float()
+
+
+def rotary_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """Rotary position tables (Su et al., 2021), rotate-half layout, in float32.
+
+    Feature pairs (i, i + Dh/2) of a query and a key are rotated by the angle ``position *
+    theta ** (-2i / Dh)``: the dot product of a rotated query and key then depends only on the
+    distance between their positions. Computed in float32 whatever the model's dtype: at
+    positions in the thousands, half precision loses the angle.
+
+    Args:
+        positions: integer positions of any shape P (e.g. (N,) packed or (B, T) padded).
+        head_dim: Dh, even.
+        theta: the base of the frequencies (10,000 in the paper; ModernBERT's global layers
+            use 160,000).
+
+    Returns:
+        cos, sin: float32 of shape P + (Dh,).
+    """
+    inv_freq = 1.0 / theta ** (
+        torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim
+    )  # (Dh / 2,)
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # P + (Dh / 2,)
+    angles = torch.cat([angles, angles], dim=-1)  # P + (Dh,): the same angle for both halves
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(x1, x2) -> (-x2, x1) over the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x`` (..., Dh) by the tables (broadcastable to it), in float32, back to x's dtype."""
+    rotated = x.float() * cos + rotate_half(x.float()) * sin
+    return rotated.to(x.dtype)

@@ -18,6 +18,7 @@ from ..kernels import KERNELS
 from ..options import BACKENDS
 from ..padding import PackedLayout
 from ..plan import ForwardPlan, plan_attention
+from ..positions import apply_rotary
 from ..tracing import record
 
 
@@ -231,8 +232,12 @@ class MultiHeadAttention(nn.Module):
             # position holds must not reach a real one, so its key and value become zeros.
             k = torch.where(plan.key_in_use, k, 0.0)
             v = torch.where(plan.key_in_use, v, 0.0)
-        # Positions enter here, once, for every layout: rotary tables from the plan would
-        # rotate q and k at this point (plan.positions gives each row's position).
+        if plan.rotary is not None:
+            # Positions enter here, once, for every layout: the plan's tables hold each row's
+            # position within its own sequence (packed rows restart at 0 in every sequence).
+            cos, sin = plan.rotary
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            record("attn.rotary", q)
         kernel = KERNELS[plan.kernel.choice]
         dropout_p = self.attn_dropout if self.training else 0.0
         out, weights = kernel(q, k, v, plan, dropout_p)

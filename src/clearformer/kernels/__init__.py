@@ -30,7 +30,14 @@ Kernel = Callable[[Tensor, Tensor, Tensor, "ForwardPlan", float], tuple[Tensor, 
 def _math(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float):
     if plan.packing is not None:  # the reference formula, sequence by sequence
         out = varlen_attention(
-            q, k, v, plan.packing, is_causal=plan.is_causal, dropout_p=dropout_p, reference=True
+            q,
+            k,
+            v,
+            plan.packing,
+            is_causal=plan.is_causal,
+            dropout_p=dropout_p,
+            reference=True,
+            window=plan.window,
         )
         return out, None
     return math_attention(
@@ -65,6 +72,7 @@ def _varlen(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float
         is_causal=plan.is_causal,
         dropout_p=dropout_p,
         method=plan.method.choice,
+        window=plan.window,
     )
     return out, None
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..checks import check_choice
+from ..masks import band_mask, fold_causal
 from ..options import VARLEN_METHODS, Decision
 from ..padding import PackedLayout, equal_length_runs
 
@@ -101,6 +102,7 @@ def varlen_attention(
     scale: float | None = None,
     reference: bool = False,
     method: str = "auto",
+    window: int | None = None,
 ) -> Tensor:
     """Self-attention within each packed sequence.
 
@@ -112,6 +114,8 @@ def varlen_attention(
         scale: score scale, default 1 / sqrt(Dh).
         reference: run the explicit ``math`` formula per sequence (for tests and explain).
         method: one of ``VARLEN_METHODS`` (see the module docstring).
+        window: local attention: token i sees tokens j of its sequence with |i - j| <= window;
+            None = the whole sequence.
 
     Returns:
         (N, H, Dv). Rows of an empty sequence do not exist, so nothing needs zeroing.
@@ -119,7 +123,9 @@ def varlen_attention(
     if layout.num_tokens == 0:  # no rows: nothing to attend, whatever the method
         return v.new_zeros(0, v.shape[1], v.shape[2])
     if reference:
-        return _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, reference=True)
+        return _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, window, reference=True)
+    if window is not None and method in ("auto", "flash"):
+        method = "sequence"  # the band is a mask per run; flash_attn's window is not wired in
     if method not in ("sequence", "padded"):
         method = resolve_method(
             method, layout, device=q.device, dtype=q.dtype, head_dim=q.shape[-1]
@@ -138,11 +144,11 @@ def varlen_attention(
             causal=is_causal,
         )
     if method == "padded":
-        return _padded(q, k, v, layout, is_causal, dropout_p, scale)
-    return _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, reference=False)
+        return _padded(q, k, v, layout, is_causal, dropout_p, scale, window)
+    return _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, window, reference=False)
 
 
-def _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, *, reference: bool) -> Tensor:
+def _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, window, *, reference) -> Tensor:
     H, Dv = v.shape[1], v.shape[2]
     runs = layout.runs
     if not runs:
@@ -158,9 +164,18 @@ def _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, *, reference: bo
         # (G*L, H, Dh) -> (G, L, H, Dh) -> (G, H, L, Dh): a strided view that the flash kernel
         # (4-D inputs only) reads without a copy.
         qs, ks, vs = (t.view(count, length, H, -1).transpose(1, 2) for t in (qs, ks, vs))
+        # A window inside one sequence: every query keeps at least itself, so no row is empty.
+        needs_band = window is not None and window < length - 1
+        band = band_mask(length, window, q.device) if needs_band else None
         if reference:
             out, _ = math_attention(
-                qs, ks, vs, None, is_causal=is_causal, dropout_p=dropout_p, scale=scale
+                qs, ks, vs, band, is_causal=is_causal, dropout_p=dropout_p, scale=scale
+            )
+        elif band is not None:
+            if is_causal:
+                band = fold_causal(band, length, length, q.device)
+            out = F.scaled_dot_product_attention(
+                qs, ks, vs, attn_mask=band, dropout_p=dropout_p, scale=scale
             )
         else:
             out = F.scaled_dot_product_attention(
@@ -173,7 +188,7 @@ def _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, *, reference: bo
     return torch.cat(pieces, dim=0)  # (N, H, Dv)
 
 
-def _padded(q, k, v, layout, is_causal, dropout_p, scale) -> Tensor:
+def _padded(q, k, v, layout, is_causal, dropout_p, scale, window) -> Tensor:
     N, H, Dv = v.shape
     B, L = layout.batch, max(layout.max_seqlen, 1)
     lengths = torch.tensor(layout.lengths, device=q.device)  # (B,)
@@ -191,8 +206,11 @@ def _padded(q, k, v, layout, is_causal, dropout_p, scale) -> Tensor:
     mask = real[:, None, None, :]  # (B, 1, 1, L) keys
     if is_causal:
         mask = mask & torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
-    # An empty sequence's row has no key: let it attend everywhere (finite); it is dropped.
-    mask = mask | ~real.any(dim=1)[:, None, None, None]
+    if window is not None:
+        mask = mask & band_mask(L, window, q.device)
+    # A padded slot with no key in reach (an empty sequence's, or one beyond the window of
+    # every real token) would give NaN: let it attend everywhere (finite); it is dropped.
+    mask = mask | ~mask.any(dim=-1, keepdim=True)
     out = F.scaled_dot_product_attention(
         qs, ks, vs, attn_mask=mask, dropout_p=dropout_p, scale=scale
     ).transpose(1, 2)  # (B, L, H, Dv)
