@@ -2,12 +2,25 @@
 
 A value of the wrong type raises ``TypeError``; a value of the right type outside its range or
 set raises ``ValueError``. Every message names the argument, what was expected and what came.
+
+An int of the wrong type (``d_model=8.0``, ``True``) raised ``ValueError`` in earlier versions;
+it now raises :class:`ArgumentTypeError`, a ``TypeError`` that is also a ``ValueError``, so code
+written against either keeps catching it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 from typing import Any
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """A wrong type for an int argument (``except TypeError`` and ``except ValueError`` both
+    catch it; see the module docstring)."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: Any) -> bool:
@@ -19,9 +32,45 @@ def check_positive_int(value: Any, name: str, *, optional: bool = False) -> None
     """Raise ValueError unless ``value`` is an int > 0 (or None when ``optional``)."""
     if optional and value is None:
         return
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        expected = "a positive int or None" if optional else "a positive int"
+    expected = "a positive int or None" if optional else "a positive int"
+    if not _is_int(value):
+        raise ArgumentTypeError(f"{name} must be {expected}, got {value!r}")
+    if value <= 0:
         raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def check_int(
+    value: Any,
+    name: str,
+    *,
+    low: int = 0,
+    high: int | None = None,
+    optional: bool = False,
+    high_name: str | None = None,
+) -> None:
+    """An int in ``[low, high)`` (``high`` None: no upper bound), or None when ``optional``.
+
+    ``high_name`` names where the bound comes from (``vocab_size``), for the message.
+    """
+    if optional and value is None:
+        return
+    expected = f"an int >= {low}" if high is None else f"an int in [{low}, {high})"
+    expected += f" ({high_name})" if high is not None and high_name else ""
+    expected += " or None" if optional else ""
+    if not _is_int(value):
+        raise ArgumentTypeError(f"{name} must be {expected}, got {value!r}")
+    if value < low or (high is not None and value >= high):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def check_bool(value: Any, name: str, *, optional: bool = False) -> None:
+    """A real bool (or None when ``optional``): ``"no"`` or ``1`` would be read as a truth
+    value and silently mean something the caller may not have meant."""
+    if optional and value is None:
+        return
+    if not isinstance(value, bool):
+        expected = "a bool (True or False) or None" if optional else "a bool (True or False)"
+        raise TypeError(f"{name} must be {expected}, got {value!r}")
 
 
 def check_divisible(value: int, divisor: int, name: str, divisor_name: str) -> None:
@@ -52,7 +101,10 @@ def check_positive_float(value: Any, name: str) -> None:
 
 
 def check_choice(value: Any, allowed: Collection[str], name: str) -> str:
-    """Raise ValueError unless ``value`` is one of ``allowed``; return it."""
+    """Raise ValueError unless ``value`` is one of ``allowed``; return it (TypeError for a
+    non-str among str choices)."""
+    if all(isinstance(a, str) for a in allowed) and not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
     if value not in allowed:
         raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
     return value
