@@ -108,3 +108,27 @@ def check_choice(value: Any, allowed: Collection[str], name: str) -> str:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
     return value
+
+
+def check_unicode(text: str, name: str) -> None:
+    """Raise ValueError unless ``text`` is valid Unicode (encodable as UTF-8).
+
+    A Python str can hold a lone surrogate: a JSON escape like ``"\\ud800"`` decodes to one,
+    and a command-line byte that is not UTF-8 arrives as one (U+DC80-U+DCFF, Python's
+    ``surrogateescape``). Tokenizers refuse such text with a type error that names neither the
+    text nor the reason; this names both.
+    """
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        why = (
+            f"byte 0x{code - 0xDC00:02x} that is not UTF-8"
+            if 0xDC80 <= code <= 0xDCFF
+            else f"a lone surrogate U+{code:04X} (half of a UTF-16 pair, e.g. a broken \\u escape)"
+        )
+        raise ValueError(
+            f"{name} is not valid Unicode text: {why} at character {exc.start}; fix or drop it"
+        ) from None

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from .checks import check_unicode
+
 __all__ = ["atomic_write", "read_lines", "read_jsonl_field", "read_texts"]
 
 
@@ -104,6 +106,7 @@ def read_jsonl_field(data: bytes, source: str, field: str) -> list[str]:
                 f"{source} line {number}: field {field!r} must be a string, "
                 f"got {type(value).__name__}"
             )
+        check_unicode(value, f"{source} line {number}: field {field!r}")
         texts.append(value)
     return texts
 

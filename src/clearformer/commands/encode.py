@@ -103,6 +103,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def read_input(texts: list[str], input_path: str | None, field: str | None) -> list[str]:
     """Texts from the arguments, ``--input`` or stdin (exactly one source)."""
+    from ..checks import check_unicode
     from ..cli import CliError
     from ..io import read_texts
 
@@ -111,6 +112,8 @@ def read_input(texts: list[str], input_path: str | None, field: str | None) -> l
     if texts:
         if field is not None:
             raise CliError("--field applies to --input or stdin, not to texts given as arguments")
+        for i, text in enumerate(texts):
+            check_unicode(text, f"TEXT {i + 1}")
         return texts
     if input_path is None or input_path == "-":
         if input_path is None and sys.stdin.isatty():

@@ -68,6 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..checks import check_unicode
     from ..cli import CliError
     from ..explainer import explain
     from ..explainer.filters import Filters, check_filters
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     for i, text in enumerate(args.texts):
         if not text.strip():
             raise CliError(f"TEXT {i + 1} is empty: give a text with at least one word")
+        check_unicode(text, f"TEXT {i + 1}")
     outputs = {"--html": args.html, "--png": args.png, "--json": args.json}
     for flag, path in outputs.items():
         if path is not None and path != "-":

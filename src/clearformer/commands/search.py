@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from ..checks import check_unicode
     from ..cli import CliError
     from ..io import read_texts
 
@@ -38,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--corpus file not found: {path}")
     if not args.query.strip():
         raise CliError("QUERY is empty")
+    check_unicode(args.query, "QUERY")
     field = args.field if args.field is not None or path.suffix != ".jsonl" else "text"
     texts = read_texts(path.read_bytes(), str(path), field=field)
     # Blank lines carry no meaning to rank; keep each text's line number for the output.
