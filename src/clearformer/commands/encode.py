@@ -98,7 +98,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="do not L2-normalise (default: as the checkpoint's pipeline says)",
     )
     add_model_arguments(p)
-    p.set_defaults(func=run)
+    p.set_defaults(
+        func=run,
+        writes_stdout=lambda args: args.output is None or args.similarity,
+        stdout_hint="; give --output FILE",
+    )
 
 
 def read_input(texts: list[str], input_path: str | None, field: str | None) -> list[str]:
@@ -116,6 +120,10 @@ def read_input(texts: list[str], input_path: str | None, field: str | None) -> l
             check_unicode(text, f"TEXT {i + 1}")
         return texts
     if input_path is None or input_path == "-":
+        if sys.stdin is None:
+            raise CliError(
+                "no input texts: stdin is closed; pass texts as arguments or --input FILE"
+            )
         if input_path is None and sys.stdin.isatty():
             raise CliError("no input texts: pass texts as arguments, --input FILE, or pipe stdin")
         data, source = sys.stdin.buffer.read(), "stdin"

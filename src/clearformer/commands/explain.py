@@ -64,7 +64,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         const="-",
         help="the whole trace as JSON (to stdout without FILE)",
     )
-    p.set_defaults(func=run)
+    p.set_defaults(
+        func=run,
+        writes_stdout=lambda args: not args.quiet or args.json == "-",
+        stdout_hint="; add --quiet (and --html, --png or --json FILE)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
