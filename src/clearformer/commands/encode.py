@@ -141,7 +141,9 @@ def read_input(texts: list[str], input_path: str | None, field: str | None) -> l
 
 
 def check_output(output: str | None) -> Path | None:
+    """The --output path, checked to be writable before any work."""
     from ..cli import CliError
+    from .outputs import check_destination
 
     if output is None:
         return None
@@ -150,9 +152,7 @@ def check_output(output: str | None) -> Path | None:
         raise CliError(f"--output must end in .npy or .jsonl, got {output!r}")
     if not path.parent.is_dir():
         raise CliError(f"--output directory does not exist: {path.parent}")
-    if path.is_dir():
-        raise CliError(f"--output is a directory: {path}")
-    return path
+    return check_destination("--output", path)
 
 
 def load_encoder(args: argparse.Namespace):
@@ -182,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..cli import CliError
     from ..io import atomic_write
+    from .outputs import check_finite
 
     output = check_output(args.output)
     texts = read_input(args.texts, args.input, args.field)
@@ -199,6 +200,9 @@ def run(args: argparse.Namespace) -> int:
         normalize=args.normalize,
         progress=progress_for(args, len(texts)),
     )  # (n, D) float32
+    # NaN is not JSON, and a NaN row in an .npy poisons every similarity computed from it:
+    # either is an error naming the texts, with nothing written.
+    check_finite(embeddings, texts)
     if output is not None and output.suffix == ".npy":
         with atomic_write(output, "wb") as handle:
             np.save(handle, embeddings)

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import sys
-from pathlib import Path
 
 from ..options import BACKENDS, NORMS
 
@@ -157,18 +155,9 @@ def _load(args: argparse.Namespace):
 
 
 def _check_writable(flag: str, path: str) -> None:
-    from ..cli import CliError
+    from .outputs import check_destination
 
-    target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise CliError(f"{flag}: {path} is a directory; give a file name")
-    if not directory.is_dir():
-        raise CliError(f"{flag}: cannot write {path}: directory {directory} does not exist")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise CliError(f"{flag}: cannot write {path}: directory {directory} is not writable")
-    if target.exists() and not os.access(target, os.W_OK):
-        raise CliError(f"{flag}: cannot write {path}: the file is not writable")
+    check_destination(flag, path)
 
 
 def _write_text(path: str, text: str) -> None:

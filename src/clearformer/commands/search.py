@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from ..checks import check_unicode
     from ..cli import CliError
     from ..io import read_texts
+    from .outputs import check_finite
 
     path = Path(args.corpus)
     if not path.is_file():
@@ -55,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
         normalize=True,
         progress=progress_for(args, len(entries)),
     )  # (n, D), unit rows
+    check_finite(corpus, [t for _, t in entries])
     query = encoder.encode([args.query], normalize=True)[0]  # (D,)
+    check_finite(query[None, :], [args.query])
     scores = corpus @ query  # (n,) cosine similarities
     k = min(args.top_k, len(entries))
     # Stable sort on -score: equal scores keep file order.
