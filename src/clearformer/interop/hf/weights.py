@@ -152,7 +152,8 @@ def _refused_pickle(path: Path, torch_message: str) -> str:
     )
     what = f" ({' '.join(found.group(1).split())})" if found else ""
     return (
-        f"{path} holds pickled Python objects that torch.load(weights_only=True) refuses{what}; "
+        f"cannot read {path} with torch.load(weights_only=True): it holds pickled Python "
+        f"objects other than tensors{what}; "
         "clearformer will not load it, since unpickling such objects can run arbitrary code. "
         "If you trust its source, convert it to model.safetensors with a trusted tool (the "
         "safetensors project's convert script, or transformers' "
