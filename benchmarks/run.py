@@ -1,10 +1,12 @@
 """Run the benchmark suite: ``python benchmarks/run.py [clearformer bench options]``.
 
 The suite itself lives in ``clearformer.bench`` (so ``clearformer bench`` runs the same code);
-results land in ``benchmarks/results/`` by default. Examples::
+results land in a new ``bench-results/<date>-<time>/`` folder by default; replacing the
+committed results is explicit. Examples::
 
     python benchmarks/run.py --quick
     python benchmarks/run.py                      # full run (about 15 minutes on 2 cores)
+    python benchmarks/run.py --out benchmarks/results --force   # refresh the committed ones
 """
 
 import sys

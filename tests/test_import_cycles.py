@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "clearformer"
+LAZY: dict[str, str] = {}  # the root's lazily imported names, read by import_graph()
 
 
 def module_names() -> dict[str, Path]:
@@ -45,6 +46,18 @@ def _import_nodes(tree: ast.AST):
         stack.extend(ast.iter_child_nodes(node))
 
 
+def lazy_exports() -> dict[str, str]:
+    """The package root's lazily imported names (PEP 562 ``_EXPORTS``): name -> module."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets
+        ):
+            exports = ast.literal_eval(node.value)
+            return {name: "clearformer" + module for name, module in exports.items()}
+    return {}
+
+
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The package modules that importing ``name`` runs.
 
@@ -69,7 +82,13 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
             base = node.module or ""
         for alias in node.names:
             submodule = f"{base}.{alias.name}"
-            explicit.add(submodule if submodule in modules else base)
+            if submodule in modules:
+                explicit.add(submodule)
+                continue
+            explicit.add(base)
+            if base == "clearformer" and alias.name in LAZY:
+                # The root imports it on first use: importing the name runs that module.
+                explicit.add(LAZY[alias.name])
     ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
     targets: set[str] = set()
     for target in explicit:
@@ -86,6 +105,8 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
+    global LAZY
+    LAZY = lazy_exports()
     modules = module_names()
     return {name: imports_of(name, path, modules) for name, path in modules.items()}
 

@@ -4,16 +4,54 @@ Dimensions used throughout: B batch, T sequence (Tq queries, Tk keys), S source/
 D model width, H heads, Dh head width, N real tokens of a packed batch.
 """
 
-from .attention import MultiHeadAttention
-from .blocks import EncoderBlock
-from .config import EncoderConfig
-from .encoder import Encoder, EncoderOutput
-from .explainer import explain
-from .feedforward import FeedForward
-from .interop.torch_nn import from_torch, to_torch
-from .model import EncoderModel
-from .plan import ForwardPlan
-from .text import TextEncoder
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The public names and the modules that define them. They are imported on first use (PEP 562),
+# so that ``import clearformer.cli`` -- which every ``clearformer`` command runs, ``--help``
+# included -- does not import torch and the model code before it has parsed its arguments.
+_EXPORTS = {
+    "MultiHeadAttention": ".attention",
+    "EncoderBlock": ".blocks",
+    "EncoderConfig": ".config",
+    "Encoder": ".encoder",
+    "EncoderOutput": ".encoder",
+    "explain": ".explainer",
+    "FeedForward": ".feedforward",
+    "from_torch": ".interop.torch_nn",
+    "to_torch": ".interop.torch_nn",
+    "EncoderModel": ".model",
+    "ForwardPlan": ".plan",
+    "TextEncoder": ".text",
+}
+
+if TYPE_CHECKING:  # for type checkers and editors: the names as if imported eagerly
+    from .attention import MultiHeadAttention
+    from .blocks import EncoderBlock
+    from .config import EncoderConfig
+    from .encoder import Encoder, EncoderOutput
+    from .explainer import explain
+    from .feedforward import FeedForward
+    from .interop.torch_nn import from_torch, to_torch
+    from .model import EncoderModel
+    from .plan import ForwardPlan
+    from .text import TextEncoder
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'clearformer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __version__ = "0.1.0"
 

@@ -1,17 +1,29 @@
 """Argument checks shared across the package: one wording, one error type per kind of mistake.
 
-Rates and epsilons (floats): a value of the wrong type raises ``TypeError``, one outside its
-range ``ValueError``. Sizes and counts (:func:`check_positive_int`) raise ``ValueError`` for
-anything that is not a positive int, ``True``, ``8.0`` and ``"8"`` included, as they always
-have. Names from a fixed set raise ``ValueError``. Whatever the class that takes the argument,
-the same bad value gets the same error and wording (``tests/test_argument_checks.py``), and every
-message names the argument, what was expected and what came.
+A value of the wrong type raises ``TypeError``; a value of the right type outside its range or
+set raises ``ValueError``. Every message names the argument, what was expected and what came.
+
+An int of the wrong type (``d_model=8.0``, ``True``) raised ``ValueError`` in earlier versions;
+it now raises :class:`ArgumentTypeError`, a ``TypeError`` that is also a ``ValueError``, so code
+written against either keeps catching it.
+
+Whatever the class that takes an argument, the same bad value gets the same error and wording
+(``tests/test_argument_checks.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 from typing import Any
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """A wrong type for an int argument (``except TypeError`` and ``except ValueError`` both
+    catch it; see the module docstring)."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: Any) -> bool:
@@ -23,9 +35,45 @@ def check_positive_int(value: Any, name: str, *, optional: bool = False) -> None
     """Raise ValueError unless ``value`` is an int > 0 (or None when ``optional``)."""
     if optional and value is None:
         return
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        expected = "a positive int or None" if optional else "a positive int"
+    expected = "a positive int or None" if optional else "a positive int"
+    if not _is_int(value):
+        raise ArgumentTypeError(f"{name} must be {expected}, got {value!r}")
+    if value <= 0:
         raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def check_int(
+    value: Any,
+    name: str,
+    *,
+    low: int = 0,
+    high: int | None = None,
+    optional: bool = False,
+    high_name: str | None = None,
+) -> None:
+    """An int in ``[low, high)`` (``high`` None: no upper bound), or None when ``optional``.
+
+    ``high_name`` names where the bound comes from (``vocab_size``), for the message.
+    """
+    if optional and value is None:
+        return
+    expected = f"an int >= {low}" if high is None else f"an int in [{low}, {high})"
+    expected += f" ({high_name})" if high is not None and high_name else ""
+    expected += " or None" if optional else ""
+    if not _is_int(value):
+        raise ArgumentTypeError(f"{name} must be {expected}, got {value!r}")
+    if value < low or (high is not None and value >= high):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def check_bool(value: Any, name: str, *, optional: bool = False) -> None:
+    """A real bool (or None when ``optional``): ``"no"`` or ``1`` would be read as a truth
+    value and silently mean something the caller may not have meant."""
+    if optional and value is None:
+        return
+    if not isinstance(value, bool):
+        expected = "a bool (True or False) or None" if optional else "a bool (True or False)"
+        raise TypeError(f"{name} must be {expected}, got {value!r}")
 
 
 def check_divisible(value: int, divisor: int, name: str, divisor_name: str) -> None:
@@ -56,7 +104,34 @@ def check_positive_float(value: Any, name: str) -> None:
 
 
 def check_choice(value: Any, allowed: Collection[str], name: str) -> str:
-    """Raise ValueError unless ``value`` is one of ``allowed``; return it."""
+    """Raise ValueError unless ``value`` is one of ``allowed``; return it (TypeError for a
+    non-str among str choices)."""
+    if all(isinstance(a, str) for a in allowed) and not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
     if value not in allowed:
         raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
     return value
+
+
+def check_unicode(text: str, name: str) -> None:
+    """Raise ValueError unless ``text`` is valid Unicode (encodable as UTF-8).
+
+    A Python str can hold a lone surrogate: a JSON escape like ``"\\ud800"`` decodes to one,
+    and a command-line byte that is not UTF-8 arrives as one (U+DC80-U+DCFF, Python's
+    ``surrogateescape``). Tokenizers refuse such text with a type error that names neither the
+    text nor the reason; this names both.
+    """
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        why = (
+            f"byte 0x{code - 0xDC00:02x} that is not UTF-8"
+            if 0xDC80 <= code <= 0xDCFF
+            else f"a lone surrogate U+{code:04X} (half of a UTF-16 pair, e.g. a broken \\u escape)"
+        )
+        raise ValueError(
+            f"{name} is not valid Unicode text: {why} at character {exc.start}; fix or drop it"
+        ) from None

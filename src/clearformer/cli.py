@@ -1,17 +1,40 @@
-"""The ``clearformer`` command line. Only this module and ``commands/`` print."""
+"""The ``clearformer`` command line. Only this module and ``commands/`` print.
+
+Nothing heavy is imported before the arguments are parsed (``clearformer --help`` imports no
+torch); each command imports what it needs when it runs.
+
+Faults the process itself meets are handled here, for every command:
+
+* a closed stdin, stdout or stderr (the shell's ``0<&-``, ``>&-``) is an error naming the
+  stream when a command needs it, never a traceback; the closed descriptors are first pointed
+  at ``/dev/null`` so that no file the command opens takes their number;
+* SIGTERM is handled like Ctrl-C (SIGINT): the command stops, an output being written is
+  removed (``clearformer.io.atomic_write``), and the exit status is 143 (130 for SIGINT).
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import logging
+import os
+import signal
 import sys
+import threading
 
 from .commands import COMMANDS
+
+EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
+EXIT_SIGTERM = 128 + signal.SIGTERM
 
 
 class CliError(Exception):
     """A user-facing error: printed as one line on stderr, exit status 2."""
+
+
+class Terminated(BaseException):
+    """Raised in the main thread on SIGTERM. A BaseException, like KeyboardInterrupt, so that
+    no ``except Exception`` swallows it and every ``finally`` and atomic write cleans up."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +55,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _occupy_closed_descriptors() -> None:
+    """Open /dev/null on each of fds 0-2 that is closed.
+
+    Python sets ``sys.stdin``/``sys.stdout``/``sys.stderr`` to None for a descriptor closed
+    at start-up, and the next file opened would take its number: an output file on fd 1
+    would then receive whatever a library prints to stdout.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDWR)
+            if opened != fd:  # a lower number was free after all: leave fd alone
+                os.close(opened)
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
+    _occupy_closed_descriptors()
+    if sys.stderr is None:
+        # print(file=None) writes to stdout: messages must not land among the results.
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 -- lives as long as the process
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -42,21 +89,42 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    writes_stdout = getattr(args, "writes_stdout", lambda args: True)
+    if sys.stdout is None and writes_stdout(args):
+        print(
+            f"clearformer {args.command}: error: stdout is closed, and this command writes its "
+            "results there" + getattr(args, "stdout_hint", ""),
+            file=sys.stderr,
+        )
+        return 2
     from .runtime import retain_freed_memory
 
     retain_freed_memory()
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("clearformer: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_SIGINT
+    except Terminated:
+        print("clearformer: terminated", file=sys.stderr)
+        return EXIT_SIGTERM
     except (CliError, ValueError, TypeError, OSError, UnicodeDecodeError) as exc:
         if args.verbose:
             raise
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"clearformer {args.command}: error: {message}", file=sys.stderr)
         return 2
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as ``python -m clearformer.cli`` this file is ``__main__``, a second copy of the
+    # module whose CliError is not the clearformer.cli.CliError the commands raise: run the
+    # package's own copy.
+    from clearformer.cli import main as package_main
+
+    sys.exit(package_main())

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from .checks import (
+    check_bool,
     check_choice,
     check_divisible,
+    check_int,
     check_positive_float,
     check_positive_int,
     check_probability,
@@ -76,6 +78,10 @@ class EncoderConfig:
             ("positions", POSITIONS),
         ):
             check_choice(getattr(self, name), allowed, f"EncoderConfig.{name}")
+        for name in ("bias", "checkpointing", "embedding_norm"):
+            check_bool(getattr(self, name), f"EncoderConfig.{name}")
+        check_bool(self.final_norm, "EncoderConfig.final_norm", optional=True)
+        check_bool(self.first_attn_norm, "EncoderConfig.first_attn_norm")
         if not self.first_attn_norm and self.norm == "post":
             raise ValueError(
                 "EncoderConfig.first_attn_norm=False needs norm='pre', got norm='post'"
@@ -91,26 +97,22 @@ class EncoderConfig:
                 f"got {self.d_model // self.n_heads}"
             )
         check_positive_int(self.vocab_size, "EncoderConfig.vocab_size", optional=True)
-        if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
-            raise ValueError(
-                f"EncoderConfig.type_vocab_size must be an int >= 0, got {self.type_vocab_size!r}"
-            )
-        if not isinstance(self.position_offset, int) or not (
-            0 <= self.position_offset < self.max_positions
-        ):
-            raise ValueError(
-                f"EncoderConfig.position_offset must be in [0, {self.max_positions}) "
-                f"(max_positions), got {self.position_offset!r}"
-            )
-        if (
-            self.pad_token_id is not None
-            and self.vocab_size is not None
-            and not (0 <= self.pad_token_id < self.vocab_size)
-        ):
-            raise ValueError(
-                f"EncoderConfig.pad_token_id must be in [0, vocab_size={self.vocab_size}), "
-                f"got {self.pad_token_id}"
-            )
+        check_int(self.type_vocab_size, "EncoderConfig.type_vocab_size")
+        check_int(
+            self.position_offset,
+            "EncoderConfig.position_offset",
+            high=self.max_positions,
+            high_name="max_positions",
+        )
+        # Without a vocabulary (vectors in) the pad id is never used as an index, but it still
+        # must be an int: a fractional or negative id is a mistake wherever it comes from.
+        check_int(
+            self.pad_token_id,
+            "EncoderConfig.pad_token_id",
+            high=self.vocab_size,
+            high_name="vocab_size",
+            optional=True,
+        )
 
     @property
     def layer_types(self) -> tuple[str, ...]:

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from .checks import check_unicode
+
 __all__ = ["atomic_write", "read_lines", "read_jsonl_field", "read_texts"]
 
 
@@ -46,14 +48,21 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise FileNotFoundError(f"output directory does not exist: {directory}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        # mkstemp's message names the hidden temporary file, which the caller never gave.
+        raise type(exc)(exc.errno, f"cannot write {target}: {exc.strerror}") from None
     try:
         encoding = "utf-8" if mode == "w" else None
         with os.fdopen(fd, mode, encoding=encoding) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
-        publish(tmp, target)
+        try:
+            publish(tmp, target)
+        except OSError as exc:
+            raise type(exc)(exc.errno, f"cannot write {target}: {exc.strerror}") from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -104,6 +113,7 @@ def read_jsonl_field(data: bytes, source: str, field: str) -> list[str]:
                 f"{source} line {number}: field {field!r} must be a string, "
                 f"got {type(value).__name__}"
             )
+        check_unicode(value, f"{source} line {number}: field {field!r}")
         texts.append(value)
     return texts
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import asdict
 from pathlib import Path
 
+from ..io import atomic_write
 from .suite import Results
 
 TITLES = {
@@ -73,8 +75,9 @@ def to_json(results: Results) -> str:
     return json.dumps(asdict(results), indent=2)
 
 
-def chart(results: Results, path: Path) -> bool:
-    """A bar chart of tokens/s per workload; False when matplotlib is not installed."""
+def chart(results: Results, path) -> bool:
+    """A PNG bar chart of tokens/s per workload into ``path`` (a path or a binary file);
+    False when matplotlib is not installed or there is nothing to draw."""
     try:
         import matplotlib
 
@@ -99,21 +102,28 @@ def chart(results: Results, path: Path) -> bool:
         ax.tick_params(labelsize=7)
         ax.set_xlabel("real tokens / s", fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
     return True
 
 
 def write(results: Results, out_dir: Path, stem: str = "bench", with_chart: bool = True) -> list:
-    """Write ``<stem>.md``, ``<stem>.json`` and (optionally) ``<stem>.png``; return the paths."""
+    """Write ``<stem>.md``, ``<stem>.json`` and (optionally) ``<stem>.png``; return the paths.
+
+    Each file is written atomically (:func:`clearformer.io.atomic_write`): an interrupted run
+    leaves the previous complete version of each file, never half of one.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    md = out_dir / f"{stem}.md"
-    md.write_text(markdown(results))
-    written.append(md)
-    js = out_dir / f"{stem}.json"
-    js.write_text(to_json(results))
-    written.append(js)
-    if with_chart and chart(results, out_dir / f"{stem}.png"):
-        written.append(out_dir / f"{stem}.png")
+    for path, text in ((out_dir / f"{stem}.md", markdown(results)),
+                       (out_dir / f"{stem}.json", to_json(results))):  # fmt: skip
+        with atomic_write(path) as handle:
+            handle.write(text)
+        written.append(path)
+    image = io.BytesIO()
+    if with_chart and chart(results, image):  # drawn in memory: no chart, no file touched
+        png = out_dir / f"{stem}.png"
+        with atomic_write(png, "wb") as handle:
+            handle.write(image.getvalue())
+        written.append(png)
     return written

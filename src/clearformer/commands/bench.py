@@ -1,10 +1,20 @@
-"""``clearformer bench``: clearformer against torch.nn, Hugging Face and x-transformers."""
+"""``clearformer bench``: clearformer against torch.nn, Hugging Face and x-transformers.
+
+Where results go: by default a new folder ``bench-results/<date>-<time>/`` under the current
+directory, so that a run never replaces earlier results (the project's committed
+``benchmarks/results/`` included). ``--out DIR`` names the folder; if it already holds a file
+this run would write (``<name>.md``, ``.json``, ``.png``) the run is refused before any work
+unless ``--force``. Every file is written atomically, after each section and at the end.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+DEFAULT_ROOT = "bench-results"
+OUTPUT_SUFFIXES = (".md", ".json", ".png")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -41,9 +51,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-math", action="store_true", help="leave out the math backend")
     p.add_argument("--no-memory", action="store_true", help="skip peak-memory probes")
     p.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output folder")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"output folder (default: a new {DEFAULT_ROOT}/<date>-<time>/ here)",
+    )
     p.add_argument("--name", default="bench", help="file stem of the outputs (default bench)")
-    p.set_defaults(func=run)
+    p.add_argument("--force", action="store_true", help="replace outputs of the same name in --out")
+    # Its results are the files under --out; the table it prints is a courtesy.
+    p.set_defaults(func=run, writes_stdout=lambda args: False)
 
 
 _FIELDS = {
@@ -75,8 +92,43 @@ def options_from_args(args: argparse.Namespace):
     return BenchOptions.quick(**chosen) if args.quick else BenchOptions(**chosen)
 
 
+def prepare_out(out: Path | None, name: str, *, force: bool) -> Path:
+    """The output folder, created and checked writable before any work (CliError if not)."""
+    import time
+
+    from ..cli import CliError
+    from .outputs import check_destination
+
+    if not name or Path(name).name != name:
+        raise CliError(f"--name must be a file stem without a folder, got {name!r}")
+    if out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        out = Path(DEFAULT_ROOT) / stamp
+        count = 1
+        while out.exists():  # two runs in one second
+            count += 1
+            out = Path(DEFAULT_ROOT) / f"{stamp}-{count}"
+    elif out.exists() and not out.is_dir():
+        raise CliError(f"--out {out} is a file; give a folder")
+    elif not force:
+        taken = [out / f"{name}{suffix}" for suffix in OUTPUT_SUFFIXES]
+        taken = [str(path) for path in taken if path.exists()]
+        if taken:
+            raise CliError(
+                f"--out {out} already holds {', '.join(taken)}; pass --force to replace, or "
+                "choose another --out or --name"
+            )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"--out: cannot create folder {out}: {exc.strerror}") from None
+    check_destination("--out", out / f"{name}.json")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)  # validate before any heavy import or work
+    out = prepare_out(args.out, args.name, force=args.force)
 
     from ..bench.report import markdown, write
     from ..bench.suite import run_suite
@@ -86,10 +138,10 @@ def run(args: argparse.Namespace) -> int:
 
     def save_partial(partial) -> None:
         # A long run that is interrupted still leaves the sections it finished.
-        write(partial, args.out, args.name, with_chart=False)
+        write(partial, out, args.name, with_chart=False)
 
     results = run_suite(options, progress, on_section=save_partial)
     print(markdown(results))
-    for path in write(results, args.out, args.name, with_chart=not args.no_chart):
+    for path in write(results, out, args.name, with_chart=not args.no_chart):
         print(f"wrote {path}", file=sys.stderr)
     return 0

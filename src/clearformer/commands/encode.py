@@ -98,11 +98,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="do not L2-normalise (default: as the checkpoint's pipeline says)",
     )
     add_model_arguments(p)
-    p.set_defaults(func=run)
+    p.set_defaults(
+        func=run,
+        writes_stdout=lambda args: args.output is None or args.similarity,
+        stdout_hint="; give --output FILE",
+    )
 
 
 def read_input(texts: list[str], input_path: str | None, field: str | None) -> list[str]:
     """Texts from the arguments, ``--input`` or stdin (exactly one source)."""
+    from ..checks import check_unicode
     from ..cli import CliError
     from ..io import read_texts
 
@@ -111,8 +116,14 @@ def read_input(texts: list[str], input_path: str | None, field: str | None) -> l
     if texts:
         if field is not None:
             raise CliError("--field applies to --input or stdin, not to texts given as arguments")
+        for i, text in enumerate(texts):
+            check_unicode(text, f"TEXT {i + 1}")
         return texts
     if input_path is None or input_path == "-":
+        if sys.stdin is None:
+            raise CliError(
+                "no input texts: stdin is closed; pass texts as arguments or --input FILE"
+            )
         if input_path is None and sys.stdin.isatty():
             raise CliError("no input texts: pass texts as arguments, --input FILE, or pipe stdin")
         data, source = sys.stdin.buffer.read(), "stdin"
@@ -130,7 +141,9 @@ def read_input(texts: list[str], input_path: str | None, field: str | None) -> l
 
 
 def check_output(output: str | None) -> Path | None:
+    """The --output path, checked to be writable before any work."""
     from ..cli import CliError
+    from .outputs import check_destination
 
     if output is None:
         return None
@@ -139,9 +152,7 @@ def check_output(output: str | None) -> Path | None:
         raise CliError(f"--output must end in .npy or .jsonl, got {output!r}")
     if not path.parent.is_dir():
         raise CliError(f"--output directory does not exist: {path.parent}")
-    if path.is_dir():
-        raise CliError(f"--output is a directory: {path}")
-    return path
+    return check_destination("--output", path)
 
 
 def load_encoder(args: argparse.Namespace):
@@ -171,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..cli import CliError
     from ..io import atomic_write
+    from .outputs import check_finite
 
     output = check_output(args.output)
     texts = read_input(args.texts, args.input, args.field)
@@ -188,6 +200,9 @@ def run(args: argparse.Namespace) -> int:
         normalize=args.normalize,
         progress=progress_for(args, len(texts)),
     )  # (n, D) float32
+    # NaN is not JSON, and a NaN row in an .npy poisons every similarity computed from it:
+    # either is an error naming the texts, with nothing written.
+    check_finite(embeddings, texts)
     if output is not None and output.suffix == ".npy":
         with atomic_write(output, "wb") as handle:
             np.save(handle, embeddings)

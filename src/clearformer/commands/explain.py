@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import sys
-from pathlib import Path
 
 from ..options import BACKENDS, NORMS
 
@@ -64,10 +62,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         const="-",
         help="the whole trace as JSON (to stdout without FILE)",
     )
-    p.set_defaults(func=run)
+    p.set_defaults(
+        func=run,
+        writes_stdout=lambda args: not args.quiet or args.json == "-",
+        stdout_hint="; add --quiet (and --html, --png or --json FILE)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..checks import check_unicode
     from ..cli import CliError
     from ..explainer import explain
     from ..explainer.filters import Filters, check_filters
@@ -83,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     for i, text in enumerate(args.texts):
         if not text.strip():
             raise CliError(f"TEXT {i + 1} is empty: give a text with at least one word")
+        check_unicode(text, f"TEXT {i + 1}")
     outputs = {"--html": args.html, "--png": args.png, "--json": args.json}
     for flag, path in outputs.items():
         if path is not None and path != "-":
@@ -151,18 +155,9 @@ def _load(args: argparse.Namespace):
 
 
 def _check_writable(flag: str, path: str) -> None:
-    from ..cli import CliError
+    from .outputs import check_destination
 
-    target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise CliError(f"{flag}: {path} is a directory; give a file name")
-    if not directory.is_dir():
-        raise CliError(f"{flag}: cannot write {path}: directory {directory} does not exist")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise CliError(f"{flag}: cannot write {path}: directory {directory} is not writable")
-    if target.exists() and not os.access(target, os.W_OK):
-        raise CliError(f"{flag}: cannot write {path}: the file is not writable")
+    check_destination(flag, path)
 
 
 def _write_text(path: str, text: str) -> None:

@@ -9,6 +9,29 @@ from pathlib import Path
 
 from .encode import add_model_arguments, load_encoder, positive_int, progress_for
 
+# Characters of a matching text shown per result: a corpus line can be megabytes long, and a
+# terminal shows a result, not a document. --json prints the texts whole, for programs.
+DISPLAY_WIDTH = 200
+
+
+def non_negative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {number}")
+    return number
+
+
+def shorten(text: str, width: int) -> str:
+    """``text`` on one line (runs of white space as one space), cut to ``width`` characters
+    with the count of those left out; ``width`` 0 keeps it all."""
+    flat = " ".join(text.split())
+    if not width or len(flat) <= width:
+        return flat
+    return f"{flat[:width]}... [{len(flat) - width:,} more characters]"
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -22,7 +45,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--field", metavar="NAME", help="JSONL corpus: the string field to search")
     p.add_argument("-k", "--top-k", type=positive_int, default=5, help="results to show")
-    p.add_argument("--json", action="store_true", help="print results as JSON lines")
+    p.add_argument("--json", action="store_true", help="print results as JSON lines (full texts)")
+    p.add_argument(
+        "--width",
+        type=non_negative_int,
+        default=DISPLAY_WIDTH,
+        metavar="N",
+        help=f"characters of each text shown (default {DISPLAY_WIDTH}; 0: all)",
+    )
     add_model_arguments(p)
     p.set_defaults(func=run)
 
@@ -30,14 +60,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from ..checks import check_unicode
     from ..cli import CliError
     from ..io import read_texts
+    from .outputs import check_finite
 
     path = Path(args.corpus)
     if not path.is_file():
         raise CliError(f"--corpus file not found: {path}")
     if not args.query.strip():
         raise CliError("QUERY is empty")
+    check_unicode(args.query, "QUERY")
     field = args.field if args.field is not None or path.suffix != ".jsonl" else "text"
     texts = read_texts(path.read_bytes(), str(path), field=field)
     # Blank lines carry no meaning to rank; keep each text's line number for the output.
@@ -53,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
         normalize=True,
         progress=progress_for(args, len(entries)),
     )  # (n, D), unit rows
+    check_finite(corpus, [t for _, t in entries])
     query = encoder.encode([args.query], normalize=True)[0]  # (D,)
+    check_finite(query[None, :], [args.query])
     scores = corpus @ query  # (n,) cosine similarities
     k = min(args.top_k, len(entries))
     # Stable sort on -score: equal scores keep file order.
@@ -64,6 +99,6 @@ def run(args: argparse.Namespace) -> int:
             item = {"rank": rank, "score": round(float(scores[i]), 6), "line": number, "text": text}
             print(json.dumps(item, ensure_ascii=False))
         else:
-            print(f"{rank:>3}  {scores[i]:.4f}  line {number}: {' '.join(text.split())}")
+            print(f"{rank:>3}  {scores[i]:.4f}  line {number}: {shorten(text, args.width)}")
     sys.stdout.flush()
     return 0

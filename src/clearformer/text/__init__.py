@@ -9,6 +9,21 @@ The checkpoint format it reads is :mod:`clearformer.interop.hf`; the pooling is
 :func:`clearformer.heads.pool`.
 """
 
-from .encoder import TextEncoder
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .encoder import TextEncoder
 
 __all__ = ["TextEncoder"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: the CLI reads batching defaults from .batching without paying
+    # for torch (see clearformer/__init__.py).
+    if name == "TextEncoder":
+        from .encoder import TextEncoder
+
+        return TextEncoder
+    raise AttributeError(f"module 'clearformer.text' has no attribute {name!r}")

@@ -14,7 +14,7 @@ from torch import Tensor
 from ...io import atomic_write
 from ...model import EncoderModel
 from .families import Family, family_for, family_named
-from .files import CheckpointFiles, find_checkpoint
+from .files import CheckpointError, CheckpointFiles, find_checkpoint
 from .mapping import LoadReport, export_state, load_state
 from .weights import read_tensors, write_safetensors
 
@@ -53,12 +53,23 @@ def load_model(
     files = path if isinstance(path, CheckpointFiles) else find_checkpoint(path)
     source = str(files.path / "config.json")
     family = family_for(files.config, source)
-    config = family.encoder_config(files.config, backend=backend)  # validated before any weight
+    config = config_of(family, files.config, source, backend)  # validated before any weight
     model = EncoderModel(config)
     tensors = read_tensors(files.weights)
     report, kept = load_state(model, tensors, family, strict=strict, source=str(files.weights))
     log.info("%s", report)
     return LoadedModel(model.eval(), report, family, dict(files.config), kept, files)
+
+
+def config_of(family: Family, hf: dict[str, Any], source: str, backend: str):
+    """The family's :class:`EncoderConfig` for ``hf``; an error names the file it came from
+    (a family's message names the field)."""
+    try:
+        return family.encoder_config(hf, backend=backend)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{source}: {exc}") from None
+    except (TypeError, ValueError) as exc:  # EncoderConfig's own checks, in a family's terms
+        raise CheckpointError(f"{source}: {exc}") from None
 
 
 def save_model(

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ...checks import check_unicode
 from .files import CheckpointError, CheckpointFiles
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,8 @@ class TokenBatch:
 
 
 def check_texts(texts: Any, name: str = "texts") -> list[str]:
-    """``texts`` as a list of str, or a TypeError naming the first bad item."""
+    """``texts`` as a list of str, or a TypeError naming the first bad item (a ValueError for
+    a str that is not valid Unicode)."""
     if isinstance(texts, str):
         raise TypeError(f"{name} must be a list of str, got a single str; wrap it: [{name}]")
     try:
@@ -61,6 +63,7 @@ def check_texts(texts: Any, name: str = "texts") -> list[str]:
     for i, text in enumerate(items):
         if not isinstance(text, str):
             raise TypeError(f"{name}[{i}] must be a str, got {type(text).__name__}")
+        check_unicode(text, f"{name}[{i}]")
     return items
 
 

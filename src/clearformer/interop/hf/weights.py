@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import logging
+import pickle
+import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -119,8 +122,17 @@ def _read_safetensors(path: Path) -> dict[str, Tensor]:
 
 def _read_bin(path: Path) -> dict[str, Tensor]:
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # UnpicklingError, RuntimeError, EOFError, ...
+        with warnings.catch_warnings():
+            # A raw (non-zip) pickle of another protocol makes torch warn that its safe
+            # unpickler "might not support all instructions" before it refuses or reads the
+            # file; the outcome is reported below, so that one warning is noise here.
+            warnings.filterwarnings(
+                "ignore", message="Detected pickle protocol", category=UserWarning
+            )
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(_refused_pickle(path, str(exc))) from None
+    except Exception as exc:  # RuntimeError, EOFError, ...
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CheckpointError(
             f"cannot read {path} with torch.load(weights_only=True): {reason}"
@@ -130,6 +142,23 @@ def _read_bin(path: Path) -> dict[str, Tensor]:
     ):
         raise CheckpointError(f"{path} must hold a mapping of names to tensors")
     return state
+
+
+def _refused_pickle(path: Path, torch_message: str) -> str:
+    """What was found and that it will not be loaded. torch's own message advises retrying
+    with ``weights_only=False``, which runs whatever code the file holds: never repeated."""
+    found = re.search(
+        r"WeightsUnpickler error:\s*(.+?)(?: was not an allowed global|\n|$)", torch_message
+    )
+    what = f" ({' '.join(found.group(1).split())})" if found else ""
+    return (
+        f"cannot read {path} with torch.load(weights_only=True): it holds pickled Python "
+        f"objects other than tensors{what}; "
+        "clearformer will not load it, since unpickling such objects can run arbitrary code. "
+        "If you trust its source, convert it to model.safetensors with a trusted tool (the "
+        "safetensors project's convert script, or transformers' "
+        "save_pretrained(safe_serialization=True)) and load that"
+    )
 
 
 def write_safetensors(tensors: dict[str, Tensor], path: Path) -> None:

@@ -16,7 +16,16 @@ from typing import Any
 from ....config import EncoderConfig
 from ..files import CheckpointError
 from .family import Family, NameTable
-from .fields import activation, attn_dropout, hf_activation, require
+from .fields import (
+    activation,
+    attn_dropout,
+    check_heads,
+    check_size,
+    hf_activation,
+    integer,
+    number,
+    token_id,
+)
 from .tables import layered_names
 
 # Where each part of a block lives in a Hugging Face layer, relative to the layer's prefix.
@@ -40,25 +49,42 @@ def read_config(hf: dict[str, Any], backend: str, *, roberta: bool) -> EncoderCo
         )
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
         raise CheckpointError("config.json describes a decoder; only encoders are supported")
-    pad = hf.get("pad_token_id", 1 if roberta else 0)
-    if roberta and not isinstance(pad, int):
+    # Every sizing or numeric field is checked (type and range) before EncoderConfig is built.
+    sizes = {
+        "width": integer(hf, "hidden_size", "width"),
+        "layers": integer(hf, "num_hidden_layers", "layers"),
+        "mlp": integer(hf, "intermediate_size", "mlp"),
+        "vocab": integer(hf, "vocab_size", "vocab"),
+        "positions": integer(hf, "max_position_embeddings", "positions"),
+        "token_types": integer(hf, "type_vocab_size", "token_types", default=2),
+    }
+    heads = integer(hf, "num_attention_heads", "heads")
+    check_heads(hf, "hidden_size", "num_attention_heads")
+    check_size(**sizes)
+    pad = token_id(hf, "pad_token_id", 1 if roberta else 0, sizes["vocab"])
+    if roberta and pad is None:
         raise CheckpointError(f"RoBERTa config.json needs an int pad_token_id, got {pad!r}")
+    if roberta and pad + 1 >= sizes["positions"]:
+        raise CheckpointError(
+            f"RoBERTa config.json 'max_position_embeddings'={sizes['positions']} leaves no "
+            f"position after 'pad_token_id'={pad} (positions count from pad_token_id + 1)"
+        )
     return EncoderConfig(
-        d_model=require(hf, "hidden_size"),
-        n_heads=require(hf, "num_attention_heads"),
-        n_layers=require(hf, "num_hidden_layers"),
-        dim_mlp=require(hf, "intermediate_size"),
-        dropout=float(hf.get("hidden_dropout_prob", 0.1)),
-        attn_dropout=float(hf.get("attention_probs_dropout_prob", 0.1)),
+        d_model=sizes["width"],
+        n_heads=heads,
+        n_layers=sizes["layers"],
+        dim_mlp=sizes["mlp"],
+        dropout=number(hf, "hidden_dropout_prob", 0.1, low=0.0, high=1.0),
+        attn_dropout=number(hf, "attention_probs_dropout_prob", 0.1, low=0.0, high=1.0),
         norm="post",
         activation=activation(hf.get("hidden_act", "gelu"), "hidden_act"),
-        norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
+        norm_eps=number(hf, "layer_norm_eps", 1e-12, low=1e-30, high=1.0),
         final_norm=False,
         backend=backend,
-        vocab_size=require(hf, "vocab_size"),
-        max_positions=require(hf, "max_position_embeddings"),
+        vocab_size=sizes["vocab"],
+        max_positions=sizes["positions"],
         positions="learned",
-        type_vocab_size=int(hf.get("type_vocab_size", 2)),
+        type_vocab_size=sizes["token_types"],
         pad_token_id=pad,
         # RoBERTa numbers positions from pad_token_id + 1 (rows up to the pad index are unused).
         position_offset=pad + 1 if roberta else 0,

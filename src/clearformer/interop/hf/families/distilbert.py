@@ -10,7 +10,16 @@ from typing import Any
 
 from ....config import EncoderConfig
 from .family import Family, NameTable
-from .fields import activation, attn_dropout, hf_activation, require
+from .fields import (
+    activation,
+    attn_dropout,
+    check_heads,
+    check_size,
+    hf_activation,
+    integer,
+    number,
+    token_id,
+)
 from .tables import layered_names
 
 # Where each part of a block lives in a Hugging Face layer, relative to the layer's prefix.
@@ -26,24 +35,36 @@ LAYER = {
 
 
 def read_config(hf: dict[str, Any], backend: str) -> EncoderConfig:
+    # Every sizing or numeric field is checked (type and range) before EncoderConfig is built.
+    sizes = {
+        "width": integer(hf, "dim", "width"),
+        "layers": integer(hf, "n_layers", "layers"),
+        "mlp": integer(hf, "hidden_dim", "mlp"),
+        "vocab": integer(hf, "vocab_size", "vocab"),
+        "positions": integer(hf, "max_position_embeddings", "positions"),
+        "token_types": 0,
+    }
+    heads = integer(hf, "n_heads", "heads")
+    check_heads(hf, "dim", "n_heads")
+    check_size(**sizes)
     return EncoderConfig(
-        d_model=require(hf, "dim"),
-        n_heads=require(hf, "n_heads"),
-        n_layers=require(hf, "n_layers"),
-        dim_mlp=require(hf, "hidden_dim"),
-        dropout=float(hf.get("dropout", 0.1)),
-        attn_dropout=float(hf.get("attention_dropout", 0.1)),
+        d_model=sizes["width"],
+        n_heads=heads,
+        n_layers=sizes["layers"],
+        dim_mlp=sizes["mlp"],
+        dropout=number(hf, "dropout", 0.1, low=0.0, high=1.0),
+        attn_dropout=number(hf, "attention_dropout", 0.1, low=0.0, high=1.0),
         norm="post",
         activation=activation(hf.get("activation", "gelu"), "activation"),
         norm_eps=1e-12,  # fixed in DistilBERT's code, not in its config
         final_norm=False,
         backend=backend,
-        vocab_size=require(hf, "vocab_size"),
+        vocab_size=sizes["vocab"],
         # Sinusoidal DistilBERT tables are stored as ordinary weights, so "learned" loads both.
-        max_positions=require(hf, "max_position_embeddings"),
+        max_positions=sizes["positions"],
         positions="learned",
         type_vocab_size=0,
-        pad_token_id=hf.get("pad_token_id", 0),
+        pad_token_id=token_id(hf, "pad_token_id", 0, sizes["vocab"]),
         position_offset=0,
         embedding_norm=True,
     )

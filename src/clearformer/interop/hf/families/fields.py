@@ -2,6 +2,12 @@
 
 Used by the families' modules; the error messages name the config.json key, what was found
 and what is supported.
+
+config.json is untrusted input: every field that sizes the model or is read as a number is
+checked for its type and a plausible range before anything is built, so that a vocabulary of
+1e10 or a million layers is an error naming the field, not an allocation that runs the
+machine out of memory. The ranges (:data:`LIMITS`) are far above every published
+BERT-family checkpoint; :data:`MAX_PARAMETERS` bounds what the fields imply together.
 """
 
 from __future__ import annotations
@@ -25,14 +31,99 @@ FROM_HF_ACTIVATIONS = {
 SAVED_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
 
 
+# Inclusive (low, high) of each model-sizing quantity. The largest published BERT-family
+# checkpoints are far inside: width 1024-2560, 24-48 layers, vocabularies up to 250k.
+LIMITS = {
+    "width": (1, 16_384),
+    "heads": (1, 1_024),
+    "layers": (1, 512),
+    "mlp": (1, 131_072),
+    "vocab": (1, 2_097_152),
+    "positions": (1, 131_072),
+    "token_types": (0, 1_024),
+}
+# The parameters the fields imply together (4 bytes each in float32: 16 GiB at the limit).
+MAX_PARAMETERS = 2**32
+_MISSING = object()
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def require(hf: dict[str, Any], key: str, kind: type = int) -> Any:
-    """``hf[key]``, which must be present (and an int, for ``kind=int``)."""
+    """``hf[key]``, which must be present (and an int, for ``kind=int``). For a field that
+    sizes the model, :func:`integer` also checks its range."""
     if key not in hf:
         raise CheckpointError(f"config.json lacks {key!r}, needed for {hf.get('model_type')}")
     value = hf[key]
-    if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
+    if kind is int and not _is_int(value):
         raise CheckpointError(f"config.json {key!r} must be an int, got {value!r}")
     return value
+
+
+def integer(hf: dict[str, Any], key: str, limit: str, default: Any = _MISSING) -> int:
+    """``hf[key]`` (``default`` when absent) as an int within ``LIMITS[limit]``."""
+    low, high = LIMITS[limit]
+    if key not in hf and default is not _MISSING:
+        return default
+    if key not in hf:
+        raise CheckpointError(f"config.json lacks {key!r}, needed for {hf.get('model_type')}")
+    value = hf[key]
+    if not _is_int(value) or not low <= value <= high:
+        raise CheckpointError(
+            f"config.json {key!r} must be an int in [{low:,}, {high:,}], got {value!r}"
+        )
+    return value
+
+
+def number(hf: dict[str, Any], key: str, default: float, *, low: float, high: float) -> float:
+    """``hf[key]`` (``default`` when absent) as a float in ``[low, high)``: a dropout rate or a
+    norm epsilon. A string or null is an error naming the field, not a float() traceback."""
+    value = hf.get(key, default)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise CheckpointError(f"config.json {key!r} must be a number, got {value!r}")
+    if not low <= value < high:
+        raise CheckpointError(f"config.json {key!r} must be in [{low}, {high}), got {value!r}")
+    return float(value)
+
+
+def token_id(hf: dict[str, Any], key: str, default: int | None, vocab_size: int) -> int | None:
+    """A token id field (``pad_token_id``): null or an int in ``[0, vocab_size)``."""
+    value = hf.get(key, default)
+    if value is None:
+        return None
+    if not _is_int(value) or not 0 <= value < vocab_size:
+        raise CheckpointError(
+            f"config.json {key!r} must be null or an int in [0, {vocab_size}) "
+            f"(vocab_size), got {value!r}"
+        )
+    return value
+
+
+def check_heads(hf: dict[str, Any], width_key: str, heads_key: str) -> None:
+    """The heads must split the width evenly (read the two fields first)."""
+    width, heads = hf[width_key], hf[heads_key]
+    if width % heads:
+        raise CheckpointError(
+            f"config.json {width_key!r}={width} must be divisible by {heads_key!r}={heads}"
+        )
+
+
+def check_size(
+    *, width: int, layers: int, mlp: int, vocab: int, positions: int, token_types: int
+) -> None:
+    """Refuse fields that are each plausible but together describe a model too large to hold
+    (more than :data:`MAX_PARAMETERS`), before anything is allocated."""
+    embeddings = (vocab + positions + token_types) * width
+    per_layer = 4 * width * width + 2 * width * mlp  # q, k, v, out; the feed-forward pair
+    total = embeddings + layers * per_layer
+    if total > MAX_PARAMETERS:
+        raise CheckpointError(
+            f"config.json describes a model of {total:,} parameters (at least "
+            f"{total * 2 / 2**30:,.0f} GiB), more than the {MAX_PARAMETERS:,} clearformer "
+            "accepts; check its sizes (vocab_size, hidden size, layers)"
+        )
 
 
 def activation(name: Any, key: str) -> str:
