@@ -160,8 +160,11 @@ def test_weights_round_trip_through_transformers(tmp_path, kind):
             torch.testing.assert_close(ours[mask.bool()], theirs[mask.bool()], atol=1e-5, rtol=1e-5)
 
 
+BERT_LAYOUT = ("bert", "distilbert", "roberta")  # post-norm, plain feed-forward
+
+
 @pytest.mark.parametrize("activation", ["swiglu", "geglu"])
-@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+@pytest.mark.parametrize("model_type", BERT_LAYOUT)
 def test_gated_activations_cannot_be_saved(tmp_path, model_type, activation):
     config = EncoderConfig(
         d_model=16, n_heads=2, n_layers=1, dim_mlp=32, vocab_size=10, activation=activation
@@ -177,11 +180,18 @@ def test_gated_activations_cannot_be_saved(tmp_path, model_type, activation):
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
+def test_a_bert_shaped_model_cannot_be_saved_as_modernbert(tmp_path):
+    config = EncoderConfig(d_model=16, n_heads=2, n_layers=1, dim_mlp=32, vocab_size=10)
+    with pytest.raises(CheckpointError, match="a ModernBERT checkpoint needs norm='pre'"):
+        save_model(EncoderModel(config), tmp_path / "out", "modernbert")
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
 def test_unknown_model_type_lists_the_supported_ones():
     with pytest.raises(
         CheckpointError,
         match=r"unsupported architecture model_type='gpt2' in my/config\.json; "
-        r"supported: bert, distilbert, roberta",
+        r"supported: bert, distilbert, modernbert, roberta",
     ):
         family_for({"model_type": "gpt2"}, "my/config.json")
     with pytest.raises(CheckpointError, match="model_type=None"):
