@@ -24,6 +24,7 @@ from torch import Tensor
 
 from . import masks
 from .checks import check_choice
+from .kernels.local import use_banded
 from .kernels.varlen import resolve_method
 from .options import BACKENDS, KERNEL_NAMES, LAYOUTS, Decision
 from .padding import PackedLayout, pack_layout
@@ -64,9 +65,11 @@ class ForwardPlan:
             or a padded call whose causal triangle was not folded into ``mask``).
         need_weights: return attention probabilities (``math`` only).
         output_hidden_states: return every layer's hidden states.
-        window: local attention: query i sees keys j of its sequence with |i - j| <= window
-            (already folded into ``mask`` on the padded layout; the varlen kernel applies it on
-            packed rows); None = global attention.
+        window: local attention: query i sees keys j of its sequence with |i - j| <= window;
+            None = global attention.
+        band_in_mask: the window is folded into ``mask`` (padded, short sequences or the
+            ``math`` kernel); otherwise the kernel applies it itself: slab by slab on long
+            padded rows (:mod:`clearformer.kernels.local`), per sequence on packed rows.
         rotary: (cos, sin) float32 tables for rotary positions, shaped to broadcast over the
             heads of split queries and keys ((N, 1, Dh) packed, (B, 1, T, Dh) padded).
         per_layer: a stack whose layers differ (local and global layers, rotary bases): the
@@ -91,6 +94,7 @@ class ForwardPlan:
     need_weights: bool = False
     output_hidden_states: bool = False
     window: int | None = None
+    band_in_mask: bool = False
     rotary: tuple[Tensor, Tensor] | None = None
     per_layer: tuple[ForwardPlan, ...] = ()
 
@@ -334,6 +338,13 @@ def _layer_plan(
         )
     if window is None or base.packed:
         return dataclasses.replace(base, window=window, rotary=rotary)
+    if base.kernel.choice == "sdpa" and use_banded(base.tq, window):
+        # Long rows: the kernel goes slab by slab, so no (T, T) band is ever built here. It
+        # reads the key-padding mask alone and applies the causal flag itself.
+        keys = None if base.token_mask is None else base.token_mask[:, None, None, :]
+        return dataclasses.replace(
+            base, mask=keys, query_has_key=None, window=window, rotary=rotary
+        )
     # Padded: fold the band into the mask once for all layers of this type. A padded query
     # farther than the window from every real key has no key: its row is zeroed by the kernel.
     mask = base.mask
@@ -347,6 +358,7 @@ def _layer_plan(
         is_causal=False,
         query_has_key=masks.rows_with_key(mask, base.device),
         window=window,
+        band_in_mask=True,
         rotary=rotary,
     )
 

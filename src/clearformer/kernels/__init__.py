@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from ..options import KERNEL_NAMES
+from .local import banded_attention
 from .math import math_attention
 from .sdpa import sdpa_attention
 from .varlen import varlen_attention
@@ -52,6 +53,11 @@ def _math(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float):
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float):
+    if plan.window is not None and not plan.band_in_mask:
+        out = banded_attention(
+            q, k, v, plan.window, plan.mask, is_causal=plan.is_causal, dropout_p=dropout_p
+        )
+        return out, None
     return sdpa_attention(
         q,
         k,

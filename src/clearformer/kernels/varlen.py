@@ -31,6 +31,7 @@ from ..checks import check_choice
 from ..masks import band_mask, fold_causal
 from ..options import VARLEN_METHODS, Decision
 from ..padding import PackedLayout, equal_length_runs
+from .local import banded_attention, use_banded
 
 __all__ = ["MAX_SEQUENCE_CALLS", "equal_length_runs", "resolve_method", "varlen_attention"]
 from .math import math_attention
@@ -166,6 +167,12 @@ def _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, window, *, refer
         qs, ks, vs = (t.view(count, length, H, -1).transpose(1, 2) for t in (qs, ks, vs))
         # A window inside one sequence: every query keeps at least itself, so no row is empty.
         needs_band = window is not None and window < length - 1
+        if needs_band and not reference and use_banded(length, window):
+            out = banded_attention(
+                qs, ks, vs, window, is_causal=is_causal, dropout_p=dropout_p, scale=scale
+            )
+            pieces.append(out.transpose(1, 2).reshape(count * length, H, Dv))
+            continue
         band = band_mask(length, window, q.device) if needs_band else None
         if reference:
             out, _ = math_attention(
