@@ -62,3 +62,23 @@ def test_inductor_matches_eager():
     compiled = torch.compile(encoder, fullgraph=True)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x, mask), encoder(x, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_rotary_and_local_layers_compile_in_one_graph():
+    config = EncoderConfig(
+        d_model=32,
+        n_heads=4,
+        n_layers=3,
+        dim_mlp=48,
+        activation="geglu",
+        positions="rotary",
+        local_window=8,
+        global_every=3,
+        first_attn_norm=False,
+    )
+    encoder = Encoder(config).eval()
+    mask = lengths_mask([20, 5, 12])
+    x = torch.randn(3, 20, 32)
+    compiled = torch.compile(encoder, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, mask), encoder(x, mask), atol=1e-5, rtol=1e-5)

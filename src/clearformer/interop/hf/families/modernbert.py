@@ -15,6 +15,10 @@ hub configs of earlier versions carry ``global_attn_every_n_layers``, ``global_r
 ``local_rope_theta``. Both read to the same :class:`~clearformer.EncoderConfig`; a save writes
 both, so either version of transformers reads it.
 
+Rotary positions count each sequence's real tokens: with right padding (what tokenizers do)
+that equals transformers' ``0, 1, 2, ...``; with left padding transformers would count the
+padding too, clearformer does not (so the packed and padded paths agree).
+
 Dropout is placed as in clearformer's blocks (after attention and the feed-forward network),
 not inside the attention output and the GLU as in transformers: inference is identical,
 training regularises slightly differently.
