@@ -120,3 +120,67 @@ def test_the_probe_sees_a_t_by_t_tensor_when_there_is_one():
     """Control: the math kernel folds the whole band into a (T, T) mask and scores."""
     T = 4096
     assert probe("math", T) > T * T * 4  # at least one float32 (T, T) score matrix
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_causal_local_layers_agree_across_kernels_and_layouts(is_causal):
+    """A causal flag survives the per-layer plans on every path (slab kernel included)."""
+    from clearformer.padding import repad
+    from clearformer.plan import plan_stack
+
+    stack = local_stack("math")
+    lengths = [600, 230]
+    mask = lengths_mask(lengths)
+    x = torch.randn(2, 600, 32)
+    layers = stack._layer_kinds()
+    outs = {}
+    with torch.no_grad():
+        for backend in ("math", "sdpa", "varlen"):
+            plan = plan_stack(
+                mask,
+                shape=(2, 600),
+                device=x.device,
+                backend=backend,
+                is_causal=is_causal,
+                head_dim=8,
+                layers=layers,
+            )
+            rows = x.reshape(-1, 32)[plan.packing.indices] if plan.packed else x
+            for i, block in enumerate(stack.layers):
+                rows = block.run(rows, plan.layer(i)).hidden
+            out = repad(rows, plan.packing) if plan.packed else rows
+            outs[backend] = torch.where(mask[..., None], out, 0.0)
+    torch.testing.assert_close(outs["sdpa"], outs["math"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs["varlen"], outs["math"], atol=1e-5, rtol=1e-5)
+
+
+def test_many_long_sequences_through_the_padded_varlen_method():
+    """More than MAX_SEQUENCE_CALLS lengths: varlen attends on a padded copy, slab by slab."""
+    from clearformer.kernels.varlen import varlen_attention
+    from clearformer.padding import unpad
+
+    from .helpers import intra_op_threads
+
+    lengths = [520 + 7 * i for i in range(10)]
+    mask = lengths_mask(lengths)
+    N = int(mask.sum())
+    q, k, v = (torch.randn(N, 2, 8) for _ in range(3))
+    _, layout = unpad(torch.zeros(len(lengths), mask.shape[1], 1), mask)
+    with intra_op_threads(2):
+        got = varlen_attention(q, k, v, layout, method="padded", window=6)
+    want = varlen_attention(q, k, v, layout, reference=True, window=6)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_mask_with_holes_is_refused_for_local_layers():
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[0, 5:15] = False  # a gap inside sequence 0
+    with pytest.raises(ValueError, match=r"one contiguous run.*rows \[0\]"):
+        local_stack("sdpa")(torch.randn(2, 20, 32), mask)
+    left = torch.ones(2, 20, dtype=torch.bool)
+    left[0, :6] = False  # left padding is one run: accepted, and packed = padded
+    x = torch.randn(2, 20, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            local_stack("sdpa")(x, left), local_stack("varlen")(x, left), atol=1e-5, rtol=1e-5
+        )

@@ -195,7 +195,7 @@ def test_unsupported_configs_name_the_field():
     good = hf_config().to_dict()
     for change, field in [
         ({"hidden_activation": "silu"}, "hidden_activation"),
-        ({"local_attention": 7}, "local_attention"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, "rope_scaling"),
         ({"mlp_bias": True}, "mlp_bias"),
         ({"layer_types": ["sliding_attention"] * 5}, "layer_types"),
     ]:
@@ -212,3 +212,57 @@ def test_a_standalone_clearformer_model_with_the_same_config_runs():
     ids, mask = batch()
     with torch.no_grad():
         assert model(ids, mask).shape == (len(LENGTHS), T, 32)
+
+
+def test_long_rows_through_the_slab_kernel_match_transformers(tmp_path):
+    """T = 600 > the slab threshold: padded sdpa and packed rows attend slab by slab."""
+    torch.manual_seed(3)
+    hf = transformers.ModernBertModel(
+        hf_config(max_position_embeddings=1024, global_rope_theta=50_000.0, local_rope_theta=5e3)
+    ).eval()
+    hf.save_pretrained(tmp_path)
+    lengths = [600, 230, 1]
+    mask = torch.arange(600)[None, :] < torch.tensor(lengths)[:, None]
+    ids = torch.randint(3, 97, (3, 600)).masked_fill(~mask, 0)
+    want, _ = reference(hf, ids, mask)
+    for backend in ("sdpa", "varlen", "math"):
+        model = load(tmp_path, backend)
+        assert model.config.rope_theta == 50_000.0 and model.config.local_rope_theta == 5e3
+        with torch.no_grad():
+            got = model(ids, mask)
+        torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=0, msg=backend)
+
+
+def test_odd_windows_and_other_periods_round_trip(tmp_path):
+    torch.manual_seed(4)
+    hf = transformers.ModernBertModel(
+        hf_config(local_attention=9, global_attn_every_n_layers=2)
+    ).eval()
+    hf.save_pretrained(tmp_path / "theirs")
+    ours = load(tmp_path / "theirs")
+    assert ours.config.local_window == 9 and ours.config.window_of("local") == 4
+    assert ours.config.layer_types == ("global", "local", "global", "local", "global")
+    from clearformer.interop.hf.loading import save_model
+
+    save_model(ours, tmp_path / "ours", "modernbert")
+    again = load(tmp_path / "ours")  # clearformer reads back its own save
+    ids, mask = batch()
+    want, _ = reference(hf, ids, mask)
+    with torch.no_grad():
+        got = again(ids, mask)
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_is_as_close_to_float32_as_transformers(checkpoint, dtype):
+    """Rotary tables in float32, rotation cast back: no worse than transformers' own."""
+    path, hf = checkpoint
+    ids, mask = batch()
+    want, _ = reference(hf, ids, mask)
+    theirs, _ = reference(transformers.ModernBertModel.from_pretrained(path).to(dtype), ids, mask)
+    ours = load(path).to(dtype)
+    with torch.no_grad():
+        got = ours(ids, mask)
+    ours_err = (got.float()[mask] - want[mask]).abs().max()
+    theirs_err = (theirs.float()[mask] - want[mask]).abs().max()
+    assert ours_err <= 1.5 * theirs_err + 1e-6, (float(ours_err), float(theirs_err))

@@ -112,10 +112,9 @@ class ForwardPlan:
 
     @property
     def positions(self) -> Tensor:
-        """Each row's position within its own sequence: (N,) when packed, (T,) when padded."""
-        if self.packing is not None:
-            return self.packing.positions
-        return torch.arange(self.tq, device=self.device)
+        """Each row's position within its own sequence, counted over its real tokens: (N,)
+        when packed, (B, T) when padded (what rotary tables are built from)."""
+        return _positions(self)
 
     def check_rows(self, rows: Tensor, name: str = "x") -> None:
         """Raise unless ``rows`` are laid out as this plan says (shape and device)."""
@@ -263,7 +262,7 @@ def plan_stack(
             is_causal=is_causal,
             **flags,
         )
-        return _with_layers(base, layers, head_dim)
+        return _with_layers(base, layers, head_dim, is_causal)
     # Padded: fold the key-padding and causal constraints into one mask, once for all layers.
     # An unmasked causal call keeps the flag instead: sdpa has a fast causal path.
     fold = is_causal and mask is not None
@@ -285,21 +284,41 @@ def plan_stack(
         is_causal=is_causal and not fold,
         **flags,
     )
-    return _with_layers(base, layers, head_dim)
+    return _with_layers(base, layers, head_dim, is_causal)
 
 
 def _with_layers(
-    base: ForwardPlan, layers: tuple[tuple[int | None, float | None], ...], head_dim: int | None
+    base: ForwardPlan,
+    layers: tuple[tuple[int | None, float | None], ...],
+    head_dim: int | None,
+    is_causal: bool,
 ) -> ForwardPlan:
     """``base`` with one plan per distinct layer type (window, rotary base), built once each."""
     if all(window is None and theta is None for window, theta in layers):
         return base
+    if base.token_mask is not None and any(window is not None for window, _ in layers):
+        _check_contiguous(base.token_mask)
     positions = _positions(base)
     built: dict[tuple[int | None, float | None], ForwardPlan] = {}
     for kind in layers:
         if kind not in built:
-            built[kind] = _layer_plan(base, *kind, positions, head_dim)
+            built[kind] = _layer_plan(base, *kind, positions, head_dim, is_causal)
     return dataclasses.replace(base, per_layer=tuple(built[kind] for kind in layers))
+
+
+def _check_contiguous(token_mask: Tensor) -> None:
+    """A local window counts distances in positions; on the padded layout it reads them off
+    the row index, which agrees with the packed layout only when each sequence's tokens are one
+    contiguous run (right or left padding). A mask with holes is refused, not run two ways."""
+    if torch.compiler.is_compiling():
+        return
+    starts = token_mask[:, :1].sum(1) + (token_mask[:, 1:] & ~token_mask[:, :-1]).sum(1)  # (B,)
+    holed = (starts > 1).nonzero().flatten().tolist()
+    if holed:
+        raise ValueError(
+            "mask must hold each sequence's real tokens as one contiguous run for local "
+            f"(windowed) attention; rows {holed[:8]} have gaps"
+        )
 
 
 def _positions(plan: ForwardPlan) -> Tensor:
@@ -321,6 +340,7 @@ def _layer_plan(
     theta: float | None,
     positions: Tensor,
     head_dim: int | None,
+    is_causal: bool,
 ) -> ForwardPlan:
     rotary = None
     if theta is not None:
@@ -336,14 +356,25 @@ def _layer_plan(
                 sin.unsqueeze(1),
             )
         )
-    if window is None or base.packed:
-        return dataclasses.replace(base, window=window, rotary=rotary)
+    if window is None:
+        return dataclasses.replace(base, rotary=rotary)
+    if base.packed:
+        method = base.method
+        if method is not None and method.choice == "flash":
+            # flash_attn's own window is not wired in: say what really runs.
+            method = Decision("sequence", "a local layer: a band per sequence")
+        return dataclasses.replace(base, window=window, rotary=rotary, method=method)
     if base.kernel.choice == "sdpa" and use_banded(base.tq, window):
         # Long rows: the kernel goes slab by slab, so no (T, T) band is ever built here. It
         # reads the key-padding mask alone and applies the causal flag itself.
         keys = None if base.token_mask is None else base.token_mask[:, None, None, :]
         return dataclasses.replace(
-            base, mask=keys, query_has_key=None, window=window, rotary=rotary
+            base,
+            mask=keys,
+            query_has_key=None,
+            is_causal=is_causal,  # the base may have folded it into the mask dropped here
+            window=window,
+            rotary=rotary,
         )
     # Padded: fold the band into the mask once for all layers of this type. A padded query
     # farther than the window from every real key has no key: its row is zeroed by the kernel.

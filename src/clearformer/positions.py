@@ -57,5 +57,5 @@ def rotate_half(x: Tensor) -> Tensor:
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate ``x`` (..., Dh) by the tables (broadcastable to it), in float32, back to x's dtype."""
-    rotated = x.float() * cos + rotate_half(x.float()) * sin
-    return rotated.to(x.dtype)
+    wide = x.float()  # one copy in half precision, none in float32
+    return (wide * cos + rotate_half(wide) * sin).to(x.dtype)

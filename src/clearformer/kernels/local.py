@@ -51,7 +51,9 @@ def banded_attention(
     """
     T = q.shape[-2]
     block = max(window, 64) if block is None else block
-    pieces = []
+    # One output buffer, each slab written into its rows: no list of pieces and no
+    # concatenation, which would hold the output twice. Autograd records the slice writes.
+    result = v.new_empty(*q.shape[:-1], v.shape[-1])  # (B, H, T, Dv)
     for start in range(0, T, block):
         end = min(T, start + block)
         first, last = max(0, start - window), min(T, end + window)
@@ -72,7 +74,5 @@ def banded_attention(
             dropout_p=dropout_p,
             scale=scale,
         )  # (B, H, C, Dv)
-        pieces.append(torch.where(has_key, out, 0.0))
-    if not pieces:
-        return v.new_zeros(*q.shape[:-1], v.shape[-1])
-    return torch.cat(pieces, dim=2)  # (B, H, T, Dv)
+        result[:, :, start:end] = torch.where(has_key, out, 0.0)
+    return result

@@ -126,7 +126,9 @@ def varlen_attention(
     if reference:
         return _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, window, reference=True)
     if window is not None and method in ("auto", "flash"):
-        method = "sequence"  # the band is a mask per run; flash_attn's window is not wired in
+        # The band is a mask per run; flash_attn's own window is not wired in (the plan says
+        # so in its per-layer method).
+        method = "sequence"
     if method not in ("sequence", "padded"):
         method = resolve_method(
             method, layout, device=q.device, dtype=q.dtype, head_dim=q.shape[-1]
@@ -213,6 +215,20 @@ def _padded(q, k, v, layout, is_causal, dropout_p, scale, window) -> Tensor:
     mask = real[:, None, None, :]  # (B, 1, 1, L) keys
     if is_causal:
         mask = mask & torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+    if window is not None and use_banded(L, window):
+        # Long sequences: slab by slab, never a (B, 1, L, L) band (nor SDPA's float bias).
+        out = banded_attention(
+            qs,
+            ks,
+            vs,
+            window,
+            real[:, None, None, :],
+            is_causal=is_causal,
+            dropout_p=dropout_p,
+            scale=scale,
+        ).transpose(1, 2)  # (B, L, H, Dv)
+        keep = real.reshape(-1).nonzero().flatten()  # (N,)
+        return out.reshape(B * L, H, Dv).index_select(0, keep)
     if window is not None:
         mask = mask & band_mask(L, window, q.device)
     # A padded slot with no key in reach (an empty sequence's, or one beyond the window of

@@ -91,9 +91,12 @@ def read_config(hf: dict[str, Any], backend: str) -> EncoderConfig:
         raise CheckpointError(
             f"config.json 'hidden_activation' must be 'gelu' (GeGLU with exact GELU), got {act!r}"
         )
-    window = integer(hf, "local_attention", "positions", 128)
-    if window % 2:
-        raise CheckpointError(f"config.json 'local_attention' must be even, got {window}")
+    window = integer(hf, "local_attention", "positions", 128)  # odd: // 2, as transformers
+    if hf.get("rope_scaling") is not None:
+        raise CheckpointError(
+            f"config.json 'rope_scaling' must be null (scaled rotary positions are not "
+            f"supported), got {hf['rope_scaling']!r}"
+        )
     if (width // heads) % 2:
         raise CheckpointError(
             f"config.json 'hidden_size' / 'num_attention_heads' = {width // heads} must be even "
@@ -198,5 +201,13 @@ MODERNBERT = Family(
     read_config=read_config,
     write_config=write_config,
     names=names,
+    # transformers' defaults for these ids lie outside small vocabularies; the model does not
+    # use them, so a save without a base config leaves them unset.
+    config_defaults={
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "cls_token_id": None,
+        "sep_token_id": None,
+    },
 )
 FAMILIES = (MODERNBERT,)
