@@ -111,7 +111,7 @@ class TextEncoder:
         config = loaded.model.config
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         tokenizer = TextTokenizer.from_files(
-            files, max_length_for(files, config.max_length), pad_id
+            files, max_length_for(files, config.max_length), pad_id, vocab_size=config.vocab_size
         )
         log.info("loaded %s in %.2fs", files.path, time.perf_counter() - started)
         return cls(loaded, tokenizer, pooling=pooling, normalize=normalize)

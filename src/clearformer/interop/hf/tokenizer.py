@@ -79,6 +79,22 @@ def max_length_for(files: CheckpointFiles, model_max: int) -> int:
     return model_max
 
 
+def check_vocab_size(tokenizer, files: CheckpointFiles, vocab_size: int) -> None:
+    """Refuse a tokenizer that can give ids the model has no embedding row for.
+
+    Checked at load time, not left to the model's id check: that one fires only when a text
+    happens to contain such a piece, long after the mismatched files were paired. A vocabulary
+    smaller than the table is fine (tables are often padded to a multiple of 8 or 64).
+    """
+    pieces = tokenizer.get_vocab_size(with_added_tokens=True)
+    if pieces > vocab_size:
+        raise CheckpointError(
+            f"tokenizer {files.tokenizer} has {pieces:,} pieces, more than config.json "
+            f"'vocab_size'={vocab_size:,} in {files.path}: ids from {vocab_size:,} up would have "
+            "no embedding row (the tokenizer and the weights do not belong together)"
+        )
+
+
 class TextTokenizer:
     """The checkpoint's tokenizer with the model's truncation; pads batches itself."""
 
@@ -90,7 +106,21 @@ class TextTokenizer:
         tokenizer.enable_truncation(max_length=max_length)
 
     @classmethod
-    def from_files(cls, files: CheckpointFiles, max_length: int, pad_id: int) -> TextTokenizer:
+    def from_files(
+        cls,
+        files: CheckpointFiles,
+        max_length: int,
+        pad_id: int,
+        *,
+        vocab_size: int | None = None,
+    ) -> TextTokenizer:
+        """The checkpoint's tokenizer; ``vocab_size`` (the model's embedding rows), when given,
+        bounds its vocabulary.
+
+        Raises:
+            CheckpointError: unreadable tokenizer files, or a vocabulary with more pieces than
+                the model has embedding rows.
+        """
         from tokenizers import Tokenizer
 
         try:
@@ -104,6 +134,8 @@ class TextTokenizer:
             raise
         except Exception as exc:  # tokenizers raises its own Exception subclass
             raise CheckpointError(f"cannot read tokenizer {files.tokenizer}: {exc}") from None
+        if vocab_size is not None:
+            check_vocab_size(tokenizer, files, vocab_size)
         return cls(tokenizer, max_length, pad_id)
 
     def encode(self, texts: list[str]) -> list:
