@@ -114,6 +114,14 @@ class TextEncoder:
             files, max_length_for(files, config.max_length), pad_id, vocab_size=config.vocab_size
         )
         log.info("loaded %s in %.2fs", files.path, time.perf_counter() - started)
+        architectures = files.config.get("architectures") or []
+        if any(str(a).endswith("ForSequenceClassification") for a in architectures):
+            log.warning(
+                "%s is a %s checkpoint: its encoder was trained to score pairs (CrossEncoder), "
+                "not to embed texts, so its embeddings may mean little",
+                files.path,
+                architectures[0],
+            )
         return cls(loaded, tokenizer, pooling=pooling, normalize=normalize)
 
     @property
@@ -195,6 +203,16 @@ class TextEncoder:
             done += len(rows)
             report(done, n)
         return out
+
+    def predict(self, *args, **kwargs):
+        """Not available: scoring text pairs needs a classification head."""
+        raise TypeError(
+            f"TextEncoder embeds texts (encode) and has no classification head to score pairs "
+            f"with; load a *ForSequenceClassification checkpoint with "
+            f"CrossEncoder.from_pretrained to rerank (got {self.path})"
+        )
+
+    rank = predict
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write the checkpoint back in Hugging Face format, with tokenizer and pooling files."""

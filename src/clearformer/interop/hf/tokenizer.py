@@ -67,6 +67,34 @@ def check_texts(texts: Any, name: str = "texts") -> list[str]:
     return items
 
 
+def check_pairs(pairs: Any, name: str = "pairs") -> list[tuple[str, str]]:
+    """``pairs`` as a list of (str, str), or a TypeError naming the first bad item."""
+    if (
+        isinstance(pairs, tuple | list)
+        and len(pairs) == 2
+        and all(isinstance(p, str) for p in pairs)
+    ):
+        raise TypeError(f"{name} must be a list of (text, text) pairs, got a single pair; wrap it")
+    if isinstance(pairs, str):
+        raise TypeError(f"{name} must be a list of (text, text) pairs, got a str")
+    try:
+        items = list(pairs)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a list of (text, text) pairs, got {type(pairs).__name__}"
+        ) from None
+    out = []
+    for i, pair in enumerate(items):
+        if isinstance(pair, str) or not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise TypeError(f"{name}[{i}] must be a (text, text) pair, got {pair!r:.60}")
+        for j, text in enumerate(pair):
+            if not isinstance(text, str):
+                raise TypeError(f"{name}[{i}][{j}] must be a str, got {type(text).__name__}")
+            check_unicode(text, f"{name}[{i}][{j}]")
+        out.append((pair[0], pair[1]))
+    return out
+
+
 def max_length_for(files: CheckpointFiles, model_max: int) -> int:
     """The truncation length: sentence-transformers' ``max_seq_length`` if set, else the
     tokenizer's ``model_max_length``, never above what the position table covers."""
@@ -141,6 +169,12 @@ class TextTokenizer:
     def encode(self, texts: list[str]) -> list:
         """``tokenizers.Encoding`` per text (special tokens added, truncated, unpadded)."""
         return self.tokenizer.encode_batch(texts, add_special_tokens=True)
+
+    def encode_pairs(self, pairs: list[tuple[str, str]]) -> list:
+        """``tokenizers.Encoding`` per (first, second) pair, as the checkpoint's pair template
+        joins them (``[CLS] A [SEP] B [SEP]``, second segment token type 1, for BERT); the
+        longer side loses pieces first when a pair is too long."""
+        return self.tokenizer.encode_batch(pairs, add_special_tokens=True)
 
     def pad(self, encodings: list, *, with_tokens: bool = True) -> TokenBatch:
         """Pad encodings to the longest of them (``with_tokens=False``: leave ``tokens`` empty,

@@ -15,9 +15,17 @@ from typing import Any
 
 from ..files import CheckpointError
 from . import bert, distilbert, modernbert, xlm_roberta
-from .family import Family, NameTable
+from .family import Family, HeadLayout, NameTable
 
-__all__ = ["FAMILIES", "Family", "NameTable", "family_for", "family_named", "register"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "HeadLayout",
+    "NameTable",
+    "family_for",
+    "family_named",
+    "register",
+]
 
 _REGISTRY: dict[str, Family] = {}
 FAMILIES: Mapping[str, Family] = MappingProxyType(_REGISTRY)  # read-only view, kept current

@@ -1,10 +1,5 @@
-"""Model heads: what turns an encoder's token states into the output a task needs.
-
-Pooling is the sentence-embedding head: one vector per sequence from its real tokens, as
-sentence-transformers computes it. It lives here, beside the model rather than in the text
-application, so that anything holding token states (a trainer, the explainer's toy encoder)
-pools them the same way.
-"""
+"""Pooling, the sentence-embedding head: one vector per sequence from its real tokens, as
+sentence-transformers computes it."""
 
 from __future__ import annotations
 
