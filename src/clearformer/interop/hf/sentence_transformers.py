@@ -8,6 +8,7 @@ The pooling mode comes from the pooling module's config (``1_Pooling/config.json
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,36 @@ _LEGACY_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
+
+
+@dataclass(frozen=True)
+class PoolingConfig:
+    """What a sentence-transformers pooling module asks for.
+
+    Attributes:
+        mode: one of :data:`clearformer.heads.POOLING_MODES`.
+        include_prompt: whether a prompt's tokens count in the pooling (false: they are left
+            out, so a prompt steers the encoder without being averaged in).
+    """
+
+    mode: str = "mean"
+    include_prompt: bool = True
+
+
+def pooling_from_config(config: dict[str, Any] | None) -> PoolingConfig:
+    """The :class:`PoolingConfig` of a pooling module's ``config.json`` (mean pooling, prompt
+    included, when there is none).
+
+    Raises:
+        CheckpointError: a mode clearformer does not implement, several modes at once, or an
+            ``include_prompt`` that is not true or false.
+    """
+    include = (config or {}).get("include_prompt", True)
+    if not isinstance(include, bool):
+        raise CheckpointError(
+            f"the pooling config's 'include_prompt' must be true or false, got {include!r}"
+        )
+    return PoolingConfig(pooling_mode_from_config(config), include)
 
 
 def pooling_mode_from_config(config: dict[str, Any] | None) -> str:
