@@ -123,3 +123,17 @@ def test_help_lists_rerank_and_parsing_imports_nothing_heavy():
         [sys.executable, "-c", probe], env=cli_env(), capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+
+
+def test_closed_stdout_is_refused_before_the_work_unless_writing_a_file(reranker, corpus, tmp_path):
+    def close_stdout():
+        os.close(1)
+
+    argv = ["rerank", QUERY, "--corpus", str(corpus), "--model", str(reranker)]
+    done = run_cli(*argv, stdout=None, preexec_fn=close_stdout)
+    assert done.returncode == 2 and "stdout is closed" in done.stderr
+    assert "--output FILE.jsonl" in done.stderr
+    target = tmp_path / "out.jsonl"
+    done = run_cli(*argv, "-o", str(target), stdout=None, preexec_fn=close_stdout)
+    assert done.returncode == 0, done.stderr
+    assert len(target.read_text().splitlines()) == 5
