@@ -25,6 +25,7 @@ _EXPORTS = {
     "EncoderModel": ".model",
     "ForwardPlan": ".plan",
     "TextEncoder": ".text",
+    "CrossEncoder": ".text",
 }
 
 if TYPE_CHECKING:  # for type checkers and editors: the names as if imported eagerly
@@ -37,7 +38,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as if imported eag
     from .interop.torch_nn import from_torch, to_torch
     from .model import EncoderModel
     from .plan import ForwardPlan
-    from .text import TextEncoder
+    from .text import CrossEncoder, TextEncoder
 
 
 def __getattr__(name: str) -> Any:
@@ -56,6 +57,7 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 
 __all__ = [
+    "CrossEncoder",
     "Encoder",
     "EncoderBlock",
     "EncoderConfig",

@@ -27,7 +27,7 @@ def test_parsing_imports_nothing_heavy():
 def test_help_lists_every_command():
     done = run_cli("--help")
     assert done.returncode == 0
-    for command in ("encode", "search", "explain", "bench", "demo"):
+    for command in ("encode", "search", "rerank", "explain", "bench", "demo"):
         assert command in done.stdout
 
 

@@ -2,6 +2,8 @@
 
 * :mod:`.encoder` -- :class:`TextEncoder`: texts in, sentence embeddings out (tokenize, batch,
   run, pool, normalise);
+* :mod:`.cross_encoder` -- :class:`CrossEncoder`: text pairs in, relevance scores out (a
+  classification head in place of pooling);
 * :mod:`.batching` -- how sorted texts are cut into forward passes;
 * :mod:`.workers` -- independent forward passes side by side on a CPU's cores.
 
@@ -14,9 +16,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .cross_encoder import CrossEncoder
     from .encoder import TextEncoder
 
-__all__ = ["TextEncoder"]
+__all__ = ["CrossEncoder", "TextEncoder"]
 
 
 def __getattr__(name: str) -> Any:
@@ -26,4 +29,8 @@ def __getattr__(name: str) -> Any:
         from .encoder import TextEncoder
 
         return TextEncoder
+    if name == "CrossEncoder":
+        from .cross_encoder import CrossEncoder
+
+        return CrossEncoder
     raise AttributeError(f"module 'clearformer.text' has no attribute {name!r}")

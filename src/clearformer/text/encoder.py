@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..checks import check_positive_int
+from ..checks import check_positive_int, check_unicode
 from ..config import EncoderConfig
 from ..heads import pool
 from ..interop.hf import (
@@ -29,7 +29,7 @@ from ..interop.hf import (
     find_checkpoint,
     load_model,
     normalize_from_modules,
-    pooling_mode_from_config,
+    pooling_from_config,
     save_model,
 )
 from ..interop.hf.tokenizer import check_texts, max_length_for
@@ -63,7 +63,9 @@ class TextEncoder:
     Attributes:
         model: the :class:`~clearformer.EncoderModel`, in eval mode.
         config: its :class:`~clearformer.EncoderConfig`.
-        pooling: ``"mean"``, ``"cls"`` or ``"max"``.
+        pooling: one of :data:`clearformer.heads.POOLING_MODES` (``"mean"``, ``"cls"``, ...).
+        include_prompt: whether a ``prompt`` given to :meth:`encode` counts in the pooling
+            (the checkpoint's pooling config says; false leaves its tokens out).
         normalize: whether :meth:`encode` L2-normalises by default (the checkpoint's
             sentence-transformers modules include ``Normalize``).
         max_length: texts are truncated to this many pieces, special tokens included.
@@ -78,12 +80,14 @@ class TextEncoder:
         *,
         pooling: str,
         normalize: bool,
+        include_prompt: bool = True,
     ) -> None:
         self._loaded = loaded
         self.model: EncoderModel = loaded.model
         self.config: EncoderConfig = loaded.model.config
         self.tokenizer = tokenizer
         self.pooling = pooling
+        self.include_prompt = include_prompt
         self.normalize = normalize
         self.max_length = tokenizer.max_length
         self.path: Path = loaded.files.path
@@ -105,16 +109,30 @@ class TextEncoder:
         """
         started = time.perf_counter()
         files = find_checkpoint(path)
-        pooling = pooling_mode_from_config(files.pooling_config)
+        pooling = pooling_from_config(files.pooling_config)
         normalize = normalize_from_modules(files.modules, files.path)
         loaded = load_model(files, backend=backend, strict=strict)
         config = loaded.model.config
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         tokenizer = TextTokenizer.from_files(
-            files, max_length_for(files, config.max_length), pad_id
+            files, max_length_for(files, config.max_length), pad_id, vocab_size=config.vocab_size
         )
         log.info("loaded %s in %.2fs", files.path, time.perf_counter() - started)
-        return cls(loaded, tokenizer, pooling=pooling, normalize=normalize)
+        architectures = files.config.get("architectures") or []
+        if any(str(a).endswith("ForSequenceClassification") for a in architectures):
+            log.warning(
+                "%s is a %s checkpoint: its encoder was trained to score pairs (CrossEncoder), "
+                "not to embed texts, so its embeddings may mean little",
+                files.path,
+                architectures[0],
+            )
+        return cls(
+            loaded,
+            tokenizer,
+            pooling=pooling.mode,
+            normalize=normalize,
+            include_prompt=pooling.include_prompt,
+        )
 
     @property
     def dim(self) -> int:
@@ -125,9 +143,18 @@ class TextEncoder:
         """Tokenize and pad ``texts`` as :meth:`encode` does (one batch, input order)."""
         return self.tokenizer(texts)
 
-    def pool(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
-        """(B, T, D) token states + (B, T) bool mask -> (B, D) with the checkpoint's pooling."""
-        return pool(hidden, attention_mask, self.pooling)
+    def pool(self, hidden: Tensor, attention_mask: Tensor, skip: int = 0) -> Tensor:
+        """(B, T, D) token states + (B, T) bool mask -> (B, D) with the checkpoint's pooling,
+        the first ``skip`` tokens (a prompt's) left out."""
+        return pool(hidden, attention_mask, self.pooling, skip=skip)
+
+    def prompt_length(self, prompt: str) -> int:
+        """Tokens a ``prompt`` takes at the start of a text: its pieces and the opening special
+        token, not a closing one (sentence-transformers' count)."""
+        check_unicode(prompt, "prompt")
+        (encoding,) = self.tokenizer.encode([prompt])
+        closing = bool(encoding.special_tokens_mask) and encoding.special_tokens_mask[-1] == 1
+        return len(encoding.ids) - int(closing)
 
     def encode(
         self,
@@ -138,6 +165,7 @@ class TextEncoder:
         *,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         workers: int = 1,
+        prompt: str | None = None,
     ) -> np.ndarray:
         """Sentence embeddings of ``texts``.
 
@@ -152,12 +180,21 @@ class TextEncoder:
             workers: forward passes run side by side on a CPU, its threads split between
                 them; 1 = one at a time. ``workers=2`` helped long texts on a 2-core machine
                 and not short ones (see :mod:`clearformer.text.workers`).
+            prompt: text put before every text (``"query: "``), as sentence-transformers'
+                ``encode(prompt=...)``; with :attr:`include_prompt` false its tokens are left
+                out of the pooling.
 
         Returns:
             (n, D) float32, row i for ``texts[i]``. Batching changes speed and memory, never
             the result: a text's embedding does not depend on its batch-mates.
         """
         texts = check_texts(texts)
+        skip = 0
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise TypeError(f"prompt must be a str or None, got {type(prompt).__name__}")
+            skip = 0 if self.include_prompt else self.prompt_length(prompt)
+            texts = [prompt + text for text in texts]
         normalize = self.normalize if normalize is None else bool(normalize)
         n = len(texts)
         out = np.empty((n, self.dim), dtype=np.float32)
@@ -184,7 +221,7 @@ class TextEncoder:
             with torch.inference_mode():
                 # The mask goes as it is: the Encoder's plan drops one without padding itself.
                 hidden = self.model(batch.input_ids, mask, batch.token_type_ids)  # (B, T, D)
-                vectors = self.pool(hidden, mask)  # (B, D)
+                vectors = self.pool(hidden, mask, skip)  # (B, D)
                 if normalize:
                     vectors = F.normalize(vectors, p=2.0, dim=-1)
             return rows, vectors.float().numpy()
@@ -195,6 +232,16 @@ class TextEncoder:
             done += len(rows)
             report(done, n)
         return out
+
+    def predict(self, *args, **kwargs):
+        """Not available: scoring text pairs needs a classification head."""
+        raise TypeError(
+            f"TextEncoder embeds texts (encode) and has no classification head to score pairs "
+            f"with; load a *ForSequenceClassification checkpoint with "
+            f"CrossEncoder.from_pretrained to rerank (got {self.path})"
+        )
+
+    rank = predict
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write the checkpoint back in Hugging Face format, with tokenizer and pooling files."""

@@ -19,7 +19,12 @@ from .families import FAMILIES, Family, family_for, family_named, register
 from .files import CheckpointError, CheckpointFiles, find_checkpoint
 from .loading import LoadedModel, load_model, save_model
 from .mapping import LoadReport
-from .sentence_transformers import normalize_from_modules, pooling_mode_from_config
+from .sentence_transformers import (
+    PoolingConfig,
+    normalize_from_modules,
+    pooling_from_config,
+    pooling_mode_from_config,
+)
 from .tokenizer import TextTokenizer, TokenBatch
 
 __all__ = [
@@ -29,6 +34,7 @@ __all__ = [
     "Family",
     "LoadReport",
     "LoadedModel",
+    "PoolingConfig",
     "TextTokenizer",
     "TokenBatch",
     "bundled_model_dir",
@@ -37,6 +43,7 @@ __all__ = [
     "find_checkpoint",
     "load_model",
     "normalize_from_modules",
+    "pooling_from_config",
     "pooling_mode_from_config",
     "register",
     "save_model",

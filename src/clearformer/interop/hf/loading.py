@@ -11,6 +11,7 @@ from typing import Any
 
 from torch import Tensor
 
+from ...config import EncoderConfig
 from ...io import atomic_write
 from ...model import EncoderModel
 from .families import Family, family_for, family_named
@@ -51,11 +52,27 @@ def load_model(
         CheckpointError: incomplete, unsupported, corrupt or mismatched checkpoint.
     """
     files = path if isinstance(path, CheckpointFiles) else find_checkpoint(path)
+    family, config = read_family(files, backend)  # validated before any weight
+    return build_model(files, family, config, read_tensors(files.weights), strict=strict)
+
+
+def read_family(files: CheckpointFiles, backend: str) -> tuple[Family, EncoderConfig]:
+    """The checkpoint's family and :class:`EncoderConfig`, from config.json alone."""
     source = str(files.path / "config.json")
     family = family_for(files.config, source)
-    config = config_of(family, files.config, source, backend)  # validated before any weight
+    return family, config_of(family, files.config, source, backend)
+
+
+def build_model(
+    files: CheckpointFiles,
+    family: Family,
+    config: EncoderConfig,
+    tensors: dict[str, Tensor],
+    *,
+    strict: bool,
+) -> LoadedModel:
+    """An :class:`EncoderModel` of ``config`` filled from ``tensors`` (the checkpoint's)."""
     model = EncoderModel(config)
-    tensors = read_tensors(files.weights)
     report, kept = load_state(model, tensors, family, strict=strict, source=str(files.weights))
     log.info("%s", report)
     return LoadedModel(model.eval(), report, family, dict(files.config), kept, files)

@@ -1,4 +1,5 @@
-"""What a checkpoint's sentence-transformers files ask for: a pooling mode and normalisation.
+"""What a checkpoint's sentence-transformers files ask for: a pooling mode and normalisation
+(embedding models), the activation on the scores (cross-encoders).
 
 The pooling mode comes from the pooling module's config (``1_Pooling/config.json``): the legacy
 ``pooling_mode_*_tokens`` booleans or the newer ``pooling_mode`` string. The pooling itself is
@@ -7,11 +8,12 @@ The pooling mode comes from the pooling module's config (``1_Pooling/config.json
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...heads import POOLING_MODES
-from .files import CheckpointError
+from .files import CheckpointError, CheckpointFiles, read_json
 
 # The sentence-transformers modules clearformer runs (as the last part of their type name).
 SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
@@ -24,6 +26,36 @@ _LEGACY_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
+
+
+@dataclass(frozen=True)
+class PoolingConfig:
+    """What a sentence-transformers pooling module asks for.
+
+    Attributes:
+        mode: one of :data:`clearformer.heads.POOLING_MODES`.
+        include_prompt: whether a prompt's tokens count in the pooling (false: they are left
+            out, so a prompt steers the encoder without being averaged in).
+    """
+
+    mode: str = "mean"
+    include_prompt: bool = True
+
+
+def pooling_from_config(config: dict[str, Any] | None) -> PoolingConfig:
+    """The :class:`PoolingConfig` of a pooling module's ``config.json`` (mean pooling, prompt
+    included, when there is none).
+
+    Raises:
+        CheckpointError: a mode clearformer does not implement, several modes at once, or an
+            ``include_prompt`` that is not true or false.
+    """
+    include = (config or {}).get("include_prompt", True)
+    if not isinstance(include, bool):
+        raise CheckpointError(
+            f"the pooling config's 'include_prompt' must be true or false, got {include!r}"
+        )
+    return PoolingConfig(pooling_mode_from_config(config), include)
 
 
 def pooling_mode_from_config(config: dict[str, Any] | None) -> str:
@@ -64,3 +96,46 @@ def normalize_from_modules(modules: list[dict[str, Any]] | None, root: Path) -> 
             f"run: {unsupported}; supported: {', '.join(SUPPORTED_MODULES)}"
         )
     return "Normalize" in kinds
+
+
+# sentence-transformers' names of the activations it applies to cross-encoder logits.
+_SCORE_ACTIVATIONS = {
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.modules.activation.Tanh": "tanh",
+}
+
+
+def score_activation(files: CheckpointFiles, num_labels: int) -> str:
+    """The activation ``sentence_transformers.CrossEncoder.predict`` applies to this
+    checkpoint's logits: the one its files name (``config_sentence_transformers.json``
+    ``activation_fn``; older versions: config.json ``sentence_transformers.activation_fn`` or
+    ``sbert_ce_default_activation_function``), else sigmoid for one label, identity for more.
+
+    Raises:
+        CheckpointError: an activation other than sigmoid, identity or tanh.
+    """
+    candidates = []
+    st_file = files.path / "config_sentence_transformers.json"
+    if st_file.is_file():
+        st_config = read_json(st_file, "sentence-transformers config")
+        if isinstance(st_config, dict):
+            candidates.append((st_file, "activation_fn", st_config.get("activation_fn")))
+    nested = files.config.get("sentence_transformers")
+    config_file = files.path / "config.json"
+    if isinstance(nested, dict):
+        candidates.append(
+            (config_file, "sentence_transformers.activation_fn", nested.get("activation_fn"))
+        )
+    legacy = "sbert_ce_default_activation_function"
+    candidates.append((config_file, legacy, files.config.get(legacy)))
+    for source, key, value in candidates:
+        if value is None:
+            continue
+        if value not in _SCORE_ACTIVATIONS:
+            raise CheckpointError(
+                f"{source} {key!r}={value!r} is not supported; supported: "
+                f"{', '.join(_SCORE_ACTIVATIONS)}"
+            )
+        return _SCORE_ACTIVATIONS[value]
+    return "sigmoid" if num_labels == 1 else "identity"

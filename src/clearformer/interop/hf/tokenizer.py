@@ -67,6 +67,34 @@ def check_texts(texts: Any, name: str = "texts") -> list[str]:
     return items
 
 
+def check_pairs(pairs: Any, name: str = "pairs") -> list[tuple[str, str]]:
+    """``pairs`` as a list of (str, str), or a TypeError naming the first bad item."""
+    if (
+        isinstance(pairs, tuple | list)
+        and len(pairs) == 2
+        and all(isinstance(p, str) for p in pairs)
+    ):
+        raise TypeError(f"{name} must be a list of (text, text) pairs, got a single pair; wrap it")
+    if isinstance(pairs, str):
+        raise TypeError(f"{name} must be a list of (text, text) pairs, got a str")
+    try:
+        items = list(pairs)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a list of (text, text) pairs, got {type(pairs).__name__}"
+        ) from None
+    out = []
+    for i, pair in enumerate(items):
+        if isinstance(pair, str) or not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise TypeError(f"{name}[{i}] must be a (text, text) pair, got {pair!r:.60}")
+        for j, text in enumerate(pair):
+            if not isinstance(text, str):
+                raise TypeError(f"{name}[{i}][{j}] must be a str, got {type(text).__name__}")
+            check_unicode(text, f"{name}[{i}][{j}]")
+        out.append((pair[0], pair[1]))
+    return out
+
+
 def max_length_for(files: CheckpointFiles, model_max: int) -> int:
     """The truncation length: sentence-transformers' ``max_seq_length`` if set, else the
     tokenizer's ``model_max_length``, never above what the position table covers."""
@@ -77,6 +105,22 @@ def max_length_for(files: CheckpointFiles, model_max: int) -> int:
         if isinstance(value, int | float) and 0 < value < _UNBOUNDED:
             return min(int(value), model_max)
     return model_max
+
+
+def check_vocab_size(tokenizer, files: CheckpointFiles, vocab_size: int) -> None:
+    """Refuse a tokenizer that can give ids the model has no embedding row for.
+
+    Checked at load time, not left to the model's id check: that one fires only when a text
+    happens to contain such a piece, long after the mismatched files were paired. A vocabulary
+    smaller than the table is fine (tables are often padded to a multiple of 8 or 64).
+    """
+    pieces = tokenizer.get_vocab_size(with_added_tokens=True)
+    if pieces > vocab_size:
+        raise CheckpointError(
+            f"tokenizer {files.tokenizer} has {pieces:,} pieces, more than config.json "
+            f"'vocab_size'={vocab_size:,} in {files.path}: ids from {vocab_size:,} up would have "
+            "no embedding row (the tokenizer and the weights do not belong together)"
+        )
 
 
 class TextTokenizer:
@@ -90,7 +134,21 @@ class TextTokenizer:
         tokenizer.enable_truncation(max_length=max_length)
 
     @classmethod
-    def from_files(cls, files: CheckpointFiles, max_length: int, pad_id: int) -> TextTokenizer:
+    def from_files(
+        cls,
+        files: CheckpointFiles,
+        max_length: int,
+        pad_id: int,
+        *,
+        vocab_size: int | None = None,
+    ) -> TextTokenizer:
+        """The checkpoint's tokenizer; ``vocab_size`` (the model's embedding rows), when given,
+        bounds its vocabulary.
+
+        Raises:
+            CheckpointError: unreadable tokenizer files, or a vocabulary with more pieces than
+                the model has embedding rows.
+        """
         from tokenizers import Tokenizer
 
         try:
@@ -104,11 +162,19 @@ class TextTokenizer:
             raise
         except Exception as exc:  # tokenizers raises its own Exception subclass
             raise CheckpointError(f"cannot read tokenizer {files.tokenizer}: {exc}") from None
+        if vocab_size is not None:
+            check_vocab_size(tokenizer, files, vocab_size)
         return cls(tokenizer, max_length, pad_id)
 
     def encode(self, texts: list[str]) -> list:
         """``tokenizers.Encoding`` per text (special tokens added, truncated, unpadded)."""
         return self.tokenizer.encode_batch(texts, add_special_tokens=True)
+
+    def encode_pairs(self, pairs: list[tuple[str, str]]) -> list:
+        """``tokenizers.Encoding`` per (first, second) pair, as the checkpoint's pair template
+        joins them (``[CLS] A [SEP] B [SEP]``, second segment token type 1, for BERT); the
+        longer side loses pieces first when a pair is too long."""
+        return self.tokenizer.encode_batch(pairs, add_special_tokens=True)
 
     def pad(self, encodings: list, *, with_tokens: bool = True) -> TokenBatch:
         """Pad encodings to the longest of them (``with_tokens=False``: leave ``tokens`` empty,

@@ -14,10 +14,18 @@ from types import MappingProxyType
 from typing import Any
 
 from ..files import CheckpointError
-from . import bert, distilbert, modernbert
-from .family import Family, NameTable
+from . import bert, distilbert, modernbert, xlm_roberta
+from .family import Family, HeadLayout, NameTable
 
-__all__ = ["FAMILIES", "Family", "NameTable", "family_for", "family_named", "register"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "HeadLayout",
+    "NameTable",
+    "family_for",
+    "family_named",
+    "register",
+]
 
 _REGISTRY: dict[str, Family] = {}
 FAMILIES: Mapping[str, Family] = MappingProxyType(_REGISTRY)  # read-only view, kept current
@@ -66,6 +74,11 @@ def family_for(hf: dict[str, Any], source: str = "config.json") -> Family:
     return family_named(hf.get("model_type"), source)
 
 
-_BUILT_IN = (*bert.FAMILIES, *distilbert.FAMILIES, *modernbert.FAMILIES)
+_BUILT_IN = (
+    *bert.FAMILIES,
+    *distilbert.FAMILIES,
+    *modernbert.FAMILIES,
+    *xlm_roberta.FAMILIES,
+)
 for _family in _BUILT_IN:
     register(_family)

@@ -14,8 +14,9 @@ from functools import partial
 from typing import Any
 
 from ....config import EncoderConfig
+from ....heads import ClassifierConfig
 from ..files import CheckpointError
-from .family import Family, NameTable
+from .family import Family, HeadLayout, NameTable
 from .fields import (
     activation,
     attn_dropout,
@@ -23,10 +24,11 @@ from .fields import (
     check_size,
     hf_activation,
     integer,
+    labels,
     number,
     token_id,
 )
-from .tables import layered_names
+from .tables import head_names, layered_names
 
 # Where each part of a block lives in a Hugging Face layer, relative to the layer's prefix.
 LAYER = {
@@ -113,6 +115,19 @@ def names(n_layers: int) -> NameTable:
     return layered_names(n_layers, LAYER, token_types=True)
 
 
+def classifier(hf: dict[str, Any], *, roberta: bool) -> HeadLayout:
+    """``BertForSequenceClassification``: the pooler's dense + tanh on the first token, then
+    ``classifier``. ``RobertaForSequenceClassification`` (and XLM-R's) has no pooler: its
+    ``classifier`` holds the dense + tanh and ``out_proj``."""
+    count, names = labels(hf)
+    config = ClassifierConfig(
+        d_model=integer(hf, "hidden_size", "width"), num_labels=count, labels=names
+    )
+    if roberta:
+        return HeadLayout(config, head_names("classifier.dense", "classifier.out_proj"))
+    return HeadLayout(config, head_names("bert.pooler.dense", "classifier"))
+
+
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 _DEFAULTS = {"position_embedding_type": "absolute"}
 
@@ -127,6 +142,7 @@ BERT = Family(
     names=names,
     config_defaults=_DEFAULTS,
     kept_prefixes=("pooler.",),
+    classifier=partial(classifier, roberta=False),
 )
 ROBERTA = Family(
     model_type="roberta",
@@ -139,5 +155,6 @@ ROBERTA = Family(
     names=names,
     config_defaults=_DEFAULTS,
     kept_prefixes=("pooler.",),
+    classifier=partial(classifier, roberta=True),
 )
 FAMILIES = (BERT, ROBERTA)

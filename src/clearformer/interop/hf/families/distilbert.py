@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from ....config import EncoderConfig
-from .family import Family, NameTable
+from ....heads import ClassifierConfig
+from .family import Family, HeadLayout, NameTable
 from .fields import (
     activation,
     attn_dropout,
@@ -17,10 +18,11 @@ from .fields import (
     check_size,
     hf_activation,
     integer,
+    labels,
     number,
     token_id,
 )
-from .tables import layered_names
+from .tables import head_names, layered_names
 
 # Where each part of a block lives in a Hugging Face layer, relative to the layer's prefix.
 LAYER = {
@@ -89,6 +91,16 @@ def names(n_layers: int) -> NameTable:
     return layered_names(n_layers, LAYER, token_types=False)
 
 
+def classifier(hf: dict[str, Any]) -> HeadLayout:
+    """``DistilBertForSequenceClassification``: ``pre_classifier`` + ReLU on the first token,
+    then ``classifier``."""
+    count, names = labels(hf)
+    config = ClassifierConfig(
+        d_model=integer(hf, "dim", "width"), num_labels=count, activation="relu", labels=names
+    )
+    return HeadLayout(config, head_names("pre_classifier", "classifier"))
+
+
 DISTILBERT = Family(
     model_type="distilbert",
     hf_class="DistilBertModel",
@@ -106,5 +118,6 @@ DISTILBERT = Family(
     write_config=write_config,
     names=names,
     config_defaults={"sinusoidal_pos_embds": False},
+    classifier=classifier,
 )
 FAMILIES = (DISTILBERT,)

@@ -14,10 +14,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ....config import EncoderConfig
+from ....heads import ClassifierConfig
 
 # (clearformer parameter name, its Hugging Face sources). One source maps one to one; several
 # are stacked along the first axis, in order, to make the parameter (the fused q; k; v rows).
 NameTable = list[tuple[str, tuple[str, ...]]]
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """Where a checkpoint keeps a head: its config and, for each head parameter, the full
+    checkpoint keys it is made of (task-model prefixes included, as ``bert.pooler.dense``)."""
+
+    config: ClassifierConfig
+    names: NameTable
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,9 @@ class Family:
         config_defaults: config.json fields written only where the base config lacks them.
         kept_prefixes: unused base-model tensors (the pooler) a load hands back so that a save
             writes them again: transformers' base model has them, clearformer does not run them.
+        classifier: ``config.json dict -> HeadLayout`` of the family's
+            ``*ForSequenceClassification`` head; None = the family has none in clearformer.
+            Its tensors must be among ``unused_prefixes``, so a plain load reports them unused.
     """
 
     model_type: str
@@ -51,6 +64,7 @@ class Family:
     names: Callable[[int], NameTable]
     config_defaults: Mapping[str, Any] = field(default_factory=dict)
     kept_prefixes: tuple[str, ...] = ()
+    classifier: Callable[[dict[str, Any]], HeadLayout] | None = None
 
     def encoder_config(self, hf: dict[str, Any], backend: str = "auto") -> EncoderConfig:
         """The :class:`EncoderConfig` of a config.json of this family."""

@@ -150,3 +150,33 @@ def hf_activation(config: EncoderConfig, family: str) -> str:
 def attn_dropout(config: EncoderConfig) -> float:
     """The attention dropout ``config`` runs with (``attn_dropout`` None = ``dropout``)."""
     return config.dropout if config.attn_dropout is None else config.attn_dropout
+
+
+def labels(hf: dict[str, Any]) -> tuple[int, tuple[str, ...]]:
+    """(num_labels, label names) of a task config: ``id2label`` as transformers writes it
+    (keys "0", "1", ...), else ``num_labels``, else transformers' default of 2 unnamed."""
+    id2label = hf.get("id2label")
+    if isinstance(id2label, dict) and id2label:
+        try:
+            order = sorted(id2label, key=int)
+        except (TypeError, ValueError):
+            raise CheckpointError(
+                f"config.json 'id2label' keys must be label indices 0..n-1, got {list(id2label)}"
+            ) from None
+        if [int(k) for k in order] != list(range(len(order))):
+            raise CheckpointError(
+                f"config.json 'id2label' keys must be label indices 0..n-1, got {order}"
+            )
+        return len(order), tuple(str(id2label[k]) for k in order)
+    count = hf.get("num_labels", 2)
+    if not _is_int(count) or not 1 <= count <= LIMITS["width"][1]:
+        raise CheckpointError(f"config.json 'num_labels' must be an int >= 1, got {count!r}")
+    return count, ()
+
+
+def flag(hf: dict[str, Any], key: str, default: bool) -> bool:
+    """A true/false field."""
+    value = hf.get(key, default)
+    if not isinstance(value, bool):
+        raise CheckpointError(f"config.json {key!r} must be true or false, got {value!r}")
+    return value

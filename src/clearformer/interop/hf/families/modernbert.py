@@ -29,9 +29,11 @@ from __future__ import annotations
 from typing import Any
 
 from ....config import EncoderConfig
+from ....heads import CLASSIFIER_ACTIVATIONS, ClassifierConfig
 from ..files import CheckpointError
-from .family import Family, NameTable
-from .fields import check_heads, integer, number, token_id
+from .family import Family, HeadLayout, NameTable
+from .fields import check_heads, flag, integer, labels, number, token_id
+from .tables import head_names
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"
 DEFAULT_THETA = {GLOBAL: 160_000.0, LOCAL: 10_000.0}
@@ -192,6 +194,40 @@ def names(n_layers: int) -> NameTable:
     return [(f"{ours}.weight", (f"{theirs}.weight",)) for ours, theirs in parts]
 
 
+def classifier(hf: dict[str, Any]) -> HeadLayout:
+    """``ModernBertForSequenceClassification``: the first token or the mean of the real ones
+    (``classifier_pooling``), then ``head`` (dense -> activation -> LayerNorm), then
+    ``classifier``."""
+    count, names = labels(hf)
+    pooling = hf.get("classifier_pooling", "cls")
+    if pooling not in ("cls", "mean"):
+        raise CheckpointError(
+            f"config.json 'classifier_pooling' must be 'cls' or 'mean', got {pooling!r}"
+        )
+    act = hf.get("classifier_activation", "gelu")
+    if act not in CLASSIFIER_ACTIVATIONS:
+        raise CheckpointError(
+            f"unsupported config.json 'classifier_activation'={act!r}; supported: "
+            f"{', '.join(CLASSIFIER_ACTIVATIONS)}"
+        )
+    dense_bias, norm_bias = flag(hf, "classifier_bias", False), flag(hf, "norm_bias", False)
+    config = ClassifierConfig(
+        d_model=integer(hf, "hidden_size", "width"),
+        num_labels=count,
+        pooling=pooling,
+        activation=act,
+        dense_bias=dense_bias,
+        norm=True,
+        norm_eps=number(hf, "norm_eps", 1e-5, low=1e-30, high=1.0),
+        norm_bias=norm_bias,
+        labels=names,
+    )
+    table = head_names(
+        "head.dense", "classifier", dense_bias=dense_bias, norm="head.norm", norm_bias=norm_bias
+    )
+    return HeadLayout(config, table)
+
+
 MODERNBERT = Family(
     model_type="modernbert",
     hf_class="ModernBertModel",
@@ -209,5 +245,6 @@ MODERNBERT = Family(
         "cls_token_id": None,
         "sep_token_id": None,
     },
+    classifier=classifier,
 )
 FAMILIES = (MODERNBERT,)

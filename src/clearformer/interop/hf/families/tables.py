@@ -48,3 +48,19 @@ def layered_names(n_layers: int, layer: Mapping[str, object], *, token_types: bo
         for part in LINEAR_PARTS:
             names += linear(f"{ours}.{part}", f"{theirs}.{layer[part]}")
     return names
+
+
+def head_names(
+    dense: str, out: str, *, dense_bias: bool = True, norm: str | None = None, norm_bias=True
+) -> NameTable:
+    """The name table of a :class:`~clearformer.heads.SequenceClassifier` whose dense layer,
+    optional LayerNorm and output layer are the checkpoint modules ``dense``, ``norm`` and
+    ``out`` (full keys, task-model prefixes included)."""
+    names: NameTable = [("dense.weight", (f"{dense}.weight",))]
+    if dense_bias:
+        names.append(("dense.bias", (f"{dense}.bias",)))
+    if norm is not None:
+        names.append(("norm.weight", (f"{norm}.weight",)))
+        if norm_bias:
+            names.append(("norm.bias", (f"{norm}.bias",)))
+    return names + linear("out", out)

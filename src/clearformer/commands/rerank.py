@@ -1,0 +1,149 @@
+"""``clearformer rerank``: rank the lines of a file by a cross-encoder's score for a query.
+
+Where ``search`` compares separate embeddings, ``rerank`` reads the query and each line
+together through a cross-encoder (a ``*ForSequenceClassification`` checkpoint with one label),
+which judges relevance better at one forward pass per line: the usual second stage after a
+search has cut a corpus down to a few hundred candidates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..text.batching import DEFAULT_MAX_TOKENS
+from .encode import positive_int
+from .search import DISPLAY_WIDTH, non_negative_int, shorten
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "rerank",
+        help="rank the lines of a file with a cross-encoder",
+        description="Score each text of a corpus file against a query with a cross-encoder "
+        "(a sequence-classification checkpoint with one label) and print the best first.",
+    )
+    p.add_argument("query", metavar="QUERY", help="the text to rank the corpus against")
+    p.add_argument(
+        "--corpus", required=True, metavar="FILE", help="one text per line, or JSONL with --field"
+    )
+    p.add_argument(
+        "--model", required=True, metavar="DIR", help="cross-encoder checkpoint directory"
+    )
+    p.add_argument("--field", metavar="NAME", help="JSONL corpus: the string field to rank")
+    p.add_argument("-k", "--top-k", type=positive_int, default=5, help="results to show")
+    p.add_argument("--json", action="store_true", help="print results as JSON lines (full texts)")
+    p.add_argument(
+        "-o", "--output", metavar="FILE", help="write the results as JSON lines to FILE.jsonl"
+    )
+    p.add_argument(
+        "--width",
+        type=non_negative_int,
+        default=DISPLAY_WIDTH,
+        metavar="N",
+        help=f"characters of each text shown (default {DISPLAY_WIDTH}; 0: all)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="pairs per forward pass (default: as many as fit in --max-tokens)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_TOKENS,
+        metavar="N",
+        help=f"padded tokens per forward pass without --batch-size (default {DEFAULT_MAX_TOKENS})",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "math", "sdpa", "varlen"),
+        default="auto",
+        help="attention backend (auto packs ragged batches)",
+    )
+    p.set_defaults(
+        func=run,
+        writes_stdout=lambda args: args.output is None,
+        stdout_hint="; give --output FILE.jsonl",
+    )
+
+
+def _check_output(output: str | None) -> Path | None:
+    from ..cli import CliError
+    from .outputs import check_destination
+
+    if output is None:
+        return None
+    if Path(output).suffix != ".jsonl":
+        raise CliError(f"--output must end in .jsonl, got {output!r}")
+    return check_destination("--output", output)
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from ..checks import check_unicode
+    from ..cli import CliError
+    from ..io import atomic_write, read_texts
+    from ..text import CrossEncoder
+
+    output = _check_output(args.output)  # before any work
+    path = Path(args.corpus)
+    if not path.is_file():
+        raise CliError(f"--corpus file not found: {path}")
+    if not args.query.strip():
+        raise CliError("QUERY is empty")
+    check_unicode(args.query, "QUERY")
+    field = args.field if args.field is not None or path.suffix != ".jsonl" else "text"
+    texts = read_texts(path.read_bytes(), str(path), field=field)
+    # Blank lines carry nothing to rank; keep each text's line number for the output.
+    entries = [(number, text) for number, text in enumerate(texts, start=1) if text.strip()]
+    if not entries:
+        raise CliError(f"empty input: {path} holds no non-blank texts")
+    model = CrossEncoder.from_pretrained(args.model, backend=args.backend)
+    if model.num_labels != 1:
+        raise CliError(
+            f"--model {args.model}: rerank needs a cross-encoder with one score per pair, this "
+            f"one has num_labels={model.num_labels} {list(model.labels) or ''}".rstrip()
+        )
+    scores = model.predict(
+        [(args.query, text) for _, text in entries],
+        batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
+    )  # (n,)
+    bad = np.flatnonzero(~np.isfinite(scores))
+    if len(bad):
+        raise CliError(
+            f"the scores of {len(bad)} of {len(entries)} texts are not finite (NaN or "
+            f"infinity; the checkpoint's weights may be damaged), first at line "
+            f"{entries[int(bad[0])][0]}; nothing was written"
+        )
+    # Stable sort on -score: equal scores keep file order.
+    best = np.argsort(-scores, kind="stable")[: min(args.top_k, len(entries))]
+    rows = [
+        {
+            "rank": rank,
+            "score": round(float(scores[i]), 6),
+            "line": entries[i][0],
+            "text": entries[i][1],
+        }
+        for rank, i in enumerate(best, start=1)
+    ]
+    if output is not None:
+        with atomic_write(output) as handle:
+            for row in rows:
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        print(f"wrote {len(rows)} results to {output}", file=sys.stderr)
+        return 0
+    for row in rows:
+        if args.json:
+            print(json.dumps(row, ensure_ascii=False))
+        else:
+            shown = shorten(row["text"], args.width)
+            print(f"{row['rank']:>3}  {row['score']:.4f}  line {row['line']}: {shown}")
+    sys.stdout.flush()
+    return 0

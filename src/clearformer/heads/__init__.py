@@ -1,0 +1,23 @@
+"""Model heads: what turns an encoder's token states into the output a task needs.
+
+* :mod:`.pooling` -- :func:`pool`, the sentence-embedding head (one vector per sequence);
+* :mod:`.classification` -- :class:`SequenceClassifier`, the sequence-classification head
+  (pooled states -> dense -> activation -> optional norm -> logits) that cross-encoders and
+  text classifiers put on top of the encoder.
+
+They live beside the model rather than in the text applications, so that anything holding
+token states (a trainer, the explainer's toy encoder) uses them the same way.
+"""
+
+from __future__ import annotations
+
+from .classification import CLASSIFIER_ACTIVATIONS, ClassifierConfig, SequenceClassifier
+from .pooling import POOLING_MODES, pool
+
+__all__ = [
+    "CLASSIFIER_ACTIVATIONS",
+    "POOLING_MODES",
+    "ClassifierConfig",
+    "SequenceClassifier",
+    "pool",
+]

@@ -1,0 +1,67 @@
+"""Pooling, the sentence-embedding head: one vector per sequence from its real tokens, as
+sentence-transformers' ``Pooling`` module computes it."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["POOLING_MODES", "pool"]
+
+POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len_tokens", "lasttoken")
+
+
+def pool(hidden: Tensor, attention_mask: Tensor, mode: str = "mean", *, skip: int = 0) -> Tensor:
+    """Pool token states into one vector per sequence.
+
+    Args:
+        hidden: (B, T, D) token states.
+        attention_mask: (B, T) bool, True = real token.
+        mode: ``mean`` (average of real tokens), ``cls`` (first token), ``max`` (per feature),
+            ``mean_sqrt_len_tokens`` (their sum over the square root of their count, so
+            longer texts get longer vectors), ``lasttoken`` (the last real token: decoder-style
+            embedders, whose last token has seen the whole text).
+        skip: leading tokens to leave out (a prompt's, for a pooling with
+            ``include_prompt: false``); ``cls`` then takes the first token after them, as
+            sentence-transformers does.
+
+    Returns:
+        (B, D); a row without tokens pools to zeros (``max``: -inf).
+    """
+    if mode not in POOLING_MODES:
+        raise ValueError(f"mode must be one of {POOLING_MODES}, got {mode!r}")
+    if hidden.dim() != 3:
+        raise ValueError(f"hidden must be (B, T, D), got shape {tuple(hidden.shape)}")
+    if tuple(attention_mask.shape) != tuple(hidden.shape[:2]):
+        raise ValueError(
+            f"attention_mask must have shape (B, T) = {tuple(hidden.shape[:2])}, "
+            f"got {tuple(attention_mask.shape)}"
+        )
+    if attention_mask.dtype != torch.bool:
+        raise TypeError(f"attention_mask must be a bool tensor, got dtype {attention_mask.dtype}")
+    if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
+        raise ValueError(f"skip must be an int >= 0, got {skip!r}")
+    B, T, _ = hidden.shape
+    if skip:
+        positions = torch.arange(T, device=hidden.device)
+        attention_mask = attention_mask & (positions >= skip)  # (B, T)
+    if mode == "cls":
+        if not skip:
+            return hidden[:, 0]
+        first = attention_mask.int().argmax(dim=1)  # (B,) first kept token; 0 in an empty row
+        return hidden[torch.arange(B, device=hidden.device), first]
+    keep = attention_mask.unsqueeze(-1)  # (B, T, 1)
+    if mode == "max":
+        return hidden.masked_fill(~keep, float("-inf")).amax(dim=1)
+    if mode == "lasttoken":
+        # The last True of each row, found from the right so left padding works too; an empty
+        # row picks any position, zeroed by the mask below.
+        if T == 0:
+            return hidden.new_zeros(B, hidden.shape[-1])
+        from_end = attention_mask.flip(1).int().argmax(dim=1)  # (B,)
+        last = T - 1 - from_end
+        return (hidden * keep)[torch.arange(B, device=hidden.device), last]
+    total = (hidden * keep).sum(dim=1)  # (B, D)
+    # A row without tokens divides by a tiny count instead of zero (sentence-transformers' 1e-9).
+    count = keep.sum(dim=1).to(hidden.dtype).clamp(min=1e-9)  # (B, 1)
+    return total / (count if mode == "mean" else count.sqrt())

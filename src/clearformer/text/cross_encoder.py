@@ -1,0 +1,183 @@
+"""``CrossEncoder``: (text, text) pairs in, relevance scores out, on a pretrained
+``*ForSequenceClassification`` checkpoint (a reranker).
+
+A cross-encoder reads both texts of a pair together, so it scores how well they go together
+(a query and a passage) better than two separate embeddings can, at the price of one forward
+pass per pair. The pipeline is :class:`~clearformer.text.TextEncoder`'s (tokenize once, sort by
+length, batch to a token budget, put rows back in input order) with the checkpoint's pair
+template and its classification head (:class:`~clearformer.heads.SequenceClassifier`) in place
+of pooling; the scores are ``sentence_transformers.CrossEncoder.predict``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..checks import check_positive_int
+from ..heads import SequenceClassifier
+from ..interop.hf import LoadReport, TextTokenizer, find_checkpoint
+from ..interop.hf.heads import LoadedClassifier, load_classifier
+from ..interop.hf.sentence_transformers import score_activation
+from ..interop.hf.tokenizer import check_pairs, check_texts, max_length_for
+from ..model import EncoderModel
+from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
+
+log = logging.getLogger(__name__)
+
+# What predict may apply to the logits, by name: (B, L) -> (B, L).
+ACTIVATIONS = {
+    "sigmoid": torch.sigmoid,
+    "identity": lambda x: x,
+    "tanh": torch.tanh,
+}
+
+
+class CrossEncoder:
+    """A pretrained encoder with its classification head and tokenizer, scoring text pairs.
+
+    Attributes:
+        model: the :class:`~clearformer.EncoderModel`, in eval mode.
+        head: the :class:`~clearformer.heads.SequenceClassifier`, in eval mode.
+        num_labels: scores per pair (1 for a reranker).
+        labels: the label names from config.json (empty when it names none).
+        activation: what :meth:`predict` applies to the logits by default: ``sigmoid`` for one
+            label, ``identity`` for several, unless the checkpoint's sentence-transformers
+            config names another (as sentence-transformers decides).
+        max_length: pairs are truncated to this many pieces, special tokens included.
+        path: the checkpoint directory.
+        report: what the load did, the head's tensors included.
+    """
+
+    def __init__(self, loaded: LoadedClassifier, tokenizer: TextTokenizer, activation: str):
+        self._loaded = loaded
+        self.model: EncoderModel = loaded.loaded.model
+        self.head: SequenceClassifier = loaded.head
+        self.tokenizer = tokenizer
+        self.activation = activation
+        self.num_labels: int = loaded.head.config.num_labels
+        self.labels: tuple[str, ...] = loaded.head.config.labels
+        self.max_length = tokenizer.max_length
+        self.path: Path = loaded.loaded.files.path
+        self.report: LoadReport = loaded.loaded.report
+        # Token types go in only where the model was trained with more than one: RoBERTa-style
+        # tables have a single row, ModernBERT none, and their tokenizers (in transformers) do
+        # not return token_type_ids even when a tokenizer.json template numbers the segments.
+        self._token_types = self.model.config.type_vocab_size > 1
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike,
+        *,
+        backend: str = "auto",
+        strict: bool = True,
+    ) -> CrossEncoder:
+        """Load a ``*ForSequenceClassification`` checkpoint directory.
+
+        Raises:
+            FileNotFoundError: no such directory.
+            CheckpointError: a checkpoint without a classification head (say, a
+                sentence-embedding model), or an incomplete, unsupported or mismatched one.
+        """
+        started = time.perf_counter()
+        files = find_checkpoint(path)
+        loaded = load_classifier(files, backend=backend, strict=strict)
+        config = loaded.loaded.model.config
+        pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+        tokenizer = TextTokenizer.from_files(
+            files, max_length_for(files, config.max_length), pad_id, vocab_size=config.vocab_size
+        )
+        activation = score_activation(files, loaded.head.config.num_labels)
+        log.info("loaded cross-encoder %s in %.2fs", files.path, time.perf_counter() - started)
+        return cls(loaded, tokenizer, activation)
+
+    def logits(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -> Tensor:
+        """(B, T) ids, bool mask and token types -> (B, L) logits."""
+        types = token_type_ids if self._token_types else None
+        hidden = self.model(input_ids, attention_mask, types)  # (B, T, D)
+        return self.head(hidden, attention_mask)  # (B, L)
+
+    def predict(
+        self,
+        pairs: list[tuple[str, str]],
+        batch_size: int | None = None,
+        *,
+        activation: str | None = None,
+        apply_softmax: bool = False,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+    ) -> np.ndarray:
+        """Scores of (first, second) text pairs, as ``sentence_transformers.CrossEncoder``
+        ``.predict`` gives them.
+
+        Args:
+            pairs: the pairs (an empty list gives an empty array).
+            batch_size: pairs per forward pass; None = as many as fit in ``max_tokens``.
+            activation: applied to the logits: ``sigmoid``, ``identity`` or ``tanh``; None =
+                :attr:`activation` (the checkpoint's default).
+            apply_softmax: with several labels, softmax over them after the activation.
+            max_tokens: padded tokens per forward pass when ``batch_size`` is None.
+
+        Returns:
+            float32 (n,) with one label, (n, L) with L labels; row i for ``pairs[i]``.
+        """
+        pairs = check_pairs(pairs)
+        check_batch_limits(batch_size, max_tokens)
+        name = self.activation if activation is None else activation
+        if name not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {name!r}")
+        n, L = len(pairs), self.num_labels
+        out = np.empty((n, L), dtype=np.float32)
+        encodings = self.tokenizer.encode_pairs(pairs) if n else []
+        for rows in plan_batches([len(e.ids) for e in encodings], batch_size, max_tokens):
+            batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
+            with torch.inference_mode():
+                scores = ACTIVATIONS[name](
+                    self.logits(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+                )  # (B, L)
+                if apply_softmax and L > 1:
+                    scores = torch.softmax(scores, dim=-1)
+            out[rows] = scores.float().numpy()
+        return out[:, 0] if L == 1 else out
+
+    def rank(
+        self,
+        query: str,
+        documents: list[str],
+        top_k: int | None = None,
+        **predict_options,
+    ) -> list[tuple[int, float]]:
+        """(index into ``documents``, score) of the best-scoring documents for ``query``,
+        highest first; equal scores keep the documents' order. Needs a one-label head."""
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a str, got {type(query).__name__}")
+        documents = check_texts(documents, "documents")
+        check_positive_int(top_k, "top_k", optional=True)
+        if self.num_labels != 1:
+            raise ValueError(
+                f"rank needs one score per pair, but this cross-encoder's head gives "
+                f"num_labels={self.num_labels}; use predict() for per-label scores"
+            )
+        scores = self.predict([(query, d) for d in documents], **predict_options)  # (n,)
+        order = np.argsort(-scores, kind="stable")[:top_k]
+        return [(int(i), float(scores[i])) for i in order]
+
+    def encode(self, *args, **kwargs):
+        """Not available: a cross-encoder scores pairs and has no embeddings to give."""
+        raise TypeError(
+            f"CrossEncoder scores text pairs (predict, rank) and does not embed texts; load an "
+            f"embedding checkpoint with TextEncoder.from_pretrained for encode (got {self.path})"
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"CrossEncoder(path={str(self.path)!r}, architecture="
+            f"{self._loaded.loaded.architecture.model_type!r}, num_labels={self.num_labels}, "
+            f"activation={self.activation!r}, max_length={self.max_length})"
+        )

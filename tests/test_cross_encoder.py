@@ -1,0 +1,135 @@
+"""``CrossEncoder.predict`` against ``sentence_transformers.CrossEncoder.predict`` on small
+random BERT cross-encoders (one label: sigmoid scores; three: raw logits, or softmax)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from clearformer import CrossEncoder, TextEncoder
+from clearformer.interop.hf import CheckpointError
+
+from .test_sequence_classification import make_classifier
+from .xlmr_helpers import make_xlmr
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytest.importorskip("transformers")
+st = pytest.importorskip("sentence_transformers")
+
+PAIRS = [
+    ("w1 w2 w3", "w4 w5"),
+    ("w7", ""),
+    ("", "w8 w9 w10"),
+    ("W11 w12 unknown", "w13 w14 w15 w16 w17 w18 w19 w20"),
+    ("w1 " * 20, "w2 w3 " * 20),  # longer than max_length: truncated, the longer side first
+    ("w5 w6", "w5 w6"),
+]
+
+
+@pytest.fixture(scope="module", params=[1, 3], ids=["1-label", "3-labels"])
+def checkpoint(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(f"ce{request.param}")
+    make_classifier("bert", path, num_labels=request.param)
+    # Both sides truncate at 32 pieces (the pair template counts in).
+    (path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 32}))
+    return path, request.param
+
+
+def test_predict_equals_sentence_transformers(checkpoint):
+    path, labels = checkpoint
+    reference = st.CrossEncoder(str(path), device="cpu")
+    ours = CrossEncoder.from_pretrained(path)
+    assert ours.num_labels == labels and ours.max_length == 32
+    assert ours.activation == ("sigmoid" if labels == 1 else "identity")
+    want = reference.predict(PAIRS, batch_size=2)
+    got = ours.predict(PAIRS, max_tokens=64)  # other batches than the reference's
+    assert got.shape == want.shape == ((len(PAIRS),) if labels == 1 else (len(PAIRS), labels))
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    if labels > 1:
+        soft = ours.predict(PAIRS, apply_softmax=True)
+        np.testing.assert_allclose(
+            soft, reference.predict(PAIRS, apply_softmax=True), atol=1e-5, rtol=0
+        )
+        np.testing.assert_allclose(soft.sum(axis=1), 1.0, atol=1e-6)
+    else:
+        # Negative control: without the sigmoid the scores are the logits, not the reference.
+        assert np.abs(ours.predict(PAIRS, activation="identity") - want).max() > 1e-3
+
+
+def test_token_types_mark_the_second_text(checkpoint):
+    path, _ = checkpoint
+    ours = CrossEncoder.from_pretrained(path)
+    (encoding,) = ours.tokenizer.encode_pairs([("w1 w2", "w3")])
+    assert encoding.type_ids == [0, 0, 0, 0, 1, 1]  # [CLS] w1 w2 [SEP] w3 [SEP]
+
+
+def test_rank_orders_documents_by_score(tmp_path):
+    make_classifier("bert", tmp_path, num_labels=1)
+    ours = CrossEncoder.from_pretrained(tmp_path)
+    documents = [b for _, b in PAIRS]
+    ranked = ours.rank("w1 w2", documents, top_k=3)
+    scores = ours.predict([("w1 w2", d) for d in documents])
+    assert [i for i, _ in ranked] == list(np.argsort(-scores, kind="stable")[:3])
+    assert [s for _, s in ranked] == sorted((float(s) for s in scores), reverse=True)[:3]
+
+
+def test_xlm_roberta_cross_encoder_passes_no_token_types(tmp_path):
+    make_xlmr(tmp_path, head="classification", num_labels=1)
+    reference = st.CrossEncoder(str(tmp_path), device="cpu")
+    pairs = [("Café déjà vu", "東京は日本の首都です"), ("emoji 🙂", ""), ("hello", "world")]
+    got = CrossEncoder.from_pretrained(tmp_path).predict(pairs)
+    np.testing.assert_allclose(got, reference.predict(pairs), atol=1e-5, rtol=0)
+
+
+def test_empty_input_and_bad_pairs(checkpoint):
+    path, labels = checkpoint
+    ours = CrossEncoder.from_pretrained(path)
+    assert ours.predict([]).shape == ((0,) if labels == 1 else (0, labels))
+    with pytest.raises(TypeError, match="single pair"):
+        ours.predict(("a", "b"))
+    with pytest.raises(TypeError, match=r"pairs\[1\] must be a \(text, text\) pair"):
+        ours.predict([("a", "b"), "c"])
+    with pytest.raises(TypeError, match=r"pairs\[0\]\[1\] must be a str"):
+        ours.predict([("a", 3)])
+    with pytest.raises(ValueError, match="activation must be one of"):
+        ours.predict([("a", "b")], activation="softmax")
+
+
+def test_a_cross_encoder_does_not_embed_and_an_embedder_does_not_rerank(tmp_path):
+    (tmp_path / "ce").mkdir()
+    make_classifier("bert", tmp_path / "ce", num_labels=1)
+    with pytest.raises(TypeError, match="does not embed texts.*TextEncoder"):
+        CrossEncoder.from_pretrained(tmp_path / "ce").encode(["a"])
+    from .test_pretrained_checkpoints import make_checkpoint
+
+    (tmp_path / "embed").mkdir()
+    make_checkpoint("bert", tmp_path / "embed")
+    with pytest.raises(TypeError, match="no classification head.*CrossEncoder"):
+        TextEncoder.from_pretrained(tmp_path / "embed").predict([("a", "b")])
+    with pytest.raises(CheckpointError, match="has no sequence-classification head"):
+        CrossEncoder.from_pretrained(tmp_path / "embed")
+
+
+def test_a_directory_saved_by_sentence_transformers_keeps_its_activation(tmp_path):
+    import torch
+
+    (tmp_path / "src").mkdir()
+    make_classifier("bert", tmp_path / "src", num_labels=1)
+    reference = st.CrossEncoder(str(tmp_path / "src"), activation_fn=torch.nn.Identity())
+    reference.save(str(tmp_path / "saved"))  # activation_fn in config_sentence_transformers.json
+    ours = CrossEncoder.from_pretrained(tmp_path / "saved")
+    assert ours.activation == "identity"
+    again = st.CrossEncoder(str(tmp_path / "saved"), device="cpu")
+    np.testing.assert_allclose(ours.predict(PAIRS), again.predict(PAIRS), atol=1e-5, rtol=0)
+
+
+def test_an_unknown_activation_names_the_file_and_field(tmp_path):
+    make_classifier("bert", tmp_path, num_labels=1)
+    (tmp_path / "config_sentence_transformers.json").write_text(
+        json.dumps({"activation_fn": "my.module.Swish"})
+    )
+    with pytest.raises(CheckpointError, match="config_sentence_transformers.json 'activation_fn'"):
+        CrossEncoder.from_pretrained(tmp_path)

@@ -1,0 +1,96 @@
+"""sentence-transformers' pooling modes on clearformer: ``SentenceTransformer(dir).encode``
+parity for every mode clearformer runs, prompts included or left out of the pooling, on
+small random directories saved by sentence-transformers itself."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from clearformer import TextEncoder
+from clearformer.heads import pool
+
+from .helpers import lengths_mask
+from .test_pretrained_checkpoints import make_checkpoint
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytest.importorskip("transformers")
+st = pytest.importorskip("sentence_transformers")
+
+TEXTS = ["the cat sat on the mat", "hello", "", "quick brown fox jumps over the lazy dog " * 3]
+MODES = ["mean", "cls", "max", "mean_sqrt_len_tokens", "lasttoken"]
+
+
+def _sentence_dir(tmp_path, mode, include_prompt=True):
+    """A random BERT with a Pooling module, saved by sentence-transformers."""
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    base = tmp_path / "base"
+    base.mkdir()
+    make_checkpoint("bert", base)
+    transformer = Transformer(str(base))
+    pooling = Pooling(32, pooling_mode=mode, include_prompt=include_prompt)
+    out = tmp_path / "sentence"
+    st.SentenceTransformer(modules=[transformer, pooling], device="cpu").save(str(out))
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_encode_equals_sentence_transformers(tmp_path, mode):
+    path = _sentence_dir(tmp_path, mode)
+    pooling = json.loads((path / "1_Pooling" / "config.json").read_text())
+    assert pooling.get("pooling_mode", mode) == mode  # the file really asks for this mode
+    ours = TextEncoder.from_pretrained(path)
+    assert ours.pooling == mode
+    want = st.SentenceTransformer(str(path), device="cpu").encode(TEXTS)
+    np.testing.assert_allclose(ours.encode(TEXTS), want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls", "lasttoken"])
+@pytest.mark.parametrize("include_prompt", [True, False])
+def test_prompts_in_or_out_of_the_pooling(tmp_path, mode, include_prompt):
+    path = _sentence_dir(tmp_path, mode, include_prompt=include_prompt)
+    ours = TextEncoder.from_pretrained(path)
+    assert ours.include_prompt is include_prompt
+    reference = st.SentenceTransformer(str(path), device="cpu")
+    prompt = "query: the dog "
+    want = reference.encode(TEXTS, prompt=prompt)
+    got = ours.encode(TEXTS, prompt=prompt)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    if not include_prompt and mode != "lasttoken":
+        # Negative control: the prompt's tokens counted in would give other vectors.
+        assert np.abs(ours.encode([prompt + t for t in TEXTS]) - got).max() > 1e-4
+
+
+def test_lasttoken_takes_the_last_real_token_on_either_side():
+    hidden = torch.randn(3, 5, 4)
+    right = lengths_mask([5, 2, 0], 5)
+    got = pool(hidden, right, "lasttoken")
+    torch.testing.assert_close(got[0], hidden[0, 4])
+    torch.testing.assert_close(got[1], hidden[1, 1])
+    assert (got[2] == 0).all()  # no real token
+    left = right.flip(1)  # left padding: the last token is at the end
+    torch.testing.assert_close(pool(hidden, left, "lasttoken")[1], hidden[1, 4])
+
+
+def test_mean_sqrt_len_is_the_sum_over_the_root_of_the_count():
+    hidden = torch.randn(2, 6, 3)
+    mask = lengths_mask([6, 4], 6)
+    got = pool(hidden, mask, "mean_sqrt_len_tokens")
+    torch.testing.assert_close(got[1], hidden[1, :4].sum(0) / 2.0)
+    torch.testing.assert_close(got[0], hidden[0].sum(0) / 6**0.5)
+
+
+def test_include_prompt_must_be_a_bool(tmp_path):
+    from clearformer.interop.hf import CheckpointError
+
+    path = _sentence_dir(tmp_path, "mean")
+    config_file = path / "1_Pooling" / "config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "include_prompt": "no"}))
+    with pytest.raises(CheckpointError, match="include_prompt"):
+        TextEncoder.from_pretrained(path)
