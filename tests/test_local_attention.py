@@ -107,13 +107,15 @@ def probe(backend: str, T: int, local: bool = True) -> int:
 @pytest.mark.parametrize("backend", ["sdpa", "varlen"])
 def test_a_local_layer_at_8k_tokens_never_holds_a_t_by_t_tensor(backend):
     """Peak memory of a global + local stack: below the smallest (T, T) tensor (a bool band:
-    64 MiB at 8k, 256 MiB at 16k), growing linearly with T, and no more than the same stack
-    with both layers global (fused attention, linear memory) needs."""
+    64 MiB at 8k, 256 MiB at 16k), growing linearly with T, and about what the same stack with
+    both layers global (fused attention, linear memory) needs."""
     peak_8k, peak_16k = probe(backend, 8192), probe(backend, 16384)
     mib = f"8k: {peak_8k / 2**20:.0f} MiB, 16k: {peak_16k / 2**20:.0f} MiB"
     assert peak_8k < 8192 * 8192 and peak_16k < 16384 * 16384 / 2, mib
     assert peak_16k < 2.5 * peak_8k, mib  # linear, not quadratic, growth
-    assert peak_16k < probe(backend, 16384, local=False) + 8 * 2**20, mib
+    # Resident-set peaks move by about 15 MiB between identical runs; 32 MiB of slack is still
+    # an eighth of the (T, T) bool band (256 MiB) that a local layer must never build.
+    assert peak_16k < probe(backend, 16384, local=False) + 32 * 2**20, mib
 
 
 def test_the_probe_sees_a_t_by_t_tensor_when_there_is_one():

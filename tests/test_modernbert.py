@@ -266,3 +266,35 @@ def test_half_precision_is_as_close_to_float32_as_transformers(checkpoint, dtype
     ours_err = (got.float()[mask] - want[mask]).abs().max()
     theirs_err = (theirs.float()[mask] - want[mask]).abs().max()
     assert ours_err <= 1.5 * theirs_err + 1e-6, (float(ours_err), float(theirs_err))
+
+
+def test_masked_lm_logits_equal_transformers(tmp_path):
+    from clearformer.interop.hf.masked_lm import load_masked_lm
+
+    torch.manual_seed(5)
+    mlm = transformers.ModernBertForMaskedLM(hf_config()).eval()
+    with torch.no_grad():
+        for name, p in mlm.named_parameters():
+            if "norm" in name or name.endswith("decoder.bias"):
+                p.uniform_(0.5, 1.5)
+    mlm.save_pretrained(tmp_path)
+    load(tmp_path)  # writes the vocabulary a checkpoint directory needs
+    ours = load_masked_lm(tmp_path, backend="varlen")
+    assert not ours.loaded.report.missing
+    assert "head.bias" in ours.loaded.report.loaded
+    ids, mask = batch()
+    with torch.no_grad():
+        want = mlm(input_ids=ids, attention_mask=mask.long()).logits
+        got = ours.logits(ids, mask)
+    assert got.shape == want.shape == (len(LENGTHS), T, 97)
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-4, rtol=1e-5)
+
+
+def test_a_base_checkpoint_has_no_masked_lm_head(checkpoint):
+    from clearformer.interop.hf.files import CheckpointError
+    from clearformer.interop.hf.masked_lm import load_masked_lm
+
+    path, _ = checkpoint
+    load(path)
+    with pytest.raises(CheckpointError, match="has no masked-LM head"):
+        load_masked_lm(path)

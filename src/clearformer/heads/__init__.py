@@ -3,7 +3,9 @@
 * :mod:`.pooling` -- :func:`pool`, the sentence-embedding head (one vector per sequence);
 * :mod:`.classification` -- :class:`SequenceClassifier`, the sequence-classification head
   (pooled states -> dense -> activation -> optional norm -> logits) that cross-encoders and
-  text classifiers put on top of the encoder.
+  text classifiers put on top of the encoder;
+* :mod:`.masked_lm` -- :class:`MaskedLMHead`, token states -> vocabulary logits, decoding
+  with the tied word-embedding table.
 
 They live beside the model rather than in the text applications, so that anything holding
 token states (a trainer, the explainer's toy encoder) uses them the same way.
@@ -12,12 +14,15 @@ token states (a trainer, the explainer's toy encoder) uses them the same way.
 from __future__ import annotations
 
 from .classification import CLASSIFIER_ACTIVATIONS, ClassifierConfig, SequenceClassifier
+from .masked_lm import MaskedLMConfig, MaskedLMHead
 from .pooling import POOLING_MODES, pool
 
 __all__ = [
     "CLASSIFIER_ACTIVATIONS",
     "POOLING_MODES",
     "ClassifierConfig",
+    "MaskedLMConfig",
+    "MaskedLMHead",
     "SequenceClassifier",
     "pool",
 ]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ....config import EncoderConfig
-from ....heads import ClassifierConfig
+from ....heads import ClassifierConfig, MaskedLMConfig
 
 # (clearformer parameter name, its Hugging Face sources). One source maps one to one; several
 # are stacked along the first axis, in order, to make the parameter (the fused q; k; v rows).
@@ -26,7 +26,7 @@ class HeadLayout:
     """Where a checkpoint keeps a head: its config and, for each head parameter, the full
     checkpoint keys it is made of (task-model prefixes included, as ``bert.pooler.dense``)."""
 
-    config: ClassifierConfig
+    config: ClassifierConfig | MaskedLMConfig
     names: NameTable
 
 
@@ -52,6 +52,8 @@ class Family:
         classifier: ``config.json dict -> HeadLayout`` of the family's
             ``*ForSequenceClassification`` head; None = the family has none in clearformer.
             Its tensors must be among ``unused_prefixes``, so a plain load reports them unused.
+        masked_lm: ``config.json dict -> HeadLayout`` of the family's ``*ForMaskedLM`` head
+            (a :class:`~clearformer.heads.MaskedLMConfig`); None = none in clearformer.
     """
 
     model_type: str
@@ -65,6 +67,7 @@ class Family:
     config_defaults: Mapping[str, Any] = field(default_factory=dict)
     kept_prefixes: tuple[str, ...] = ()
     classifier: Callable[[dict[str, Any]], HeadLayout] | None = None
+    masked_lm: Callable[[dict[str, Any]], HeadLayout] | None = None
 
     def encoder_config(self, hf: dict[str, Any], backend: str = "auto") -> EncoderConfig:
         """The :class:`EncoderConfig` of a config.json of this family."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from ....config import EncoderConfig
-from ....heads import CLASSIFIER_ACTIVATIONS, ClassifierConfig
+from ....heads import CLASSIFIER_ACTIVATIONS, ClassifierConfig, MaskedLMConfig
 from ..files import CheckpointError
 from .family import Family, HeadLayout, NameTable
 from .fields import check_heads, flag, integer, labels, number, token_id
@@ -228,6 +228,37 @@ def classifier(hf: dict[str, Any]) -> HeadLayout:
     return HeadLayout(config, table)
 
 
+def masked_lm(hf: dict[str, Any]) -> HeadLayout:
+    """``ModernBertForMaskedLM``: ``head`` (dense -> activation -> LayerNorm), then a decoder
+    tied to the token embeddings (its weight is not stored apart) with its own bias."""
+    act = hf.get("classifier_activation", "gelu")
+    if act not in CLASSIFIER_ACTIVATIONS:
+        raise CheckpointError(
+            f"unsupported config.json 'classifier_activation'={act!r}; supported: "
+            f"{', '.join(CLASSIFIER_ACTIVATIONS)}"
+        )
+    dense_bias = flag(hf, "classifier_bias", False)
+    norm_bias = flag(hf, "norm_bias", False)
+    decoder_bias = flag(hf, "decoder_bias", True)
+    config = MaskedLMConfig(
+        d_model=integer(hf, "hidden_size", "width"),
+        vocab_size=integer(hf, "vocab_size", "vocab"),
+        activation=act,
+        dense_bias=dense_bias,
+        norm_eps=number(hf, "norm_eps", 1e-5, low=1e-30, high=1.0),
+        norm_bias=norm_bias,
+        decoder_bias=decoder_bias,
+    )
+    names = [("dense.weight", ("head.dense.weight",)), ("norm.weight", ("head.norm.weight",))]
+    if dense_bias:
+        names.append(("dense.bias", ("head.dense.bias",)))
+    if norm_bias:
+        names.append(("norm.bias", ("head.norm.bias",)))
+    if decoder_bias:
+        names.append(("bias", ("decoder.bias",)))
+    return HeadLayout(config, names)
+
+
 MODERNBERT = Family(
     model_type="modernbert",
     hf_class="ModernBertModel",
@@ -246,5 +277,6 @@ MODERNBERT = Family(
         "sep_token_id": None,
     },
     classifier=classifier,
+    masked_lm=masked_lm,
 )
 FAMILIES = (MODERNBERT,)
