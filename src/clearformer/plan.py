@@ -16,7 +16,6 @@ key/value cache (one more layout, planned and returned explicitly).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -24,11 +23,10 @@ from torch import Tensor
 
 from . import masks
 from .checks import check_choice
-from .kernels.local import use_banded
 from .kernels.varlen import resolve_method
+from .layer_plans import positions_of, with_layers
 from .options import BACKENDS, KERNEL_NAMES, LAYOUTS, Decision
 from .padding import PackedLayout, pack_layout
-from .positions import rotary_tables
 
 __all__ = ["Decision", "ForwardPlan", "plan_attention", "plan_stack", "PACK_MIN_PADDING"]
 
@@ -114,7 +112,7 @@ class ForwardPlan:
     def positions(self) -> Tensor:
         """Each row's position within its own sequence, counted over its real tokens: (N,)
         when packed, (B, T) when padded (what rotary tables are built from)."""
-        return _positions(self)
+        return positions_of(self)
 
     def check_rows(self, rows: Tensor, name: str = "x") -> None:
         """Raise unless ``rows`` are laid out as this plan says (shape and device)."""
@@ -262,7 +260,7 @@ def plan_stack(
             is_causal=is_causal,
             **flags,
         )
-        return _with_layers(base, layers, head_dim, is_causal)
+        return with_layers(base, layers, head_dim, is_causal)
     # Padded: fold the key-padding and causal constraints into one mask, once for all layers.
     # An unmasked causal call keeps the flag instead: sdpa has a fast causal path.
     fold = is_causal and mask is not None
@@ -284,114 +282,7 @@ def plan_stack(
         is_causal=is_causal and not fold,
         **flags,
     )
-    return _with_layers(base, layers, head_dim, is_causal)
-
-
-def _with_layers(
-    base: ForwardPlan,
-    layers: tuple[tuple[int | None, float | None], ...],
-    head_dim: int | None,
-    is_causal: bool,
-) -> ForwardPlan:
-    """``base`` with one plan per distinct layer type (window, rotary base), built once each."""
-    if all(window is None and theta is None for window, theta in layers):
-        return base
-    if base.token_mask is not None and any(window is not None for window, _ in layers):
-        _check_contiguous(base.token_mask)
-    positions = _positions(base)
-    built: dict[tuple[int | None, float | None], ForwardPlan] = {}
-    for kind in layers:
-        if kind not in built:
-            built[kind] = _layer_plan(base, *kind, positions, head_dim, is_causal)
-    return dataclasses.replace(base, per_layer=tuple(built[kind] for kind in layers))
-
-
-def _check_contiguous(token_mask: Tensor) -> None:
-    """A local window counts distances in positions; on the padded layout it reads them off
-    the row index, which agrees with the packed layout only when each sequence's tokens are one
-    contiguous run (right or left padding). A mask with holes is refused, not run two ways."""
-    if torch.compiler.is_compiling():
-        return
-    starts = token_mask[:, :1].sum(1) + (token_mask[:, 1:] & ~token_mask[:, :-1]).sum(1)  # (B,)
-    holed = (starts > 1).nonzero().flatten().tolist()
-    if holed:
-        raise ValueError(
-            "mask must hold each sequence's real tokens as one contiguous run for local "
-            f"(windowed) attention; rows {holed[:8]} have gaps"
-        )
-
-
-def _positions(plan: ForwardPlan) -> Tensor:
-    """Each row's position within its own sequence: (N,) packed, (B, T) padded.
-
-    Counted over real tokens only, so that a padded row and the same row packed get the same
-    position (with right padding, as tokenizers pad, that is simply 0, 1, 2, ...).
-    """
-    if plan.packing is not None:
-        return plan.packing.positions
-    if plan.token_mask is None:
-        return torch.arange(plan.tq, device=plan.device)[None].expand(plan.batch, plan.tq)
-    return (plan.token_mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
-
-
-def _layer_plan(
-    base: ForwardPlan,
-    window: int | None,
-    theta: float | None,
-    positions: Tensor,
-    head_dim: int | None,
-    is_causal: bool,
-) -> ForwardPlan:
-    rotary = None
-    if theta is not None:
-        if head_dim is None:
-            raise ValueError("rotary positions need head_dim, the width of their tables")
-        cos, sin = rotary_tables(positions, head_dim, theta)  # P + (Dh,)
-        # Broadcast over heads: packed (N, 1, Dh); padded (B, 1, T, Dh).
-        rotary = (
-            (cos.unsqueeze(-2), sin.unsqueeze(-2))
-            if base.packed
-            else (
-                cos.unsqueeze(1),
-                sin.unsqueeze(1),
-            )
-        )
-    if window is None:
-        return dataclasses.replace(base, rotary=rotary)
-    if base.packed:
-        method = base.method
-        if method is not None and method.choice == "flash":
-            # flash_attn's own window is not wired in: say what really runs.
-            method = Decision("sequence", "a local layer: a band per sequence")
-        return dataclasses.replace(base, window=window, rotary=rotary, method=method)
-    if base.kernel.choice == "sdpa" and use_banded(base.tq, window):
-        # Long rows: the kernel goes slab by slab, so no (T, T) band is ever built here. It
-        # reads the key-padding mask alone and applies the causal flag itself.
-        keys = None if base.token_mask is None else base.token_mask[:, None, None, :]
-        return dataclasses.replace(
-            base,
-            mask=keys,
-            query_has_key=None,
-            is_causal=is_causal,  # the base may have folded it into the mask dropped here
-            window=window,
-            rotary=rotary,
-        )
-    # Padded: fold the band into the mask once for all layers of this type. A padded query
-    # farther than the window from every real key has no key: its row is zeroed by the kernel.
-    mask = base.mask
-    if base.is_causal:
-        mask = masks.fold_causal(mask, base.tq, base.tk, base.device)
-    band = masks.band_mask(base.tq, window, base.device)  # (1, 1, T, T)
-    mask = band if mask is None else mask & band
-    return dataclasses.replace(
-        base,
-        mask=mask,
-        is_causal=False,
-        query_has_key=masks.rows_with_key(mask, base.device),
-        window=window,
-        band_in_mask=True,
-        rotary=rotary,
-    )
+    return with_layers(base, layers, head_dim, is_causal)
 
 
 def plan_attention(
