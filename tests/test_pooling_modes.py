@@ -94,3 +94,55 @@ def test_include_prompt_must_be_a_bool(tmp_path):
     config_file.write_text(json.dumps({**config, "include_prompt": "no"}))
     with pytest.raises(CheckpointError, match="include_prompt"):
         TextEncoder.from_pretrained(path)
+
+
+def _prompted_dir(tmp_path, default=None):
+    """A sentence-transformers directory whose config names prompts (and a default)."""
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    base = tmp_path / "base"
+    base.mkdir()
+    make_checkpoint("bert", base)
+    model = st.SentenceTransformer(
+        modules=[Transformer(str(base)), Pooling(32, pooling_mode="mean")],
+        device="cpu",
+        prompts={"query": "query: the dog ", "passage": "passage: "},
+        default_prompt_name=default,
+    )
+    out = tmp_path / "prompted"
+    model.save(str(out))
+    return out
+
+
+@pytest.mark.parametrize("default", [None, "query"])
+def test_named_and_default_prompts_equal_sentence_transformers(tmp_path, default):
+    path = _prompted_dir(tmp_path, default)
+    ours = TextEncoder.from_pretrained(path)
+    reference = st.SentenceTransformer(str(path), device="cpu")
+    assert (
+        ours.prompts.prompts == reference.prompts
+    )  # the file's, as sentence-transformers reads it
+    assert {
+        "query": "query: the dog ",
+        "passage": "passage: ",
+    }.items() <= ours.prompts.prompts.items()
+    assert ours.prompts.default == default == reference.default_prompt_name
+    for kwargs in ({}, {"prompt_name": "passage"}, {"prompt": "custom "}):
+        want = reference.encode(TEXTS, **kwargs)
+        np.testing.assert_allclose(ours.encode(TEXTS, **kwargs), want, atol=1e-5, rtol=0)
+    if default is not None:  # the default really is applied: no prompt gives other vectors
+        plain = ours.encode(TEXTS, prompt="")
+        assert np.abs(plain - ours.encode(TEXTS)).max() > 1e-4
+    with pytest.raises(ValueError, match=r"prompt_name must be one of .*'passage'.*'query'"):
+        ours.encode(TEXTS, prompt_name="title")
+
+
+def test_a_default_prompt_name_that_names_no_prompt_is_refused(tmp_path):
+    from clearformer.interop.hf import CheckpointError
+
+    path = _prompted_dir(tmp_path)
+    config = json.loads((path / "config_sentence_transformers.json").read_text())
+    config["default_prompt_name"] = "title"
+    (path / "config_sentence_transformers.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="'default_prompt_name' must be one of"):
+        TextEncoder.from_pretrained(path)

@@ -32,6 +32,7 @@ from ..interop.hf import (
     pooling_from_config,
     save_model,
 )
+from ..interop.hf.sentence_transformers import Prompts, prompts_from_files
 from ..interop.hf.tokenizer import check_texts, max_length_for
 from ..io import atomic_write
 from ..model import EncoderModel
@@ -69,6 +70,8 @@ class TextEncoder:
         normalize: whether :meth:`encode` L2-normalises by default (the checkpoint's
             sentence-transformers modules include ``Normalize``).
         max_length: texts are truncated to this many pieces, special tokens included.
+        prompts: the checkpoint's named prompts and its default one
+            (``config_sentence_transformers.json``), for ``encode(prompt_name=...)``.
         path: the checkpoint directory.
         report: what the load did (:class:`~clearformer.interop.hf.LoadReport`).
     """
@@ -81,8 +84,10 @@ class TextEncoder:
         pooling: str,
         normalize: bool,
         include_prompt: bool = True,
+        prompts: Prompts | None = None,
     ) -> None:
         self._loaded = loaded
+        self.prompts = Prompts() if prompts is None else prompts
         self.model: EncoderModel = loaded.model
         self.config: EncoderConfig = loaded.model.config
         self.tokenizer = tokenizer
@@ -132,6 +137,7 @@ class TextEncoder:
             pooling=pooling.mode,
             normalize=normalize,
             include_prompt=pooling.include_prompt,
+            prompts=prompts_from_files(files),
         )
 
     @property
@@ -166,6 +172,7 @@ class TextEncoder:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         workers: int = 1,
         prompt: str | None = None,
+        prompt_name: str | None = None,
     ) -> np.ndarray:
         """Sentence embeddings of ``texts``.
 
@@ -183,12 +190,16 @@ class TextEncoder:
             prompt: text put before every text (``"query: "``), as sentence-transformers'
                 ``encode(prompt=...)``; with :attr:`include_prompt` false its tokens are left
                 out of the pooling.
+            prompt_name: one of the checkpoint's named prompts (:attr:`prompts`); with neither
+                ``prompt`` nor ``prompt_name``, the checkpoint's default prompt, if any, is
+                applied, as sentence-transformers does. ``prompt`` wins over ``prompt_name``.
 
         Returns:
             (n, D) float32, row i for ``texts[i]``. Batching changes speed and memory, never
             the result: a text's embedding does not depend on its batch-mates.
         """
         texts = check_texts(texts)
+        prompt = self._resolve_prompt(prompt, prompt_name)
         skip = 0
         if prompt is not None:
             if not isinstance(prompt, str):
@@ -242,6 +253,20 @@ class TextEncoder:
         )
 
     rank = predict
+
+    def _resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
+        named = self.prompts.prompts
+        if prompt_name is not None and prompt_name not in named:
+            raise ValueError(
+                f"prompt_name must be one of the checkpoint's prompts {sorted(named)}, got "
+                f"{prompt_name!r}"
+            )
+        if prompt is not None:
+            if prompt_name is not None:
+                log.warning("both prompt and prompt_name given: prompt_name is ignored")
+            return prompt
+        name = prompt_name if prompt_name is not None else self.prompts.default
+        return None if name is None else named[name]
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write the checkpoint back in Hugging Face format, with tokenizer and pooling files."""

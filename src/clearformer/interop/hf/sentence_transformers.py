@@ -8,7 +8,8 @@ The pooling mode comes from the pooling module's config (``1_Pooling/config.json
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +140,45 @@ def score_activation(files: CheckpointFiles, num_labels: int) -> str:
             )
         return _SCORE_ACTIVATIONS[value]
     return "sigmoid" if num_labels == 1 else "identity"
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """The named prompts of ``config_sentence_transformers.json``.
+
+    Attributes:
+        prompts: name -> the text put before every text (``{"query": "query: "}``).
+        default: the name applied when ``encode`` is given no prompt (None: no prompt).
+    """
+
+    prompts: Mapping[str, str] = field(default_factory=dict)
+    default: str | None = None
+
+
+def prompts_from_files(files: CheckpointFiles) -> Prompts:
+    """The checkpoint's named prompts (none when it has no sentence-transformers config).
+
+    Raises:
+        CheckpointError: ``prompts`` that is not an object of strings, or a
+            ``default_prompt_name`` that names none of them.
+    """
+    st_file = files.path / "config_sentence_transformers.json"
+    if not st_file.is_file():
+        return Prompts()
+    st_config = read_json(st_file, "sentence-transformers config")
+    if not isinstance(st_config, dict):
+        return Prompts()
+    prompts = st_config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
+    ):
+        raise CheckpointError(
+            f"{st_file} 'prompts' must map prompt names to texts, got {prompts!r}"
+        )
+    default = st_config.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise CheckpointError(
+            f"{st_file} 'default_prompt_name' must be one of the prompts "
+            f"{sorted(prompts)}, got {default!r}"
+        )
+    return Prompts(dict(prompts), default)
