@@ -87,7 +87,7 @@ class Encoder(nn.Module):
     ) -> ForwardPlan:
         """The plan of a call with this (B, T) mask: layout, kernel and the reason for each.
 
-        ``print(encoder.plan_for(mask))`` says what will run and why. ``shape`` and ``device``
+        Printed, the plan says what will run and why. ``shape`` and ``device``
         default to the mask's; with no mask they describe the batch. ``dtype`` defaults to the
         parameters' (the input's, in a forward).
         """
