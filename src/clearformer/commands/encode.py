@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..options import BACKENDS
 from ..text.batching import DEFAULT_MAX_TOKENS
 
 SIMILARITY_MAX = 32  # texts; a larger matrix does not fit a terminal
@@ -59,7 +60,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--backend",
-        choices=("auto", "math", "sdpa", "varlen"),
+        choices=BACKENDS,
         default="auto",
         help="attention backend (auto packs ragged batches)",
     )

@@ -13,9 +13,10 @@ import json
 import sys
 from pathlib import Path
 
+from ..options import BACKENDS
 from ..text.batching import DEFAULT_MAX_TOKENS
 from .encode import positive_int
-from .search import DISPLAY_WIDTH, non_negative_int, shorten
+from .search import DISPLAY_WIDTH, non_negative_int, read_corpus, shorten
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--backend",
-        choices=("auto", "math", "sdpa", "varlen"),
+        choices=BACKENDS,
         default="auto",
         help="attention backend (auto packs ragged batches)",
     )
@@ -86,24 +87,12 @@ def _check_output(output: str | None) -> Path | None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ..checks import check_unicode
     from ..cli import CliError
-    from ..io import atomic_write, read_texts
+    from ..io import atomic_write
     from ..text import CrossEncoder
 
     output = _check_output(args.output)  # before any work
-    path = Path(args.corpus)
-    if not path.is_file():
-        raise CliError(f"--corpus file not found: {path}")
-    if not args.query.strip():
-        raise CliError("QUERY is empty")
-    check_unicode(args.query, "QUERY")
-    field = args.field if args.field is not None or path.suffix != ".jsonl" else "text"
-    texts = read_texts(path.read_bytes(), str(path), field=field)
-    # Blank lines carry nothing to rank; keep each text's line number for the output.
-    entries = [(number, text) for number, text in enumerate(texts, start=1) if text.strip()]
-    if not entries:
-        raise CliError(f"empty input: {path} holds no non-blank texts")
+    entries = read_corpus(args)
     model = CrossEncoder.from_pretrained(args.model, backend=args.backend)
     if model.num_labels != 1:
         raise CliError(

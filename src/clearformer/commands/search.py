@@ -57,13 +57,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    import numpy as np
+def read_corpus(args: argparse.Namespace) -> list[tuple[int, str]]:
+    """The QUERY checked and the ``--corpus`` texts to rank, as (line number, text) pairs.
 
+    Shared by ``search`` and ``rerank``: one set of checks and messages for both.
+    """
     from ..checks import check_unicode
     from ..cli import CliError
     from ..io import read_texts
-    from .outputs import check_finite
 
     path = Path(args.corpus)
     if not path.is_file():
@@ -77,6 +78,15 @@ def run(args: argparse.Namespace) -> int:
     entries = [(number, text) for number, text in enumerate(texts, start=1) if text.strip()]
     if not entries:
         raise CliError(f"empty input: {path} holds no non-blank texts")
+    return entries
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .outputs import check_finite
+
+    entries = read_corpus(args)
     encoder = load_encoder(args)
     corpus = encoder.encode(
         [t for _, t in entries],
