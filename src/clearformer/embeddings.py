@@ -43,14 +43,20 @@ class Embeddings(nn.Module):
         )
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        B, T = input_ids.shape
-        x = self.word(input_ids)  # (B, T, D)
-        positions = torch.arange(
-            self.config.position_offset, self.config.position_offset + T, device=input_ids.device
-        )  # (T,)
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Tensor | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor:
+        """``(B, T)`` ids -> ``(B, T, D)``; or ``(N,)`` packed ids with their ``positions``
+        (N,) within their own sequences -> ``(N, D)``."""
+        x = self.word(input_ids)  # (B, T, D) or (N, D)
+        if positions is None:
+            positions = torch.arange(input_ids.shape[-1], device=input_ids.device)  # (T,)
+        positions = positions + self.config.position_offset
         if self.position is not None:
-            x = x + self.position(positions)  # (T, D) broadcast over B
+            x = x + self.position(positions)  # (T, D) broadcast over B, or (N, D)
         elif self.position_table is not None:
             x = x + self.position_table[positions].to(x.dtype)
         if self.token_type is not None:

@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .blocks import EncoderBlock
 from .config import EncoderConfig
-from .padding import repad
+from .padding import layout_from_cu_seqlens, repad
 from .plan import ForwardPlan, plan_stack
 from .tracing import record
 
@@ -84,13 +84,19 @@ class Encoder(nn.Module):
         output_hidden_states: bool = False,
         dtype: torch.dtype | None = None,
         mask_name: str = "mask",
+        cu_seqlens: Tensor | None = None,
     ) -> ForwardPlan:
         """The plan of a call with this (B, T) mask: layout, kernel and the reason for each.
 
         Printed, the plan says what will run and why. ``shape`` and ``device``
         default to the mask's; with no mask they describe the batch. ``dtype`` defaults to the
-        parameters' (the input's, in a forward).
+        parameters' (the input's, in a forward). With ``cu_seqlens`` (rows packed by the
+        caller) the mask must be None and the layout gives the shape and device.
         """
+        packing = None
+        if cu_seqlens is not None:
+            packing = layout_from_cu_seqlens(cu_seqlens)
+            shape, device = (packing.batch, packing.seqlen), cu_seqlens.device
         if shape is None or device is None:
             if not isinstance(mask, Tensor):
                 raise TypeError(
@@ -113,6 +119,7 @@ class Encoder(nn.Module):
             head_dim=self.config.d_model // self.config.n_heads,
             layers=self._layer_kinds(),
             mask_name=mask_name,
+            packing=packing,
         )
 
     def _layer_kinds(self) -> tuple[tuple[int | None, float | None], ...]:
@@ -134,12 +141,15 @@ class Encoder(nn.Module):
         plan: ForwardPlan | None = None,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
+        cu_seqlens: Tensor | None = None,
     ) -> Tensor | EncoderOutput:
         """Encode a batch.
 
         Args:
-            x: (B, T, D) input vectors.
+            x: (B, T, D) input vectors; or (N, D) packed rows with ``cu_seqlens``.
             mask: (B, T) bool, True = real token, False = padding.
+            cu_seqlens: (B + 1,) int cumulative lengths of packed rows ``x`` (sequence b is
+                rows ``cu_seqlens[b]:cu_seqlens[b + 1]``); then the output is packed too.
             backend: this call's kernel (``auto``, ``math``, ``sdpa``, ``varlen``); default the
                 config's.
             plan: a plan from :meth:`plan_for` for this batch (then no mask, backend or flags).
@@ -147,11 +157,24 @@ class Encoder(nn.Module):
             output_hidden_states: also return the input and every layer's output.
 
         Returns:
-            (B, T, D) hidden states, zero at padded positions; an :class:`EncoderOutput` when
-            attentions or hidden states are asked for.
+            (B, T, D) hidden states, zero at padded positions ((N, D) for packed rows); an
+            :class:`EncoderOutput` when attentions or hidden states are asked for.
         """
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if cu_seqlens is not None:
+            if plan is not None:
+                raise ValueError("give either a plan or cu_seqlens, not both: the plan holds it")
+            plan = self.plan_for(
+                mask,
+                backend=backend,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+                dtype=x.dtype,
+                cu_seqlens=cu_seqlens,
+            )
+            _check_packed_rows(x, plan, self.config.d_model)
+            return self.run(x, plan)
         if x.dim() != 3 or x.shape[-1] != self.config.d_model:
             raise ValueError(
                 f"x must have shape (B, T, d_model={self.config.d_model}), got {tuple(x.shape)}"
@@ -188,7 +211,7 @@ class Encoder(nn.Module):
         """The stack on a (B, T, D) batch as ``plan`` says; the plan is trusted as it is."""
         hidden: list[Tensor] = []
         attentions: list[Tensor] = []
-        if plan.packed:
+        if plan.packed and not plan.packed_input:
             x = x.reshape(-1, x.shape[-1]).index_select(0, plan.packing.indices)  # (N, D)
         elif plan.token_mask is not None:
             # Padded rows become zeros once, here: whatever they held (NaN included) can then
@@ -220,8 +243,24 @@ class Encoder(nn.Module):
         )
 
 
+def _check_packed_rows(x: Tensor, plan: ForwardPlan, width: int) -> None:
+    if x.dim() != 2 or x.shape[-1] != width:
+        raise ValueError(
+            f"x must have shape (N, d_model={width}) with cu_seqlens, got {tuple(x.shape)}"
+        )
+    if x.shape[0] != plan.packing.num_tokens:
+        raise ValueError(
+            f"x has N={x.shape[0]} rows but cu_seqlens ends at {plan.packing.num_tokens}"
+        )
+    if x.device != plan.device:
+        raise ValueError(f"x must be on cu_seqlens' device {plan.device}, got {x.device}")
+
+
 def _padded_output(rows: Tensor, plan: ForwardPlan) -> Tensor:
-    """(N, D) packed or (B, T, D) padded rows -> (B, T, D) with zeros at padded positions."""
+    """(N, D) packed or (B, T, D) padded rows -> (B, T, D) with zeros at padded positions;
+    rows the caller packed stay packed."""
+    if plan.packed_input:
+        return rows
     if plan.packed:
         return repad(rows, plan.packing)
     if plan.token_mask is None:

@@ -31,21 +31,35 @@ class EncoderModel(nn.Module):
         backend: str | None = None,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
+        cu_seqlens: Tensor | None = None,
     ) -> Tensor | EncoderOutput:
         """Encode token ids.
 
         Args:
-            input_ids: (B, T) int64 token ids.
+            input_ids: (B, T) int64 token ids; or (N,) packed ids with ``cu_seqlens``.
             attention_mask: (B, T), bool or 0/1 integers (Hugging Face style): 1/True = token.
             token_type_ids: (B, T) segment ids, when the model has token types.
             backend: this call's attention kernel; default the config's.
             output_attentions: also return every layer's attention probabilities.
             output_hidden_states: also return the embeddings' output and every layer's output.
+            cu_seqlens: (B + 1,) int cumulative lengths of packed ``input_ids``: sequence b is
+                ids ``cu_seqlens[b]:cu_seqlens[b + 1]`` (what a training collator makes, so
+                that no padding reaches the model). Then no ``attention_mask``.
 
         Returns:
-            (B, T, D) hidden states, zero at padded positions; an
+            (B, T, D) hidden states, zero at padded positions ((N, D) for packed ids); an
             :class:`~clearformer.encoder.EncoderOutput` when more is asked for.
         """
+        if cu_seqlens is not None:
+            return self._forward_packed(
+                input_ids,
+                cu_seqlens,
+                attention_mask,
+                token_type_ids,
+                backend=backend,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+            )
         check_token_ids(input_ids, self.config)
         B, T = input_ids.shape
         mask = None
@@ -72,10 +86,47 @@ class EncoderModel(nn.Module):
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, D)
         return self.encoder.run(x, plan)
 
-    def _check_token_types(self, token_type_ids: Tensor, B: int, T: int) -> None:
-        if not isinstance(token_type_ids, Tensor) or tuple(token_type_ids.shape) != (B, T):
-            shape = getattr(token_type_ids, "shape", type(token_type_ids).__name__)
-            raise ValueError(f"token_type_ids must have shape (B, T) = ({B}, {T}), got {shape}")
+    def _forward_packed(
+        self,
+        input_ids: Tensor,
+        cu_seqlens: Tensor,
+        attention_mask: Tensor | None,
+        token_type_ids: Tensor | None,
+        **flags,
+    ) -> Tensor | EncoderOutput:
+        if attention_mask is not None:
+            raise ValueError(
+                "attention_mask must be None with cu_seqlens: packed ids are all real tokens"
+            )
+        check_token_ids(input_ids, self.config, packed=True)
+        plan = self.encoder.plan_for(
+            None,
+            cu_seqlens=cu_seqlens,
+            dtype=self.embeddings.word.weight.dtype,
+            mask_name="attention_mask",
+            **flags,
+        )
+        N = input_ids.shape[0]
+        if plan.packing.num_tokens != N or cu_seqlens.device != input_ids.device:
+            raise ValueError(
+                f"cu_seqlens must end at N={N} (the number of packed ids) on input_ids' device "
+                f"{input_ids.device}, got {plan.packing.num_tokens} on {cu_seqlens.device}"
+            )
+        if plan.packing.max_seqlen > self.config.max_length:
+            raise ValueError(
+                f"cu_seqlens holds a sequence of {plan.packing.max_seqlen} tokens, above the "
+                f"model's limit max_length={self.config.max_length}; truncate the input"
+            )
+        if token_type_ids is not None:
+            self._check_token_types(token_type_ids, N)
+        x = self.embeddings(input_ids, token_type_ids, plan.packing.positions)  # (N, D)
+        return self.encoder.run(x, plan)
+
+    def _check_token_types(self, token_type_ids: Tensor, *shape: int) -> None:
+        if not isinstance(token_type_ids, Tensor) or tuple(token_type_ids.shape) != shape:
+            got = getattr(token_type_ids, "shape", type(token_type_ids).__name__)
+            form = "(B, T)" if len(shape) == 2 else "(N,)"
+            raise ValueError(f"token_type_ids must have shape {form} = {shape}, got {got}")
         if not token_type_ids.numel():
             return
         low, high = int(token_type_ids.min()), int(token_type_ids.max())
@@ -93,8 +144,11 @@ class EncoderModel(nn.Module):
             )
 
 
-def check_token_ids(input_ids: Tensor, config: EncoderConfig, name: str = "input_ids") -> None:
-    """Raise unless ``input_ids`` is a (B, T) integer tensor of ids the model can embed.
+def check_token_ids(
+    input_ids: Tensor, config: EncoderConfig, name: str = "input_ids", *, packed: bool = False
+) -> None:
+    """Raise unless ``input_ids`` is a (B, T) integer tensor of ids the model can embed (or
+    (N,) packed ids when ``packed``; their sequences' lengths are checked with cu_seqlens).
 
     The one check of token ids, for the model and for every entry point that takes ids.
     """
@@ -108,12 +162,13 @@ def check_token_ids(input_ids: Tensor, config: EncoderConfig, name: str = "input
         or (input_ids.dtype == torch.bool)
     ):
         raise TypeError(f"{name} must be integer token ids, got dtype {input_ids.dtype}")
-    if input_ids.dim() != 2:
+    if input_ids.dim() != (1 if packed else 2):
+        form = "(N,) with cu_seqlens" if packed else "(B, T)"
         raise ValueError(
-            f"{name} must be integer token ids of shape (B, T), got shape {tuple(input_ids.shape)}"
+            f"{name} must be integer token ids of shape {form}, got shape {tuple(input_ids.shape)}"
         )
-    T = input_ids.shape[1]
-    if config.max_length < T:
+    T = input_ids.shape[-1]
+    if not packed and config.max_length < T:
         raise ValueError(
             f"{name} has T={T} tokens, above the model's limit max_length={config.max_length}; "
             "truncate the input"

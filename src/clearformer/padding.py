@@ -14,7 +14,14 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-__all__ = ["PackedLayout", "equal_length_runs", "unpad", "repad", "pack_layout"]
+__all__ = [
+    "PackedLayout",
+    "equal_length_runs",
+    "layout_from_cu_seqlens",
+    "pack_layout",
+    "repad",
+    "unpad",
+]
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,42 @@ def pack_layout(mask: Tensor) -> PackedLayout:
     offsets = tuple(int(x) for x in cu_seqlens.tolist())
     max_seqlen = int(lengths.max()) if batch > 0 else 0
     return PackedLayout(indices, cu_seqlens, offsets, max_seqlen, batch, seqlen)
+
+
+def layout_from_cu_seqlens(cu_seqlens: Tensor, name: str = "cu_seqlens") -> PackedLayout:
+    """Layout of rows the caller packed already: sequence b is rows
+    ``cu_seqlens[b]:cu_seqlens[b + 1]``. Repadded, they fill a ``(B, L_max)`` grid from the left.
+
+    Raises:
+        TypeError: ``cu_seqlens`` is not an integer tensor.
+        ValueError: it is not 1-D with at least two entries, does not start at 0, or decreases.
+    """
+    if not isinstance(cu_seqlens, Tensor):
+        raise TypeError(
+            f"{name} must be a (B + 1,) integer tensor, got {type(cu_seqlens).__name__}"
+        )
+    if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype in (torch.bool, torch.complex64):
+        raise TypeError(f"{name} must hold integers, got dtype {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(
+            f"{name} must have shape (B + 1,) with B >= 1, got {tuple(cu_seqlens.shape)}"
+        )
+    offsets = tuple(int(x) for x in cu_seqlens.tolist())  # one host copy, for every layer
+    lengths = [b - a for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    if offsets[0] != 0 or min(lengths) < 0:
+        raise ValueError(
+            f"{name} must start at 0 and never decrease (cumulative lengths), got "
+            f"{list(offsets[:8])}{' ...' if len(offsets) > 8 else ''}"
+        )
+    device = cu_seqlens.device
+    batch, longest = len(lengths), max(lengths)
+    cu = cu_seqlens.to(torch.int32)
+    counts = torch.tensor(lengths, device=device)  # (B,)
+    sequence = torch.repeat_interleave(torch.arange(batch, device=device), counts)  # (N,)
+    starts = torch.repeat_interleave(cu[:-1].to(torch.int64), counts)  # (N,)
+    within = torch.arange(offsets[-1], device=device) - starts  # (N,) position in its sequence
+    indices = sequence * longest + within  # (N,) flat positions in the (B, L_max) grid
+    return PackedLayout(indices, cu, offsets, longest, batch, longest)
 
 
 def unpad(x: Tensor, mask: Tensor) -> tuple[Tensor, PackedLayout]:

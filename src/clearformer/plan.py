@@ -70,6 +70,8 @@ class ForwardPlan:
             padded rows (:mod:`clearformer.kernels.local`), per sequence on packed rows.
         rotary: (cos, sin) float32 tables for rotary positions, shaped to broadcast over the
             heads of split queries and keys ((N, 1, Dh) packed, (B, 1, T, Dh) padded).
+        packed_input: the caller gave packed rows and their ``cu_seqlens``: the stack returns
+            packed rows too, and never sees a padded grid.
         per_layer: a stack whose layers differ (local and global layers, rotary bases): the
             plan of each layer, derived from this one and built once per layer type. Empty when
             every layer runs this plan.
@@ -94,6 +96,7 @@ class ForwardPlan:
     window: int | None = None
     band_in_mask: bool = False
     rotary: tuple[Tensor, Tensor] | None = None
+    packed_input: bool = False
     per_layer: tuple[ForwardPlan, ...] = ()
 
     def layer(self, index: int) -> ForwardPlan:
@@ -176,8 +179,10 @@ def plan_stack(
     dtype: torch.dtype | None = None,
     head_dim: int | None = None,
     layers: tuple[tuple[int | None, float | None], ...] = (),
+    packing: PackedLayout | None = None,
 ) -> ForwardPlan:
-    """Plan one call of a stack on a (B, T) batch with an optional (B, T) key-padding mask.
+    """Plan one call of a stack on a (B, T) batch with an optional (B, T) key-padding mask,
+    or on rows the caller packed already (``packing``).
 
     Args:
         mask: (B, T) bool, True = real token; None = every position is real.
@@ -201,6 +206,19 @@ def plan_stack(
     """
     check_choice(backend, BACKENDS, "backend")
     dtype = _compute_dtype(device, dtype)
+    if packing is not None:
+        return _plan_packed_rows(
+            packing,
+            mask,
+            backend,
+            device,
+            dtype,
+            head_dim,
+            layers,
+            is_causal,
+            need_weights,
+            output_hidden_states,
+        )
     B, T = shape
     masks.prepare_attention_mask(
         mask, batch=B, heads=1, tq=T, tk=T, device=device, key_padding_only=True, name=mask_name
@@ -281,6 +299,56 @@ def plan_stack(
         query_has_key=masks.rows_with_key(full, device),
         is_causal=is_causal and not fold,
         **flags,
+    )
+    return with_layers(base, layers, head_dim, is_causal)
+
+
+def _plan_packed_rows(
+    packing: PackedLayout,
+    mask: Tensor | None,
+    backend: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    head_dim: int | None,
+    layers: tuple[tuple[int | None, float | None], ...],
+    is_causal: bool,
+    need_weights: bool,
+    output_hidden_states: bool,
+) -> ForwardPlan:
+    if mask is not None:
+        raise ValueError(
+            "mask must be None with cu_seqlens: the packed rows hold real tokens only, and "
+            "cu_seqlens says where each sequence starts and ends"
+        )
+    if need_weights:
+        raise ValueError(
+            "output_attentions=True on packed rows: attention weights are (B, H, T, T) on the "
+            "padded layout; pass (B, T) ids with a mask and backend='math'"
+        )
+    if backend == "sdpa":
+        raise ValueError(
+            "backend='sdpa' runs on the padded layout, got packed rows (cu_seqlens); use "
+            "backend='auto' or 'varlen' (fused), or 'math' (the reference formula)"
+        )
+    layout = Decision("packed", "the caller gave packed rows and their cu_seqlens")
+    if backend == "math":
+        kernel, method = Decision("math", "requested by name: reference formula per sequence"), None
+    else:
+        kernel = Decision("varlen", "packed rows: only varlen attention reads cu_seqlens")
+        method = resolve_method("auto", packing, device=device, dtype=dtype, head_dim=head_dim)
+    base = ForwardPlan(
+        layout,
+        kernel,
+        method,
+        "stack",
+        packing.batch,
+        packing.seqlen,
+        packing.seqlen,
+        device,
+        packing=packing,
+        is_causal=is_causal,
+        output_hidden_states=output_hidden_states,
+        packed_input=True,
     )
     return with_layers(base, layers, head_dim, is_causal)
 
