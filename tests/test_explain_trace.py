@@ -97,8 +97,9 @@ def test_fidelity_and_lost_keys_on_random_ragged_batches(lengths, norm, backend,
 def test_every_block_records_every_step_in_order():
     model = EncoderModel(small_config(vocab_size=50)).eval()
     trace = explain(model, torch.randint(1, 50, (2, 5)), lengths_mask([5, 3], 5))
-    for layer in range(2):
-        assert [s.name for s in trace.steps_for(layer)] == list(BLOCK_STEPS)
+    for layer in range(2):  # a model without a relative position bias has no bias step
+        want = [name for name in BLOCK_STEPS if name != "attn.biased_scores"]
+        assert [s.name for s in trace.steps_for(layer)] == want
     assert [s.name for s in trace.steps_for(None)] == [
         "embeddings.sum",
         "embeddings.output",
@@ -108,6 +109,15 @@ def test_every_block_records_every_step_in_order():
     trace = explain(model, torch.randint(1, 50, (2, 5)))
     names = [s.name for s in trace.steps_for(0)]
     assert "attn.masked_scores" not in names and "attn.weights" in names
+
+
+def test_a_relative_position_bias_is_its_own_step_between_scores_and_mask():
+    config = small_config(vocab_size=50, norm="post", relative_attention_buckets=8)
+    model = EncoderModel(config).eval()
+    trace = explain(model, torch.randint(1, 50, (2, 5)), lengths_mask([5, 3], 5))
+    names = [s.name for s in trace.steps_for(0)]
+    at = names.index("attn.biased_scores")
+    assert names[at - 1 : at + 2] == ["attn.scores", "attn.biased_scores", "attn.masked_scores"]
 
 
 def test_shapes_carry_named_dims():

@@ -54,6 +54,10 @@ class EncoderConfig:
     rope_theta: float = 10_000.0  # the paper's; ModernBERT's global layers: 160,000
     local_rope_theta: float | None = None  # None: rope_theta; ModernBERT: 10,000
     first_attn_norm: bool = True  # False: layer 0 has no attention norm (ModernBERT)
+    # A learned score bias by relative distance, shared by all layers (MPNet: 32 buckets up
+    # to distance 128; T5-style buckets, clearformer.relative_bias). 0: none.
+    relative_attention_buckets: int = 0
+    relative_attention_max_distance: int = 128
 
     # Embeddings (EncoderModel only).
     vocab_size: int | None = None  # token vocabulary; None: the model takes vectors, not ids
@@ -88,6 +92,28 @@ class EncoderConfig:
             )
         check_positive_int(self.local_window, "EncoderConfig.local_window", optional=True)
         check_positive_int(self.global_every, "EncoderConfig.global_every")
+        check_int(self.relative_attention_buckets, "EncoderConfig.relative_attention_buckets")
+        check_positive_int(
+            self.relative_attention_max_distance, "EncoderConfig.relative_attention_max_distance"
+        )
+        if self.relative_attention_buckets:
+            buckets = self.relative_attention_buckets
+            if buckets < 4 or buckets % 2:
+                raise ValueError(
+                    "EncoderConfig.relative_attention_buckets must be 0 or an even int >= 4, "
+                    f"got {buckets}"
+                )
+            if self.relative_attention_max_distance <= buckets // 4:
+                raise ValueError(
+                    "EncoderConfig.relative_attention_max_distance must exceed "
+                    f"relative_attention_buckets / 4 = {buckets // 4}, got "
+                    f"{self.relative_attention_max_distance}"
+                )
+            if self.local_window is not None:
+                raise ValueError(
+                    "EncoderConfig.relative_attention_buckets needs global attention "
+                    f"(local_window=None), got local_window={self.local_window}"
+                )
         check_positive_float(self.rope_theta, "EncoderConfig.rope_theta")
         if self.local_rope_theta is not None:
             check_positive_float(self.local_rope_theta, "EncoderConfig.local_rope_theta")

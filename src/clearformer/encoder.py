@@ -17,8 +17,10 @@ from torch.utils.checkpoint import checkpoint
 
 from .blocks import EncoderBlock
 from .config import EncoderConfig
+from .layer_plans import check_contiguous, with_score_bias
 from .padding import layout_from_cu_seqlens, repad
 from .plan import ForwardPlan, plan_stack
+from .relative_bias import RelativePositionBias
 from .tracing import record
 
 
@@ -72,6 +74,16 @@ class Encoder(nn.Module):
             if config.use_final_norm
             else nn.Identity()
         )
+        # One relative position bias for all layers (MPNet), or none.
+        self.relative_bias = (
+            RelativePositionBias(
+                config.relative_attention_buckets,
+                config.relative_attention_max_distance,
+                config.n_heads,
+            )
+            if config.relative_attention_buckets
+            else None
+        )
 
     def plan_for(
         self,
@@ -108,7 +120,7 @@ class Encoder(nn.Module):
                 dims = tuple(mask.shape) or (0,)
                 shape = (dims[0], dims[-1])
             device = mask.device if device is None else device
-        return plan_stack(
+        plan = plan_stack(
             mask,
             shape=shape,
             device=device,
@@ -121,6 +133,10 @@ class Encoder(nn.Module):
             mask_name=mask_name,
             packing=packing,
         )
+        if self.relative_bias is not None and plan.token_mask is not None:
+            # Distances are read off the row index on the padded layout: one run per row.
+            check_contiguous(plan.token_mask, "a relative position bias")
+        return plan
 
     def _layer_kinds(self) -> tuple[tuple[int | None, float | None], ...]:
         """(window, rotary base) of every layer, for the plan."""
@@ -211,6 +227,10 @@ class Encoder(nn.Module):
         """The stack on a (B, T, D) batch as ``plan`` says; the plan is trusted as it is."""
         hidden: list[Tensor] = []
         attentions: list[Tensor] = []
+        if self.relative_bias is not None:
+            # The bias is a parameter: computed once per call, shared by every layer.
+            longest = plan.packing.max_seqlen if plan.packed else plan.tq
+            plan = with_score_bias(plan, self.relative_bias(longest))  # (H, L, L)
         if plan.packed and not plan.packed_input:
             x = x.reshape(-1, x.shape[-1]).index_select(0, plan.packing.indices)  # (N, D)
         elif plan.token_mask is not None:

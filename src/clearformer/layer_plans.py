@@ -23,7 +23,7 @@ from .positions import rotary_tables
 if TYPE_CHECKING:  # the plan module imports this one; this one only reads plans
     from .plan import ForwardPlan
 
-__all__ = ["layer_plan", "positions_of", "with_layers"]
+__all__ = ["check_contiguous", "layer_plan", "positions_of", "with_layers", "with_score_bias"]
 
 
 def with_layers(
@@ -36,7 +36,7 @@ def with_layers(
     if all(window is None and theta is None for window, theta in layers):
         return base
     if base.token_mask is not None and any(window is not None for window, _ in layers):
-        _check_contiguous(base.token_mask)
+        check_contiguous(base.token_mask)
     positions = positions_of(base)
     built: dict[tuple[int | None, float | None], ForwardPlan] = {}
     for kind in layers:
@@ -45,7 +45,21 @@ def with_layers(
     return dataclasses.replace(base, per_layer=tuple(built[kind] for kind in layers))
 
 
-def _check_contiguous(token_mask: Tensor) -> None:
+def with_score_bias(plan: ForwardPlan, bias: Tensor) -> ForwardPlan:
+    """``plan`` (and each of its layers' plans) adding ``bias`` (H, L, L) to every score.
+
+    The stack that owns the bias attaches it per call (it is a parameter); its planning has
+    checked that the mask is contiguous (:func:`check_contiguous`).
+    """
+    method = plan.method
+    if method is not None and method.choice == "flash":
+        # flash_attn_varlen_func takes no additive bias: say what really runs.
+        method = Decision("sequence", "a relative position bias: one fused call per run")
+    layers = tuple(dataclasses.replace(p, score_bias=bias, method=method) for p in plan.per_layer)
+    return dataclasses.replace(plan, score_bias=bias, method=method, per_layer=layers)
+
+
+def check_contiguous(token_mask: Tensor, what: str = "local (windowed) attention") -> None:
     """A local window counts distances in positions; on the padded layout it reads them off
     the row index, which agrees with the packed layout only when each sequence's tokens are one
     contiguous run (right or left padding). A mask with holes is refused, not run two ways."""
@@ -55,8 +69,8 @@ def _check_contiguous(token_mask: Tensor) -> None:
     holed = (starts > 1).nonzero().flatten().tolist()
     if holed:
         raise ValueError(
-            "mask must hold each sequence's real tokens as one contiguous run for local "
-            f"(windowed) attention; rows {holed[:8]} have gaps"
+            f"mask must hold each sequence's real tokens as one contiguous run for {what}; "
+            f"rows {holed[:8]} have gaps"
         )
 
 

@@ -70,6 +70,10 @@ class ForwardPlan:
             padded rows (:mod:`clearformer.kernels.local`), per sequence on packed rows.
         rotary: (cos, sin) float32 tables for rotary positions, shaped to broadcast over the
             heads of split queries and keys ((N, 1, Dh) packed, (B, 1, T, Dh) padded).
+        score_bias: (H, L, L) float added to every layer's scores (a relative position bias,
+            :mod:`clearformer.relative_bias`), L the padded length or the longest packed
+            sequence; a sequence of length l starting at position 0 reads its top-left
+            (H, l, l) corner. Attached by the stack that owns the bias; None: no bias.
         packed_input: the caller gave packed rows and their ``cu_seqlens``: the stack returns
             packed rows too, and never sees a padded grid.
         per_layer: a stack whose layers differ (local and global layers, rotary bases): the
@@ -96,6 +100,7 @@ class ForwardPlan:
     window: int | None = None
     band_in_mask: bool = False
     rotary: tuple[Tensor, Tensor] | None = None
+    score_bias: Tensor | None = None
     packed_input: bool = False
     per_layer: tuple[ForwardPlan, ...] = ()
 

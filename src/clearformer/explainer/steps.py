@@ -56,6 +56,7 @@ BLOCK_STEPS = (
     "attn.v_proj",
     "attn.split_heads",
     "attn.scores",
+    "attn.biased_scores",
     "attn.masked_scores",
     "attn.weights",
     "attn.context",
@@ -165,6 +166,15 @@ def _table(f: ModelFacts) -> dict[str, StepInfo]:
             r"S = \frac{Q K^\top}{\sqrt{D_h}}",
             "One score per (query, key) and head; dividing by √Dh keeps their variance near 1 "
             "so the softmax does not saturate.",
+            ("B", "H", "Tq", "Tk"),
+        ),
+        StepInfo(
+            "attn.biased_scores",
+            "relative position bias",
+            "S[i, j] += b_h(bucket(j - i))",
+            r"S_{ij} \mathrel{+}= b_h(\mathrm{bucket}(j - i))",
+            "Each head adds a learned score for the distance between query and key (MPNet; "
+            "T5-style buckets, exact for short distances, logarithmic beyond).",
             ("B", "H", "Tq", "Tk"),
         ),
         StepInfo(

@@ -39,6 +39,7 @@ def _math(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float):
             dropout_p=dropout_p,
             reference=True,
             window=plan.window,
+            bias=plan.score_bias,
         )
         return out, None
     return math_attention(
@@ -49,7 +50,15 @@ def _math(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float):
         is_causal=plan.is_causal,
         dropout_p=dropout_p,
         need_weights=plan.need_weights,
+        bias=_padded_bias(plan),
     )
+
+
+def _padded_bias(plan: ForwardPlan) -> Tensor | None:
+    """The plan's (H, L, L) score bias cut to the call's (1, H, Tq, Tk), or None."""
+    if plan.score_bias is None:
+        return None
+    return plan.score_bias[None, :, : plan.tq, : plan.tk]
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float):
@@ -66,6 +75,7 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float):
         is_causal=plan.is_causal,
         dropout_p=dropout_p,
         query_has_key=plan.query_has_key,
+        bias=_padded_bias(plan),
     )
 
 
@@ -79,6 +89,7 @@ def _varlen(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float
         dropout_p=dropout_p,
         method=plan.method.choice,
         window=plan.window,
+        bias=plan.score_bias,
     )
     return out, None
 

@@ -24,6 +24,7 @@ def math_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     need_weights: bool = False,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Scaled dot-product attention, written out.
 
@@ -34,6 +35,8 @@ def math_attention(
         dropout_p: dropout on the attention probabilities (pass 0.0 in eval).
         scale: score scale, default 1 / sqrt(Dh).
         need_weights: also return the attention probabilities (before dropout).
+        bias: float, broadcastable to (B, H, Tq, Tk), added to the scores (a relative position
+            bias); or None.
 
     Returns:
         out (B, H, Tq, Dv) and weights (B, H, Tq, Tk) or None. A query with no key to attend
@@ -48,6 +51,9 @@ def math_attention(
     # Scale q before the product: in float16 the unscaled dot products can overflow.
     scores = torch.matmul(q * scale, k.transpose(-2, -1))  # (B, H, Tq, Tk)
     record("attn.scores", scores)
+    if bias is not None:  # a relative position bias: what the scores add by distance alone
+        scores = scores + bias.to(scores.dtype)
+        record("attn.biased_scores", scores)
     if mask is not None:
         # The most negative finite value, not -inf: a row with every key masked stays finite
         # (uniform) through the softmax and is zeroed just below, so neither the output nor

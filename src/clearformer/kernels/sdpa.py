@@ -26,6 +26,7 @@ def sdpa_attention(
     scale: float | None = None,
     need_weights: bool = False,
     query_has_key: Tensor | None | object = _UNKNOWN,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, None]:
     """Same contract as :func:`clearformer.kernels.math.math_attention`, without weights.
 
@@ -35,6 +36,7 @@ def sdpa_attention(
         query_has_key: which query rows have a key, (B, H|1, Tq|1, 1) bool, or None when every
             row has one; a forward plan computes it once for all layers. Left out, it is
             computed here.
+        bias: float, broadcastable to (B, H, Tq, Tk), added to the scores; or None.
     """
     if need_weights:
         raise ValueError(
@@ -42,6 +44,8 @@ def sdpa_attention(
             "use backend='math' (or 'auto', which picks 'math' when weights are requested)"
         )
     tq, tk = q.shape[-2], k.shape[-2]
+    if bias is not None:
+        return _with_bias(q, k, v, mask, bias, is_causal, dropout_p, scale, query_has_key), None
     # SDPA's own is_causal is top-left aligned; it equals ours only when Tq == Tk.
     if mask is None and (not is_causal or tq == tk):
         out = F.scaled_dot_product_attention(
@@ -66,3 +70,21 @@ def sdpa_attention(
     # torch.where keeps the kernel's (B, Tq, H, Dv) memory order, so the head merge that follows
     # stays a view (masked_fill's clone made it contiguous in (B, H, Tq, Dv), costing a copy).
     return torch.where(query_has_key, out, 0.0), None
+
+
+def _with_bias(q, k, v, mask, bias, is_causal, dropout_p, scale, query_has_key) -> Tensor:
+    """SDPA with an additive float mask: the bias, and -inf where ``mask`` forbids."""
+    tq, tk = q.shape[-2], k.shape[-2]
+    if is_causal:
+        mask = fold_causal(mask, tq, tk, q.device)
+    if query_has_key is _UNKNOWN:
+        query_has_key = rows_with_key(mask, q.device)
+    scores_bias = bias.to(q.dtype)
+    if mask is not None:
+        # A query with no key attends everywhere (finite) and is zeroed after, as above.
+        allowed = mask if query_has_key is None else mask | ~query_has_key
+        scores_bias = scores_bias.masked_fill(~allowed, float("-inf"))  # (B|1, H, Tq, Tk)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=scores_bias, dropout_p=dropout_p, scale=scale
+    )
+    return out if query_has_key is None else torch.where(query_has_key, out, 0.0)

@@ -104,6 +104,7 @@ def varlen_attention(
     reference: bool = False,
     method: str = "auto",
     window: int | None = None,
+    bias: Tensor | None = None,
 ) -> Tensor:
     """Self-attention within each packed sequence.
 
@@ -117,17 +118,23 @@ def varlen_attention(
         method: one of ``VARLEN_METHODS`` (see the module docstring).
         window: local attention: token i sees tokens j of its sequence with |i - j| <= window;
             None = the whole sequence.
+        bias: (H, L, L) float added to the scores of every sequence (its top-left corner, for
+            a shorter one): a relative position bias. None: no bias.
 
     Returns:
         (N, H, Dv). Rows of an empty sequence do not exist, so nothing needs zeroing.
     """
+    if window is not None and bias is not None:
+        raise ValueError("a relative position bias with a local window is not supported")
     if layout.num_tokens == 0:  # no rows: nothing to attend, whatever the method
         return v.new_zeros(0, v.shape[1], v.shape[2])
     if reference:
-        return _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, window, reference=True)
-    if window is not None and method in ("auto", "flash"):
-        # The band is a mask per run; flash_attn's own window is not wired in (the plan says
-        # so in its per-layer method).
+        return _per_sequence(
+            q, k, v, layout, is_causal, dropout_p, scale, window, bias, reference=True
+        )
+    if (window is not None or bias is not None) and method in ("auto", "flash"):
+        # The band is a mask per run and a bias an additive mask; flash_attn's own window is
+        # not wired in and it takes no bias (the plan says so in its per-layer method).
         method = "sequence"
     if method not in ("sequence", "padded"):
         method = resolve_method(
@@ -147,11 +154,15 @@ def varlen_attention(
             causal=is_causal,
         )
     if method == "padded":
-        return _padded(q, k, v, layout, is_causal, dropout_p, scale, window)
-    return _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, window, reference=False)
+        return _padded(q, k, v, layout, is_causal, dropout_p, scale, window, bias)
+    return _per_sequence(
+        q, k, v, layout, is_causal, dropout_p, scale, window, bias, reference=False
+    )
 
 
-def _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, window, *, reference) -> Tensor:
+def _per_sequence(
+    q, k, v, layout, is_causal, dropout_p, scale, window, bias, *, reference
+) -> Tensor:
     H, Dv = v.shape[1], v.shape[2]
     runs = layout.runs
     if not runs:
@@ -176,9 +187,27 @@ def _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, window, *, refer
             pieces.append(out.transpose(1, 2).reshape(count * length, H, Dv))
             continue
         band = band_mask(length, window, q.device) if needs_band else None
+        corner = None if bias is None else bias[:, :length, :length]  # (H, L, L)
         if reference:
             out, _ = math_attention(
-                qs, ks, vs, band, is_causal=is_causal, dropout_p=dropout_p, scale=scale
+                qs,
+                ks,
+                vs,
+                band,
+                is_causal=is_causal,
+                dropout_p=dropout_p,
+                scale=scale,
+                bias=corner,
+            )
+        elif corner is not None:
+            allowed = band
+            if is_causal:
+                allowed = fold_causal(allowed, length, length, q.device)
+            additive = corner.to(q.dtype)  # (H, L, L), broadcast over the G sequences
+            if allowed is not None:
+                additive = additive.masked_fill(~allowed, float("-inf"))  # keeps the diagonal
+            out = F.scaled_dot_product_attention(
+                qs, ks, vs, attn_mask=additive, dropout_p=dropout_p, scale=scale
             )
         elif band is not None:
             if is_causal:
@@ -197,7 +226,7 @@ def _per_sequence(q, k, v, layout, is_causal, dropout_p, scale, window, *, refer
     return torch.cat(pieces, dim=0)  # (N, H, Dv)
 
 
-def _padded(q, k, v, layout, is_causal, dropout_p, scale, window) -> Tensor:
+def _padded(q, k, v, layout, is_causal, dropout_p, scale, window, bias) -> Tensor:
     N, H, Dv = v.shape
     B, L = layout.batch, max(layout.max_seqlen, 1)
     lengths = torch.tensor(layout.lengths, device=q.device)  # (B,)
@@ -234,8 +263,12 @@ def _padded(q, k, v, layout, is_causal, dropout_p, scale, window) -> Tensor:
     # A padded slot with no key in reach (an empty sequence's, or one beyond the window of
     # every real token) would give NaN: let it attend everywhere (finite); it is dropped.
     mask = mask | ~mask.any(dim=-1, keepdim=True)
+    attn_mask = mask
+    if bias is not None:
+        # (1, H, L, L) bias, -inf where the (B, 1, L|1, L) mask forbids: (B, H, L, L).
+        attn_mask = bias[None, :, :L, :L].to(q.dtype).masked_fill(~mask, float("-inf"))
     out = F.scaled_dot_product_attention(
-        qs, ks, vs, attn_mask=mask, dropout_p=dropout_p, scale=scale
+        qs, ks, vs, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale
     ).transpose(1, 2)  # (B, L, H, Dv)
     keep = real.reshape(-1).nonzero().flatten()  # (N,) positions of the real tokens
     return out.reshape(B * L, H, Dv).index_select(0, keep)  # (N, H, Dv)

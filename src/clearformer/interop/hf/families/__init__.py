@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..files import CheckpointError
-from . import bert, distilbert, modernbert, xlm_roberta
+from . import bert, distilbert, modernbert, mpnet, xlm_roberta
 from .family import Family, HeadLayout, NameTable
 
 __all__ = [
@@ -78,6 +78,7 @@ _BUILT_IN = (
     *bert.FAMILIES,
     *distilbert.FAMILIES,
     *modernbert.FAMILIES,
+    *mpnet.FAMILIES,
     *xlm_roberta.FAMILIES,
 )
 for _family in _BUILT_IN:
