@@ -124,6 +124,6 @@ def test_converters_name_what_they_accept():
     with pytest.raises(TypeError, match="EncoderBlock or Encoder, got Linear"):
         to_torch(nn.Linear(2, 2))
     with pytest.raises(
-        TypeError, match="TransformerEncoderLayer or TransformerEncoder, got Linear"
+        TypeError, match="TransformerDecoderLayer or TransformerDecoder, got Linear"
     ):
         from_torch(nn.Linear(2, 2))

@@ -26,18 +26,30 @@ _EXPORTS = {
     "ForwardPlan": ".plan",
     "TextEncoder": ".text",
     "CrossEncoder": ".text",
+    "DecoderBlock": ".decoder_block",
+    "LayerCache": ".decoder_block",
+    "Decoder": ".decoder",
+    "DecoderCache": ".decoder",
+    "DecoderConfig": ".decoder",
+    "Seq2SeqConfig": ".seq2seq",
+    "Seq2SeqTransformer": ".seq2seq",
+    "Generated": ".generation",
 }
 
 if TYPE_CHECKING:  # for type checkers and editors: the names as if imported eagerly
     from .attention import MultiHeadAttention
     from .blocks import EncoderBlock
     from .config import EncoderConfig
+    from .decoder import Decoder, DecoderCache, DecoderConfig
+    from .decoder_block import DecoderBlock, LayerCache
     from .encoder import Encoder, EncoderOutput
     from .explainer import explain
     from .feedforward import FeedForward
+    from .generation import Generated
     from .interop.torch_nn import from_torch, to_torch
     from .model import EncoderModel
     from .plan import ForwardPlan
+    from .seq2seq import Seq2SeqConfig, Seq2SeqTransformer
     from .text import CrossEncoder, TextEncoder
 
 
@@ -58,6 +70,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CrossEncoder",
+    "Decoder",
+    "DecoderBlock",
+    "DecoderCache",
+    "DecoderConfig",
+    "Generated",
+    "LayerCache",
+    "Seq2SeqConfig",
+    "Seq2SeqTransformer",
     "Encoder",
     "EncoderBlock",
     "EncoderConfig",

@@ -227,6 +227,56 @@ class MultiHeadAttention(nn.Module):
         record("attn.v_proj", v)
         q, k, v = (self._split_heads(t, plan) for t in (q, k, v))
         record("attn.split_heads", q)
+        return self.attend_heads(q, k, v, plan)
+
+    def attend_cached(
+        self, query: Tensor, plan: ForwardPlan, past: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor | None, tuple[Tensor, Tensor]]:
+        """Self-attention of new rows ``query`` (B, t, in_dim) over the keys and values of
+        earlier rows (``past``: (B, H, T_past, Dh) and (B, H, T_past, Dv)) and their own.
+
+        The same path as :meth:`attend`, with the new keys and values appended after the head
+        split. ``plan`` is made for t queries and T_past + t keys.
+
+        Returns:
+            out (B, t, out_dim), weights or None, and the keys and values of all T_past + t rows
+            (the cache to pass next time).
+        """
+        q, k, v = self.project(query, query, query)
+        q, k, v = (self._split_heads(t, plan) for t in (q, k, v))  # (B, H, t, Dh)
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)  # (B, H, T_past + t, Dh)
+            v = torch.cat([past[1], v], dim=2)
+        out, weights = self.attend_heads(q, k, v, plan)
+        return out, weights, (k, v)
+
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of a memory (B, S, kv_dim), split into heads: (B, H, S, Dh) and
+        (B, H, S, Dv). Computed once per source, then reused by every decoding step."""
+        (_, _), (wk, bk), (wv, bv) = self.projection_weights()
+        if self.kv_proj is not None:
+            k, v = self.kv_proj(memory).split([self.qk_dim, self.v_dim], dim=-1)
+        else:
+            k, v = F.linear(memory, wk, bk), F.linear(memory, wv, bv)
+        B, S, H = memory.shape[0], memory.shape[1], self.n_heads
+        # (B, S, H*Dh) -> (B, S, H, Dh) -> (B, H, S, Dh)
+        k = k.view(B, S, H, self.qk_dim // H).transpose(1, 2)
+        v = v.view(B, S, H, self.v_dim // H).transpose(1, 2)
+        return k, v
+
+    def attend_memory(
+        self, query: Tensor, memory_kv: tuple[Tensor, Tensor], plan: ForwardPlan
+    ) -> tuple[Tensor, Tensor | None]:
+        """Cross-attention from ``query`` (B, t, in_dim) to keys and values from
+        :meth:`memory_kv`; ``plan`` is made for t queries and S keys."""
+        (wq, bq), _, _ = self.projection_weights()
+        q = self._split_heads(F.linear(query, wq, bq), plan)  # (B, H, t, Dh)
+        return self.attend_heads(q, *memory_kv, plan)
+
+    def attend_heads(
+        self, q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan
+    ) -> tuple[Tensor, Tensor | None]:
+        """From split heads on: (positions), kernel, merge heads, project out."""
         if plan.key_in_use is not None:
             # A key no query may see gets weight 0, but 0 * NaN is NaN: whatever a padded
             # position holds must not reach a real one, so its key and value become zeros.

@@ -24,21 +24,7 @@ from torch import nn
 from ..blocks import EncoderBlock
 from ..config import EncoderConfig
 from ..encoder import Encoder
-
-
-def _activation_name(activation) -> str:
-    if activation is F.relu or isinstance(activation, nn.ReLU):
-        return "relu"
-    if activation is F.gelu:
-        return "gelu"
-    if isinstance(activation, nn.GELU):
-        return "gelu" if activation.approximate == "none" else "gelu_tanh"
-    if isinstance(activation, functools.partial) and activation.func is F.gelu:
-        return "gelu_tanh" if activation.keywords.get("approximate") == "tanh" else "gelu"
-    raise ValueError(
-        f"activation {activation!r} of the torch.nn layer has no clearformer equivalent; "
-        "supported: relu, gelu (exact or tanh)"
-    )
+from .torch_activations import activation_name as _activation_name
 
 
 def _layer_hparams(layer: nn.TransformerEncoderLayer) -> dict:
@@ -166,18 +152,26 @@ def encoder_from_torch(stack: nn.TransformerEncoder, backend: str = "auto") -> E
     return encoder
 
 
-def from_torch(module: nn.Module, backend: str = "auto") -> EncoderBlock | Encoder:
-    """The clearformer twin of a ``torch.nn`` encoder layer or stack, with the same numerics.
+def from_torch(module: nn.Module, backend: str = "auto"):
+    """The clearformer twin of a ``torch.nn`` layer or stack, with the same numerics.
 
     ``TransformerEncoderLayer`` -> :class:`EncoderBlock`; ``TransformerEncoder`` ->
-    :class:`Encoder`.
+    :class:`Encoder`; ``TransformerDecoderLayer`` -> :class:`~clearformer.DecoderBlock`;
+    ``TransformerDecoder`` -> :class:`~clearformer.Decoder` (see :mod:`.torch_nn_decoder`).
     """
+    if isinstance(module, (nn.TransformerDecoderLayer, nn.TransformerDecoder)):
+        from .torch_nn_decoder import decoder_block_from_torch, decoder_from_torch
+
+        if isinstance(module, nn.TransformerDecoder):
+            return decoder_from_torch(module, backend=backend)
+        return decoder_block_from_torch(module, backend=backend)
     if isinstance(module, nn.TransformerEncoderLayer):
         return block_from_torch(module, backend=backend)
     if isinstance(module, nn.TransformerEncoder):
         return encoder_from_torch(module, backend=backend)
     raise TypeError(
-        "module must be a torch.nn.TransformerEncoderLayer or TransformerEncoder, got "
+        "module must be a torch.nn.TransformerEncoderLayer, TransformerEncoder, "
+        "TransformerDecoderLayer or TransformerDecoder, got "
         f"{type(module).__name__}"
     )
 
