@@ -187,7 +187,11 @@ def test_bin_with_arbitrary_pickle_is_refused(copy):
     ("modules", "pooling", "match"),
     [
         (["Transformer", "Pooling", "Dense"], {"pooling_mode_mean_tokens": True}, "Dense"),
-        (["Transformer", "Pooling"], {"pooling_mode_weightedmean_tokens": True}, "weightedmean"),
+        (
+            ["Transformer", "Pooling"],
+            {"pooling_mode_weightedmean_tokens": True, "pooling_mode_max_tokens": True},
+            r"unsupported pooling \['max', 'weightedmean'\]",
+        ),
         (["Transformer", "Pooling"], {"pooling_mode": ["mean", "max"]}, "unsupported pooling"),
     ],
 )

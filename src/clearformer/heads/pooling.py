@@ -8,7 +8,7 @@ from torch import Tensor
 
 __all__ = ["POOLING_MODES", "pool"]
 
-POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len_tokens", "lasttoken")
+POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 
 
 def pool(hidden: Tensor, attention_mask: Tensor, mode: str = "mean", *, skip: int = 0) -> Tensor:
@@ -19,8 +19,10 @@ def pool(hidden: Tensor, attention_mask: Tensor, mode: str = "mean", *, skip: in
         attention_mask: (B, T) bool, True = real token.
         mode: ``mean`` (average of real tokens), ``cls`` (first token), ``max`` (per feature),
             ``mean_sqrt_len_tokens`` (their sum over the square root of their count, so
-            longer texts get longer vectors), ``lasttoken`` (the last real token: decoder-style
-            embedders, whose last token has seen the whole text).
+            longer texts get longer vectors), ``weightedmean`` (a mean with weights 1, 2, ..., T
+            by position from the row's first real token: in a decoder, later tokens have seen
+            more of the text), ``lasttoken`` (the last real token: decoder-style embedders,
+            whose last token has seen the whole text).
         skip: leading tokens to leave out (a prompt's, for a pooling with
             ``include_prompt: false``); ``cls`` then takes the first token after them, as
             sentence-transformers does.
@@ -42,6 +44,7 @@ def pool(hidden: Tensor, attention_mask: Tensor, mode: str = "mean", *, skip: in
     if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
         raise ValueError(f"skip must be an int >= 0, got {skip!r}")
     B, T, _ = hidden.shape
+    given = attention_mask  # before a prompt is left out: weightedmean counts from here
     if skip:
         positions = torch.arange(T, device=hidden.device)
         attention_mask = attention_mask & (positions >= skip)  # (B, T)
@@ -61,7 +64,31 @@ def pool(hidden: Tensor, attention_mask: Tensor, mode: str = "mean", *, skip: in
         from_end = attention_mask.flip(1).int().argmax(dim=1)  # (B,)
         last = T - 1 - from_end
         return (hidden * keep)[torch.arange(B, device=hidden.device), last]
+    if mode == "weightedmean":
+        return _weighted_mean(hidden, given, attention_mask)
     total = (hidden * keep).sum(dim=1)  # (B, D)
     # A row without tokens divides by a tiny count instead of zero (sentence-transformers' 1e-9).
     count = keep.sum(dim=1).to(hidden.dtype).clamp(min=1e-9)  # (B, 1)
     return total / (count if mode == "mean" else count.sqrt())
+
+
+def _weighted_mean(hidden: Tensor, given: Tensor, kept: Tensor) -> Tensor:
+    """Position-weighted mean of the ``kept`` tokens, as sentence-transformers' weightedmean.
+
+    The weight of position t is ``t + 1 - first``, ``first`` the row's first real token in the
+    ``given`` mask: 1, 2, ... from the first real token whatever the padding side, and a
+    prompt left out of ``kept`` keeps the weights its positions had (sentence-transformers'
+    rule). Sums run in float32 for half-precision states: the weights' total grows as T^2 / 2
+    and passes float16's maximum (65,504) at T = 362.
+    """
+    B, T, _ = hidden.shape
+    work = torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype
+    first = (
+        given.int().argmax(dim=1) if T else torch.zeros(B, dtype=torch.int32, device=hidden.device)
+    )
+    position = torch.arange(1, T + 1, device=hidden.device)  # (T,) 1-based
+    weights = (position - first.unsqueeze(1)) * kept  # (B, T), 0 where not kept
+    weights = weights.to(work).unsqueeze(-1)  # (B, T, 1)
+    total = (hidden.to(work) * weights).sum(dim=1)  # (B, D)
+    # A row without tokens divides by a tiny total instead of zero (sentence-transformers' 1e-9).
+    return (total / weights.sum(dim=1).clamp(min=1e-9)).to(hidden.dtype)

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..checks import check_positive_int, check_unicode
+from ..checks import check_choice, check_positive_int, check_unicode
 from ..config import EncoderConfig
-from ..heads import pool
+from ..heads import POOLING_MODES, pool
 from ..interop.hf import (
     LoadedModel,
     LoadReport,
@@ -64,7 +64,8 @@ class TextEncoder:
     Attributes:
         model: the :class:`~clearformer.EncoderModel`, in eval mode.
         config: its :class:`~clearformer.EncoderConfig`.
-        pooling: one of :data:`clearformer.heads.POOLING_MODES` (``"mean"``, ``"cls"``, ...).
+        pooling: one of :data:`clearformer.heads.POOLING_MODES` (``"mean"``, ``"cls"``,
+            ``"weightedmean"``, ...).
         include_prompt: whether a ``prompt`` given to :meth:`encode` counts in the pooling
             (the checkpoint's pooling config says; false leaves its tokens out).
         normalize: whether :meth:`encode` L2-normalises by default (the checkpoint's
@@ -91,7 +92,7 @@ class TextEncoder:
         self.model: EncoderModel = loaded.model
         self.config: EncoderConfig = loaded.model.config
         self.tokenizer = tokenizer
-        self.pooling = pooling
+        self.pooling = check_choice(pooling, POOLING_MODES, "TextEncoder pooling")
         self.include_prompt = include_prompt
         self.normalize = normalize
         self.max_length = tokenizer.max_length

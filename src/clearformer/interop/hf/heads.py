@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ...heads import SequenceClassifier
 from .families import Family, HeadLayout
@@ -88,16 +88,19 @@ def _check_has_head(layout: HeadLayout, tensors: dict[str, Tensor], files: Check
 
 
 def load_head(
-    head: SequenceClassifier,
+    head: nn.Module,
     layout: HeadLayout,
     tensors: dict[str, Tensor],
     report: LoadReport,
     *,
     strict: bool,
     source: str,
+    kind: str = "classification head",
 ) -> None:
-    """Copy the head's tensors into ``head`` and move them from ``report.unused`` to
-    ``report.loaded``. Shapes are all checked before any parameter is written."""
+    """Copy the head's tensors into ``head`` (a :class:`SequenceClassifier` or a
+    :class:`~clearformer.heads.MaskedLMHead`) and move them from ``report.unused`` to
+    ``report.loaded``. Shapes are all checked before any parameter is written; ``kind`` names
+    the head in the errors."""
     params = dict(head.named_parameters())
     if {name for name, _ in layout.names} != set(params):
         raise CheckpointError(
@@ -111,16 +114,19 @@ def load_head(
             continue
         want = tuple(params[target].shape)
         if tuple(tensors[key].shape) != want:
+            sizes = (
+                "num_labels or id2label" if isinstance(head, SequenceClassifier) else "vocab_size"
+            )
             raise CheckpointError(
                 f"weight {key} in {source} has shape {tuple(tensors[key].shape)}, expected "
-                f"{want} from config.json (hidden size, and num_labels or id2label)"
+                f"{want} from config.json (hidden size, and {sizes})"
             )
         updates.append((params[target], tensors[key]))
         report.unused = [name for name in report.unused if name != key]
         report.loaded.append(f"head.{target}")
     if strict and report.missing:
         raise CheckpointError(
-            f"{source} lacks tensors of its classification head: {report.missing[:5]} "
+            f"{source} lacks tensors of its {kind}: {report.missing[:5]} "
             "(load with strict=False to accept it)"
         )
     with torch.no_grad():

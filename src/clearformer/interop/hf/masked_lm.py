@@ -1,23 +1,57 @@
 """A checkpoint's masked-language-model head (``*ForMaskedLM``) as a
-:class:`~clearformer.heads.MaskedLMHead` on top of its encoder.
+:class:`~clearformer.heads.MaskedLMHead` on top of its encoder, and back.
 
 The family says where the head's tensors are (:attr:`Family.masked_lm`). The encoder loads as
 usual; the head then takes its tensors, and the report lists them as loaded. The decoder is
 tied to the encoder's word embeddings, so :meth:`LoadedMaskedLM.logits` passes that table.
+
+A save (:func:`save_masked_lm`, :meth:`LoadedMaskedLM.save_pretrained`) writes transformers'
+``*ForMaskedLM`` layout: the encoder under the family's task-model prefix (``bert.``), the
+head under its own names, the tied decoder left out as transformers leaves it out, and a
+config.json naming the ``*ForMaskedLM`` class, so ``AutoModelForMaskedLM.from_pretrained``
+loads it with no missing key and the same logits.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
 
+import torch
 from torch import Tensor
 
-from ...heads import MaskedLMHead
+from ...heads import MaskedLMConfig, MaskedLMHead
+from ...io import atomic_write
+from ...model import EncoderModel
+from .families import Family, HeadLayout, family_named
 from .files import CheckpointError, CheckpointFiles, find_checkpoint
 from .heads import load_head
 from .loading import LoadedModel, build_model, read_family
-from .weights import read_tensors
+from .mapping import LoadReport, export_state
+from .weights import read_tensors, write_safetensors
+
+log = logging.getLogger(__name__)
+
+# Tokenizer files a save copies from the loaded checkpoint, so the saved directory is complete.
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+# Activation names that are one function (the tanh form of GELU) under several spellings: a
+# save compares the head's activation with the one config.json will make transformers use.
+_SAME_FUNCTION = {
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+}
 
 
 @dataclass
@@ -27,11 +61,37 @@ class LoadedMaskedLM:
     loaded: LoadedModel
     head: MaskedLMHead  # eval mode
 
-    def logits(self, input_ids: Tensor, attention_mask: Tensor | None = None, **kwargs) -> Tensor:
-        """(B, T) ids -> (B, T, V) vocabulary logits (zeros' logits at padded positions)."""
+    def logits(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        *,
+        backend: str | None = None,
+    ) -> Tensor:
+        """(B, T) ids (mask and token types as :class:`~clearformer.EncoderModel` takes them)
+        -> (B, T, V) vocabulary logits (at padded positions: the logits of a zero state)."""
         model = self.loaded.model
-        hidden = model(input_ids, attention_mask, **kwargs)  # (B, T, D)
+        hidden = model(input_ids, attention_mask, token_type_ids, backend=backend)  # (B, T, D)
         return self.head(hidden, model.embeddings.word.weight)  # (B, T, V)
+
+    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        """Write encoder and head as the checkpoint's ``*ForMaskedLM``
+        (:func:`save_masked_lm`), with the loaded checkpoint's other config.json fields and its
+        tokenizer files."""
+        out = save_masked_lm(
+            self.loaded.model,
+            self.head,
+            directory,
+            self.loaded.architecture,
+            base_config=self.loaded.hf_config,
+        )
+        source = self.loaded.files.path
+        for name in _TOKENIZER_FILES:
+            if (source / name).is_file() and (source / name).resolve() != (out / name).resolve():
+                with atomic_write(out / name, "wb") as handle:
+                    handle.write((source / name).read_bytes())
+        return out
 
 
 def load_masked_lm(
@@ -45,20 +105,20 @@ def load_masked_lm(
     Raises:
         FileNotFoundError: no such directory.
         CheckpointError: the family has no masked-LM head in clearformer, the checkpoint has
-            none, or its tensors do not match config.json.
+            none, its decoder is not tied to the word embeddings, or its tensors do not match
+            config.json.
     """
     files = path if isinstance(path, CheckpointFiles) else find_checkpoint(path)
     family, config = read_family(files, backend)
     source = files.path / "config.json"
-    if family.masked_lm is None:
+    layout = _layout(family, files.config, source)
+    if files.config.get("tie_word_embeddings", True) is not True:
         raise CheckpointError(
-            f"{source}: model_type={family.model_type!r} has no masked-LM head in clearformer"
+            f"{source}: 'tie_word_embeddings' must be true for a masked-LM head in clearformer "
+            f"(it decodes with the word embeddings), got "
+            f"{files.config.get('tie_word_embeddings')!r}: the decoder has weights of its own"
         )
-    try:
-        layout = family.masked_lm(files.config)
-    except (CheckpointError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{source}: {exc}") from None
-    tensors = read_tensors(files.weights)
+    tensors = _normalise_head_keys(read_tensors(files.weights))
     keys = [key for _, sources in layout.names for key in sources]
     if not any(key in tensors for key in keys):
         raise CheckpointError(
@@ -67,5 +127,122 @@ def load_masked_lm(
         )
     loaded = build_model(files, family, config, tensors, strict=strict)
     head = MaskedLMHead(layout.config)
-    load_head(head, layout, tensors, loaded.report, strict=strict, source=str(files.weights))
+    weights = str(files.weights)
+    load_head(
+        head, layout, tensors, loaded.report, strict=strict, source=weights, kind="masked-LM head"
+    )
+    _check_tied_copies(layout, tensors, loaded, head, weights)
     return LoadedMaskedLM(loaded, head.eval())
+
+
+def save_masked_lm(
+    model: EncoderModel,
+    head: MaskedLMHead,
+    directory: str | os.PathLike,
+    architecture: Family | str,
+    *,
+    base_config: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``model`` and ``head`` as a transformers ``*ForMaskedLM`` checkpoint
+    (``config.json`` + ``model.safetensors``, each written atomically).
+
+    Args:
+        architecture: the family, or its ``model_type`` (``"bert"``, ``"roberta"``, ...).
+        base_config: a config.json whose other fields are kept (the loaded checkpoint's).
+
+    Raises:
+        CheckpointError: the family has no masked-LM head in clearformer, or ``head`` is not
+            the head the written config.json makes transformers build (another activation or
+            epsilon, say); nothing is written then.
+    """
+    family = (
+        family_named(architecture, "save_masked_lm(architecture=...)")
+        if isinstance(architecture, str)
+        else architecture
+    )
+    config = family.hf_config(model.config, base_config)
+    # BertModel -> BertForMaskedLM, and so on for every family.
+    config["architectures"] = [family.hf_class.removesuffix("Model") + "ForMaskedLM"]
+    config["tie_word_embeddings"] = True
+    layout = _layout(family, config, Path(directory) / "config.json")
+    _check_head_matches(head.config, layout.config, family)
+    tensors = {
+        family.base_prefix + name: value for name, value in export_state(model, family).items()
+    }
+    params = dict(head.named_parameters())
+    for target, (key,) in layout.names:
+        tensors[key] = params[target].detach().contiguous().clone()
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    write_safetensors(tensors, out / "model.safetensors")
+    with atomic_write(out / "config.json") as handle:
+        json.dump(config, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    log.info("saved %s (%s) to %s", config["architectures"][0], family.model_type, out)
+    return out
+
+
+def _layout(family: Family, hf: dict[str, Any], source: Path) -> HeadLayout:
+    if family.masked_lm is None:
+        raise CheckpointError(
+            f"{source}: model_type={family.model_type!r} has no masked-LM head in clearformer"
+        )
+    try:
+        return family.masked_lm(hf)
+    except (CheckpointError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{source}: {exc}") from None
+
+
+def _normalise_head_keys(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Checkpoints converted from TensorFlow (bert-base-uncased among them) name the head's
+    LayerNorm parameters gamma / beta, as the encoder's (which :mod:`.mapping` renames)."""
+    renames = {".gamma": ".weight", ".beta": ".bias"}
+    out = {}
+    for key, value in tensors.items():
+        for old, new in renames.items():
+            if "LayerNorm" in key and key.endswith(old):
+                key = key[: -len(old)] + new
+        out[key] = value
+    return out
+
+
+def _check_tied_copies(
+    layout: HeadLayout,
+    tensors: dict[str, Tensor],
+    loaded: LoadedModel,
+    head: MaskedLMHead,
+    source: str,
+) -> None:
+    """Older files store the tied decoder (and BERT's decoder bias) a second time. Each copy
+    must equal what clearformer decodes with; a copy that differs means the checkpoint's
+    decoder is really its own, and decoding with the embeddings would give other logits."""
+    report: LoadReport = loaded.report
+    for key, part in getattr(layout, "tied", ()):
+        if key not in tensors:
+            continue
+        want = loaded.model.embeddings.word.weight if part == "embedding" else head.bias
+        label = "the word embeddings" if part == "embedding" else "the head's bias"
+        copy = tensors[key]
+        if want is None or copy.shape != want.shape or not torch.equal(copy.to(want.dtype), want):
+            raise CheckpointError(
+                f"{key} in {source} differs from {label}: transformers ties the two, and "
+                "clearformer decodes with the tied tensor; a checkpoint whose copy differs has "
+                "a decoder of its own, which clearformer's MaskedLMHead does not run"
+            )
+        report.unused = [name for name in report.unused if name != key]
+        report.ignored.append(key)  # a copy, not a weight of its own
+
+
+def _check_head_matches(ours: MaskedLMConfig, theirs: MaskedLMConfig, family: Family) -> None:
+    """``ours`` (the head being saved) must be the head transformers builds from the config.json
+    being written (``theirs``), or the saved checkpoint would give other logits."""
+    for f in fields(MaskedLMConfig):
+        mine, wanted = getattr(ours, f.name), getattr(theirs, f.name)
+        if f.name == "activation":
+            mine, wanted = _SAME_FUNCTION.get(mine, mine), _SAME_FUNCTION.get(wanted, wanted)
+        if mine != wanted:
+            raise CheckpointError(
+                f"the masked-LM head has {f.name}={getattr(ours, f.name)!r}, but a "
+                f"{family.model_type} config.json of this encoder makes transformers build "
+                f"{f.name}={getattr(theirs, f.name)!r}; nothing was written"
+            )

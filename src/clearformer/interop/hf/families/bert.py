@@ -10,11 +10,12 @@ post-norm placement of every BERT-family block, and the LayerNorm on the embeddi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from ....config import EncoderConfig
-from ....heads import ClassifierConfig
+from ....heads import CLASSIFIER_ACTIVATIONS, ClassifierConfig, MaskedLMConfig
 from ..files import CheckpointError
 from .family import Family, HeadLayout, NameTable
 from .fields import (
@@ -28,7 +29,7 @@ from .fields import (
     number,
     token_id,
 )
-from .tables import head_names, layered_names
+from .tables import head_names, layered_names, linear
 
 # Where each part of a block lives in a Hugging Face layer, relative to the layer's prefix.
 LAYER = {
@@ -128,6 +129,55 @@ def classifier(hf: dict[str, Any], *, roberta: bool) -> HeadLayout:
     return HeadLayout(config, head_names("bert.pooler.dense", "classifier"))
 
 
+@dataclass(frozen=True)
+class MaskedLMLayout(HeadLayout):
+    """A masked-LM head's layout, with the checkpoint keys that are copies of other tensors.
+
+    transformers ties the decoder to the word embeddings (and BERT's decoder bias to
+    ``cls.predictions.bias``) and leaves the copies out of the files it writes now; older files
+    store them. ``tied`` lists them as (checkpoint key, ``"embedding"`` or ``"bias"``): a load
+    checks each copy it finds equals what clearformer decodes with, and a save leaves them out.
+    """
+
+    tied: tuple[tuple[str, str], ...] = ()
+
+
+def head_activation(hf: dict[str, Any], key: str, default: str) -> str:
+    """The activation of a masked-LM head, read from config.json ``key``."""
+    act = hf.get(key, default)
+    if act not in CLASSIFIER_ACTIVATIONS:
+        raise CheckpointError(
+            f"unsupported config.json {key!r}={act!r} for the masked-LM head; supported: "
+            f"{', '.join(CLASSIFIER_ACTIVATIONS)}"
+        )
+    return act
+
+
+def masked_lm(hf: dict[str, Any], *, roberta: bool) -> MaskedLMLayout:
+    """``BertForMaskedLM``: ``cls.predictions.transform`` (dense -> ``hidden_act`` ->
+    LayerNorm), the decoder tied to the word embeddings, ``cls.predictions.bias``.
+    ``RobertaForMaskedLM`` (and XLM-R's): ``lm_head`` (dense -> exact GELU whatever
+    ``hidden_act`` says -> ``layer_norm``), tied ``decoder``, ``lm_head.bias``. Both take the
+    LayerNorm epsilon from ``layer_norm_eps``."""
+    config = MaskedLMConfig(
+        d_model=integer(hf, "hidden_size", "width"),
+        vocab_size=integer(hf, "vocab_size", "vocab"),
+        # RobertaLMHead calls gelu() directly; BertPredictionHeadTransform uses hidden_act.
+        activation="gelu" if roberta else head_activation(hf, "hidden_act", "gelu"),
+        norm_eps=number(hf, "layer_norm_eps", 1e-12, low=1e-30, high=1.0),
+    )
+    if roberta:
+        dense, norm, bias, decoder = (
+            f"lm_head.{n}" for n in ("dense", "layer_norm", "bias", "decoder")
+        )
+    else:
+        dense, norm = "cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm"
+        bias, decoder = "cls.predictions.bias", "cls.predictions.decoder"
+    names = linear("dense", dense) + linear("norm", norm) + [("bias", (bias,))]
+    tied = ((f"{decoder}.weight", "embedding"), (f"{decoder}.bias", "bias"))
+    return MaskedLMLayout(config, names, tied)
+
+
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 _DEFAULTS = {"position_embedding_type": "absolute"}
 
@@ -143,6 +193,7 @@ BERT = Family(
     config_defaults=_DEFAULTS,
     kept_prefixes=("pooler.",),
     classifier=partial(classifier, roberta=False),
+    masked_lm=partial(masked_lm, roberta=False),
 )
 ROBERTA = Family(
     model_type="roberta",
@@ -156,5 +207,6 @@ ROBERTA = Family(
     config_defaults=_DEFAULTS,
     kept_prefixes=("pooler.",),
     classifier=partial(classifier, roberta=True),
+    masked_lm=partial(masked_lm, roberta=True),
 )
 FAMILIES = (BERT, ROBERTA)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from ....config import EncoderConfig
-from ....heads import ClassifierConfig
+from ....heads import ClassifierConfig, MaskedLMConfig
+from .bert import MaskedLMLayout, head_activation
 from .family import Family, HeadLayout, NameTable
 from .fields import (
     activation,
@@ -22,7 +23,7 @@ from .fields import (
     number,
     token_id,
 )
-from .tables import head_names, layered_names
+from .tables import head_names, layered_names, linear
 
 # Where each part of a block lives in a Hugging Face layer, relative to the layer's prefix.
 LAYER = {
@@ -101,6 +102,21 @@ def classifier(hf: dict[str, Any]) -> HeadLayout:
     return HeadLayout(config, head_names("pre_classifier", "classifier"))
 
 
+def masked_lm(hf: dict[str, Any]) -> MaskedLMLayout:
+    """``DistilBertForMaskedLM``: ``vocab_transform`` -> ``activation`` -> ``vocab_layer_norm``
+    (epsilon 1e-12, fixed in DistilBERT's code), then ``vocab_projector``, whose weight is tied
+    to the word embeddings and whose bias is the head's own."""
+    config = MaskedLMConfig(
+        d_model=integer(hf, "dim", "width"),
+        vocab_size=integer(hf, "vocab_size", "vocab"),
+        activation=head_activation(hf, "activation", "gelu"),
+        norm_eps=1e-12,
+    )
+    names = linear("dense", "vocab_transform") + linear("norm", "vocab_layer_norm")
+    names.append(("bias", ("vocab_projector.bias",)))
+    return MaskedLMLayout(config, names, tied=(("vocab_projector.weight", "embedding"),))
+
+
 DISTILBERT = Family(
     model_type="distilbert",
     hf_class="DistilBertModel",
@@ -119,5 +135,6 @@ DISTILBERT = Family(
     names=names,
     config_defaults={"sinusoidal_pos_embds": False},
     classifier=classifier,
+    masked_lm=masked_lm,
 )
 FAMILIES = (DISTILBERT,)
