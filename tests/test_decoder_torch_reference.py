@@ -316,24 +316,6 @@ def test_clearformer_matches_causal_torch_on_pytorch_inputs(case, activation, ba
     assert_real_close_padded_zero(got, want, tgt_keep)
 
 
-@pytest.mark.parametrize(
-    "name", ["layer-gelu-batch", "stack6-norm-relu-batch", "stack1-relu-batch-tgt-padded"]
-)
-def test_class_from_torch_converts_like_from_torch(name):
-    from clearformer import Decoder, DecoderBlock
-    from clearformer.interop.torch_nn import from_torch
-
-    case = next(c for c in CASES if c.name == name)
-    module = torch_module(case, case.activations[0], batch_first=True)
-    cls = DecoderBlock if case.n_layers is None else Decoder
-    via_class, via_function = cls.from_torch(module), from_torch(module)
-    assert type(via_class) is type(via_function) is cls
-    theirs, ours = via_function.state_dict(), via_class.state_dict()
-    assert theirs.keys() == ours.keys()
-    for key in theirs:
-        assert torch.equal(theirs[key], ours[key]), key
-
-
 # (d) -------------------------------------------------------------------------------------------
 
 D, HEADS, DIM_FF = 32, 4, 64

@@ -39,12 +39,14 @@ KINDS = {
     "roberta": {"hidden_act": "relu"},  # RoBERTa's head is GELU whatever hidden_act says
     "xlm-roberta": {},
     "distilbert": {"activation": "gelu"},
+    "mpnet": {"hidden_act": "relu"},  # MPNet's head, as RoBERTa's, is GELU whatever it says
 }
 MASKED_LM_CLASS = {
     "bert": "BertForMaskedLM",
     "roberta": "RobertaForMaskedLM",
     "xlm-roberta": "XLMRobertaForMaskedLM",
     "distilbert": "DistilBertForMaskedLM",
+    "mpnet": "MPNetForMaskedLM",
 }
 
 
@@ -64,6 +66,17 @@ def make_mlm(kind: str, directory: Path, **extra) -> torch.nn.Module:
             vocab_size=V, dim=32, n_layers=2, n_heads=4, hidden_dim=64, **overrides
         )
         model = transformers.DistilBertForMaskedLM(cfg)
+        _wordpiece_vocab(directory)
+    elif family == "mpnet":
+        cfg = transformers.MPNetConfig(
+            **sizes,
+            hidden_size=32,
+            intermediate_size=64,
+            max_position_embeddings=T + 2,
+            layer_norm_eps=1e-3,
+            **overrides,
+        )
+        model = transformers.MPNetForMaskedLM(cfg)
         _wordpiece_vocab(directory)
     elif family in ("roberta", "xlm-roberta"):
         config_class, model_class = {
@@ -100,7 +113,7 @@ def batch(kind: str):
     them), and token types where the family has them."""
     gen = torch.Generator().manual_seed(1)
     mask = lengths_mask(LENGTHS, T)
-    pad = 1 if family_of(kind) in ("roberta", "xlm-roberta") else 0
+    pad = 1 if family_of(kind) in ("roberta", "xlm-roberta", "mpnet") else 0
     ids = torch.randint(5, V, (len(LENGTHS), T), generator=gen).masked_fill(~mask, pad)
     types = None
     if family_of(kind) == "bert":

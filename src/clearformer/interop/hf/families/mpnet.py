@@ -8,16 +8,19 @@ What differs from BERT (checked against transformers' ``modeling_mpnet.py``):
 * absolute positions as RoBERTa numbers them, from padding index + 1; transformers fixes the
   padding index at 1 whatever the config says, so a config naming another is refused;
 * no token type embeddings; its own parameter names (``attention.attn.q``, ``.o``, ...);
-* the classifier is RoBERTa's (``classifier.dense`` + tanh, ``classifier.out_proj``).
+* the classifier is RoBERTa's (``classifier.dense`` + tanh, ``classifier.out_proj``), and so
+  is the masked-LM head (``lm_head``: dense, exact GELU, ``layer_norm``, tied decoder, bias).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from ....config import EncoderConfig
 from ....heads import ClassifierConfig
 from ..files import CheckpointError
+from .bert import masked_lm
 from .family import Family, HeadLayout, NameTable
 from .fields import (
     activation,
@@ -155,5 +158,6 @@ MPNET = Family(
     names=names,
     kept_prefixes=("pooler.",),
     classifier=classifier,
+    masked_lm=partial(masked_lm, roberta=True),
 )
 FAMILIES = (MPNET,)
