@@ -90,11 +90,13 @@ def test_scores_rebuild_from_token_logprobs_and_pads_follow_the_end(
 
 
 def test_token_logprobs_are_the_models_own(model):
-    """Teacher-forced log-probabilities of the returned tokens equal what decoding reported."""
+    """Teacher-forced log-probabilities of the returned tokens (padding removed, the rest
+    renormalised, as decoding does) equal what decoding reported."""
     out = model.generate(SRC, MASK, max_new_tokens=12, num_beams=3)
     bos = torch.full((3, 1), model.config.bos_id)
     with torch.no_grad():
         logits = model(SRC, MASK, torch.cat([bos, out.sequences[:, :-1]], dim=1))
+    logits[..., model.config.pad_id] = -math.inf
     logp = torch.log_softmax(logits, -1).gather(-1, out.sequences[..., None])[..., 0]
     real = torch.arange(out.sequences.shape[1])[None] < out.lengths[:, None]
     torch.testing.assert_close(logp[real], out.token_logprobs[real], atol=1e-5, rtol=0)
@@ -112,7 +114,7 @@ def test_wide_beam_with_never_finds_the_exhaustive_optimum(length_penalty):
     of every possible output, found here by enumerating them all."""
     model = _model(vocab=5, seed=3, eos_boost=1.5)
     src = torch.tensor([[3, 4, 3]])
-    steps, V, eos = 3, 5, model.config.eos_id
+    steps, V, eos, pad = 3, 5, model.config.eos_id, model.config.pad_id
     out = model.generate(
         src,
         max_new_tokens=steps,
@@ -122,12 +124,14 @@ def test_wide_beam_with_never_finds_the_exhaustive_optimum(length_penalty):
     )
     bos = model.config.bos_id
     best_score, best_seq = -math.inf, None
-    candidates = [(*prefix, eos) for n in range(steps) for prefix in _no_eos(n, V, eos)]
-    candidates += list(_no_eos(steps, V, eos))
+    candidates = [(*prefix, eos) for n in range(steps) for prefix in _no_eos(n, V, eos, pad)]
+    candidates += list(_no_eos(steps, V, eos, pad))
     with torch.no_grad():
         for seq in candidates:
             tgt = torch.tensor([[bos, *seq[:-1]]])
-            logp = torch.log_softmax(model(src, None, tgt)[0], -1)  # (L, V)
+            logits = model(src, None, tgt)[0]  # (L, V)
+            logits[:, pad] = -math.inf  # never generated: renormalised without it
+            logp = torch.log_softmax(logits, -1)
             total = sum(logp[i, t].item() for i, t in enumerate(seq))
             score = total / len(seq) ** length_penalty
             if score > best_score:
@@ -137,8 +141,8 @@ def test_wide_beam_with_never_finds_the_exhaustive_optimum(length_penalty):
     assert out.scores[0].item() == pytest.approx(best_score, abs=1e-5)
 
 
-def _no_eos(n, V, eos):
-    return itertools.product([t for t in range(V) if t != eos], repeat=n)
+def _no_eos(n, V, eos, pad):
+    return itertools.product([t for t in range(V) if t not in (eos, pad)], repeat=n)
 
 
 def test_finished_rows_stop_costing_compute(model):
@@ -176,3 +180,103 @@ def test_min_length_forbids_an_early_end(model):
 def test_bad_options_are_named(model, kwargs, words):
     with pytest.raises((ValueError, TypeError), match=words):
         model.generate(SRC, MASK, **kwargs)
+
+
+def test_the_padding_id_is_never_generated():
+    model = _model(seed=5)
+    with torch.no_grad():  # make padding the likeliest token everywhere
+        model.output.weight[model.config.pad_id] = 5.0 * model.output.weight.abs().max()
+    for beams in (1, 3):
+        out = model.generate(SRC, MASK, max_new_tokens=8, num_beams=beams)
+        for row, n in enumerate(out.lengths.tolist()):
+            assert model.config.pad_id not in out.sequences[row, :n].tolist()
+
+
+def test_an_empty_source_is_refused_before_any_work(model):
+    mask = MASK.clone()
+    mask[2] = False
+    with pytest.raises(ValueError, match=r"src rows \[2\] are empty"):
+        model.generate(SRC, mask, max_new_tokens=4)
+    with pytest.raises(ValueError, match="no tokens"):
+        model.generate(SRC[:, :0], None, max_new_tokens=4)
+
+
+def test_future_target_tokens_leave_earlier_logits_unchanged(model):
+    tgt = torch.tensor([[1, 5, 7, 3, 9, 4], [1, 8, 8, 6, 0, 0]])
+    changed = tgt.clone()
+    changed[:, 3:] = torch.tensor([[11, 10, 3], [4, 4, 4]])
+    with torch.no_grad():
+        before, after = model(SRC[:2], MASK[:2], tgt), model(SRC[:2], MASK[:2], changed)
+    torch.testing.assert_close(before[:, :3], after[:, :3], atol=1e-6, rtol=0)
+    assert (before[:, 3:] - after[:, 3:]).abs().max() > 1e-3  # the later ones do change
+
+
+def test_work_per_step_is_linear_with_the_cache_and_quadratic_without(model):
+    """Target rows the decoder processes per step: B with the cache, B * t without."""
+    fed: list[int] = []
+    hook = model.decoder.register_forward_pre_hook(
+        lambda mod, args: fed.append(args[0].shape[0] * args[0].shape[1])
+    )
+    src, mask = SRC[:1].expand(3, -1), MASK[:1].expand(3, -1)  # rows end together
+    try:
+        kw = dict(max_new_tokens=10, min_length=10)
+        model.generate(src, mask, **kw)
+        cached, fed[:] = list(fed), []
+        model.generate(src, mask, use_cache=False, **kw)
+        full = list(fed)
+    finally:
+        hook.remove()
+    assert cached == [3] * 10
+    assert full == [3 * (t + 1) for t in range(10)]
+
+
+class _ChainModel:
+    """A toy decoder with fixed transition probabilities P(next | last), no network: the
+    classic case where the likeliest first token leads nowhere good."""
+
+    def __init__(self, table: torch.Tensor):
+        from types import SimpleNamespace
+
+        self.table = table.log()  # (V, V) log P(next | last)
+        V = table.shape[0]
+        self.config = SimpleNamespace(
+            bos_id=0, eos_id=1, pad_id=V - 1, target_vocab=V, max_positions=64
+        )
+        self.decoder = SimpleNamespace(start_cache=lambda memory: _ChainCache(0))
+
+    def encode(self, src, src_mask=None):
+        return torch.zeros(src.shape[0], 1, 1)
+
+    def decode(self, tgt, memory, tgt_mask=None, memory_mask=None, *, cache=None):
+        logits = self.table[tgt[:, -1]][:, None, :]  # (B, 1, V)
+        return logits if cache is None else (logits, _ChainCache(cache.length + 1))
+
+
+class _ChainCache:
+    def __init__(self, length):
+        self.length = length
+
+    def select(self, rows, memory=True):
+        return self
+
+
+def test_beam_two_beats_greedy_on_a_constructed_chain():
+    # From the start: token 2 (p 0.6) then only poor continuations; token 3 (p 0.4) then the
+    # end with p 0.9. Greedy takes 2 (score log .6 + log .5 = -1.20 for "2 end");
+    # beam 2 finds "3 end" (log .4 + log .9 = -1.02).
+    V = 5  # 0 start, 1 end, 2, 3, 4 = padding
+    table = torch.full((V, V), 1e-9)
+    table[0, 2], table[0, 3] = 0.6, 0.4
+    table[2, 1], table[2, 2] = 0.5, 0.5
+    table[3, 1], table[3, 3] = 0.9, 0.1
+    table = table / table.sum(1, keepdim=True)
+    from clearformer.generation import generate
+
+    model = _ChainModel(table)
+    src = torch.zeros(1, 1, dtype=torch.long)
+    greedy = generate(model, src, max_new_tokens=2, length_penalty=0.0)
+    beam = generate(model, src, max_new_tokens=2, num_beams=2, length_penalty=0.0)
+    assert greedy.sequences[0].tolist() == [2, 1]
+    assert beam.sequences[0].tolist() == [3, 1]
+    assert beam.scores[0] > greedy.scores[0]
+    assert beam.scores[0].item() == pytest.approx(math.log(0.4) + math.log(0.9), abs=1e-4)

@@ -21,7 +21,8 @@ The returned ``token_logprobs`` rebuild every score.
   next: its sum can only fall, so its best score is its sum over ``max_new_tokens ** lp`` when
   ``lp > 0`` and over the current length otherwise. Exact within the beam.
 
-``min_length``: the end token is forbidden until that many tokens are generated.
+``min_length``: the end token is forbidden until that many tokens are generated. The padding
+id is never generated: its probability is removed and the rest renormalised.
 """
 
 from __future__ import annotations
@@ -98,12 +99,28 @@ def generate(
             f"(the start token too), above max_positions={cfg.max_positions}"
         )
     search = _Search(model, bos, eos, pad, max_new_tokens, min_length, float(length_penalty))
+    _check_not_empty(src, src_mask)
     with torch.no_grad():
         memory = model.encode(src, src_mask)  # (B, S, D), validates src and its mask
         mask = None if src_mask is None else src_mask.bool()
         if num_beams == 1:
             return search.greedy(memory, mask, use_cache)
         return search.beam(memory, mask, num_beams, early_stopping, use_cache)
+
+
+def _check_not_empty(src: Tensor, src_mask: Tensor | None) -> None:
+    """A source with no real token has nothing to decode from: refused before any work."""
+    if not isinstance(src, Tensor) or src.dim() != 2:
+        return  # the model's own check names the shape
+    if src.shape[1] == 0:
+        raise ValueError("src has no tokens (shape (B, 0)): there is nothing to decode from")
+    if isinstance(src_mask, Tensor) and tuple(src_mask.shape) == tuple(src.shape):
+        empty = (~src_mask.bool().any(dim=1)).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(
+                f"src rows {empty[:8]} are empty (no real token in src_mask): there is nothing "
+                "to decode from; drop them or give each at least one token"
+            )
 
 
 class _Search:
@@ -121,6 +138,10 @@ class _Search:
         else:  # the reference: the whole prefix again, no cache
             logits = self.model.decode(state.prefix, state.memory, memory_mask=state.memory_mask)
         logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (R, V)
+        if self.pad != self.eos:
+            # Padding is what follows an end, never a token: renormalised without it.
+            logp[:, self.pad] = -math.inf
+            logp = torch.log_softmax(logp, dim=-1)
         if step < self.min_length:
             logp[:, self.eos] = -math.inf
         return logp
