@@ -42,6 +42,10 @@ def test_tiny_run_writes_markdown_and_json(tmp_path, capsys):
     assert data["environment"]["allocator"] and data["gemm_gflops"]["minilm"] > 0
     assert {row["impl"] for row in data["rows"]} >= {"varlen sequence", "padded SDPA (masked)"}
     assert (tmp_path / "bench.md").read_text().startswith("# clearformer benchmark")
+    # Every result says how busy the machine was, and times CPU work beside wall time.
+    assert set(data["load"]) >= {"before", "after", "loaded", "reason"}
+    assert "Machine: " in out and all(row["cpu_ms"] > 0 for row in data["rows"])
+    assert len(data["gemm_first_last"]["minilm"]) == 2
 
 
 def test_model_flops_count_real_tokens_only():

@@ -39,13 +39,27 @@ def markdown(results: Results) -> str:
         " best = tokens/s of the fastest round; MFU = model FLOPs on real tokens / median time /"
         " GEMM rate; × torch.nn = median tokens/s over the best torch.nn row of the workload.",
     ]
+    if results.load:
+        load = results.load
+        state = "**LOADED: these figures do not reproduce**" if load["loaded"] else "quiet"
+        first_last = ", ".join(
+            f"{k} {v[0]:.0f} -> {v[-1]:.0f} GFLOP/s" for k, v in results.gemm_first_last.items()
+        )
+        lines += [
+            "",
+            f"Machine: {state} (load average {load['before'][0]:.2f} before, "
+            f"{load['after'][0]:.2f} after; {load['threads']} threads on {load['cores']} cores: "
+            f"{load['reason']}). GEMM rate first -> last: {first_last}. cpu ms = process CPU "
+            "time per call (median), the cross-check that other processes distort least.",
+        ]
     sections = [s for s in TITLES if any(r["section"] == s for r in results.rows)]
     for section in sections:
         rows = [r for r in results.rows if r["section"] == section]
         long = section == "long"
         lines += ["", f"## {TITLES[section]}", ""]
-        header = "| size | workload | implementation | tokens/s | best | ms | × torch.nn | MFU |"
-        rule = "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"
+        header = "| size | workload | implementation | tokens/s | best | ms | cpu ms | × torch.nn "
+        header += "| MFU |"
+        rule = "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
         if long:
             header += " × SDPA speed | peak extra MB | memory × SDPA |"
             rule += " ---: | ---: | ---: |"
@@ -58,6 +72,7 @@ def markdown(results: Results) -> str:
                 f"{r['tokens_per_s']:,.0f}",
                 f"{r['real_tokens'] / min(r['times']):,.0f}",
                 f"{r['seconds'] * 1e3:,.1f}",
+                _fmt(r.get("cpu_ms"), ",.1f"),
                 _fmt(r.get("vs_torch_nn"), ".2f"),
                 _fmt(r.get("mfu"), ".0%"),
             ]

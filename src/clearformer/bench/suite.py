@@ -28,6 +28,7 @@ from ..checks import check_positive_int
 from . import memory
 from .flops import forward_flops, step_flops
 from .gemm import gemm_rate
+from .load import judge, load_average
 from .peers import Peer, long_sequence_peers, stack_peers
 from .timing import interleaved
 from .workloads import SIZES, Batch, ModelSize, fixed_batch, ragged_batch
@@ -120,6 +121,10 @@ class Results:
     environment: dict
     gemm_gflops: dict[str, float] = field(default_factory=dict)
     rows: list[dict] = field(default_factory=list)
+    # The load averages before and after, and whether the run was quiet (bench/load.py), and
+    # the GEMM rate measured first and last (a fall between them is load too).
+    load: dict = field(default_factory=dict)
+    gemm_first_last: dict[str, list[float]] = field(default_factory=dict)
 
 
 def run_suite(
@@ -134,10 +139,12 @@ def run_suite(
     say = progress or (lambda message: log.info("%s", message))
     if options.threads is not None:
         torch.set_num_threads(options.threads)
+    load_before = load_average()
     results = Results(asdict(options), _environment())
     for name in options.sizes:
         say(f"GEMM rate at {name} shapes ...")
         results.gemm_gflops[name] = gemm_rate(SIZES[name])
+        results.gemm_first_last[name] = [results.gemm_gflops[name]]
         say(f"  {results.gemm_gflops[name]:.0f} GFLOP/s")
     sections = {
         "kernels": _kernels,
@@ -155,6 +162,8 @@ def run_suite(
             for name in options.sizes:
                 rate = gemm_rate(SIZES[name])
                 results.gemm_gflops[name] = max(results.gemm_gflops[name], rate)
+                results.gemm_first_last[name][1:] = [rate]
+            results.load = judge(load_before, load_average(), torch.get_num_threads()).to_dict()
             finalize(results)
             if on_section is not None:
                 on_section(results)
@@ -195,8 +204,11 @@ def _batches(options: BenchOptions, size: ModelSize, batch: int) -> list[Batch]:
     ]
 
 
-def _row(section, size, batch_desc, peer_name, family, times, tokens, flops, **extra):
+def _row(section, size, batch_desc, peer_name, family, times, tokens, flops, cpu=None, **extra):
     seconds = statistics.median(times)
+    if cpu:
+        # Process CPU seconds per call: the load-independent cross-check of the wall time.
+        extra["cpu_ms"] = statistics.median(cpu) * 1e3
     return {
         "section": section,
         "size": size.name,
@@ -237,6 +249,7 @@ def _kernels(options: BenchOptions, results: Results, say) -> None:
                     ts,
                     batch.real_tokens,
                     attn_flops,
+                    cpu=times.cpu[impl],
                 )
             )
 
@@ -305,6 +318,7 @@ def _packing(options: BenchOptions, results: Results, say) -> None:
                     batch.real_tokens,
                     flops,
                     padding=batch.padding,
+                    cpu=times.cpu[p.name],
                 )
             )
 
@@ -336,6 +350,7 @@ def _inference(options: BenchOptions, results: Results, say) -> None:
                         batch.real_tokens,
                         flops,
                         note=p.note,
+                        cpu=times.cpu[p.name],
                     )
                 )
         del models
@@ -374,6 +389,7 @@ def _training(options: BenchOptions, results: Results, say) -> None:
                         batch.real_tokens,
                         flops,
                         note=note,
+                        cpu=times.cpu[p.name],
                     )
                 )
             del steps
@@ -429,6 +445,7 @@ def _long(options: BenchOptions, results: Results, say) -> None:
                     flops,
                     note=p.note,
                     **extra,
+                    cpu=times.cpu[p.name],
                 )
             )
 

@@ -144,4 +144,10 @@ def run(args: argparse.Namespace) -> int:
     print(markdown(results))
     for path in write(results, out, args.name, with_chart=not args.no_chart):
         print(f"wrote {path}", file=sys.stderr)
+    if results.load.get("loaded"):
+        print(
+            "warning: the machine was loaded during the run (" + results.load["reason"] + "); "
+            "ratios taken under load do not reproduce: rerun on a quiet machine",
+            file=sys.stderr,
+        )
     return 0
