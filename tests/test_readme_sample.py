@@ -18,3 +18,17 @@ def test_the_in_python_sample_runs():
     assert len(every.hidden_states) == namespace["config"].n_layers + 1
     assert every.attentions[0].shape == (3, 12, 10, 10)
     assert (hidden[~mask] == 0).all()
+
+
+def test_the_seq2seq_sample_runs():
+    import torch
+
+    text = README.read_text()
+    section = text.split("An encoder-decoder Transformer", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    out = namespace["out"]
+    assert out.sequences.shape[0] == 2 and out.sequences.shape[1] <= 12
+    rebuilt = out.token_logprobs.sum(1) / out.lengths.float()
+    torch.testing.assert_close(rebuilt, out.scores, atol=1e-6, rtol=0)
