@@ -139,11 +139,14 @@ def main() -> None:
                         fn(model, src, mask, length, beams, cache)
                         times[name].append(time.perf_counter() - start)
                 tokens = args.batch * length
+                speed = {
+                    f"{n}_tokens_per_s": tokens / statistics.median(t) for n, t in times.items()
+                }
                 row = {
                     "length": length,
                     "beams": beams,
                     "cache": cache,
-                    **{f"{n}_tokens_per_s": tokens / statistics.median(t) for n, t in times.items()},
+                    **speed,
                 }
                 row["ratio"] = row["clearformer_tokens_per_s"] / row["transformers_tokens_per_s"]
                 rows.append(row)

@@ -17,7 +17,7 @@ from .helpers import intra_op_threads, lengths_mask
 
 # A single real token, an empty sequence, a full row and ragged ones.
 LENGTHS = [1, 0, 9, 4, 2]
-METHODS = ("sequence", "padded", "bucket", "nested")  # the kernel's two, the benchmark's two
+METHODS = ("sequence", "padded", "threads", "bucket", "nested")  # the kernel's, the benchmark's two
 D, H = 32, 4
 
 
@@ -230,10 +230,16 @@ def test_auto_method_bounds_the_number_of_calls():
     lengths = [2 + (i % 2) for i in range(MAX_SEQUENCE_CALLS + 1)]  # no two neighbours equal
     _, _, _, many = packed_qkv(lengths)
     cpu, meta = q.device, torch.device("meta")
+    _, _, _, one = packed_qkv([4, 4, 4])  # one run: one call, nothing to group
     with intra_op_threads(2):
-        assert resolve_method("auto", few, device=cpu).choice == "sequence"
-        assert resolve_method("auto", many, device=cpu).choice == "padded"
-        assert str(MAX_SEQUENCE_CALLS) in resolve_method("auto", many, device=cpu).reason
+        # On CPU the runs are grouped per thread, however many there are.
+        assert resolve_method("auto", few, device=cpu).choice == "threads"
+        assert resolve_method("auto", many, device=cpu).choice == "threads"
+        assert resolve_method("auto", one, device=cpu).choice == "sequence"
+        # Elsewhere (no flash_attn) the number of calls decides.
+        assert resolve_method("auto", few, device=meta).choice == "sequence"
+        assert resolve_method("auto", many, device=meta).choice == "padded"
+        assert str(MAX_SEQUENCE_CALLS) in resolve_method("auto", many, device=meta).reason
     with intra_op_threads(1):  # no parallel region to wait for: one call per run
         assert resolve_method("auto", many, device=cpu).choice == "sequence"
         # the CPU's thread count says nothing about an accelerator's kernels

@@ -271,7 +271,7 @@ def _attention_calls(size: ModelSize, batch: Batch, seed: int) -> dict[str, Call
     key_mask = batch.mask[:, None, None, :]  # (B, 1, 1, T)
     fns: dict[str, Callable] = {
         f"varlen {method}": functools.partial(varlen_attention, q, k, v, layout, method=method)
-        for method in ("sequence", "padded")
+        for method in ("sequence", "padded", "threads")
     }
     for method in BENCH_METHODS:
         fns[f"varlen {method}"] = functools.partial(

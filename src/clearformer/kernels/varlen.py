@@ -10,15 +10,18 @@ Implementations (``method``), all returning the same values:
 ``padded``    attention alone on a padded copy: one gather into ``(B, L_max)``, one masked SDPA
               call, one gather back. Linear layers still skip the padding; attention does not,
               but it makes one call per layer instead of one per sequence.
+``threads``   ``sequence``'s calls, the runs grouped over the intra-op threads, each group on a
+              single-threaded worker (:mod:`.varlen_threads`): no parallel region to wait in.
 ``flash``     ``flash_attn_varlen_func`` (CUDA, half precision, when the package is installed).
 
-``auto`` takes ``flash`` when it can serve the call; otherwise ``sequence`` when the batch needs
-at most ``MAX_SEQUENCE_CALLS`` calls or the calling thread runs PyTorch single-threaded on CPU,
-and ``padded`` above. Every call of ``sequence`` is an OpenMP parallel region, and when other
-processes compete for the cores each region can wait for a descheduled thread; ``padded``
-cannot collapse that way. A single-threaded caller has no region to wait for. The
-measurements behind these rules are in ``docs/performance.md``; two more methods that lost
-(``bucket``, ``nested``) live with the benchmark, in :mod:`clearformer.bench.varlen_methods`.
+``auto`` takes ``flash`` when it can serve the call. On CPU it takes ``threads`` (``sequence``
+for a single run or a single-threaded caller): every call of ``sequence`` is an OpenMP parallel
+region, and when other processes compete for the cores each region can wait for a descheduled
+thread, so ``sequence`` collapses under load where ``threads`` does not, and ``threads`` is as
+fast on a quiet machine. Elsewhere (CUDA without flash_attn) ``sequence`` up to
+``MAX_SEQUENCE_CALLS`` calls, ``padded`` above. The measurements behind these rules are in
+``docs/performance.md``; two more methods that lost (``bucket``, ``nested``) live with the
+benchmark, in :mod:`clearformer.bench.varlen_methods`.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from ..masks import band_mask, fold_causal
 from ..options import VARLEN_METHODS, Decision
 from ..padding import PackedLayout, equal_length_runs
 from .local import banded_attention, use_banded
+from .varlen_threads import threaded_attention
 
 __all__ = ["MAX_SEQUENCE_CALLS", "equal_length_runs", "resolve_method", "varlen_attention"]
 from .math import math_attention
@@ -73,11 +77,17 @@ def resolve_method(
     if method == "auto":
         if flash_available(device, dtype, head_dim):
             return Decision("flash", "CUDA half precision with flash_attn installed")
-        if device.type == "cpu" and torch.get_num_threads() == 1:
-            # No parallel region, nothing to wait for: one call per run is the fastest at any
-            # count.
-            return Decision("sequence", "a single-threaded caller: one call per run is fastest")
         calls = len(layout.runs)
+        if device.type == "cpu":
+            if torch.get_num_threads() == 1:
+                # No parallel region, nothing to wait for: one call per run is the fastest.
+                return Decision("sequence", "a single-threaded caller: one call per run")
+            if calls > 1:
+                # As fast as `sequence` on a quiet machine, and no OpenMP region to wait in
+                # when other processes take the cores (docs/performance.md).
+                return Decision(
+                    "threads", f"{calls} runs grouped over {torch.get_num_threads()} threads"
+                )
         if calls <= MAX_SEQUENCE_CALLS:
             return Decision("sequence", f"{calls} call(s) of fused attention per layer")
         return Decision(
@@ -136,7 +146,7 @@ def varlen_attention(
         # The band is a mask per run and a bias an additive mask; flash_attn's own window is
         # not wired in and it takes no bias (the plan says so in its per-layer method).
         method = "sequence"
-    if method not in ("sequence", "padded"):
+    if method not in ("sequence", "padded", "threads"):
         method = resolve_method(
             method, layout, device=q.device, dtype=q.dtype, head_dim=q.shape[-1]
         ).choice
@@ -155,16 +165,26 @@ def varlen_attention(
         )
     if method == "padded":
         return _padded(q, k, v, layout, is_causal, dropout_p, scale, window, bias)
+    if method == "threads" and dropout_p == 0.0:
+
+        def attend_runs(qs, ks, vs, runs):
+            return _per_sequence(
+                qs, ks, vs, layout, is_causal, 0.0, scale, window, bias, reference=False, runs=runs
+            )
+
+        return threaded_attention(q, k, v, layout, is_causal, scale, window, bias, attend_runs)
     return _per_sequence(
         q, k, v, layout, is_causal, dropout_p, scale, window, bias, reference=False
     )
 
 
 def _per_sequence(
-    q, k, v, layout, is_causal, dropout_p, scale, window, bias, *, reference
+    q, k, v, layout, is_causal, dropout_p, scale, window, bias, *, reference, runs=None
 ) -> Tensor:
+    """One fused call per run of ``runs`` (default: all of the layout's), which tile the rows of
+    ``q``, ``k``, ``v`` in order."""
     H, Dv = v.shape[1], v.shape[2]
-    runs = layout.runs
+    runs = layout.runs if runs is None else runs
     if not runs:
         return v.new_zeros(0, H, Dv)
     # The runs tile the N rows in order. One split per tensor (not a slice per run): in backward

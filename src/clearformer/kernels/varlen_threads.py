@@ -1,0 +1,85 @@
+"""Packed attention with the sequences grouped per thread (varlen method ``threads``).
+
+The ``sequence`` method makes one fused attention call per run of equally long sequences, and
+each call is an OpenMP parallel region over all the cores: when other processes compete for
+the cores, every region waits for its slowest, descheduled thread, and with 32 ragged sequences
+per layer the waits add up (docs/performance.md). ``padded`` makes one region per layer, but
+attends over padding.
+
+``threads`` keeps one fused call per run and no padding, but opens no parallel region: the runs
+are cut into as many contiguous groups as PyTorch has intra-op threads, balanced by their cost
+(sequences x length²), and each group runs on a worker thread of its own whose PyTorch runs
+single-threaded. A descheduled worker delays only its own group. The outputs are the same
+calls' outputs, concatenated in row order.
+
+With dropout on the probabilities the draws would come from one generator in an order that
+depends on thread timing, so a training step with attention dropout takes ``sequence`` instead
+(bitwise reproducible runs).
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from torch import Tensor
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_LOCK = threading.Lock()
+
+
+def _single_threaded() -> None:
+    torch.get_num_threads()  # a new thread takes the process-wide count lazily: query first
+    torch.set_num_threads(1)
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    with _LOCK:
+        if workers not in _POOLS:
+            _POOLS[workers] = ThreadPoolExecutor(
+                workers, thread_name_prefix="clearformer-varlen", initializer=_single_threaded
+            )
+        return _POOLS[workers]
+
+
+def balanced_groups(runs: list[tuple[int, int, int]], groups: int) -> list[list[int]]:
+    """Cut ``runs`` ((first row, sequences, length) each) into at most ``groups`` contiguous
+    lists of run indices with about equal attention cost (sequences * length²)."""
+    costs = [count * length * length for _, count, length in runs]
+    total = sum(costs)
+    out: list[list[int]] = [[]]
+    done = 0.0
+    for index, cost in enumerate(costs):
+        # Start a new group once this one holds its share, keeping every group non-empty.
+        if out[-1] and len(out) < groups and done >= total * len(out) / groups:
+            out.append([])
+        out[-1].append(index)
+        done += cost
+    return out
+
+
+def threaded_attention(q, k, v, layout, is_causal, scale, window, bias, attend_runs) -> Tensor:
+    """Packed attention with the runs of ``layout`` grouped per thread.
+
+    ``attend_runs(q, k, v, runs)`` attends a contiguous stretch of runs on its own rows (the
+    ``sequence`` method's body); this function only splits, dispatches and concatenates.
+    """
+    runs = layout.runs
+    workers = min(torch.get_num_threads(), len(runs))
+    if workers <= 1:
+        return attend_runs(q, k, v, runs)
+    groups = balanced_groups(runs, workers)
+    # Rows of each group: from its first run's first row to the row after its last run.
+    bounds = [(runs[g[0]][0], runs[g[-1]][0] + runs[g[-1]][1] * runs[g[-1]][2]) for g in groups]
+    # Grad mode and inference mode are per thread: the workers take the caller's.
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+    def work(group: list[int], start: int, end: int) -> Tensor:
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            return attend_runs(q[start:end], k[start:end], v[start:end], [runs[i] for i in group])
+
+    pool = _pool(workers)
+    futures = [pool.submit(work, g, a, b) for g, (a, b) in zip(groups, bounds, strict=True)]
+    pieces = [f.result() for f in futures]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)  # (N, H, Dv)
