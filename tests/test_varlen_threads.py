@@ -83,3 +83,20 @@ def test_the_stack_takes_threads_on_cpu_and_equals_math():
             got = encoder(x, mask)
             want = encoder(x, mask, backend="math")
     torch.testing.assert_close(got, want, atol=2e-6, rtol=0)
+
+
+def test_a_forked_child_attends_with_pools_of_its_own():
+    import multiprocessing
+
+    q, k, v, layout = _packed([5, 6, 7, 8])
+    with intra_op_threads(2):
+        want = varlen_attention(q, k, v, layout, method="threads")  # the parent's pool exists
+        context = multiprocessing.get_context("fork")
+        with context.Pool(1) as pool:
+            got = pool.apply_async(_attend_in_child, (q, k, v, layout)).get(timeout=60)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+def _attend_in_child(q, k, v, layout):
+    torch.set_num_threads(2)
+    return varlen_attention(q, k, v, layout, method="threads")

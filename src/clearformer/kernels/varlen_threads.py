@@ -19,6 +19,7 @@ depends on thread timing, so a training step with attention dropout takes ``sequ
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,6 +28,18 @@ from torch import Tensor
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _LOCK = threading.Lock()
+
+
+def _forget_pools_in_child() -> None:
+    # A forked child (a data-loader worker) inherits the pools but not their threads: work
+    # submitted there would wait forever. It starts pools of its own.
+    global _LOCK
+    _POOLS.clear()
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools_in_child)
 
 
 def _single_threaded() -> None:
