@@ -102,11 +102,12 @@ def train(
         )
         for group in optimizer.param_groups:
             group["lr"] = lr
-        epoch = sampler.epoch
+        indices = sampler.next_batch()
+        epoch = sampler.epoch  # after the call: the batch may be the first of a new epoch
         loss, grad_norm = train_step(
             model,
             task,
-            sampler.next_batch(),
+            indices,
             accumulation=config.accumulation,
             optimizer=optimizer,
             precision=precision,
