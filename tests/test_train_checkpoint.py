@@ -8,8 +8,8 @@ import logging
 import pytest
 import torch
 
-from clearformer.train import train
 from clearformer.train import checkpoint as ckpt
+from clearformer.train import train
 
 from .test_train_helpers import final_weights, same_weights, tiny
 

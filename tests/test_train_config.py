@@ -49,8 +49,15 @@ def test_unknown_keys_are_named_with_a_suggestion():
 
 
 def test_toml_round_trip(tmp_path):
-    config = TrainConfig(lr=3e-5, steps=7, decay="linear", checkpointing=True, metric="",
-                         model='dir with "quotes" and \\ slash', min_delta=1e-9)  # fmt: skip
+    config = TrainConfig(
+        lr=3e-5,
+        steps=7,
+        decay="linear",
+        checkpointing=True,
+        metric="",
+        model='dir with "quotes" and \\ slash',
+        min_delta=1e-9,
+    )
     path = tmp_path / "c.toml"
     path.write_text(dump_toml(config))
     assert load_config(path) == config

@@ -72,9 +72,17 @@ def grads_after_one_step(accumulation, indices):
     torch.manual_seed(0)
     model = task.build_model()
     optimizer = build_optimizer(model, config)
-    loss, norm = train_step(model, task, indices, accumulation=accumulation,
-                            optimizer=optimizer, precision=Precision("fp32", torch.device("cpu")),
-                            scaler=None, clip_norm=0.0, device=torch.device("cpu"))  # fmt: skip
+    loss, norm = train_step(
+        model,
+        task,
+        indices,
+        accumulation=accumulation,
+        optimizer=optimizer,
+        precision=Precision("fp32", torch.device("cpu")),
+        scaler=None,
+        clip_norm=0.0,
+        device=torch.device("cpu"),
+    )
     return loss, norm, {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
@@ -101,9 +109,17 @@ def test_clipping_bounds_the_update():
     model = task.build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     cpu = torch.device("cpu")
-    _, norm = train_step(model, task, list(range(32)), accumulation=1, optimizer=optimizer,
-                         precision=Precision("fp32", cpu), scaler=None, clip_norm=1e-3,
-                         device=cpu)  # fmt: skip
+    _, norm = train_step(
+        model,
+        task,
+        list(range(32)),
+        accumulation=1,
+        optimizer=optimizer,
+        precision=Precision("fp32", cpu),
+        scaler=None,
+        clip_norm=1e-3,
+        device=cpu,
+    )
     after = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
     assert norm > 1e-2
     assert after.item() == pytest.approx(1e-3, rel=1e-3)
