@@ -26,6 +26,7 @@ _EXPORTS = {
     "ForwardPlan": ".plan",
     "TextEncoder": ".text",
     "CrossEncoder": ".text",
+    "TrainConfig": ".train",
 }
 
 if TYPE_CHECKING:  # for type checkers and editors: the names as if imported eagerly
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as if imported eag
     from .model import EncoderModel
     from .plan import ForwardPlan
     from .text import CrossEncoder, TextEncoder
+    from .train import TrainConfig
 
 
 def __getattr__(name: str) -> Any:
@@ -67,6 +69,7 @@ __all__ = [
     "ForwardPlan",
     "MultiHeadAttention",
     "TextEncoder",
+    "TrainConfig",
     "explain",
     "from_torch",
     "to_torch",
