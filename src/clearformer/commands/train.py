@@ -10,6 +10,7 @@ complete checkpoint.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import MISSING, fields
@@ -91,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     }
     printer = _Printer(config.steps, quiet=args.quiet)
     result = train(config, args.out, progress=printer, invocation=invocation)
+    if os.environ.get("RANK", "0") != "0":
+        return 0  # under torchrun, rank 0 reports for all
     best = f"{result.best:.4f} at step {result.best_step}" if result.best is not None else "-"
     ended = "stopped early" if result.stopped_early else "finished"
     print(

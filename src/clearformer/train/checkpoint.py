@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,6 @@ log = logging.getLogger(__name__)
 MARKER = "COMPLETE"
 LATEST = "latest"
 BEST = "best"
-FILES = ("model.safetensors", "state.pt", "meta.json")
 _NAME = re.compile(r"^step-(\d{8})$")
 FAULT_ENV = "CLEARFORMER_CHECKPOINT_FAULT"
 
@@ -58,7 +58,7 @@ class CheckpointError(ValueError):
 class Checkpoint:
     path: Path
     step: int
-    weights: dict[str, Tensor]
+    weights: dict[str, Tensor] | None  # None: sharded, in path / "dcp"
     state: dict[str, Any]
     meta: dict[str, Any]
 
@@ -98,41 +98,78 @@ def _sha256(data: bytes) -> str:
 def save_checkpoint(
     directory: Path,
     step: int,
-    weights: dict[str, Tensor],
+    weights: dict[str, Tensor] | None,
     state: dict[str, Any],
     meta: dict[str, Any],
+    *,
+    context: Any = None,
+    write_shards: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write a complete checkpoint of ``step`` under ``directory`` and point ``latest`` at it."""
+    """Write a complete checkpoint of ``step`` under ``directory`` and point ``latest`` at it.
+
+    Args:
+        weights: the model's tensors (None when ``write_shards`` writes them).
+        context: the :class:`~.distributed.Context`; rank 0 writes, the others wait.
+        write_shards: called on every rank with the folder for its shards (FSDP's
+            distributed checkpoint, model and optimizer), before rank 0 finishes the folder.
+    """
+    main = context is None or context.is_main
+    barrier = context.barrier if context is not None else (lambda: None)
+    name = checkpoint_name(step)
+    tmp = directory / f".tmp-{name}"  # one path for every rank
+    if main:
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    barrier()
+    if write_shards is not None:
+        write_shards(tmp / "dcp")
+        barrier()
+    final = directory / name
+    if main:
+        _write_folder(tmp, step, weights, state, meta)
+        _publish(directory, tmp, final, step)
+    barrier()
+    return final
+
+
+def _write_folder(tmp: Path, step: int, weights, state, meta) -> None:
     from safetensors.torch import save as save_safetensors
 
-    directory.mkdir(parents=True, exist_ok=True)
-    name = checkpoint_name(step)
-    tmp = directory / f".tmp-{name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     buffer = io.BytesIO()
     torch.save(state, buffer)
     contents = {
-        # safetensors wants contiguous tensors that share no memory: clone what is a view.
-        "model.safetensors": save_safetensors(
-            {k: v.detach().contiguous().cpu() for k, v in weights.items()}
-        ),
         "state.pt": buffer.getvalue(),
         "meta.json": json.dumps(meta, indent=1, sort_keys=True).encode(),
     }
-    for file, data in contents.items():
+    if weights is not None:
+        # safetensors wants contiguous tensors that share no memory.
+        contents["model.safetensors"] = save_safetensors(
+            {k: v.detach().contiguous().cpu() for k, v in weights.items()}
+        )
+    for file in sorted(contents, key=lambda f: f != "model.safetensors"):  # weights first
         half = file == "model.safetensors" and _fault("weights", step)
-        _write_file(tmp / file, data, stop_half_way=half)
+        _write_file(tmp / file, contents[file], stop_half_way=half)
     if _fault("marker", step):
         os._exit(17)
-    marker = {"step": step, "sha256": {file: _sha256(data) for file, data in contents.items()}}
+    sums = {
+        str(p.relative_to(tmp)): _sha256(p.read_bytes())
+        for p in sorted(tmp.rglob("*"))
+        if p.is_file()
+    }
+    marker = {"step": step, "sha256": sums}
     _write_file(tmp / MARKER, json.dumps(marker, indent=1).encode())  # last: says "complete"
-    _fsync_dir(tmp)
-    final = directory / name
+    for folder in {p.parent for p in tmp.rglob("*")} | {tmp}:
+        _fsync_dir(folder)
+
+
+def _publish(directory: Path, tmp: Path, final: Path, step: int) -> None:
+    """Rename the finished folder into place, then move ``latest`` to it."""
     if final.exists():
         # The same step again (a damaged copy left from before): move it aside first, since a
         # folder cannot be renamed onto a non-empty one.
-        aside = directory / f".old-{name}-{os.getpid()}"
+        aside = directory / f".old-{final.name}"
+        shutil.rmtree(aside, ignore_errors=True)
         os.rename(final, aside)
         os.rename(tmp, final)
         shutil.rmtree(aside, ignore_errors=True)
@@ -141,8 +178,7 @@ def save_checkpoint(
     _fsync_dir(directory)
     if _fault("rename", step):
         os._exit(17)
-    write_pointer(directory, LATEST, name)
-    return final
+    write_pointer(directory, LATEST, final.name)
 
 
 def write_pointer(directory: Path, pointer: str, name: str) -> None:
@@ -185,6 +221,9 @@ def remove_partial(directory: Path) -> None:
 def load_checkpoint(path: Path) -> Checkpoint:
     """A checkpoint folder, every file checked against its marker's checksum.
 
+    The weights are loaded when the folder has ``model.safetensors``; a sharded checkpoint
+    (``dcp/``, FSDP) is loaded later, by every rank, from ``Checkpoint.path / "dcp"``.
+
     Raises:
         CheckpointError: no marker, a missing file, a checksum that does not match, or a file
             that cannot be parsed; the message names the file.
@@ -193,11 +232,13 @@ def load_checkpoint(path: Path) -> Checkpoint:
 
     try:
         marker = json.loads((path / MARKER).read_text(encoding="utf-8"))
-        sums = marker["sha256"]
+        sums = dict(marker["sha256"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{path / MARKER}: not a valid completion marker ({exc})") from None
+    needed = ["state.pt", "meta.json"]
+    needed.append("dcp/.metadata" if "dcp/.metadata" in sums else "model.safetensors")
     data = {}
-    for file in FILES:
+    for file in sorted(set(sums) | set(needed)):
         try:
             data[file] = (path / file).read_bytes()
         except OSError as exc:
@@ -207,7 +248,9 @@ def load_checkpoint(path: Path) -> Checkpoint:
                 f"{path / file}: damaged (its SHA-256 differs from the one recorded in {MARKER})"
             )
     try:
-        weights = load_safetensors(data["model.safetensors"])
+        weights = (
+            load_safetensors(data["model.safetensors"]) if "model.safetensors" in data else None
+        )
         state = torch.load(io.BytesIO(data["state.pt"]), weights_only=True)
         meta = json.loads(data["meta.json"])
     except Exception as exc:  # a parser's own error type; the checksum matched, so rare

@@ -24,6 +24,7 @@ DEVICES = ("auto", "cpu", "cuda")
 MODES = ("max", "min")
 POOLINGS = ("cls", "mean")
 PATCHES = ("2x2", "4x4", "row")
+DISTRIBUTED = ("none", "ddp", "fsdp")
 # The allowed values of each field that has a fixed set (the CLI offers them as choices).
 CHOICES = {
     "task": TASKS,
@@ -33,6 +34,7 @@ CHOICES = {
     "mode": MODES,
     "pooling": POOLINGS,
     "patch": PATCHES,
+    "distributed": DISTRIBUTED,
 }
 
 # Fields that decide the parameters' shapes: a resume that changes one is refused, since the
@@ -87,6 +89,8 @@ class TrainConfig:
     precision: str = "fp32"  # fp32 | bf16 (autocast, CPU or GPU) | fp16 (GPU only, grad scaler)
     device: str = "auto"  # auto (cuda when present) | cpu | cuda
     checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
+    # Under torchrun: ddp (parameters replicated) | fsdp (sharded, distributed checkpoints).
+    distributed: str = "none"
 
     # Evaluation, early stopping and checkpoints.
     eval_every: int = 100  # steps between evaluations (and one at the last step)

@@ -18,6 +18,7 @@ import torch
 
 from .. import __version__
 from . import checkpoint as ckpt
+from . import distributed
 from .config import TrainConfig, check_against_data
 from .early_stopping import EarlyStopping
 from .plots import write_loss_plot
@@ -44,6 +45,7 @@ class TrainResult:
     stopped_early: bool
     final: dict[str, float]  # the last evaluation
     run_dir: Path
+    model: torch.nn.Module  # the trained model (under FSDP: this rank's shards)
 
 
 def train(
@@ -55,7 +57,6 @@ def train(
 ) -> TrainResult:
     """Train ``config`` into the run folder ``out``; resume when it holds a checkpoint."""
     started = time.perf_counter()
-    emit = progress or (lambda event, record: None)
     run = RunFolder(out)
     run.check_usable()
     device = resolve_device(config.device)
@@ -65,28 +66,55 @@ def train(
     metric = config.metric or task.metric
     if metric != "loss" and metric not in task.metrics:
         raise ValueError(f"metric must be one of {('loss', *task.metrics)}, got {metric!r}")
-    run.create()
-    ckpt.remove_partial(run.checkpoints)
+    context = distributed.setup(config.distributed, device)
+    try:
+        distributed.check_split(config.batch_size, config.accumulation, context.world)
+        return _train(
+            config, run, task, metric, device, precision, context, started, progress, invocation
+        )
+    finally:
+        context.close()
+
+
+def _train(config, run, task, metric, device, precision, context, started, progress, invocation):
+    main = context.is_main  # only rank 0 writes the run folder and reports progress
+    emit = progress if (progress and main) else (lambda event, record: None)
+    if main:
+        run.create()
+        ckpt.remove_partial(run.checkpoints)
+    context.barrier()
     resume = ckpt.load_newest(run.checkpoints)
     if resume is not None:
         check_resume(resume, config)  # a model of another shape is refused here
-    run.write_config(config)
-    run.record_invocation({**(invocation or {}), "resumed_from": resume and resume.step})
+    if main:
+        run.write_config(config)
+        run.record_invocation(
+            {
+                **(invocation or {}),
+                "resumed_from": resume and resume.step,
+                "world_size": context.world,
+            }
+        )
 
-    # The model, optimizer and the state the loop carries.
+    # The model, optimizer and the state the loop carries. Every rank builds the same
+    # model from the same seed; dropout then draws from a generator of each rank's own.
     seed_everything(config.seed)
-    model = task.build_model().to(device)
-    optimizer = build_optimizer(model, config)
+    model = distributed.wrap(task.build_model().to(device), context, device)
+    optimizer = build_optimizer(model, config)  # after FSDP: it shards the parameters
     scaler = precision.grad_scaler()
     sampler = BucketSampler(task.train_lengths, config.batch_size, seed=config.seed)
     stopper = EarlyStopping(config.mode, config.patience, config.min_delta)
+    seed_everything(config.seed + 1_000_003 * context.rank)
     step, window = 0, {"sum": 0.0, "count": 0}  # the training loss since the last record
     if resume is not None:
-        step, window = restore(resume, model, optimizer, scaler, sampler, stopper)
+        step, window = restore(
+            resume, model, optimizer, scaler, sampler, stopper, context, config.seed
+        )
         emit("resume", {"step": step, "checkpoint": resume.path.name})
-    else:
+    elif main:
         run.write_json("data.json", _data_report(task, sampler, config))
-    metrics = MetricsLog(run.metrics, keep=resume.state["metrics_lines"] if resume else 0)
+    keep = resume.state["metrics_lines"] if resume else 0
+    metrics = MetricsLog(run.metrics if main else None, keep=keep)
     last_eval: dict[str, float] = _last_eval(metrics.records)
     eval_batch = max(config.batch_size // config.accumulation, 1)
 
@@ -114,6 +142,7 @@ def train(
             scaler=scaler,
             clip_norm=config.clip_norm,
             device=device,
+            context=context,
         )
         step += 1
         window["sum"] += loss
@@ -149,36 +178,81 @@ def train(
 
         if step % config.checkpoint_every == 0 or is_best or last or stopper.stopped:
             metrics.sync()  # the records the checkpoint counts are on disk before it is
-            state = {
-                "step": step,
-                "optimizer": optimizer.state_dict(),
-                "scaler": scaler.state_dict() if scaler is not None else None,
-                "sampler": sampler.state_dict(),
-                "rng": ckpt.rng_to_tensors(rng_state()),
-                "early_stopping": stopper.state_dict(),
-                "loss_window": dict(window),
-                "metrics_lines": len(metrics),
-            }
-            meta = {
-                "step": step,
-                "epoch": sampler.epoch,
-                "config": config.to_dict(),
-                "clearformer": __version__,
-                "torch": torch.__version__,
-            }
-            path = ckpt.save_checkpoint(run.checkpoints, step, model.state_dict(), state, meta)
-            if is_best:
+            path = _save_checkpoint(
+                run,
+                step,
+                model,
+                optimizer,
+                scaler,
+                sampler,
+                stopper,
+                window,
+                metrics,
+                config,
+                context,
+            )
+            if is_best and main:
                 ckpt.write_pointer(run.checkpoints, ckpt.BEST, path.name)
-            ckpt.prune(run.checkpoints, config.keep_last)
+            if main:
+                ckpt.prune(run.checkpoints, config.keep_last)
             emit("checkpoint", {"step": step, "path": str(path), "best": is_best})
 
     metrics.close()
-    return _finish(
-        run, model, metrics.records, config, step, stopper, last_eval, resume, started, emit
+    weights = distributed.full_state_dict(model, context)  # a collective under FSDP
+    if main:
+        _finish(
+            run, weights, metrics.records, config, step, stopper, last_eval, resume, started, emit
+        )
+    context.barrier()
+    return TrainResult(
+        step,
+        resume.step if resume else None,
+        stopper.best,
+        stopper.best_step,
+        stopper.stopped,
+        last_eval,
+        run.path,
+        distributed.unwrap(model),
     )
 
 
-def _finish(run, model, records, config, step, stopper, last_eval, resume, started, emit):
+def _save_checkpoint(
+    run, step, model, optimizer, scaler, sampler, stopper, window, metrics, config, context
+):
+    """Everything a resume needs; under FSDP the model and optimizer go to a distributed
+    checkpoint, each rank writing its shards."""
+    state = {
+        "step": step,
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "sampler": sampler.state_dict(),
+        "rng": context.gather(ckpt.rng_to_tensors(rng_state())),  # one per rank
+        "early_stopping": stopper.state_dict(),
+        "loss_window": dict(window),
+        "metrics_lines": len(metrics),
+        "world_size": context.world,
+    }
+    meta = {
+        "step": step,
+        "epoch": sampler.epoch,
+        "config": config.to_dict(),
+        "clearformer": __version__,
+        "torch": torch.__version__,
+        "world_size": context.world,
+    }
+    if context.sharded:
+
+        def write_shards(folder):
+            distributed.save_sharded(folder, model, optimizer)
+
+        return ckpt.save_checkpoint(
+            run.checkpoints, step, None, state, meta, context=context, write_shards=write_shards
+        )
+    state["optimizer"] = optimizer.state_dict()
+    weights = distributed.unwrap(model).state_dict()
+    return ckpt.save_checkpoint(run.checkpoints, step, weights, state, meta, context=context)
+
+
+def _finish(run, weights, records, config, step, stopper, last_eval, resume, started, emit):
     """The final weights, the summary and the loss curve."""
     from safetensors.torch import save as save_safetensors
 
@@ -186,9 +260,7 @@ def _finish(run, model, records, config, step, stopper, last_eval, resume, start
 
     with atomic_write(run.path / "model.safetensors", "wb") as handle:
         handle.write(
-            save_safetensors(
-                {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-            )
+            save_safetensors({k: v.detach().contiguous().cpu() for k, v in weights.items()})
         )
     plot = write_loss_plot(records, run.path / "loss.png", title=f"clearformer train {config.task}")
     summary = {
@@ -205,15 +277,6 @@ def _finish(run, model, records, config, step, stopper, last_eval, resume, start
     }
     run.write_json("summary.json", summary)
     emit("done", summary)
-    return TrainResult(
-        step,
-        resume.step if resume else None,
-        stopper.best,
-        stopper.best_step,
-        stopper.stopped,
-        last_eval,
-        run.path,
-    )
 
 
 def _last_eval(records: list[dict]) -> dict[str, float]:

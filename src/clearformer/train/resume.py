@@ -9,8 +9,9 @@ from torch import nn
 
 from .checkpoint import Checkpoint, CheckpointError, rng_from_tensors
 from .config import DATA_ORDER_FIELDS, HARMLESS_FIELDS, SHAPE_FIELDS, TrainConfig, changed_fields
+from .distributed import Context, load_sharded, unwrap
 from .early_stopping import EarlyStopping
-from .rng import set_rng_state
+from .rng import seed_everything, set_rng_state
 from .sampler import BucketSampler
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,13 @@ def check_resume(checkpoint: Checkpoint, config: TrainConfig) -> None:
     if not changed:
         return
     where = checkpoint.path.parent.parent
+    sharded_then = checkpoint.weights is None
+    if sharded_then != (config.distributed == "fsdp"):
+        then = "fsdp" if sharded_then else "none or ddp"
+        raise CheckpointError(
+            f"cannot resume {where}: its checkpoints were written with distributed={then!r} "
+            f"(the other checkpoint format), got distributed={config.distributed!r}"
+        )
     refused = {k: v for k, v in changed.items() if k in SHAPE_FIELDS + DATA_ORDER_FIELDS}
     if refused:
         said = ", ".join(
@@ -58,22 +66,38 @@ def restore(
     scaler: torch.amp.GradScaler | None,
     sampler: BucketSampler,
     stopper: EarlyStopping,
+    context: Context,
+    seed: int,
 ) -> tuple[int, dict]:
     """Load every piece of state; returns (step, the training-loss window)."""
     state = checkpoint.state
-    try:
-        model.load_state_dict(checkpoint.weights, strict=True)
-    except RuntimeError as exc:
-        raise CheckpointError(
-            f"{checkpoint.path / 'model.safetensors'} does not fit this model: "
-            f"{str(exc).splitlines()[0]}"
-        ) from None
-    optimizer.load_state_dict(state["optimizer"])
+    if checkpoint.weights is None:  # sharded: every rank reads its part, whatever the world
+        load_sharded(checkpoint.path / "dcp", model, optimizer)
+    else:
+        try:
+            unwrap(model).load_state_dict(checkpoint.weights, strict=True)
+        except RuntimeError as exc:
+            raise CheckpointError(
+                f"{checkpoint.path / 'model.safetensors'} does not fit this model: "
+                f"{str(exc).splitlines()[0]}"
+            ) from None
+        optimizer.load_state_dict(state["optimizer"])
     if scaler is not None and state["scaler"] is not None:
         scaler.load_state_dict(state["scaler"])
     sampler.load_state_dict(state["sampler"])
     stopper.load_state_dict(state["early_stopping"])
     # Last: building the model above drew from the global generators.
-    set_rng_state(rng_from_tensors(state["rng"]))
+    per_rank = state["rng"]
+    if len(per_rank) == context.world:
+        set_rng_state(rng_from_tensors(per_rank[context.rank]))
+    else:
+        # Dropout draws of N ranks cannot be dealt to M: the data order and every tensor are
+        # the checkpoint's, the dropout masks from here on are new (and still seeded).
+        log.warning(
+            "resuming %d processes from a checkpoint of %d: dropout draws restart from a seed",
+            context.world,
+            len(per_rank),
+        )
+        seed_everything(seed + 1_000_003 * context.rank + int(state["step"]))
     log.info("resumed from %s (step %d)", checkpoint.path, checkpoint.step)
     return int(state["step"]), dict(state["loss_window"])

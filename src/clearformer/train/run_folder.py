@@ -69,8 +69,13 @@ class RunFolder:
 class MetricsLog:
     """``metrics.jsonl``: one JSON object per line, flushed as written."""
 
-    def __init__(self, path: Path, keep: int) -> None:
+    def __init__(self, path: Path | None, keep: int) -> None:
+        """``path`` None: records kept in memory only (the ranks that do not write)."""
         self.path = path
+        self._handle = None
+        self.records: list[dict[str, Any]] = []
+        if path is None:
+            return
         lines = []
         if path.is_file():
             lines = path.read_text(encoding="utf-8").splitlines(keepends=True)[:keep]
@@ -86,14 +91,17 @@ class MetricsLog:
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
-        self._handle.write(json.dumps(record) + "\n")
-        self._handle.flush()
+        if self._handle is not None:
+            self._handle.write(json.dumps(record) + "\n")
+            self._handle.flush()
 
     def sync(self) -> None:
-        os.fsync(self._handle.fileno())
+        if self._handle is not None:
+            os.fsync(self._handle.fileno())
 
     def __len__(self) -> int:
         return len(self.records)
 
     def close(self) -> None:
-        self._handle.close()
+        if self._handle is not None:
+            self._handle.close()

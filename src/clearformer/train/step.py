@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from .distributed import Context, no_sync
 from .precision import Precision
 from .tasks.base import Scores, Task
 
@@ -30,38 +31,47 @@ def train_step(
     scaler: torch.amp.GradScaler | None,
     clip_norm: float,
     device: torch.device,
+    context: Context | None = None,
 ) -> tuple[float, float]:
     """Forward and backward over the step's micro-batches, clip, update.
 
     Each micro-batch's loss is its summed cross-entropy over the step's example count, so the
     accumulated gradient is the gradient of the mean loss over all the step's examples:
-    ``accumulation`` micro-batches of B / N equal one batch of B, whatever the split.
+    ``accumulation`` micro-batches of B / N equal one batch of B, whatever the split. Under
+    DDP / FSDP each rank takes its slice of ``indices`` and its loss is multiplied by the
+    world size, because the ranks' gradients are averaged, not summed.
 
     Returns:
-        (the step's mean loss, the gradient's global L2 norm before clipping).
+        (the step's mean loss over all ranks, the gradient's global L2 norm before clipping).
     """
+    context = context or Context()
     optimizer.zero_grad(set_to_none=True)
-    total = len(indices)
-    loss_value = 0.0
-    for chunk in micro_batches(indices, accumulation):
+    total = len(indices)  # the global batch
+    summed = 0.0
+    chunks = micro_batches(context.shard(list(indices)), accumulation)
+    for number, chunk in enumerate(chunks, start=1):
         batch = task.train_batch(chunk).to(device)
-        with precision.autocast():
-            logits = model(batch)  # (b, L)
-        # The loss in fp32 whatever the autocast: a bf16 log-softmax loses the small losses.
-        loss = nn.functional.cross_entropy(logits.float(), batch.labels, reduction="sum") / total
-        (scaler.scale(loss) if scaler is not None else loss).backward()
-        loss_value += loss.item()
+        with no_sync(model, context, last=number == len(chunks)):
+            with precision.autocast():
+                logits = model(batch)  # (b, L)
+            # The loss in fp32 whatever the autocast: bf16 log-softmax loses the small losses.
+            ce = nn.functional.cross_entropy(logits.float(), batch.labels, reduction="sum")
+            loss = ce * (context.world / total)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        summed += ce.item()
     if scaler is not None:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
     params = [p for group in optimizer.param_groups for p in group["params"]]
     # max_norm=inf measures without clipping (its scale factor clamps to exactly 1.0).
     norm = nn.utils.clip_grad_norm_(params, clip_norm if clip_norm > 0 else math.inf)
+    if hasattr(norm, "full_tensor"):  # FSDP: a DTensor, the same on every rank
+        norm = norm.full_tensor()
     if scaler is not None:
         scaler.step(optimizer)  # skipped when the gradients hold inf/NaN
         scaler.update()
     else:
         optimizer.step()
-    return loss_value, norm.item()
+    return context.sum(summed) / total, norm.item()
 
 
 @torch.no_grad()
