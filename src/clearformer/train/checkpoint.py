@@ -8,6 +8,9 @@ A checkpoint is a folder ``checkpoints/step-00000100/`` holding
 * ``meta.json`` -- step, epoch, the resolved config, library and torch versions;
 * ``COMPLETE`` -- written last: the SHA-256 of each file above.
 
+Under FSDP the model and optimizer are instead a ``torch.distributed.checkpoint`` folder
+``dcp/`` (each rank writes its shards; rank 0 writes the rest and finishes the folder).
+
 It is written into a hidden temporary folder, every file fsynced, the marker last, then the
 folder is renamed into place (one atomic step) and the directory fsynced; only then does the
 ``latest`` pointer move to it. So a kill at any moment leaves either the new checkpoint
