@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -64,20 +63,16 @@ context.close()
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(nproc: int, *argv: str, **extra_env: str) -> subprocess.CompletedProcess:
+    # Rendezvous on port 0 of 127.0.0.1: the launcher binds a free port itself, so two runs
+    # never race for one found free beforehand.
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         f"--nproc_per_node={nproc}",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=127.0.0.1:0",
         *argv,
     ]
     return subprocess.run(
@@ -92,8 +87,8 @@ def torchrun(nproc: int, *argv: str, **extra_env: str) -> subprocess.CompletedPr
 
 def tail(result: subprocess.CompletedProcess) -> str:
     """The workers' own lines (torchrun's report of a failure comes after them)."""
-    lines = [x for x in result.stderr.splitlines() if not x.startswith(("W1", "E1", "  "))]
-    return "\n".join(lines[-40:])
+    lines = [x for x in result.stderr.splitlines() if not x.startswith("W1")]
+    return "\n".join(lines[-80:])
 
 
 def cli(nproc: int, *argv: str, **extra_env: str) -> subprocess.CompletedProcess:
