@@ -88,3 +88,33 @@ def test_kill_during_a_checkpoint_write_then_resume(tmp_path, uninterrupted, sta
     assert f"resuming from {expected}" in result.stderr
     assert not [p for p in folder.iterdir() if p.name.startswith(".tmp-")]
     assert_same_run(uninterrupted, run)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_after_the_step_with_a_checkpoint(tmp_path, uninterrupted, signum):
+    run = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-c", SLOW_STEPS, "train", *FLAGS, "--out", str(run)],
+        env=env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for line in process.stderr:
+            if line.startswith("step") and int(line.split()[1].split("/")[0]) >= 25:
+                break
+        process.send_signal(signum)
+        err = process.stderr.read()
+        process.wait(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signum, err
+    stopped = int(err.split("stopped at step ")[1].split()[0].rstrip(";"))
+    assert 25 <= stopped < 60
+    # the work up to the signal is kept: a checkpoint of that very step, no final weights
+    assert ckpt.complete_checkpoints(run / "checkpoints")[0].name == f"step-{stopped:08d}"
+    assert not (run / "model.safetensors").exists()
+    result = run_train(*FLAGS, "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    assert f"resuming from step-{stopped:08d}" in result.stderr
+    assert_same_run(uninterrupted, run)

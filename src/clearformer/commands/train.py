@@ -10,8 +10,11 @@ complete checkpoint.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import MISSING, fields
 
@@ -91,9 +94,24 @@ def run(args: argparse.Namespace) -> int:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     printer = _Printer(config.steps, quiet=args.quiet)
-    result = train(config, args.out, progress=printer, invocation=invocation)
+    with _stop_on_signal() as requested:
+        result = train(
+            config,
+            args.out,
+            progress=printer,
+            invocation=invocation,
+            should_stop=lambda: requested["signal"] is not None,
+        )
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun, rank 0 reports for all
+    if result.interrupted:
+        signum = requested["signal"]
+        print(
+            f"clearformer train: stopped at step {result.step} by {signal.Signals(signum).name}"
+            f"; its checkpoint is written: run the same command to resume",
+            file=sys.stderr,
+        )
+        return 128 + signum
     best = f"{result.best:.4f} at step {result.best_step}" if result.best is not None else "-"
     ended = "stopped early" if result.stopped_early else "finished"
     print(
@@ -134,3 +152,31 @@ class _Printer:
             )
             best = "  (best)" if record["best"] else ""
             print(f"eval {record['step']:>6}  {scores}{best}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _stop_on_signal():
+    """SIGINT / SIGTERM ask the loop to stop after the current step, checkpointed (a step
+    cut in the middle of the optimizer's update could not be saved); a second one stops at
+    once, as everywhere else in the CLI."""
+    requested: dict = {"signal": None}
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+
+    def ask(signum, frame):
+        if requested["signal"] is not None:
+            raise KeyboardInterrupt  # the second: now (the newest checkpoint is complete)
+        requested["signal"] = signum
+        print(
+            "clearformer train: stopping after this step, with a checkpoint (again: stop now)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    previous = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield requested
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -46,6 +46,7 @@ class TrainResult:
     final: dict[str, float]  # the last evaluation
     run_dir: Path
     model: torch.nn.Module  # the trained model (under FSDP: this rank's shards)
+    interrupted: bool = False  # stopped on request before the last step, checkpointed
 
 
 def train(
@@ -54,8 +55,13 @@ def train(
     *,
     progress: Progress | None = None,
     invocation: dict[str, Any] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> TrainResult:
-    """Train ``config`` into the run folder ``out``; resume when it holds a checkpoint."""
+    """Train ``config`` into the run folder ``out``; resume when it holds a checkpoint.
+
+    ``should_stop`` is asked after every step; when it says True (a signal handler's flag),
+    the step's checkpoint is written and the run returns ``interrupted``, to be resumed.
+    """
     started = time.perf_counter()
     run = RunFolder(out)
     run.check_usable()
@@ -70,13 +76,35 @@ def train(
     try:
         distributed.check_split(config.batch_size, config.accumulation, context.world)
         return _train(
-            config, run, task, metric, device, precision, context, started, progress, invocation
+            config,
+            run,
+            task,
+            metric,
+            device,
+            precision,
+            context,
+            started,
+            progress,
+            invocation,
+            should_stop or (lambda: False),
         )
     finally:
         context.close()
 
 
-def _train(config, run, task, metric, device, precision, context, started, progress, invocation):
+def _train(
+    config,
+    run,
+    task,
+    metric,
+    device,
+    precision,
+    context,
+    started,
+    progress,
+    invocation,
+    should_stop,
+):
     main = context.is_main  # only rank 0 writes the run folder and reports progress
     emit = progress if (progress and main) else (lambda event, record: None)
     if main:
@@ -176,7 +204,9 @@ def _train(config, run, task, metric, device, precision, context, started, progr
             metrics.write(record)
             emit("eval", record)
 
-        if step % config.checkpoint_every == 0 or is_best or last or stopper.stopped:
+        # Asked of every rank and summed: the ranks stop at the same step, or none does.
+        stopping = context.sum(float(should_stop())) > 0
+        if step % config.checkpoint_every == 0 or is_best or last or stopper.stopped or stopping:
             metrics.sync()  # the records the checkpoint counts are on disk before it is
             path = _save_checkpoint(
                 run,
@@ -196,8 +226,24 @@ def _train(config, run, task, metric, device, precision, context, started, progr
             if main:
                 ckpt.prune(run.checkpoints, config.keep_last)
             emit("checkpoint", {"step": step, "path": str(path), "best": is_best})
+        if stopping:
+            emit("stopped", {"step": step})
+            break
 
     metrics.close()
+    interrupted = step < config.steps and not stopper.stopped
+    if interrupted:  # no final weights: the run is not over, its checkpoint resumes it
+        return TrainResult(
+            step,
+            resume.step if resume else None,
+            stopper.best,
+            stopper.best_step,
+            False,
+            last_eval,
+            run.path,
+            distributed.unwrap(model),
+            interrupted=True,
+        )
     weights = distributed.full_state_dict(model, context)  # a collective under FSDP
     if main:
         _finish(
