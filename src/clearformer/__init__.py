@@ -34,6 +34,7 @@ _EXPORTS = {
     "Seq2SeqConfig": ".seq2seq",
     "Seq2SeqTransformer": ".seq2seq",
     "Generated": ".generation",
+    "TrainConfig": ".train",
 }
 
 if TYPE_CHECKING:  # for type checkers and editors: the names as if imported eagerly
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as if imported eag
     from .plan import ForwardPlan
     from .seq2seq import Seq2SeqConfig, Seq2SeqTransformer
     from .text import CrossEncoder, TextEncoder
+    from .train import TrainConfig
 
 
 def __getattr__(name: str) -> Any:
@@ -87,6 +89,7 @@ __all__ = [
     "ForwardPlan",
     "MultiHeadAttention",
     "TextEncoder",
+    "TrainConfig",
     "explain",
     "from_torch",
     "to_torch",

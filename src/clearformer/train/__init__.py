@@ -1,0 +1,44 @@
+"""Training: a thin loop over small parts, each one concept.
+
+* :mod:`.config` -- :class:`TrainConfig`, the one dataclass of a run (TOML: :mod:`.tomlfile`);
+* :mod:`.loop` -- :func:`train`, the loop itself;
+* :mod:`.step` -- one optimizer step (accumulation, clipping, autocast) and one evaluation;
+* :mod:`.schedule` -- warm-up then cosine/linear decay, a pure function of the step;
+* :mod:`.sampler`, :mod:`.collate` -- length-bucketed resumable batches; padded and packed;
+* :mod:`.tasks` -- ``digits`` and ``classify``: data, model and metric;
+* :mod:`.checkpoint`, :mod:`.resume` -- checkpoints that never lose work, and resuming;
+* :mod:`.early_stopping`, :mod:`.precision`, :mod:`.rng`, :mod:`.metrics`, :mod:`.plots`.
+
+Names are imported on first use (as the package root does), so that the CLI can build its
+flags from :class:`TrainConfig` without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "TrainConfig": ".config",
+    "TrainResult": ".loop",
+    "train": ".loop",
+    "dump_toml": ".tomlfile",
+    "load_config": ".tomlfile",
+}
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+    from .loop import TrainResult, train
+    from .tomlfile import dump_toml, load_config
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'clearformer.train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = ["TrainConfig", "TrainResult", "dump_toml", "load_config", "train"]

@@ -1,0 +1,245 @@
+"""The training configuration: one flat, validated dataclass (``TrainConfig``).
+
+Flat on purpose: every field is one CLI flag (``lr`` -> ``--lr``) and one TOML key, so a run's
+``config.toml`` and its command line say the same thing in the same words. The groups below are
+only comments.
+
+Validation happens in ``__post_init__`` (before any data or model is touched); what needs the
+data (a batch larger than the dataset) is checked by :func:`check_against_data` once the task
+has loaded it, still before the first step.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from ..checks import ArgumentTypeError, check_choice, check_int, check_positive_int
+
+TASKS = ("digits", "classify")
+DECAYS = ("cosine", "linear", "constant")
+PRECISIONS = ("fp32", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda")
+MODES = ("max", "min")
+POOLINGS = ("cls", "mean")
+PATCHES = ("2x2", "4x4", "row")
+DISTRIBUTED = ("none", "ddp", "fsdp")
+# The allowed values of each field that has a fixed set (the CLI offers them as choices).
+CHOICES = {
+    "task": TASKS,
+    "decay": DECAYS,
+    "precision": PRECISIONS,
+    "device": DEVICES,
+    "mode": MODES,
+    "pooling": POOLINGS,
+    "patch": PATCHES,
+    "distributed": DISTRIBUTED,
+}
+
+# Fields that decide the parameters' shapes: a resume that changes one is refused, since the
+# checkpoint's tensors cannot be loaded into a model of another shape.
+SHAPE_FIELDS = (
+    "task",
+    "d_model",
+    "n_heads",
+    "n_layers",
+    "dim_mlp",
+    "pooling",
+    "patch",
+    "model",
+    "from_scratch",
+    "text_field",
+    "label_field",
+    "train_file",
+)
+# Fields that decide which examples each step sees: a resume that changes one would not go on
+# with the same run, so it is refused too.
+DATA_ORDER_FIELDS = ("seed", "batch_size", "eval_file", "eval_fraction", "split_seed", "max_length")
+# Fields that change nothing already computed: a resume that changes one is a warning only.
+HARMLESS_FIELDS = ("eval_every", "log_every", "checkpoint_every", "keep_last", "device")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that decides a training run (the output folder is not part of it)."""
+
+    task: str = "digits"  # digits (bundled 8x8 images) | classify (CSV/JSONL text, label)
+    seed: int = 0  # parameters, dropout and data order; two runs with one seed are bitwise equal
+
+    # Steps and batches.
+    steps: int = 1500  # optimizer steps in the whole run
+    batch_size: int = 64  # examples per optimizer step (all micro-batches together)
+    accumulation: int = 1  # micro-batches per step: memory of batch_size / accumulation
+
+    # AdamW.
+    lr: float = 1e-3  # peak learning rate, reached at the end of warm-up
+    weight_decay: float = 0.01  # decoupled (AdamW); not applied to biases and norms
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    clip_norm: float = 1.0  # gradient clipping by global L2 norm; 0: no clipping
+
+    # Learning-rate schedule: linear warm-up, then decay to min_lr_ratio * lr at the last step.
+    warmup_steps: int = 100  # steps of linear warm-up from 0
+    decay: str = "cosine"  # cosine | linear | constant
+    min_lr_ratio: float = 0.0  # final lr as a fraction of lr
+
+    # Numerics and memory.
+    precision: str = "fp32"  # fp32 | bf16 (autocast, CPU or GPU) | fp16 (GPU only, grad scaler)
+    device: str = "auto"  # auto (cuda when present) | cpu | cuda
+    checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
+    # Under torchrun: ddp (parameters replicated) | fsdp (sharded, distributed checkpoints).
+    distributed: str = "none"
+
+    # Evaluation, early stopping and checkpoints.
+    eval_every: int = 100  # steps between evaluations (and one at the last step)
+    log_every: int = 10  # steps between training-loss records
+    checkpoint_every: int = 100  # steps between checkpoints (and one at the last step)
+    keep_last: int = 2  # complete checkpoints kept, besides the best one
+    metric: str = ""  # the metric that picks the best checkpoint; "": the task's (accuracy)
+    mode: str = "max"  # max: larger is better (accuracy) | min (loss)
+    patience: int = 0  # evaluations without improvement before stopping; 0: never stop early
+    min_delta: float = 0.0  # an improvement must beat the best by more than this
+
+    # Model trained from scratch (digits, or classify with from_scratch).
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    dim_mlp: int = 128
+    dropout: float = 0.1
+    pooling: str = "cls"  # cls (a learned first token) | mean (of the real tokens)
+
+    # digits: 8x8 images as a sequence of patches, a fixed stratified split.
+    patch: str = "2x2"  # 2x2 (16 tokens of 4 pixels) | 4x4 (4 of 16) | row (8 of 8)
+    eval_fraction: float = 0.2  # held out for evaluation (classify: when no eval_file)
+    split_seed: int = 0  # the held-out split; fixed so every seed is scored on one test set
+
+    # classify: text classification.
+    train_file: str = ""  # CSV (header with text, label) or JSONL ({"text":..., "label":...})
+    eval_file: str = ""  # "": hold out eval_fraction of train_file, stratified
+    text_field: str = "text"
+    label_field: str = "label"
+    model: str = "bundled"  # a checkpoint directory to fine-tune; bundled: all-MiniLM-L6-v2
+    from_scratch: bool = False  # keep the checkpoint's tokenizer, start from random weights
+    max_length: int = 128  # tokens kept per text
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_type(f.name, getattr(self, f.name), f.type)
+            if f.type == "float":  # TOML's `lr = 1` is an int: keep one spelling per field
+                object.__setattr__(self, f.name, float(getattr(self, f.name)))
+        for name, allowed in CHOICES.items():
+            check_choice(getattr(self, name), allowed, name)
+        for name in ("steps", "batch_size", "accumulation", "eval_every", "log_every"):
+            check_positive_int(getattr(self, name), name)
+        for name in ("checkpoint_every", "keep_last", "d_model", "n_heads", "n_layers"):
+            check_positive_int(getattr(self, name), name)
+        for name in ("dim_mlp", "max_length"):
+            check_positive_int(getattr(self, name), name)
+        for name in ("warmup_steps", "patience", "seed", "split_seed"):
+            check_int(getattr(self, name), name)
+        if self.accumulation > self.batch_size:
+            raise ValueError(
+                f"accumulation must be at most batch_size={self.batch_size} (each micro-batch "
+                f"needs an example), got {self.accumulation}"
+            )
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model must be divisible by n_heads={self.n_heads}, got {self.d_model}"
+            )
+        _check_range("lr", self.lr, low=0.0, low_open=True)
+        _check_range("weight_decay", self.weight_decay, low=0.0)
+        _check_range("beta1", self.beta1, low=0.0, high=1.0, high_open=True)
+        _check_range("beta2", self.beta2, low=0.0, high=1.0, high_open=True)
+        _check_range("eps", self.eps, low=0.0, low_open=True)
+        _check_range("clip_norm", self.clip_norm, low=0.0)
+        _check_range("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
+        _check_range("min_delta", self.min_delta, low=0.0)
+        _check_range("dropout", self.dropout, low=0.0, high=1.0, high_open=True)
+        _check_range(
+            "eval_fraction", self.eval_fraction, low=0.0, high=1.0, low_open=True, high_open=True
+        )
+        if self.metric == "loss" and self.mode == "max":
+            raise ValueError(
+                "mode must be 'min' for metric='loss' (a lower loss is better), got mode='max'"
+            )
+        if self.task == "classify" and not self.train_file:
+            raise ValueError("train_file must name a CSV or JSONL file for task='classify', got ''")
+        if self.task == "digits":
+            given = [n for n in ("train_file", "eval_file") if getattr(self, n)]
+            if given:
+                raise ValueError(
+                    f"{given[0]} is for task='classify'; task='digits' uses the bundled images, "
+                    f"got {given[0]}={getattr(self, given[0])!r}"
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> TrainConfig:
+        """A config from a mapping; an unknown key is an error naming it (and the likely one)."""
+        known = [f.name for f in fields(cls)]
+        for key in data:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(
+                    f"{source}: unknown field {key!r}{hint}; known fields: {', '.join(known)}"
+                )
+        return cls(**data)
+
+
+def _check_type(name: str, value: Any, annotation: str) -> None:
+    """The annotation's type, exactly: a TOML ``lr = 1`` is fine (an int is a float), a
+    ``steps = 1.5`` or ``checkpointing = "yes"`` is not."""
+    if annotation == "bool":
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool (true or false), got {value!r}")
+    elif annotation == "int":
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ArgumentTypeError(f"{name} must be an int, got {value!r}")
+    elif annotation == "float":
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise TypeError(f"{name} must be a number, got {value!r}")
+    elif annotation == "str" and not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {value!r}")
+
+
+def _check_range(
+    name: str,
+    value: float,
+    *,
+    low: float,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> None:
+    left = "(" if low_open else "["
+    right = ")" if high_open else "]"
+    ok = value > low if low_open else value >= low
+    if high is not None:
+        ok = ok and (value < high if high_open else value <= high)
+    if not ok:
+        expected = (
+            f"a number in {left}{low}, {high}{right}"
+            if high is not None
+            else f"a number {'>' if low_open else '>='} {low}"
+        )
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def check_against_data(config: TrainConfig, train_size: int) -> None:
+    """What the config can only be checked against once the data is loaded."""
+    if config.batch_size > train_size:
+        raise ValueError(
+            f"batch_size must be at most the training set's size ({train_size} examples), "
+            f"got {config.batch_size}"
+        )
+
+
+def changed_fields(old: dict[str, Any], new: TrainConfig) -> dict[str, tuple[Any, Any]]:
+    """Fields whose value differs between a checkpoint's config and this one."""
+    now = new.to_dict()
+    return {k: (old.get(k), v) for k, v in now.items() if old.get(k) != v}

@@ -1,0 +1,103 @@
+"""Resuming: is the checkpoint's run this one, and put every piece of state back."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from .checkpoint import Checkpoint, CheckpointError, rng_from_tensors
+from .config import DATA_ORDER_FIELDS, HARMLESS_FIELDS, SHAPE_FIELDS, TrainConfig, changed_fields
+from .distributed import Context, load_sharded, unwrap
+from .early_stopping import EarlyStopping
+from .rng import seed_everything, set_rng_state
+from .sampler import BucketSampler
+
+log = logging.getLogger(__name__)
+
+
+def check_resume(checkpoint: Checkpoint, config: TrainConfig) -> None:
+    """Refuse a resume that cannot go on with the same run; warn about changes that can.
+
+    Raises:
+        CheckpointError: the config changes the model's shape or the data order (naming each
+            field, the checkpoint's value and this one).
+    """
+    changed = changed_fields(checkpoint.meta.get("config", {}), config)
+    if not changed:
+        return
+    where = checkpoint.path.parent.parent
+    sharded_then = checkpoint.weights is None
+    if sharded_then != (config.distributed == "fsdp"):
+        then = "fsdp" if sharded_then else "none or ddp"
+        raise CheckpointError(
+            f"cannot resume {where}: its checkpoints were written with distributed={then!r} "
+            f"(the other checkpoint format), got distributed={config.distributed!r}"
+        )
+    refused = {k: v for k, v in changed.items() if k in SHAPE_FIELDS + DATA_ORDER_FIELDS}
+    if refused:
+        said = ", ".join(
+            f"{k}: {old!r} in the checkpoint, {new!r} now" for k, (old, new) in refused.items()
+        )
+        kind = "the model's shape" if set(refused) & set(SHAPE_FIELDS) else "the data order"
+        raise CheckpointError(
+            f"cannot resume {where}: the config changes {kind} ({said}); use the run's "
+            f"config ({where / 'config.toml'}) or another --out"
+        )
+    harmless = {k: v for k, v in changed.items() if k in HARMLESS_FIELDS}
+    other = {k: v for k, v in changed.items() if k not in HARMLESS_FIELDS}
+    for name, (old, new) in harmless.items():
+        log.warning("resuming with %s=%r (the checkpoint's run had %r)", name, new, old)
+    for name, (old, new) in other.items():
+        log.warning(
+            "resuming with %s=%r (the checkpoint's run had %r): the steps from here differ "
+            "from an uninterrupted run of either config",
+            name,
+            new,
+            old,
+        )
+
+
+def restore(
+    checkpoint: Checkpoint,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    sampler: BucketSampler,
+    stopper: EarlyStopping,
+    context: Context,
+    seed: int,
+) -> tuple[int, dict]:
+    """Load every piece of state; returns (step, the training-loss window)."""
+    state = checkpoint.state
+    if checkpoint.weights is None:  # sharded: every rank reads its part, whatever the world
+        load_sharded(checkpoint.path / "dcp", model, optimizer)
+    else:
+        try:
+            unwrap(model).load_state_dict(checkpoint.weights, strict=True)
+        except RuntimeError as exc:
+            raise CheckpointError(
+                f"{checkpoint.path / 'model.safetensors'} does not fit this model: "
+                f"{str(exc).splitlines()[0]}"
+            ) from None
+        optimizer.load_state_dict(state["optimizer"])
+    if scaler is not None and state["scaler"] is not None:
+        scaler.load_state_dict(state["scaler"])
+    sampler.load_state_dict(state["sampler"])
+    stopper.load_state_dict(state["early_stopping"])
+    # Last: building the model above drew from the global generators.
+    per_rank = state["rng"]
+    if len(per_rank) == context.world:
+        set_rng_state(rng_from_tensors(per_rank[context.rank]))
+    else:
+        # Dropout draws of N ranks cannot be dealt to M: the data order and every tensor are
+        # the checkpoint's, the dropout masks from here on are new (and still seeded).
+        log.warning(
+            "resuming %d processes from a checkpoint of %d: dropout draws restart from a seed",
+            context.world,
+            len(per_rank),
+        )
+        seed_everything(seed + 1_000_003 * context.rank + int(state["step"]))
+    log.info("resumed from %s (step %d)", checkpoint.path, checkpoint.step)
+    return int(state["step"]), dict(state["loss_window"])

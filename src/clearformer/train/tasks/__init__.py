@@ -1,0 +1,22 @@
+"""Tasks by name: each is a dataset loader, a model (encoder + head) and a metric."""
+
+from __future__ import annotations
+
+from ..config import TrainConfig
+from .base import Task
+
+
+def build_task(config: TrainConfig) -> Task:
+    """The task ``config.task`` names, its data loaded and checked."""
+    if config.task == "digits":
+        from .digits import DigitsTask
+
+        return DigitsTask(config)
+    if config.task == "classify":
+        from .classify import ClassifyTask
+
+        return ClassifyTask(config)
+    raise ValueError(f"task must be one of ('digits', 'classify'), got {config.task!r}")
+
+
+__all__ = ["Task", "build_task"]

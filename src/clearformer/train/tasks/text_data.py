@@ -1,0 +1,137 @@
+"""Labelled texts from a CSV or JSONL file, every fault named by file and line.
+
+CSV: a header row naming (at least) the text and label columns; JSONL: one object per line
+with both fields. The format is the file's suffix (``.csv``, ``.jsonl`` / ``.json``); labels
+are read as strings (``1`` and ``"1"`` are one label).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...checks import check_unicode
+
+
+@dataclass(frozen=True)
+class LabelledText:
+    text: str
+    label: str
+    line: int  # where it was read (1-based; CSV: the record's first line)
+
+
+def read_labelled(path: str | Path, text_field: str, label_field: str) -> list[LabelledText]:
+    """Every (text, label) row of the file.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: an empty file, bytes that are not UTF-8, an unknown suffix, a row that is
+            not an object or lacks a field, an empty text or label; naming file and line.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"data file not found: {file}")
+    data = file.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")  # a byte-order mark is not part of the first field
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ValueError(
+            f"{file} line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+            f"{exc.start}); convert the file to UTF-8"
+        ) from None
+    if not text.strip():
+        raise ValueError(f"{file} is empty: expected labelled texts ({text_field}, {label_field})")
+    suffix = file.suffix.lower()
+    if suffix == ".csv":
+        rows = _csv_rows(text, file, text_field, label_field)
+    elif suffix in (".jsonl", ".json"):
+        rows = _jsonl_rows(text, file, text_field, label_field)
+    else:
+        raise ValueError(f"{file}: expected a .csv or .jsonl file, got suffix {suffix!r}")
+    if not rows:
+        raise ValueError(f"{file} has a header but no rows of labelled text")
+    return rows
+
+
+def _row(value_text, value_label, file: Path, line: int, text_field: str, label_field: str):
+    if not isinstance(value_text, str):
+        raise ValueError(
+            f"{file} line {line}: {text_field!r} must be a string, got {type(value_text).__name__}"
+        )
+    if isinstance(value_label, bool) or not isinstance(value_label, (str, int)):
+        raise ValueError(
+            f"{file} line {line}: {label_field!r} must be a string or an int, got "
+            f"{type(value_label).__name__}"
+        )
+    label = str(value_label).strip()
+    if not value_text.strip():
+        raise ValueError(f"{file} line {line}: the {text_field!r} is empty")
+    if not label:
+        raise ValueError(f"{file} line {line}: the {label_field!r} is empty")
+    check_unicode(value_text, f"{file} line {line}: {text_field!r}")
+    return LabelledText(value_text, label, line)
+
+
+def _csv_rows(text: str, file: Path, text_field: str, label_field: str) -> list[LabelledText]:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    header = reader.fieldnames or []
+    missing = [f for f in (text_field, label_field) if f not in header]
+    if missing:
+        raise ValueError(
+            f"{file} line 1: the header must name the columns {text_field!r} and "
+            f"{label_field!r}, got {header}"
+        )
+    rows = []
+    line = reader.line_num
+    for record in reader:
+        start, line = line + 1, reader.line_num
+        if not any((v or "").strip() for v in record.values() if isinstance(v, str)):
+            continue  # a blank line
+        if record.get(label_field) is None:
+            raise ValueError(f"{file} line {start}: the row has no {label_field!r} value")
+        rows.append(
+            _row(record[text_field], record[label_field], file, start, text_field, label_field)
+        )
+    return rows
+
+
+def _jsonl_rows(text: str, file: Path, text_field: str, label_field: str) -> list[LabelledText]:
+    rows = []
+    for line, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            item = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{file} line {line}: not valid JSON ({exc.msg})") from None
+        if not isinstance(item, dict):
+            raise ValueError(
+                f"{file} line {line}: expected a JSON object, got {type(item).__name__}"
+            )
+        for name in (text_field, label_field):
+            if name not in item:
+                raise ValueError(
+                    f"{file} line {line}: the object has no {name!r} field "
+                    f"(fields: {sorted(item)[:6]})"
+                )
+        rows.append(_row(item[text_field], item[label_field], file, line, text_field, label_field))
+    return rows
+
+
+def deduplicate(rows: list[LabelledText], source: str) -> tuple[list[LabelledText], int, int]:
+    """The rows with each text once (its first occurrence), the number dropped, and how many
+    of those disagreed on the label. A text both in train and held out would score the model
+    on what it memorised, so duplicates go before the split."""
+    seen: dict[str, str] = {}
+    kept, conflicts = [], 0
+    for row in rows:
+        if row.text in seen:
+            conflicts += seen[row.text] != row.label
+            continue
+        seen[row.text] = row.label
+        kept.append(row)
+    return kept, len(rows) - len(kept), conflicts

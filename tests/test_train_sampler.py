@@ -1,0 +1,96 @@
+"""The bucketed sampler (seeded, resumable, its own generator) and the collators."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from clearformer.train.collate import pack_sequences, pad_sequences, unpack_to_padded
+from clearformer.train.sampler import BucketSampler, padding_fraction, random_batches
+
+_RNG = random.Random(0)
+LENGTHS = [_RNG.randint(1, 60) for _ in range(257)]
+
+
+def take(sampler, n):
+    return [sampler.next_batch() for _ in range(n)]
+
+
+def test_every_example_once_per_epoch():
+    sampler = BucketSampler(LENGTHS, 16, seed=3, bucket=4)
+    for _ in range(3):
+        epoch = take(sampler, sampler.batches_per_epoch)
+        assert sorted(i for b in epoch for i in b) == list(range(len(LENGTHS)))
+
+
+@pytest.mark.parametrize("stop", [0, 1, 7, 17, 33, 50])  # 17 batches per epoch: borders too
+def test_resume_gives_the_uninterrupted_order(stop):
+    uninterrupted = take(BucketSampler(LENGTHS, 16, seed=5, bucket=4), 60)
+    first = BucketSampler(LENGTHS, 16, seed=5, bucket=4)
+    before = take(first, stop)
+    state = first.state_dict()
+    take(first, 5)  # the interrupted process went on a little before it died
+    second = BucketSampler(LENGTHS, 16, seed=99, bucket=4)  # another seed: the state wins
+    second.load_state_dict(state)
+    assert before + take(second, 60 - stop) == uninterrupted
+
+
+def test_state_is_the_epoch_start_and_the_position():
+    sampler = BucketSampler(LENGTHS, 16, seed=5)
+    start = torch.Generator().manual_seed(5).get_state()
+    take(sampler, 3)
+    state = sampler.state_dict()
+    assert (state["epoch"], state["position"]) == (0, 3)
+    assert torch.equal(state["epoch_start_generator"], start)
+
+
+def test_the_global_generator_is_neither_used_nor_moved():
+    torch.manual_seed(1)
+    before = torch.get_rng_state()
+    a = take(BucketSampler(LENGTHS, 16, seed=5), 30)
+    assert torch.equal(torch.get_rng_state(), before)
+    torch.manual_seed(2)  # another global seed changes nothing
+    assert take(BucketSampler(LENGTHS, 16, seed=5), 30) == a
+    assert take(BucketSampler(LENGTHS, 16, seed=6), 30) != a
+
+
+def test_bucketing_cuts_padding():
+    sampler = BucketSampler(LENGTHS, 16, seed=0, bucket=8)
+    bucketed = padding_fraction(sampler.epoch_batches(), LENGTHS)
+    shuffled = padding_fraction(random_batches(len(LENGTHS), 16, 0), LENGTHS)
+    assert bucketed < shuffled / 2, (bucketed, shuffled)
+
+
+def test_a_state_of_another_sampler_is_refused():
+    state = BucketSampler(LENGTHS, 16, seed=0).state_dict()
+    with pytest.raises(ValueError, match=r"\(batch_size, bucket, examples\)"):
+        BucketSampler(LENGTHS, 8, seed=0).load_state_dict(state)
+
+
+def test_batch_larger_than_the_data_is_an_error():
+    with pytest.raises(ValueError, match="batch_size must be at most the number of examples"):
+        BucketSampler([3, 4], 3, seed=0)
+
+
+def test_packed_and_padded_collators_hold_the_same_sequences():
+    seqs = [[5, 6, 7], [8], [9, 10]]
+    packed = pack_sequences(seqs, [0, 1, 2])
+    assert packed.input_ids.tolist() == [5, 6, 7, 8, 9, 10]  # (N,)
+    assert packed.cu_seqlens.tolist() == [0, 3, 4, 6] and packed.cu_seqlens.dtype == torch.int32
+    assert packed.max_seqlen == 3 and packed.padding_fraction == 0.0
+    padded = pad_sequences(seqs, [0, 1, 2], pad_id=0)
+    assert padded.input_ids.tolist() == [[5, 6, 7], [8, 0, 0], [9, 10, 0]]
+    assert padded.attention_mask.sum().item() == 6
+    assert padded.padding_fraction == pytest.approx(3 / 9)
+    again = unpack_to_padded(packed, pad_id=0)
+    assert torch.equal(again.input_ids, padded.input_ids)
+    assert torch.equal(again.attention_mask, padded.attention_mask)
+
+
+def test_collators_refuse_empty_input():
+    with pytest.raises(ValueError, match="at least one token"):
+        pack_sequences([[1], []], [0, 1])
+    with pytest.raises(ValueError, match="one label per sequence"):
+        pad_sequences([[1]], [0, 1], 0)
