@@ -187,3 +187,35 @@ def test_bundled_model_fine_tunes(tmp_path):
     )
     result = train(cfg, tmp_path / "run")
     assert result.step == 2 and "eval_macro_f1" in result.final
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_packed_and_padded_batches_give_one_function(checkpoint, pooling):
+    """A packed batch (no padding reaches the model) and the same texts padded give equal
+    logits and gradients: the trainer may take either."""
+    from clearformer.interop.hf import load_model
+    from clearformer.train.collate import pack_sequences, pad_sequences
+    from clearformer.train.models import TextClassifier
+
+    torch.manual_seed(3)
+    model = TextClassifier(load_model(checkpoint).model, 2, pooling, dropout=0.0).train()
+    sequences, labels = [[2, 5, 6, 3], [2, 7, 3], [2, 5, 5, 6, 7, 8, 3], [2, 3]], [0, 1, 1, 0]
+    results = []
+    for batch in (pack_sequences(sequences, labels), pad_sequences(sequences, labels, 0)):
+        model.zero_grad()
+        logits = model(batch)
+        torch.nn.functional.cross_entropy(logits, batch.labels).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((logits.detach(), grads))
+    (packed, packed_grads), (padded, padded_grads) = results
+    torch.testing.assert_close(packed, padded, atol=1e-5, rtol=0)
+    for name, grad in padded_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_classify_trains_on_packed_and_padded_batches_alike(tmp_path, checkpoint):
+    data = write_csv(tmp_path / "train.csv", pets_and_colours())
+    packed = train(config(checkpoint, data, batching="packed", dropout=0.0), tmp_path / "a")
+    padded = train(config(checkpoint, data, batching="padded", dropout=0.0), tmp_path / "b")
+    assert packed.final.keys() == padded.final.keys()
+    assert abs(packed.final["eval_loss"] - padded.final["eval_loss"]) < 1e-3

@@ -25,6 +25,7 @@ MODES = ("max", "min")
 POOLINGS = ("cls", "mean")
 PATCHES = ("2x2", "4x4", "row")
 DISTRIBUTED = ("none", "ddp", "fsdp")
+BATCHINGS = ("packed", "padded")
 # The allowed values of each field that has a fixed set (the CLI offers them as choices).
 CHOICES = {
     "task": TASKS,
@@ -35,6 +36,7 @@ CHOICES = {
     "pooling": POOLINGS,
     "patch": PATCHES,
     "distributed": DISTRIBUTED,
+    "batching": BATCHINGS,
 }
 
 # Fields that decide the parameters' shapes: a resume that changes one is refused, since the
@@ -123,6 +125,8 @@ class TrainConfig:
     model: str = "bundled"  # a checkpoint directory to fine-tune; bundled: all-MiniLM-L6-v2
     from_scratch: bool = False  # keep the checkpoint's tokenizer, start from random weights
     max_length: int = 128  # tokens kept per text
+    # packed: ids (N,) + cu_seqlens, no padding reaches the model | padded: (B, T) + mask
+    batching: str = "packed"
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -1,8 +1,8 @@
 """The models the tasks train: an encoder, pooling and a linear head, logits out.
 
-Each model's ``forward(batch)`` takes the task's batch and returns (B, L) logits. The encoder
-is called in one place per input kind (:func:`encode_tokens`), so that moving training to
-packed batches is a change of one line there.
+Each model's ``forward(batch)`` takes the task's batch and returns (B, L) logits. Token batches
+come packed (ids (N,) with ``cu_seqlens``: no padding reaches the model) or padded; the one
+encoder call per kind is :func:`pooled_tokens`.
 """
 
 from __future__ import annotations
@@ -14,17 +14,27 @@ from ..config import EncoderConfig
 from ..encoder import Encoder
 from ..heads import pool
 from ..model import EncoderModel
-from .collate import PaddedBatch, VectorBatch
+from .collate import PackedBatch, PaddedBatch, VectorBatch
 
 
-def encode_tokens(model: EncoderModel, batch: PaddedBatch) -> tuple[Tensor, Tensor]:
-    """Token states (B, T, D) and their mask (B, T): the training loop's one encoder call.
+def pooled_tokens(model: EncoderModel, batch: PackedBatch | PaddedBatch, mode: str) -> Tensor:
+    """(B, D) pooled states of a token batch: the training loop's one encoder call."""
+    if isinstance(batch, PackedBatch):
+        rows = model(batch.input_ids, cu_seqlens=batch.cu_seqlens)  # (N, D)
+        return pool_packed(rows, batch.cu_seqlens, mode)
+    hidden = model(batch.input_ids, batch.attention_mask)  # (B, T, D)
+    return pool(hidden, batch.attention_mask, mode)
 
-    Packed, once ``EncoderModel.forward`` takes ``cu_seqlens``, this becomes
-    ``model(batch.input_ids, cu_seqlens=batch.cu_seqlens)`` on a
-    :class:`~.collate.PackedBatch`, with ``(N, D)`` states pooled per sequence.
-    """
-    return model(batch.input_ids, batch.attention_mask), batch.attention_mask
+
+def pool_packed(rows: Tensor, cu_seqlens: Tensor, mode: str) -> Tensor:
+    """(N, D) packed states -> (B, D): each sequence's first row (``cls``) or mean (``mean``)."""
+    starts = cu_seqlens[:-1].long()  # (B,)
+    if mode == "cls":
+        return rows.index_select(0, starts)
+    lengths = cu_seqlens.diff().long()  # (B,)
+    sequence = torch.repeat_interleave(torch.arange(len(lengths), device=rows.device), lengths)
+    sums = rows.new_zeros(len(lengths), rows.shape[-1]).index_add(0, sequence, rows)  # (B, D)
+    return sums / lengths.clamp(min=1)[:, None].to(rows.dtype)
 
 
 class PatchClassifier(nn.Module):
@@ -73,7 +83,6 @@ class TextClassifier(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(model.config.d_model, num_labels)
 
-    def forward(self, batch: PaddedBatch) -> Tensor:
-        hidden, mask = encode_tokens(self.model, batch)  # (B, T, D), (B, T)
-        pooled = pool(hidden, mask, self.pooling)  # (B, D)
+    def forward(self, batch: PackedBatch | PaddedBatch) -> Tensor:
+        pooled = pooled_tokens(self.model, batch, self.pooling)  # (B, D)
         return self.head(self.dropout(pooled))  # (B, L)

@@ -16,7 +16,7 @@ import torch
 
 from ...config import EncoderConfig
 from ...model import EncoderModel
-from ..collate import PaddedBatch, pad_sequences
+from ..collate import PackedBatch, PaddedBatch, pack_sequences, pad_sequences
 from ..config import TrainConfig
 from ..models import TextClassifier
 from .base import stratified_split
@@ -110,17 +110,20 @@ class ClassifyTask:
             model = loaded.model
         return TextClassifier(model, len(self.labels), c.pooling, c.dropout).train()
 
-    def train_batch(self, indices: Sequence[int]) -> PaddedBatch:
-        return pad_sequences(
-            [self.train_ids[i] for i in indices], [self.train_y[i] for i in indices], self.pad_id
+    def _collate(self, ids, labels) -> PackedBatch | PaddedBatch:
+        if self.config.batching == "packed":
+            return pack_sequences(ids, labels)  # no padding at all
+        return pad_sequences(ids, labels, self.pad_id)
+
+    def train_batch(self, indices: Sequence[int]) -> PackedBatch | PaddedBatch:
+        return self._collate(
+            [self.train_ids[i] for i in indices], [self.train_y[i] for i in indices]
         )
 
-    def eval_batches(self, batch_size: int) -> Iterator[PaddedBatch]:
+    def eval_batches(self, batch_size: int) -> Iterator[PackedBatch | PaddedBatch]:
         for start in range(0, len(self.eval_order), batch_size):
             chunk = self.eval_order[start : start + batch_size]
-            yield pad_sequences(
-                [self.eval_ids[i] for i in chunk], [self.eval_y[i] for i in chunk], self.pad_id
-            )
+            yield self._collate([self.eval_ids[i] for i in chunk], [self.eval_y[i] for i in chunk])
 
     def describe(self) -> dict:
         counts = torch.bincount(torch.tensor(self.train_y), minlength=len(self.labels))
