@@ -120,9 +120,18 @@ class Seq2SeqTransformer(nn.Module):
         self.encoder = EncoderModel(config.encoder_config())
         self.target_embeddings = Embeddings(config.encoder_config(vocab=config.target_vocab))
         if config.shared_vocab:
-            # One table for source and target words (and, tied, the output projection).
-            self.target_embeddings.word = self.encoder.embeddings.word
+            # One table for source and target words (and, tied, the output projection). It is
+            # registered once, under the encoder, so that a state dict holds it once (safetensors
+            # refuses two names for one tensor); the target side only refers to it.
+            del self.target_embeddings.word
+            object.__setattr__(self.target_embeddings, "word", self.encoder.embeddings.word)
         self.decoder = Decoder(config.decoder_config())
+        # Word vectors of norm about 1 (std D^-1/2, Vaswani et al.'s scale): the tied output
+        # projection then starts with logits of order 1, not of order D.
+        for table in {self.encoder.embeddings.word, self.target_embeddings.word}:
+            nn.init.normal_(table.weight, std=config.d_model**-0.5)
+            with torch.no_grad():
+                table.weight[config.pad_id].zero_()
         self.output = (
             None
             if config.tie_output

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..checks import ArgumentTypeError, check_choice, check_int, check_positive_int
 
-TASKS = ("digits", "classify")
+TASKS = ("digits", "classify", "reverse")
 DECAYS = ("cosine", "linear", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -54,10 +54,21 @@ SHAPE_FIELDS = (
     "text_field",
     "label_field",
     "train_file",
+    "reverse_vocab",
+    "reverse_max_length",
 )
 # Fields that decide which examples each step sees: a resume that changes one would not go on
 # with the same run, so it is refused too.
-DATA_ORDER_FIELDS = ("seed", "batch_size", "eval_file", "eval_fraction", "split_seed", "max_length")
+DATA_ORDER_FIELDS = (
+    "seed",
+    "batch_size",
+    "eval_file",
+    "eval_fraction",
+    "split_seed",
+    "max_length",
+    "reverse_min_length",
+    "reverse_examples",
+)
 # Fields that change nothing already computed: a resume that changes one is a warning only.
 HARMLESS_FIELDS = ("eval_every", "log_every", "checkpoint_every", "keep_last", "device")
 
@@ -128,6 +139,12 @@ class TrainConfig:
     # packed: ids (N,) + cu_seqlens, no padding reaches the model | padded: (B, T) + mask
     batching: str = "packed"
 
+    # reverse: random token sequences, written backwards by an encoder-decoder (the seed's demo).
+    reverse_vocab: int = 20  # symbols besides padding, start and end
+    reverse_min_length: int = 3
+    reverse_max_length: int = 16
+    reverse_examples: int = 20_000  # training sequences; a tenth as many are held out
+
     def __post_init__(self) -> None:
         for f in fields(self):
             _check_type(f.name, getattr(self, f.name), f.type)
@@ -167,6 +184,14 @@ class TrainConfig:
         if self.metric == "loss" and self.mode == "max":
             raise ValueError(
                 "mode must be 'min' for metric='loss' (a lower loss is better), got mode='max'"
+            )
+        for name in ("reverse_vocab", "reverse_min_length", "reverse_max_length"):
+            check_positive_int(getattr(self, name), name)
+        check_positive_int(self.reverse_examples, "reverse_examples")
+        if self.reverse_min_length > self.reverse_max_length:
+            raise ValueError(
+                f"reverse_min_length must be <= reverse_max_length={self.reverse_max_length}, "
+                f"got {self.reverse_min_length}"
             )
         if self.task == "classify" and not self.train_file:
             raise ValueError("train_file must name a CSV or JSONL file for task='classify', got ''")

@@ -16,7 +16,11 @@ def build_task(config: TrainConfig) -> Task:
         from .classify import ClassifyTask
 
         return ClassifyTask(config)
-    raise ValueError(f"task must be one of ('digits', 'classify'), got {config.task!r}")
+    if config.task == "reverse":
+        from .reverse import ReverseTask
+
+        return ReverseTask(config)
+    raise ValueError(f"task must be one of ('digits', 'classify', 'reverse'), got {config.task!r}")
 
 
 __all__ = ["Task", "build_task"]
