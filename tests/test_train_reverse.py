@@ -60,3 +60,21 @@ def test_a_trained_model_decodes_the_same_batched_and_alone(tmp_path):
     beam, _ = exact_match(wrapper.model, sources, batch_size=16, num_beams=3)
     assert 0.0 <= beam <= 1.0
     assert torch.is_tensor(next(iter(wrapper.state_dict().values())))
+
+
+def test_generate_command_decodes_a_run_and_names_bad_input(tmp_path, capsys):
+    from clearformer.cli import main
+
+    run = tmp_path / "run"
+    train(_config(steps=4, eval_every=4, checkpoint_every=4), run)
+    assert main(["generate", "--run", str(run), "3 4 5", "6"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all("\t" in line for line in lines)
+    for argv, said in (
+        (["generate", "--run", str(run), "3 x"], "space-separated token ids"),
+        (["generate", "--run", str(tmp_path / "none"), "3"], "config.toml is missing"),
+        (["generate", "--run", str(run), "99"], "token ids must be in [3, 9)"),
+        (["generate", "--run", str(run), "--num-beams", "0", "3"], "--num-beams"),
+    ):
+        assert main(argv) == 2
+        assert said in capsys.readouterr().err

@@ -31,6 +31,26 @@ def random_sequences(count: int, vocab: int, low: int, high: int, seed: int) -> 
     ]
 
 
+def build_model(c: TrainConfig) -> Seq2SeqForTraining:
+    """The reversal model a config describes (what a run's weights load into)."""
+    model = Seq2SeqTransformer(
+        Seq2SeqConfig(
+            src_vocab_size=FIRST + c.reverse_vocab,
+            d_model=c.d_model,
+            n_heads=c.n_heads,
+            encoder_layers=c.n_layers,
+            decoder_layers=c.n_layers,
+            dim_mlp=c.dim_mlp,
+            dropout=c.dropout,
+            max_positions=c.reverse_max_length + 2,
+            pad_id=PAD,
+            bos_id=BOS,
+            eos_id=EOS,
+        )
+    )
+    return Seq2SeqForTraining(model)
+
+
 class ReverseTask:
     name = "reverse"
     metric = "accuracy"  # token accuracy under teacher forcing
@@ -56,23 +76,7 @@ class ReverseTask:
         self.train_lengths = [2 * len(s) + 1 for s in train]
 
     def build_model(self) -> Seq2SeqForTraining:
-        c = self.config
-        model = Seq2SeqTransformer(
-            Seq2SeqConfig(
-                src_vocab_size=FIRST + c.reverse_vocab,
-                d_model=c.d_model,
-                n_heads=c.n_heads,
-                encoder_layers=c.n_layers,
-                decoder_layers=c.n_layers,
-                dim_mlp=c.dim_mlp,
-                dropout=c.dropout,
-                max_positions=c.reverse_max_length + 2,
-                pad_id=PAD,
-                bos_id=BOS,
-                eos_id=EOS,
-            )
-        )
-        return Seq2SeqForTraining(model)
+        return build_model(self.config)
 
     def _batch(self, sources: Sequence[list[int]]) -> Seq2SeqBatch:
         return collate_pairs([(s, s[::-1]) for s in sources], pad=PAD, bos=BOS, eos=EOS)

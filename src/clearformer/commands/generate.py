@@ -1,0 +1,84 @@
+"""``clearformer generate --run RUN SEQUENCE ...``: decode with a trained sequence-to-sequence
+run (``clearformer train --task reverse``).
+
+Each SEQUENCE is space-separated token ids (``"3 7 5"``); the output is one line per input,
+the decoded ids and the sequence's score. The run's final weights are used (``--best`` for the
+best checkpoint's).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="decode token sequences with a trained seq2seq run")
+    p.add_argument("sequences", nargs="+", metavar="SEQUENCE", help='token ids, e.g. "3 7 5"')
+    p.add_argument("--run", required=True, metavar="RUN", help="a clearformer train output folder")
+    p.add_argument("--num-beams", type=int, default=1)
+    p.add_argument("--length-penalty", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: source length + 1")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..cli import CliError
+
+    folder = Path(args.run)
+    config_file, weights = folder / "config.toml", folder / "model.safetensors"
+    for path in (config_file, weights):
+        if not path.is_file():
+            raise CliError(f"--run {folder}: {path.name} is missing (is it a finished run?)")
+    sources = []
+    for text in args.sequences:
+        try:
+            sources.append([int(t) for t in text.split()])
+        except ValueError:
+            raise CliError(f"SEQUENCE must be space-separated token ids, got {text!r}") from None
+        if not sources[-1]:
+            raise CliError("SEQUENCE must hold at least one token id, got an empty one")
+    if args.num_beams < 1:
+        raise CliError(f"--num-beams must be a positive int, got {args.num_beams}")
+
+    import torch
+    from safetensors.torch import load_file
+
+    from ..generation import generate
+    from ..train.tomlfile import load_config
+
+    config = load_config(config_file)
+    if config.task != "reverse":
+        raise CliError(f"--run {folder}: a {config.task!r} run, not a sequence-to-sequence one")
+    from ..train.tasks.reverse import FIRST, PAD, build_model
+
+    model = build_model(config)
+    model.load_state_dict(load_file(str(weights)))
+    seq2seq = model.model.eval()
+    vocab = seq2seq.config.src_vocab_size
+    for s in sources:
+        bad = [t for t in s if not FIRST <= t < vocab]
+        if bad:
+            raise CliError(f"token ids must be in [{FIRST}, {vocab}) for this run, got {bad[:5]}")
+    longest = max(len(s) for s in sources)
+    limit = seq2seq.config.max_positions - 1
+    if longest > limit:
+        raise CliError(f"a SEQUENCE has {longest} tokens; this run takes at most {limit}")
+    src = torch.full((len(sources), longest), PAD, dtype=torch.long)
+    for row, s in enumerate(sources):
+        src[row, : len(s)] = torch.tensor(s)
+    out = generate(
+        seq2seq,
+        src,
+        src != PAD,
+        max_new_tokens=min(args.max_new_tokens or longest + 1, limit),
+        num_beams=args.num_beams,
+        length_penalty=args.length_penalty,
+    )
+    eos = seq2seq.config.eos_id
+    for row, n in enumerate(out.lengths.tolist()):
+        ids = out.sequences[row, :n].tolist()
+        ids = ids[:-1] if ids and ids[-1] == eos else ids
+        print(f"{' '.join(map(str, ids))}\t{out.scores[row].item():.4f}")
+    return 0
