@@ -316,6 +316,10 @@ def _to_onnx(program: torch.export.ExportedProgram, module: ExportableEncoder, o
             opset_version=opset,
             verbose=False,
         )
+    # Translated from a program, the graph's axes carry the tracer's symbols (s18, s41): give
+    # them the names a runtime's user reads, from the first input's (B, T).
+    dims = zip(onnx_program.model.graph.inputs[0].shape, ("batch", "sequence"), strict=True)
+    onnx_program.rename_axes({dim: name for dim, name in dims if not isinstance(dim, int)})
     # The exporter falls back to its own opset when a conversion fails, with a log line only.
     written = onnx_program.model.opset_imports.get("")
     if written != opset:
@@ -375,9 +379,17 @@ def _check_parity(path: Path, module: ExportableEncoder, model: EncoderModel, te
     import onnxruntime
 
     inputs = _check_batch(module, text)
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     feed = {name: t.cpu().numpy() for name, t in zip(module.input_names, inputs, strict=True)}
-    got = [torch.from_numpy(a) for a in session.run(list(module.output_names), feed)]
+    try:
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        got = [torch.from_numpy(a) for a in session.run(list(module.output_names), feed)]
+    except Exception as exc:  # onnxruntime's own error classes are not importable by name
+        shape = tuple(inputs[0].shape)
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(
+            f"the ONNX graph fails under onnxruntime on a {shape[0]} x {shape[1]} batch: "
+            f"{message}; nothing was written"
+        ) from exc
     want = _reference(module, model, inputs)
     real = inputs[1] != 0  # (B, T)
     diffs = {}
