@@ -332,6 +332,36 @@ def test_modernbert_exports_on_math_and_matches_under_onnxruntime(ort, modernber
     np.testing.assert_allclose(hidden[mask.numpy()], want[mask].numpy(), atol=TOLERANCE, rtol=0)
 
 
+def test_mpnet_relative_bias_exports_on_math(ort, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from clearformer.interop.hf.loading import load_model
+
+    config = transformers.MPNetConfig(
+        vocab_size=120,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=260,
+        relative_attention_num_buckets=32,
+    )
+    torch.manual_seed(0)
+    transformers.MPNetModel(config).save_pretrained(tmp_path / "mpnet")
+    words = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"] + [f"w{i}" for i in range(115)]
+    (tmp_path / "mpnet" / "vocab.txt").write_text("\n".join(words) + "\n")
+    model = load_model(tmp_path / "mpnet").model.eval()
+    result = export_onnx(model, tmp_path / "onnx", pooling=False)
+    session = ort.InferenceSession(str(result.model), providers=["CPUExecutionProvider"])
+    lengths = torch.tensor([200, 37, 5])  # distances past the bias's max_distance of 128
+    mask = torch.arange(200)[None] < lengths[:, None]
+    ids = torch.randint(3, 120, (3, 200), generator=torch.Generator().manual_seed(1))
+    ids = ids.masked_fill(~mask, 1)
+    (hidden,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.long().numpy()})
+    with torch.inference_mode():
+        want = model(ids, mask)
+    np.testing.assert_allclose(hidden[mask.numpy()], want[mask].numpy(), atol=TOLERANCE, rtol=0)
+
+
 # --- the command line -----------------------------------------------------------------------
 
 

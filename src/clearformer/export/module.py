@@ -48,8 +48,9 @@ EXPORT_BACKENDS = ("sdpa", "math")
 
 
 def export_backend(config: EncoderConfig, backend: str | None = None) -> str:
-    """The kernel to trace: ``backend`` if given, else ``sdpa``, or ``math`` for a model with
-    local layers whose sdpa path changes with the sequence length.
+    """The kernel to trace: ``backend`` if given, else ``sdpa``; ``math`` for a model with
+    local layers whose sdpa path changes with the sequence length, or with a relative position
+    bias (MPNet), which torch.onnx translates on math only.
 
     On sdpa a local layer runs long rows slab by slab and short rows with the band folded into
     the mask (:func:`clearformer.kernels.local.use_banded`): a branch on T that one graph with
@@ -64,7 +65,9 @@ def export_backend(config: EncoderConfig, backend: str | None = None) -> str:
         if window is not None and use_banded(config.max_length, window)
     ]
     if backend is None:
-        return "math" if slabbed else "sdpa"
+        # A relative position bias reaches sdpa as a float mask, whose head merge torch.onnx
+        # (torch 2.13) cannot translate; math runs the same formula and translates.
+        return "math" if slabbed or config.relative_attention_buckets else "sdpa"
     check_choice(backend, EXPORT_BACKENDS, "export backend")
     if backend == "sdpa" and slabbed:
         raise ValueError(

@@ -308,14 +308,23 @@ def _quiet_exporter() -> Iterator[None]:
 
 def _to_onnx(program: torch.export.ExportedProgram, module: ExportableEncoder, opset: int):
     with _quiet_exporter():
-        onnx_program = torch.onnx.export(
-            program,
-            dynamo=True,
-            input_names=list(module.input_names),
-            output_names=list(module.output_names),
-            opset_version=opset,
-            verbose=False,
-        )
+        try:
+            onnx_program = torch.onnx.export(
+                program,
+                dynamo=True,
+                input_names=list(module.input_names),
+                output_names=list(module.output_names),
+                opset_version=opset,
+                verbose=False,
+            )
+        except Exception as exc:  # torch.onnx's errors are long reports; keep their cause
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
+            message = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+            hint = "; try backend='math'" if module.backend != "math" else ""
+            raise ExportError(
+                f"torch.onnx could not translate the {module.backend} graph: "
+                f"{type(cause).__name__}: {message}{hint}; nothing was written"
+            ) from exc
     # Translated from a program, the graph's axes carry the tracer's symbols (s18, s41): give
     # them the names a runtime's user reads, from the first input's (B, T).
     dims = zip(onnx_program.model.graph.inputs[0].shape, ("batch", "sequence"), strict=True)
