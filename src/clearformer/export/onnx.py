@@ -23,7 +23,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..heads import pool
 from ..model import EncoderModel
-from .module import ExportableEncoder, export_program
+from .module import ExportableEncoder, eval_mode, export_program
 
 __all__ = [
     "DEFAULT_OPSET",
@@ -84,7 +84,8 @@ Progress = Callable[[str], None]
 
 
 class ExportError(RuntimeError):
-    """The export ran but its graph cannot be trusted (outputs differ from clearformer's)."""
+    """No trustworthy graph came out: torch.onnx could not translate the program, or the graph
+    fails or differs from clearformer's outputs under onnxruntime."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,8 @@ def export_onnx(
         FileNotFoundError, CheckpointError: no such checkpoint, or an unusable one.
         FileExistsError: ``out_dir`` is not empty and ``overwrite`` is False.
         OSError: ``out_dir`` cannot be written.
-        ExportError: the graph's outputs differ from clearformer's.
+        ExportError: torch.onnx cannot translate the graph, or under onnxruntime it fails or
+            its outputs differ from clearformer's.
     """
     say = _reporter(progress)
     if not isinstance(opset, int) or isinstance(opset, bool) or opset < MIN_OPSET:
@@ -220,7 +222,7 @@ def export_onnx(
             )
         result = OnnxExport(
             path=target,
-            files=(),
+            files=(),  # listed once the metadata is written too
             inputs=module.input_names,
             outputs=module.output_names,
             pooling=mode,
@@ -238,7 +240,7 @@ def export_onnx(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     say(f"wrote {target}")
-    return OnnxExport(**{**result.__dict__, "files": files})
+    return replace(result, files=files)
 
 
 def _reporter(progress: Progress | None) -> Progress:
@@ -422,8 +424,6 @@ def _reference(module: ExportableEncoder, model: EncoderModel, inputs) -> list[T
     layout), pooled and normalised as TextEncoder.encode does."""
     ids, mask = inputs[0], inputs[1].bool()
     types = inputs[2] if len(inputs) > 2 else None
-    from .module import eval_mode
-
     with eval_mode(model), torch.inference_mode():
         hidden = model(ids, mask, types)  # (B, T, D)
         outputs = [hidden]
