@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from .fused import fused_steps
+
 log = logging.getLogger(__name__)
 
 QMAX = 127  # symmetric int8: [-127, 127], so that -q is always representable
@@ -167,6 +169,15 @@ class Int8Linear(nn.Module):
             "weight_outliers", None if weight_outliers is None else weight_outliers.float()
         )  # (N, k_o)
         self._use_int_mm = int8_support().available
+        # Derived once for the compiled steps: a 0/1 mask of the channels that set the scale,
+        # and the float weights of the others as (k_o, N) rows.
+        keep = None
+        if outliers is not None:
+            keep = torch.ones(self.in_features).index_fill_(0, self.outliers, 0.0)
+        self.register_buffer("_keep", keep, persistent=False)
+        w_o_t = None if weight_outliers is None else self.weight_outliers.t().contiguous()
+        self.register_buffer("_w_o_t", w_o_t, persistent=False)
+        self.fused = False  # set by quantize_int8(fused=True): the compiled element-wise steps
 
     @classmethod
     def from_linear(
@@ -213,8 +224,17 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., K) float -> (..., N) float32."""
-        K, N = self.in_features, self.out_features
+        K = self.in_features
         rows = x.reshape(-1, K).float()  # (M, K)
+        steps = fused_steps() if self.fused and rows.shape[0] > 1 else None
+        if steps is not None:
+            # The same steps compiled into one loop on each side of the product (.fused).
+            prologue, epilogue = steps
+            q, x_scale, x_o = prologue(rows, self.smooth, self._keep, self.outliers)
+            out = epilogue(
+                self._product(q), x_scale, self.weight_scale, self.bias, x_o, self._w_o_t
+            )
+            return out.view(*x.shape[:-1], self.out_features)
         if self.smooth is not None:
             rows = rows * self.smooth
         if self.outliers is None:
@@ -223,13 +243,21 @@ class Int8Linear(nn.Module):
             # The outlier channels are left out of each row's scale (they saturate in q, where
             # their weight columns are zero) and multiply their float32 weights instead.
             q, x_scale = quantize_rows(rows, leave_out=self.outliers)
-        M = q.shape[0]
+        return self._finish(q, x_scale, rows, x.shape[:-1])
+
+    def _product(self, q: Tensor) -> Tensor:
+        """(M, K) int8 -> (M, N) int32 (or the same integers in float32)."""
+        M, K, N = q.shape[0], self.in_features, self.out_features
         if self._use_int_mm and _int_mm_fits(M, K, N, q.device):
             acc = torch._int_mm(q, self.weight_int8.t())  # (M, N) int32, exact
         else:
             # The same integers in float32: exact while K * 127^2 < 2^24 (K <= 1040), within
             # float rounding beyond.
             acc = q.float() @ self.weight_int8.float().t()
+        return acc
+
+    def _finish(self, q: Tensor, x_scale: Tensor, rows: Tensor, lead: torch.Size) -> Tensor:
+        acc = self._product(q)
         out = torch.mul(acc, x_scale)  # (M, N) float32: int32 * float promotes in one pass
         if self.outliers is not None:
             # bias + x_o W_o^T, then + (s_x acc) * s_w: one product of width k_o, one pass.
@@ -243,10 +271,11 @@ class Int8Linear(nn.Module):
             out.mul_(self.weight_scale)
         else:
             torch.addcmul(self.bias, out, self.weight_scale, out=out)
-        return out.view(*x.shape[:-1], N)
+        return out.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         route = "torch._int_mm" if self._use_int_mm else "float32 (no int8 products here)"
+        route += ", compiled steps" if self.fused else ""
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, smooth={self.smooth is not None}, "
