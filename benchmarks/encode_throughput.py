@@ -18,6 +18,13 @@ Configurations:
                                 the threads.
 ``clearformer batch 32``        ``batch_size=32, workers=1``: batches of the reference's size,
                                 one at a time on all threads.
+``clearformer int8``            ``precision="int8"``: int8 linear layers, element-wise steps
+                                eager (``fuse_int8=False``).
+``clearformer int8 fused``      ``precision="int8", fuse_int8=True``: the same, with the
+                                element-wise steps compiled (compiled before timing starts).
+
+The int8 rows are also compared with clearformer's float32 embeddings (min and mean cosine).
+``--no-int8`` leaves them out.
 
 Run: ``python benchmarks/encode_throughput.py [--texts 2000] [--repeats 4] [--corpus both]
 [--out benchmarks/results/encode-throughput]``
@@ -78,6 +85,13 @@ def measure(kind: str, args, ours, theirs) -> dict:
             chunk, batch_size=32, workers=1, normalize=True, progress=False
         ),
     }
+    if args.int8:
+        runners["clearformer int8"] = lambda chunk: ours.encode(
+            chunk, normalize=True, progress=False, precision="int8", fuse_int8=False
+        )
+        runners["clearformer int8 fused"] = lambda chunk: ours.encode(
+            chunk, normalize=True, progress=False, precision="int8", fuse_int8=True
+        )
     # One `encode` call sorts its texts by length before batching: clearformer by token count,
     # sentence-transformers by character count. Each library's order is computed once over the
     # whole corpus, its own way, and cut into chunks of `--chunk` texts, so a chunk holds texts
@@ -88,7 +102,8 @@ def measure(kind: str, args, ours, theirs) -> dict:
         REFERENCE: [int(i) for i in np.argsort([-len(t) for t in texts], kind="stable")],
         "clearformer": sorted(range(len(texts)), key=lambda i: -lengths[i]),
     }
-    orders["clearformer workers 2"] = orders["clearformer batch 32"] = orders["clearformer"]
+    for name in runners:
+        orders.setdefault(name, orders["clearformer"])
     names = list(runners)
     chunks = {
         name: [order[i : i + args.chunk] for i in range(0, len(texts), args.chunk)]
@@ -107,6 +122,10 @@ def measure(kind: str, args, ours, theirs) -> dict:
                 best[name][c] = min(best[name][c], time.perf_counter() - start)
                 results[name][rows] = vectors
     seconds = {name: sum(best[name]) for name in names}
+    float32 = results["clearformer"].astype(np.float64)
+    cosine_to_float32 = {
+        name: (results[name].astype(np.float64) * float32).sum(1) for name in names
+    }
     return {
         "corpus": kind,
         "texts": len(texts),
@@ -124,6 +143,10 @@ def measure(kind: str, args, ours, theirs) -> dict:
             )
             for name in names
         },
+        "cosine_to_clearformer_float32": {
+            name: {"min": float(c.min()), "mean": float(c.mean())}
+            for name, c in cosine_to_float32.items()
+        },
         "seconds": seconds,
         "tokens_per_second": {name: tokens / s for name, s in seconds.items()},
         "speedup_vs_reference": {name: seconds[REFERENCE] / s for name, s in seconds.items()},
@@ -137,7 +160,8 @@ def to_markdown(report: dict) -> str:
         "",
         f"torch {env['torch']}, sentence-transformers {env['sentence_transformers']}, "
         f"{env['threads']} threads, allocator retains freed memory: {env['retained']}, "
-        f"load average at end {env['load_average']:.2f}. Each chunk's best of "
+        f"load average at start {env['load_average_start']:.2f}, at end "
+        f"{env['load_average']:.2f}. Each chunk's best of "
         f"{env['repeats']} repeats, summed.",
         "",
     ]
@@ -147,13 +171,15 @@ def to_markdown(report: dict) -> str:
             f"## Corpus `{run['corpus']}`: {run['texts']} texts, {run['tokens']} word pieces "
             f"(per text: min {p['min']}, median {p['median']}, max {p['max']})",
             "",
-            "| configuration | pieces/s | vs sentence-transformers | min cosine to it |",
-            "| --- | ---: | ---: | ---: |",
+            "| configuration | pieces/s | vs sentence-transformers | min cosine to it | "
+            "min / mean cosine to clearformer float32 |",
+            "| --- | ---: | ---: | ---: | ---: |",
         ]
         for name, rate in run["tokens_per_second"].items():
+            c = run["cosine_to_clearformer_float32"][name]
             lines.append(
                 f"| {name} | {rate:,.0f} | {run['speedup_vs_reference'][name]:.2f}x | "
-                f"{run['min_cosine_vs_reference'][name]:.7f} |"
+                f"{run['min_cosine_vs_reference'][name]:.7f} | {c['min']:.4f} / {c['mean']:.5f} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -166,7 +192,11 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=500, help="texts per timed encode call")
     parser.add_argument("--corpus", choices=(*CORPORA, "both"), default="both")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
+    parser.add_argument(
+        "--no-int8", dest="int8", action="store_false", help="leave out the int8 rows"
+    )
     args = parser.parse_args()
+    load_start = os.getloadavg()[0]
 
     from clearformer.runtime import retain_freed_memory
 
@@ -184,6 +214,10 @@ def main() -> None:
     warm = make_corpus(64, "mixed", seed=1)
     ours.encode(warm, progress=False)  # first calls pay for lazy initialisation in both
     theirs.encode(warm)
+    if args.int8:
+        ours.int8_model(fused=True)  # calibration and compilation, before any timing
+        ours.encode(warm, progress=False, precision="int8", fuse_int8=False)
+        ours.encode(warm, progress=False, precision="int8", fuse_int8=True)
     kinds = CORPORA if args.corpus == "both" else (args.corpus,)
     runs = []
     for kind in kinds:
@@ -191,10 +225,12 @@ def main() -> None:
         runs.append(run)
         print(f"corpus {kind}: {run['texts']} texts, {run['tokens']} pieces")
         for name, rate in run["tokens_per_second"].items():
+            c = run["cosine_to_clearformer_float32"][name]
             print(
                 f"  {name:>22}: {rate:8,.0f} pieces/s  "
                 f"{run['speedup_vs_reference'][name]:.2f}x  "
-                f"min cosine {run['min_cosine_vs_reference'][name]:.7f}"
+                f"min cosine {run['min_cosine_vs_reference'][name]:.7f}  "
+                f"to float32 min {c['min']:.4f} mean {c['mean']:.5f}"
             )
     report = {
         "environment": {
@@ -203,6 +239,7 @@ def main() -> None:
             "threads": torch.get_num_threads(),
             "retained": retained,
             "repeats": args.repeats,
+            "load_average_start": load_start,
             "load_average": os.getloadavg()[0],
         },
         "runs": runs,

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..options import BACKENDS
+from ..quant import PRECISIONS
 from ..text.batching import DEFAULT_MAX_TOKENS
 
 SIMILARITY_MAX = 32  # texts; a larger matrix does not fit a terminal
@@ -97,6 +98,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_false",
         default=None,
         help="do not L2-normalise (default: as the checkpoint's pipeline says)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="float32",
+        help="int8: int8 matrix products, about 2x faster on CPUs with int8 instructions, "
+        "embeddings within cosine 0.99 of float32 (default float32)",
     )
     add_model_arguments(p)
     p.set_defaults(
@@ -200,7 +208,14 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         normalize=args.normalize,
         progress=progress_for(args, len(texts)),
+        precision=args.precision,
     )  # (n, D) float32
+    if args.precision == "int8":
+        from ..quant import int8_support
+
+        support = int8_support()
+        if not support.available:
+            print(f"note: encoded in float32, not int8: {support.reason}", file=sys.stderr)
     # NaN is not JSON, and a NaN row in an .npy poisons every similarity computed from it:
     # either is an error naming the texts, with nothing written.
     check_finite(embeddings, texts)

@@ -1,0 +1,71 @@
+"""Quantised inference: int8 linear layers and the conversion of a loaded model.
+
+* :mod:`.int8` -- :class:`Int8Linear` and the start-up probe :func:`int8_support`;
+* :mod:`.quantize` -- :func:`quantize_int8` (a converted copy of a model) and the calibrated
+  default policy :func:`quantize_int8_calibrated`;
+* :mod:`.calibration` -- the texts the default policy calibrates on.
+
+Names are imported on first use, so that the CLI can read :data:`PRECISIONS` without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+PRECISIONS = ("float32", "int8")  # what TextEncoder.encode(precision=...) accepts
+
+_EXPORTS = {
+    "Int8Linear": ".int8",
+    "Int8Support": ".int8",
+    "int8_support": ".int8",
+    "quantize_rows": ".int8",
+    "calibrate": ".quantize",
+    "int8_layers": ".quantize",
+    "linear_names": ".quantize",
+    "outlier_channels": ".quantize",
+    "quantize_int8": ".quantize",
+    "quantize_int8_calibrated": ".quantize",
+    "smoothing_factors": ".quantize",
+}
+
+if TYPE_CHECKING:
+    from .int8 import Int8Linear, Int8Support, int8_support, quantize_rows
+    from .quantize import (
+        calibrate,
+        int8_layers,
+        linear_names,
+        outlier_channels,
+        quantize_int8,
+        quantize_int8_calibrated,
+        smoothing_factors,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'clearformer.quant' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+__all__ = [
+    "PRECISIONS",
+    "Int8Linear",
+    "Int8Support",
+    "calibrate",
+    "int8_layers",
+    "int8_support",
+    "linear_names",
+    "outlier_channels",
+    "quantize_int8",
+    "quantize_int8_calibrated",
+    "quantize_rows",
+    "smoothing_factors",
+]

@@ -1,0 +1,356 @@
+"""int8 inference: the int8 linear layer against float and against a hand-written dequantised
+reference, the conversion of a model (a copy; the caller's model untouched), and the accuracy
+floor of ``encode(precision="int8")`` on the bundled all-MiniLM-L6-v2.
+
+The floors were measured (docs/int8.md): on the sentences below the default policy gave min
+cosine 0.9965 and mean 0.9992 to the float32 embeddings; the floors are the issue's targets.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from clearformer.cli import main
+from clearformer.quant import (
+    Int8Linear,
+    Int8Support,
+    int8_layers,
+    int8_support,
+    quantize_int8,
+    quantize_rows,
+)
+from clearformer.quant import int8 as int8_module
+from clearformer.quant import quantize as quantize_module
+from clearformer.quant.fused import fused_steps
+from clearformer.text import TextEncoder
+
+from .int8_sentences import QUERIES, SENTENCES
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+MIN_COSINE = 0.99  # the issue's floors against the float32 embeddings
+MEAN_COSINE = 0.997
+TOP1_AGREEMENT = 0.95  # measured 1.0 (26 of 26 queries); one miss in 26 is 0.96
+
+needs_int8 = pytest.mark.skipif(
+    not int8_support().available, reason=f"no int8 here: {int8_support().reason}"
+)
+
+
+def _linear(k: int, n: int, bias: bool = True) -> nn.Linear:
+    layer = nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        layer.weight.normal_(0.0, 0.05)
+        if bias:
+            layer.bias.normal_(0.0, 0.1)
+    return layer
+
+
+def _reference(x: torch.Tensor, layer: nn.Linear, outliers: list[int] | None = None):
+    """Written out from the definition, in float64: per-row weight scales, per-token
+    activation scales, int products, rescale, bias; outlier channels in float."""
+    w = layer.weight.detach().double()  # (N, K)
+    x = x.double()  # (M, K)
+    keep = torch.ones(w.shape[1], dtype=torch.bool)
+    if outliers:
+        keep[outliers] = False
+    w_int = torch.where(keep, w, 0.0)
+    s_w = w_int.abs().amax(dim=1) / 127  # (N,)
+    q_w = torch.round(w_int / s_w[:, None])
+    s_x = torch.where(keep, x.abs(), 0.0).amax(dim=1) / 127  # (M,)
+    s_x = torch.where(s_x > 0, s_x, 1.0)
+    q_x = torch.where(keep, torch.round(x / s_x[:, None]), 0.0)
+    out = (q_x @ q_w.t()) * s_x[:, None] * s_w[None, :]
+    if outliers:
+        out = out + x[:, ~keep] @ w[:, ~keep].t()
+    if layer.bias is not None:
+        out = out + layer.bias.detach().double()
+    return out
+
+
+# -- the layer -------------------------------------------------------------------------------
+
+
+def test_int8_linear_close_to_float_on_random_data():
+    torch.manual_seed(0)
+    layer = _linear(384, 256)
+    x = torch.randn(64, 384)
+    with torch.inference_mode():
+        want = layer(x)
+        got = Int8Linear.from_linear(layer)(x)
+    relative = (got - want).norm() / want.norm()
+    assert relative < 0.02, relative  # measured about 0.8 % (two 8-bit roundings)
+
+
+@pytest.mark.parametrize("outliers", [None, [3, 100]])
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_linear_equals_dequantised_reference(outliers, bias):
+    torch.manual_seed(1)
+    layer = _linear(384, 96, bias=bias)
+    x = torch.randn(40, 384)
+    x[:, 3] *= 25.0  # an outlier channel, as in BERT's residual stream
+    converted = Int8Linear.from_linear(
+        layer, outliers=None if outliers is None else torch.tensor(outliers)
+    )
+    with torch.inference_mode():
+        got = converted(x).double()
+    want = _reference(x, layer, outliers)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_outlier_channels_lower_the_error():
+    torch.manual_seed(2)
+    layer = _linear(384, 128)
+    x = torch.randn(256, 384)
+    x[:, 7] *= 30.0
+    with torch.inference_mode():
+        want = layer(x)
+        plain = Int8Linear.from_linear(layer)(x)
+        split = Int8Linear.from_linear(layer, outliers=torch.tensor([7]))(x)
+    assert (split - want).norm() < 0.2 * (plain - want).norm()
+
+
+def test_smoothing_is_exact_in_float_and_keeps_the_result_close():
+    torch.manual_seed(3)
+    layer = _linear(64, 32)
+    smooth = torch.rand(64) + 0.5
+    converted = Int8Linear.from_linear(layer, smooth=smooth)
+    # The float weight it stands for is W itself, up to the weight's rounding.
+    torch.testing.assert_close(converted.weight, layer.weight.detach(), atol=2e-3, rtol=0)
+    x = torch.randn(32, 64)
+    with torch.inference_mode():
+        relative = (converted(x) - layer(x)).norm() / layer(x).norm()
+    assert relative < 0.02
+
+
+@pytest.mark.parametrize("shape", [(0, 384), (1, 384), (3, 5, 384), (2, 0, 384)])
+def test_shapes_keep_their_leading_dimensions(shape):
+    torch.manual_seed(4)
+    layer = _linear(384, 48)
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        got = Int8Linear.from_linear(layer)(x)
+        want = layer(x)
+    assert got.shape == (*shape[:-1], 48)
+    if x.numel():
+        assert (got - want).norm() / want.norm() < 0.02
+
+
+def test_tiny_shapes_and_a_zero_row():
+    torch.manual_seed(5)
+    layer = _linear(3, 5)
+    x = torch.randn(2, 3)
+    x[1] = 0.0
+    with torch.inference_mode():
+        got = Int8Linear.from_linear(layer)(x).double()
+    torch.testing.assert_close(got, _reference(x, layer), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got[1], layer.bias.detach().double())  # zeros in, bias out
+
+
+def test_float_route_gives_the_int8_route_result():
+    """Where ``torch._int_mm`` does not run (or does not take a shape), the same integers are
+    multiplied in float32: the result does not depend on the route."""
+    torch.manual_seed(6)
+    layer = _linear(384, 64)
+    x = torch.randn(50, 384)
+    a = Int8Linear.from_linear(layer)
+    b = copy.deepcopy(a)
+    b._use_int_mm = False
+    with torch.inference_mode():
+        torch.testing.assert_close(a(x), b(x), rtol=1e-6, atol=1e-6)
+
+
+def test_row_quantisation_round_trips_within_half_a_step():
+    torch.manual_seed(7)
+    x = torch.randn(20, 64) * torch.logspace(-3, 2, 20)[:, None]
+    q, scale = quantize_rows(x)
+    assert q.dtype == torch.int8 and scale.shape == (20, 1)
+    assert int(q.abs().max()) == 127
+    assert bool(((q.float() * scale - x).abs() <= scale / 2 * (1 + 1e-5)).all())
+
+
+@needs_int8
+def test_fused_steps_agree_with_eager_steps():
+    steps = fused_steps()
+    if steps is None:
+        pytest.skip("torch.compile does not work here")
+    torch.manual_seed(8)
+    layer = _linear(384, 160)
+    x = torch.randn(300, 384)
+    x[:, 11] *= 20.0
+    eager = Int8Linear.from_linear(layer, outliers=torch.tensor([11, 40]))
+    fused = copy.deepcopy(eager)
+    fused.fused = True
+    with torch.inference_mode():
+        a, b = eager(x), fused(x)
+    # Different passes may round a value on the edge of two int8 steps differently: at most a
+    # step of the input times a weight, in a few places.
+    assert (a - b).abs().max() < 0.01
+    assert (a - b).norm() / a.norm() < 1e-4
+
+
+def test_support_probe_says_why():
+    support = int8_support()
+    assert isinstance(support, Int8Support) and support.reason
+
+
+# -- converting a model ----------------------------------------------------------------------
+
+
+def _small_model() -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(16, 32), nn.GELU(), nn.Sequential(nn.Linear(32, 32)), nn.Linear(32, 8)
+    )
+
+
+@needs_int8
+def test_quantize_returns_a_new_model_and_leaves_the_caller_s_unchanged():
+    torch.manual_seed(9)
+    model = _small_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = quantize_int8(model, skip=["3"])
+    assert result is not model
+    assert int8_layers(result) == ["0", "2.0"]
+    assert isinstance(result[3], nn.Linear)  # skipped
+    assert all(isinstance(m, nn.Linear) for m in (model[0], model[2][0], model[3]))
+    state = model.state_dict()
+    assert state.keys() == before.keys()
+    assert all(torch.equal(state[k], before[k]) for k in before)
+    x = torch.randn(10, 16)
+    with torch.inference_mode():
+        assert (result(x) - model(x)).norm() / model(x).norm() < 0.03
+
+
+def test_quantize_falls_back_to_float_with_a_warning(monkeypatch, caplog):
+    monkeypatch.setattr(
+        quantize_module, "int8_support", lambda: Int8Support(False, "no int8 instructions")
+    )
+    model = _small_model()
+    with caplog.at_level(logging.WARNING, logger="clearformer.quant.quantize"):
+        result = quantize_int8(model)
+    assert result is not model and int8_layers(result) == []
+    assert "no int8 instructions" in caplog.text
+
+
+def test_quantize_rejects_unknown_layer_names():
+    with pytest.raises(ValueError, match="not nn.Linear"):
+        quantize_int8(_small_model(), outliers={"1": torch.tensor([0])})
+
+
+# -- the bundled model -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def encoder() -> TextEncoder:
+    return TextEncoder.from_pretrained()
+
+
+@pytest.fixture(scope="module")
+def float32(encoder) -> np.ndarray:
+    return encoder.encode(SENTENCES + QUERIES)
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a.astype(np.float64) * b.astype(np.float64)).sum(1)  # rows are unit vectors
+
+
+def _top1_agreement(float32: np.ndarray, int8: np.ndarray) -> float:
+    n = len(SENTENCES)
+    want = (float32[n:] @ float32[:n].T).argmax(1)  # each query's nearest sentence
+    got = (int8[n:] @ int8[:n].T).argmax(1)
+    return float((want == got).mean())
+
+
+@needs_int8
+def test_int8_encode_meets_the_accuracy_floor(encoder, float32):
+    int8 = encoder.encode(SENTENCES + QUERIES, precision="int8", fuse_int8=False)
+    cosines = _cosines(int8, float32)
+    assert cosines.min() >= MIN_COSINE, SENTENCES[int(cosines.argmin())]
+    assert cosines.mean() >= MEAN_COSINE
+    assert _top1_agreement(float32, int8) >= TOP1_AGREEMENT
+
+
+@needs_int8
+def test_per_tensor_activation_scales_break_the_floor(encoder, float32, monkeypatch):
+    """The floor can tell good quantisation from bad: one scale for the whole batch (as
+    ``torch.ao``'s dynamic path) instead of one per token must fail it."""
+    encoder.int8_model()  # built with the real weights' per-row scales first
+
+    def per_tensor(x, leave_out=None):
+        amax = x.abs().amax().clamp_min(1e-12)
+        scale = (amax / 127).expand(x.shape[0], 1)
+        return torch.round(x / scale).clamp_(-127, 127).to(torch.int8), scale
+
+    monkeypatch.setattr(int8_module, "quantize_rows", per_tensor)
+    broken = encoder.encode(SENTENCES + QUERIES, precision="int8", fuse_int8=False)
+    cosines = _cosines(broken, float32)
+    assert cosines.min() < MIN_COSINE or cosines.mean() < MEAN_COSINE
+
+
+@needs_int8
+def test_int8_model_is_built_once_and_the_float_model_is_untouched(encoder, float32):
+    first = encoder.int8_model()
+    assert encoder.int8_model() is first
+    assert len(int8_layers(first)) == 24  # every linear layer of the 6 blocks
+    assert not any(isinstance(m, Int8Linear) for m in encoder.model.modules())
+    np.testing.assert_array_equal(encoder.encode(SENTENCES + QUERIES), float32)
+
+
+@needs_int8
+def test_int8_runs_on_the_packed_path(encoder):
+    """A ragged batch reaches the int8 layers as (N, D) real rows only."""
+    model = encoder.int8_model()
+    seen = []
+    layer = model.encoder.layers[0].attn.in_proj
+    handle = layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape))
+    try:
+        texts = ["short", "a much longer text with quite a few more words in it than that"]
+        batch = encoder.tokenize(texts)
+        encoder.encode(texts, precision="int8")
+    finally:
+        handle.remove()
+    real = int(batch.attention_mask.sum())
+    assert seen == [torch.Size([real, encoder.dim])]
+
+
+@needs_int8
+def test_fused_int8_encode_agrees_with_eager(encoder):
+    if fused_steps() is None:
+        pytest.skip("torch.compile does not work here")
+    eager = encoder.encode(SENTENCES, precision="int8", fuse_int8=False)
+    fused = encoder.encode(SENTENCES, precision="int8", fuse_int8=True)
+    assert _cosines(eager, fused).min() > 0.999
+    assert encoder.int8_model(fused=True).encoder.layers[0].mlp.fc_in.weight_int8 is (
+        encoder.int8_model().encoder.layers[0].mlp.fc_in.weight_int8
+    )  # the two variants share their tensors
+
+
+def test_unknown_precision_is_refused(encoder):
+    with pytest.raises(ValueError, match="precision must be one of"):
+        encoder.encode(["x"], precision="fp16")
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+
+
+@needs_int8
+def test_cli_precision_int8(capsys, tmp_path, encoder):
+    target = tmp_path / "out.npy"
+    code = main(["encode", "--precision", "int8", "-o", str(target), *SENTENCES[:6]])
+    assert code == 0, capsys.readouterr().err
+    got = np.load(target)
+    assert _cosines(got, encoder.encode(SENTENCES[:6])).min() >= MIN_COSINE
+
+
+def test_cli_rejects_an_unknown_precision(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["encode", "--precision", "int4", "x"])
+    assert exit_info.value.code == 2
+    assert "--precision: invalid choice: 'int4'" in capsys.readouterr().err
