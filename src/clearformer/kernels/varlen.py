@@ -17,9 +17,9 @@ Implementations (``method``), all returning the same values:
 ``auto`` takes ``flash`` when it can serve the call. On CPU it takes ``threads`` (``sequence``
 for a single run or a single-threaded caller): every call of ``sequence`` is an OpenMP parallel
 region, and when other processes compete for the cores each region can wait for a descheduled
-thread, so ``sequence`` collapses under load where ``threads`` does not, and ``threads`` is as
-fast on a quiet machine. Elsewhere (CUDA without flash_attn) ``sequence`` up to
-``MAX_SEQUENCE_CALLS`` calls, ``padded`` above. The measurements behind these rules are in
+thread, so ``sequence`` collapses under load where ``threads`` does not; on a quiet machine
+``threads`` is slower than ``sequence`` for attention alone. Elsewhere (CUDA without
+flash_attn) ``sequence`` up to ``MAX_SEQUENCE_CALLS`` calls, ``padded`` above. The measurements behind these rules are in
 ``docs/performance.md``; two more methods that lost (``bucket``, ``nested``) live with the
 benchmark, in :mod:`clearformer.bench.varlen_methods`.
 """
@@ -83,8 +83,8 @@ def resolve_method(
                 # No parallel region, nothing to wait for: one call per run is the fastest.
                 return Decision("sequence", "a single-threaded caller: one call per run")
             if calls > 1:
-                # As fast as `sequence` on a quiet machine, and no OpenMP region to wait in
-                # when other processes take the cores (docs/performance.md).
+                # No OpenMP region to wait in when other processes take the cores; slower
+                # than `sequence` on free cores (docs/performance.md).
                 return Decision(
                     "threads", f"{calls} runs grouped over {torch.get_num_threads()} threads"
                 )
