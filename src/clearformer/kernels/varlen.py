@@ -19,9 +19,9 @@ for a single run or a single-threaded caller): every call of ``sequence`` is an 
 region, and when other processes compete for the cores each region can wait for a descheduled
 thread, so ``sequence`` collapses under load where ``threads`` does not; on a quiet machine
 ``threads`` is slower than ``sequence`` for attention alone. Elsewhere (CUDA without
-flash_attn) ``sequence`` up to ``MAX_SEQUENCE_CALLS`` calls, ``padded`` above. The measurements behind these rules are in
-``docs/performance.md``; two more methods that lost (``bucket``, ``nested``) live with the
-benchmark, in :mod:`clearformer.bench.varlen_methods`.
+flash_attn) ``sequence`` up to ``MAX_SEQUENCE_CALLS`` calls, ``padded`` above. The
+measurements behind these rules are in ``docs/performance.md``; two more methods that lost
+(``bucket``, ``nested``) live with the benchmark, in :mod:`clearformer.bench.varlen_methods`.
 """
 
 from __future__ import annotations
