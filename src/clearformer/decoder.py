@@ -16,7 +16,7 @@ from .checks import (
     check_positive_int,
     check_probability,
 )
-from .decoder_block import DecoderBlock, LayerCache, plan_decoder
+from .decoder_block import DecoderBlock, LayerCache, prepare_call
 from .options import ACTIVATIONS, BACKENDS, NORMS
 
 
@@ -73,7 +73,11 @@ class DecoderCache:
 
     @property
     def batch(self) -> int:
-        return self.layers[0].keys.shape[0]
+        return self.layers[0].batch
+
+    @property
+    def memory_length(self) -> int:
+        return self.layers[0].memory_length
 
     def select(self, rows: Tensor, *, memory: bool = True) -> DecoderCache:
         """The cache of batch rows ``rows``, in that order (see :meth:`LayerCache.select`)."""
@@ -130,37 +134,17 @@ class Decoder(nn.Module):
         (B, S) bool, True = real token; with a cache, ``x`` holds the new rows only and
         ``(y, cache)`` returns. The output is zero at padded target positions.
         """
-        first = self.layers[0]
-        first._check_rows(x, "x")
-        if cache is None:
-            if memory is None:
-                raise ValueError("memory must be a (B, S, D) tensor unless a cache holds it")
-            first._check_rows(memory, "memory", batch=x.shape[0])
-            start = self.start_cache(memory)
-        else:
-            if not isinstance(cache, DecoderCache):
-                raise TypeError(f"cache must be a DecoderCache, got {type(cache).__name__}")
-            if mask is not None:
-                raise ValueError("mask must be None with a cache: decoded rows are all real")
-            if cache.batch != x.shape[0]:
-                raise ValueError(f"cache holds {cache.batch} rows, got x of batch {x.shape[0]}")
-            start = cache
-        B, T, _ = x.shape
-        # Planned once for every layer: the masks are validated here, before any work.
-        self_plan, cross_plan = plan_decoder(
+        x, start, self_plan, cross_plan = prepare_call(
+            self,
+            x,
+            memory,
             mask,
             memory_mask,
-            batch=B,
-            tq=T,
-            past=start.length,
-            memory_length=start.layers[0].memory_keys.shape[2],
+            cache,
+            cache_type=DecoderCache,
             heads=self.config.n_heads,
-            device=x.device,
             backend=self.config.backend if backend is None else backend,
-            dtype=x.dtype,
         )
-        if mask is not None:
-            x = torch.where(mask[..., None], x, 0.0)  # padded rows: zeros, whatever they held
         caches = []
         for block, layer_cache in zip(self.layers, start.layers, strict=True):
             x, new = block.run(x, layer_cache, self_plan, cross_plan)

@@ -64,6 +64,14 @@ class LayerCache:
         """Target tokens cached so far."""
         return self.keys.shape[2]
 
+    @property
+    def batch(self) -> int:
+        return self.keys.shape[0]
+
+    @property
+    def memory_length(self) -> int:
+        return self.memory_keys.shape[2]
+
     def select(self, rows: Tensor, *, memory: bool = True) -> LayerCache:
         """The cache of batch rows ``rows`` (B',) int64, in that order: beams reselected, or
         finished rows dropped. ``memory=False`` keeps the memory's keys and values as they are
@@ -178,37 +186,17 @@ class DecoderBlock(nn.Module):
             y (B, T, D), zero at padded target positions; or ``(y, cache)`` when a cache is
             passed.
         """
-        self._check_rows(x, "x")
-        if cache is None:
-            if memory is None:
-                raise ValueError("memory must be a (B, S, D) tensor unless a cache holds it")
-            self._check_rows(memory, "memory", batch=x.shape[0])
-            start = self.start_cache(memory)
-        else:
-            if not isinstance(cache, LayerCache):
-                raise TypeError(f"cache must be a LayerCache, got {type(cache).__name__}")
-            if mask is not None:
-                raise ValueError("mask must be None with a cache: decoded rows are all real tokens")
-            if cache.keys.shape[0] != x.shape[0]:
-                raise ValueError(
-                    f"cache holds {cache.keys.shape[0]} rows, got x of batch {x.shape[0]}"
-                )
-            start = cache
-        B, T, _ = x.shape
-        self_plan, cross_plan = plan_decoder(
+        x, start, self_plan, cross_plan = prepare_call(
+            self,
+            x,
+            memory,
             mask,
             memory_mask,
-            batch=B,
-            tq=T,
-            past=start.length,
-            memory_length=start.memory_keys.shape[2],
+            cache,
+            cache_type=LayerCache,
             heads=self.self_attn.n_heads,
-            device=x.device,
             backend=self._backend if backend is None else backend,
-            dtype=x.dtype,
         )
-        if mask is not None:
-            x = torch.where(mask[..., None], x, 0.0)  # padded rows: zeros, whatever they held
         y, new_cache = self.run(x, start, self_plan, cross_plan)
         if mask is not None:
             y = torch.where(mask[..., None], y, 0.0)
@@ -249,6 +237,49 @@ class DecoderBlock(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, norm={self.norm!r}"
+
+
+def prepare_call(owner, x, memory, mask, memory_mask, cache, *, cache_type, heads, backend):
+    """What a decoder call (one block or a stack) does before any layer runs: check the rows,
+    the memory or the cache, plan self- and cross-attention once, zero padded target rows.
+
+    ``owner`` is a :class:`DecoderBlock` or a stack (its ``start_cache`` projects the memory);
+    ``cache_type`` is the cache it takes. Returns (x, the cache to start from, the two plans).
+    """
+    check_rows = (
+        owner._check_rows if isinstance(owner, DecoderBlock) else owner.layers[0]._check_rows
+    )
+    check_rows(x, "x")
+    if cache is None:
+        if memory is None:
+            raise ValueError("memory must be a (B, S, D) tensor unless a cache holds it")
+        check_rows(memory, "memory", batch=x.shape[0])
+        start = owner.start_cache(memory)
+    else:
+        if not isinstance(cache, cache_type):
+            raise TypeError(f"cache must be a {cache_type.__name__}, got {type(cache).__name__}")
+        if mask is not None:
+            raise ValueError("mask must be None with a cache: decoded rows are all real tokens")
+        if cache.batch != x.shape[0]:
+            raise ValueError(f"cache holds {cache.batch} rows, got x of batch {x.shape[0]}")
+        start = cache
+    B, T, _ = x.shape
+    # Planned once for every layer: the masks are validated here, before any work.
+    self_plan, cross_plan = plan_decoder(
+        mask,
+        memory_mask,
+        batch=B,
+        tq=T,
+        past=start.length,
+        memory_length=start.memory_length,
+        heads=heads,
+        device=x.device,
+        backend=backend,
+        dtype=x.dtype,
+    )
+    if mask is not None:
+        x = torch.where(mask[..., None], x, 0.0)  # padded rows: zeros, whatever they held
+    return x, start, self_plan, cross_plan
 
 
 def plan_decoder(
