@@ -22,9 +22,17 @@ Configurations:
                                 eager (``fuse_int8=False``).
 ``clearformer int8 fused``      ``precision="int8", fuse_int8=True``: the same, with the
                                 element-wise steps compiled (compiled before timing starts).
+``clearformer int8 fused workers 2``  the same, two batches side by side on one thread each.
 
 The int8 rows are also compared with clearformer's float32 embeddings (min and mean cosine).
 ``--no-int8`` leaves them out.
+
+The float32 bound: the corpus's matrix products on real tokens only (the four weight products
+of every layer and attention's two, :func:`clearformer.bench.flops.forward_flops`) at the
+machine's float32 GEMM rate at MiniLM's layer shapes (:func:`clearformer.bench.gemm.gemm_rate`,
+the fastest of the readings before and after the corpus). "of bound" is a configuration's
+pieces/s over that bound's (int8 products can beat it). Every result records the load average
+before and after and whether the run was quiet (:mod:`clearformer.bench.load`).
 
 Run: ``python benchmarks/encode_throughput.py [--texts 2000] [--repeats 4] [--corpus both]
 [--out benchmarks/results/encode-throughput]``
@@ -70,9 +78,14 @@ def make_corpus(n: int, kind: str = "mixed", seed: int = 0) -> list[str]:
 def measure(kind: str, args, ours, theirs) -> dict:
     import numpy as np
 
+    from clearformer.bench.flops import forward_flops
+    from clearformer.bench.gemm import gemm_rate
+    from clearformer.bench.workloads import SIZES
+
     texts = make_corpus(args.texts, kind)
     lengths = [len(e.ids) for e in ours.tokenizer.encode(texts)]
     tokens = sum(lengths)
+    rates = [gemm_rate(SIZES["minilm"])]  # GFLOP/s, before the corpus (again after it)
     runners = {
         REFERENCE: lambda chunk: theirs.encode(
             chunk, normalize_embeddings=True, convert_to_numpy=True
@@ -91,6 +104,9 @@ def measure(kind: str, args, ours, theirs) -> dict:
         )
         runners["clearformer int8 fused"] = lambda chunk: ours.encode(
             chunk, normalize=True, progress=False, precision="int8", fuse_int8=True
+        )
+        runners["clearformer int8 fused workers 2"] = lambda chunk: ours.encode(
+            chunk, workers=2, normalize=True, progress=False, precision="int8", fuse_int8=True
         )
     # One `encode` call sorts its texts by length before batching: clearformer by token count,
     # sentence-transformers by character count. Each library's order is computed once over the
@@ -122,6 +138,9 @@ def measure(kind: str, args, ours, theirs) -> dict:
                 best[name][c] = min(best[name][c], time.perf_counter() - start)
                 results[name][rows] = vectors
     seconds = {name: sum(best[name]) for name in names}
+    rates.append(gemm_rate(SIZES["minilm"]))
+    flops = forward_flops(SIZES["minilm"], lengths)
+    bound_seconds = flops / (max(rates) * 1e9)
     float32 = results["clearformer"].astype(np.float64)
     cosine_to_float32 = {
         name: (results[name].astype(np.float64) * float32).sum(1) for name in names
@@ -150,6 +169,9 @@ def measure(kind: str, args, ours, theirs) -> dict:
         "seconds": seconds,
         "tokens_per_second": {name: tokens / s for name, s in seconds.items()},
         "speedup_vs_reference": {name: seconds[REFERENCE] / s for name, s in seconds.items()},
+        "gemm_gflops_before_after": rates,
+        "bound_tokens_per_second": tokens / bound_seconds,
+        "fraction_of_bound": {name: bound_seconds / s for name, s in seconds.items()},
     }
 
 
@@ -164,6 +186,8 @@ def to_markdown(report: dict) -> str:
         f"{env['load_average']:.2f}. Each chunk's best of "
         f"{env['repeats']} repeats, summed.",
         "",
+        f"Machine: {env['load_verdict']}",
+        "",
     ]
     for run in report["runs"]:
         p = run["pieces_per_text"]
@@ -171,14 +195,19 @@ def to_markdown(report: dict) -> str:
             f"## Corpus `{run['corpus']}`: {run['texts']} texts, {run['tokens']} word pieces "
             f"(per text: min {p['min']}, median {p['median']}, max {p['max']})",
             "",
-            "| configuration | pieces/s | vs sentence-transformers | min cosine to it | "
+            f"float32 GEMM rate {run['gemm_gflops_before_after'][0]:.0f} -> "
+            f"{run['gemm_gflops_before_after'][1]:.0f} GFLOP/s; the bound (matrix products on "
+            f"real tokens at the faster rate): {run['bound_tokens_per_second']:,.0f} pieces/s.",
+            "",
+            "| configuration | pieces/s | vs sentence-transformers | of bound | min cosine to it | "
             "min / mean cosine to clearformer float32 |",
-            "| --- | ---: | ---: | ---: | ---: |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
         ]
         for name, rate in run["tokens_per_second"].items():
             c = run["cosine_to_clearformer_float32"][name]
             lines.append(
                 f"| {name} | {rate:,.0f} | {run['speedup_vs_reference'][name]:.2f}x | "
+                f"{run['fraction_of_bound'][name]:.0%} | "
                 f"{run['min_cosine_vs_reference'][name]:.7f} | {c['min']:.4f} / {c['mean']:.5f} |"
             )
         lines.append("")
@@ -196,7 +225,9 @@ def main() -> None:
         "--no-int8", dest="int8", action="store_false", help="leave out the int8 rows"
     )
     args = parser.parse_args()
-    load_start = os.getloadavg()[0]
+    from clearformer.bench.load import judge, load_average
+
+    load_start = load_average()
 
     from clearformer.runtime import retain_freed_memory
 
@@ -229,9 +260,13 @@ def main() -> None:
             print(
                 f"  {name:>22}: {rate:8,.0f} pieces/s  "
                 f"{run['speedup_vs_reference'][name]:.2f}x  "
+                f"{run['fraction_of_bound'][name]:.0%} of bound  "
                 f"min cosine {run['min_cosine_vs_reference'][name]:.7f}  "
                 f"to float32 min {c['min']:.4f} mean {c['mean']:.5f}"
             )
+    load_end = load_average()
+    load = judge(load_start, load_end, torch.get_num_threads())
+    print(load.describe())
     report = {
         "environment": {
             "torch": torch.__version__,
@@ -239,8 +274,10 @@ def main() -> None:
             "threads": torch.get_num_threads(),
             "retained": retained,
             "repeats": args.repeats,
-            "load_average_start": load_start,
-            "load_average": os.getloadavg()[0],
+            "load_average_start": load_start[0],
+            "load_average": load_end[0],
+            "load": load.to_dict(),
+            "load_verdict": load.describe(),
         },
         "runs": runs,
     }

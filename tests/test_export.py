@@ -257,13 +257,18 @@ def test_torch_export_program_equals_eager(encoder, strict):
     targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
     assert "aten.item.default" not in targets
     assert "aten._local_scalar_dense.default" not in targets
+    # The program is portable: plain linear ops, not the oneDNN fused ones eager inference uses.
+    assert "aten.linear.default" in targets
+    assert not [t for t in targets if "mkldnn" in t]
     eager = ExportableEncoder(encoder.model, pooling="mean", normalize=True)
     for texts in (TEXTS, TEXTS[:1]):  # other shapes than the traced 2 x 8
         batch = encoder.tokenize(texts)
         args = (batch.input_ids, batch.attention_mask.long(), batch.token_type_ids)
         with torch.no_grad():
             got, want = program.module()(*args), eager(*args)
-        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+        # Eager inference on CPU runs the linear layers fused (oneDNN), the program plain
+        # ones: the same sums in another order, equal to float32 rounding.
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
         torch.testing.assert_close(
             got[1], torch.from_numpy(encoder.encode(texts)), atol=1e-5, rtol=1e-5
         )

@@ -163,6 +163,17 @@ class EncoderBlock(nn.Module):
     def run(self, x: Tensor, plan: ForwardPlan) -> BlockOutput:
         """One block on rows laid out as ``plan`` says; the plan is trusted as it is."""
         record("block.input", x)
+        if plan.fused_linear:
+            # Inference: the residual dropouts are identities, and each residual add happens
+            # inside the matrix product that produces the branch (clearformer.fused_linear).
+            if self.norm == "pre":
+                h, weights = self._attend(self.attn_norm(x), plan, residual=x)
+                x = self.mlp(self.mlp_norm(h), fused=True, residual=h)
+            else:
+                h, weights = self._attend(x, plan, residual=x)
+                h = self.attn_norm(h)
+                x = self.mlp_norm(self.mlp(h, fused=True, residual=h))
+            return BlockOutput(x, weights)
         if self.norm == "pre":
             h, weights = self._attend(self.attn_norm(x), plan)
             x = x + self.attn_residual_dropout(h)
@@ -177,9 +188,11 @@ class EncoderBlock(nn.Module):
             record("block.mlp_residual", x)
         return BlockOutput(x, weights)
 
-    def _attend(self, h: Tensor, plan: ForwardPlan) -> tuple[Tensor, Tensor | None]:
+    def _attend(
+        self, h: Tensor, plan: ForwardPlan, residual: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         record("block.attn_input", h)
-        return self.attn.attend(h, h, h, plan)
+        return self.attn.attend(h, h, h, plan, residual=residual)
 
     def _feed_forward(self, h: Tensor) -> Tensor:
         record("block.mlp_input", h)

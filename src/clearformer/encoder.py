@@ -17,7 +17,9 @@ from torch.utils.checkpoint import checkpoint
 
 from .blocks import EncoderBlock
 from .config import EncoderConfig
-from .layer_plans import check_contiguous, with_score_bias
+from .fused_linear import fusion_decision
+from .layer_plans import check_contiguous, with_linear, with_score_bias
+from .options import Decision
 from .padding import layout_from_cu_seqlens, repad
 from .plan import ForwardPlan, plan_stack
 from .relative_bias import RelativePositionBias
@@ -136,6 +138,12 @@ class Encoder(nn.Module):
         if self.relative_bias is not None and plan.token_mask is not None:
             # Distances are read off the row index on the padded layout: one run per row.
             check_contiguous(plan.token_mask, "a relative position bias")
+        if backend != "math" and not (backend is None and self.config.backend == "math"):
+            # The math backend is the reference: always the eager layers.
+            fusion = fusion_decision(
+                plan.device, self._dtype() if dtype is None else dtype, self.training
+            )
+            plan = with_linear(plan, fusion)
         return plan
 
     def _layer_kinds(self) -> tuple[tuple[int | None, float | None], ...]:
@@ -227,6 +235,13 @@ class Encoder(nn.Module):
         """The stack on a (B, T, D) batch as ``plan`` says; the plan is trusted as it is."""
         hidden: list[Tensor] = []
         attentions: list[Tensor] = []
+        if (
+            plan.fused_linear
+            and fusion_decision(x.device, x.dtype, self.training).choice != "fused"
+        ):
+            # A plan made for inference, run with gradients, in training mode or while a trace
+            # records: the fused op has no autograd formula and records nothing.
+            plan = with_linear(plan, Decision("eager", "this call needs the eager layers"))
         if self.relative_bias is not None:
             # The bias is a parameter: computed once per call, shared by every layer.
             longest = plan.packing.max_seqlen if plan.packed else plan.tq

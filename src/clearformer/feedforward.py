@@ -6,26 +6,15 @@ a gate and a value; ``fc_out(act(gate) * value)``. ``swiglu`` uses SiLU, ``geglu
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .activations import activation_fn
 from .checks import check_choice, check_positive_int
+from .fused_linear import linear
 from .options import ACTIVATIONS, GATED_ACTIVATIONS
 from .tracing import record
 
-
-def activation_fn(name: str):
-    """The element-wise function for an activation name (the gate's for GLU variants)."""
-    name = GATED_ACTIVATIONS.get(name, name)
-    if name == "relu":
-        return F.relu
-    if name == "gelu":
-        return F.gelu  # exact (erf) GELU, as BERT uses
-    if name == "gelu_tanh":
-        return lambda x: F.gelu(x, approximate="tanh")
-    if name == "silu":
-        return F.silu
-    raise ValueError(f"unknown activation {name!r}")
+__all__ = ["FeedForward", "activation_fn"]
 
 
 class FeedForward(nn.Module):
@@ -48,7 +37,20 @@ class FeedForward(nn.Module):
         self.fc_in = nn.Linear(d_model, 2 * dim_mlp if self.gated else dim_mlp, bias=bias)
         self.fc_out = nn.Linear(dim_mlp, d_model, bias=bias)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, *, fused: bool = False, residual: Tensor | None = None) -> Tensor:
+        """(..., D) -> (..., D), plus ``residual`` when given.
+
+        ``fused``: run the linear layers with their bias, activation and the residual add
+        fused into the matrix products (:mod:`clearformer.fused_linear`; CPU inference only,
+        records nothing for ``explain``). The forward plan decides it per call.
+        """
+        if fused:
+            if self.gated:
+                gate, value = linear(x, self.fc_in, fused=True).chunk(2, dim=-1)
+                h = self.act(gate) * value  # (..., dim_mlp)
+            else:
+                h = linear(x, self.fc_in, fused=True, activation=self.activation)
+            return linear(h, self.fc_out, fused=True, residual=residual)
         h = self.fc_in(x)  # (..., dim_mlp) or (..., 2 * dim_mlp) when gated
         record("ffn.hidden", h)
         if self.gated:
@@ -59,7 +61,7 @@ class FeedForward(nn.Module):
         record("ffn.activation", h)
         out = self.fc_out(h)  # (..., D)
         record("ffn.output", out)
-        return out
+        return out if residual is None else residual + out
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"

@@ -145,3 +145,10 @@ def layer_plan(
         band_in_mask=True,
         rotary=rotary,
     )
+
+
+def with_linear(plan: ForwardPlan, linear: Decision) -> ForwardPlan:
+    """``plan`` (and each of its layers' plans) running the linear layers as ``linear`` says
+    (:func:`clearformer.fused_linear.fusion_decision`)."""
+    layers = tuple(dataclasses.replace(p, linear=linear) for p in plan.per_layer)
+    return dataclasses.replace(plan, linear=linear, per_layer=layers)

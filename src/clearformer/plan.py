@@ -76,6 +76,9 @@ class ForwardPlan:
             (H, l, l) corner. Attached by the stack that owns the bias; None: no bias.
         packed_input: the caller gave packed rows and their ``cu_seqlens``: the stack returns
             packed rows too, and never sees a padded grid.
+        linear: how the linear layers run: ``fused`` (bias, activation and residual add inside
+            oneDNN's matrix product, :mod:`clearformer.fused_linear`: CPU inference in
+            float32) or ``eager``; None: eager (a plan no stack decided it for).
         per_layer: a stack whose layers differ (local and global layers, rotary bases): the
             plan of each layer, derived from this one and built once per layer type. Empty when
             every layer runs this plan.
@@ -102,6 +105,7 @@ class ForwardPlan:
     rotary: tuple[Tensor, Tensor] | None = None
     score_bias: Tensor | None = None
     packed_input: bool = False
+    linear: Decision | None = None
     per_layer: tuple[ForwardPlan, ...] = ()
 
     def layer(self, index: int) -> ForwardPlan:
@@ -115,6 +119,11 @@ class ForwardPlan:
     @property
     def packed(self) -> bool:
         return self.packing is not None
+
+    @property
+    def fused_linear(self) -> bool:
+        """The linear layers run fused (see ``linear``)."""
+        return self.linear is not None and self.linear.choice == "fused"
 
     @property
     def positions(self) -> Tensor:
@@ -139,6 +148,8 @@ class ForwardPlan:
         lines = [f"layout: {self.layout}", f"kernel: {self.kernel}"]
         if self.method is not None:
             lines.append(f"varlen method: {self.method}")
+        if self.linear is not None:
+            lines.append(f"linear layers: {self.linear}")
         kinds: dict[str, list[int]] = {}
         for i, plan in enumerate(self.per_layer):
             what = "global" if plan.window is None else f"local |i - j| <= {plan.window}"

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_divisible, check_positive_int, check_probability
+from ..fused_linear import linear
 from ..kernels import KERNELS
 from ..options import BACKENDS
 from ..padding import PackedLayout
@@ -137,13 +138,17 @@ class MultiHeadAttention(nn.Module):
             bs = (self.q_proj.bias, bk, bv)
         return tuple(zip(ws, bs, strict=True))
 
-    def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values, ``(..., qk_dim)``, ``(..., qk_dim)``, ``(..., v_dim)``."""
+    def project(
+        self, query: Tensor, key: Tensor, value: Tensor, *, fused: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values, ``(..., qk_dim)``, ``(..., qk_dim)``, ``(..., v_dim)``.
+        ``fused``: the self-attention product through :func:`clearformer.fused_linear.linear`."""
         sizes = [self.qk_dim, self.qk_dim, self.v_dim]
         if self.in_proj is not None:
             if key is query and value is query:
                 # Self-attention: one fused matrix product for all three.
-                return self.in_proj(query).split(sizes, dim=-1)  # (..., 2 * qk_dim + v_dim)
+                qkv = linear(query, self.in_proj, fused=fused)  # (..., 2 * qk_dim + v_dim)
+                return qkv.split(sizes, dim=-1)
             (wq, bq), (wk, bk), (wv, bv) = self.projection_weights()
             return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
         q = self.q_proj(query)
@@ -217,17 +222,24 @@ class MultiHeadAttention(nn.Module):
         return self.attend(query, key, value, plan)
 
     def attend(
-        self, query: Tensor, key: Tensor, value: Tensor, plan: ForwardPlan
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        plan: ForwardPlan,
+        *,
+        residual: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """The one attention path, whatever the layout: project, split heads, (positions),
-        kernel, merge heads, project out."""
-        q, k, v = self.project(query, key, value)
+        kernel, merge heads, project out (``+ residual`` when given: the block's residual
+        add, fused into the output projection when the plan fuses linear layers)."""
+        q, k, v = self.project(query, key, value, fused=plan.fused_linear)
         record("attn.q_proj", q)
         record("attn.k_proj", k)
         record("attn.v_proj", v)
         q, k, v = (self._split_heads(t, plan) for t in (q, k, v))
         record("attn.split_heads", q)
-        return self.attend_heads(q, k, v, plan)
+        return self.attend_heads(q, k, v, plan, residual=residual)
 
     def attend_cached(
         self, query: Tensor, plan: ForwardPlan, past: tuple[Tensor, Tensor] | None = None
@@ -274,9 +286,16 @@ class MultiHeadAttention(nn.Module):
         return self.attend_heads(q, *memory_kv, plan)
 
     def attend_heads(
-        self, q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        plan: ForwardPlan,
+        *,
+        residual: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """From split heads on: (positions), kernel, merge heads, project out."""
+        """From split heads on: (positions), kernel, merge heads, project out
+        (``+ residual`` when given)."""
         if plan.key_in_use is not None:
             # A key no query may see gets weight 0, but 0 * NaN is NaN: whatever a padded
             # position holds must not reach a real one, so its key and value become zeros.
@@ -293,9 +312,12 @@ class MultiHeadAttention(nn.Module):
         out, weights = kernel(q, k, v, plan, dropout_p)
         out = self._merge_heads(out, plan)
         record("attn.merge_heads", out)
+        if plan.fused_linear:
+            # The block's residual add happens inside the product (clearformer.fused_linear).
+            return linear(out, self.out_proj, fused=True, residual=residual), weights
         out = self.out_proj(out)  # (B, Tq, out_dim) or (N, out_dim)
         record("attn.out_proj", out)
-        return out, weights
+        return (out if residual is None else residual + out), weights
 
     def _split_heads(self, t: Tensor, plan: ForwardPlan) -> Tensor:
         H = self.n_heads

@@ -1,0 +1,125 @@
+"""Linear layers with their bias, activation or residual add fused into the matrix product
+(CPU inference, float32), through oneDNN's ``mkldnn::_linear_pointwise``.
+
+In eager PyTorch a linear layer with a bias is ``addmm``, which on CPU first copies the bias
+into every row of the output and then accumulates the product onto it; the activation after it
+and the residual add are further passes over memory. oneDNN applies the bias, the activation
+(``gelu``, ``relu``, ``swish``) or the addition of another tensor as post-operations of its
+matrix-product kernel, while each output tile is still in cache: one pass instead of two or
+three. The arithmetic is the same, summed in another order (tests hold it to float32
+rounding against the eager layers); what it saves is measured in docs/performance.md.
+
+The op has no autograd formula, so it serves calls without gradients only, and it skips what
+the eager path records for ``clearformer explain``: :func:`fusion_decision` says when a call
+may use it, and the forward plan carries that decision (``ForwardPlan.fused_linear``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor, nn
+
+from .activations import activation_fn
+from .options import Decision
+from .tracing import is_recording
+
+# Activation name -> oneDNN post-op (attribute, algorithm).
+ONEDNN_ACTIVATIONS = {
+    "relu": ("relu", ""),
+    "gelu": ("gelu", "none"),  # exact (erf) GELU
+    "gelu_tanh": ("gelu", "tanh"),
+    "silu": ("swish", ""),
+}
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """This PyTorch build has oneDNN's fused linear op and it runs here."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        op = torch.ops.mkldnn._linear_pointwise
+        with torch.inference_mode():
+            op(torch.ones(2, 4), torch.ones(3, 4), torch.zeros(3), "gelu", [], "none")
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+def fusion_decision(device: torch.device, dtype: torch.dtype, training: bool) -> Decision:
+    """Whether a call on ``device`` in ``dtype`` by a module in ``training`` mode may run its
+    linear layers fused, and why (``Decision("fused" | "eager", reason)``)."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return Decision("eager", "fused linear layers serve float32 on CPU only")
+    if training or torch.is_grad_enabled():
+        return Decision("eager", "gradients (or dropout) need the eager layers")
+    if torch.is_autocast_enabled("cpu"):
+        return Decision("eager", "autocast computes in its own dtype")
+    if is_recording():
+        return Decision("eager", "a trace records every eager step")
+    if torch.compiler.is_compiling():
+        return Decision("eager", "under torch.compile the compiler fuses")
+    if not onednn_available():
+        return Decision("eager", "this PyTorch build has no oneDNN fused linear op")
+    return Decision("fused", "CPU inference: bias, activation and residual fused (oneDNN)")
+
+
+def linear(
+    x: Tensor,
+    layer: nn.Module,
+    *,
+    fused: bool,
+    activation: str | None = None,
+    residual: Tensor | None = None,
+) -> Tensor:
+    """``layer(x)``, then ``activation`` (a name from ``ONEDNN_ACTIVATIONS``), then
+    ``+ residual``: fused into one oneDNN call when ``fused`` and ``layer`` is a plain
+    ``nn.Linear`` without forward hooks (an int8 or other replacement layer, or one with hooks,
+    runs eagerly). ``x`` is (..., in),
+    ``residual`` (..., out); the result (..., out)."""
+    if activation is not None and residual is not None:
+        raise ValueError("linear fuses an activation or a residual add, not both")
+    if (
+        not fused
+        or type(layer) is not nn.Linear
+        or x.numel() == 0
+        or _has_hooks(layer)
+        or _needs_grad(x, layer)
+    ):
+        out = layer(x)
+        if activation is not None:
+            out = activation_fn(activation)(out)
+        return out if residual is None else residual + out
+    op = torch.ops.mkldnn._linear_pointwise
+    rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (M, in)
+    if residual is not None:
+        other = residual.reshape(rows.shape[0], layer.out_features)  # (..., out) -> (M, out)
+        out = op(rows, other, layer.weight, layer.bias, "add")
+    elif activation is not None:
+        attr, algorithm = ONEDNN_ACTIVATIONS[activation]
+        out = op(rows, layer.weight, layer.bias, attr, [], algorithm)
+    else:
+        out = op(rows, layer.weight, layer.bias, "none", [], "")
+    return out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
+
+
+def _has_hooks(layer: nn.Module) -> bool:
+    """Forward hooks on ``layer`` (or on every module) would not see a fused call: such a
+    layer runs eagerly (int8 calibration, a user's probes)."""
+    from torch.nn.modules import module as torch_module
+
+    return bool(
+        layer._forward_hooks
+        or layer._forward_pre_hooks
+        or torch_module._global_forward_hooks
+        or torch_module._global_forward_pre_hooks
+    )
+
+
+def _needs_grad(x: Tensor, layer: nn.Module) -> bool:
+    """The op has no autograd formula: with a gradient to compute it would give none, silently."""
+    return torch.is_grad_enabled() and (
+        x.requires_grad or any(p.requires_grad for p in layer.parameters())
+    )

@@ -1,0 +1,146 @@
+"""The fused linear layers (oneDNN: bias, activation and residual inside the matrix product)
+equal the eager layers, run only where they may, and never hide a hook or a gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from clearformer import Encoder, EncoderConfig
+from clearformer.feedforward import FeedForward, activation_fn
+from clearformer.fused_linear import fusion_decision, linear, onednn_available
+
+pytestmark = pytest.mark.skipif(
+    not onednn_available(), reason="this PyTorch build has no oneDNN fused linear op"
+)
+
+
+def _ran_fused(fn) -> bool:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return any("_linear_pointwise" in e.key for e in prof.key_averages())
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("shape", [(7, 24), (3, 5, 24)])
+def test_linear_with_activation_equals_eager(activation, shape):
+    torch.manual_seed(0)
+    layer = nn.Linear(24, 40)
+    x = torch.randn(*shape) * 3
+    with torch.inference_mode():
+        want = layer(x) if activation is None else activation_fn(activation)(layer(x))
+        got = linear(x, layer, fused=True, activation=activation)
+        assert _ran_fused(lambda: linear(x, layer, fused=True, activation=activation))
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_linear_with_residual_equals_eager_and_needs_it():
+    torch.manual_seed(0)
+    layer = nn.Linear(24, 16)
+    x, residual = torch.randn(2, 9, 24), torch.randn(2, 9, 16)
+    with torch.inference_mode():
+        got = linear(x, layer, fused=True, residual=residual)
+        torch.testing.assert_close(got, residual + layer(x), atol=1e-5, rtol=1e-5)
+        # The residual is really added: without it the result is far off.
+        assert (got - layer(x)).abs().max() > 0.5
+        # No bias, and zero rows, still work.
+        plain = nn.Linear(24, 16, bias=False)
+        torch.testing.assert_close(linear(x, plain, fused=True), plain(x), atol=1e-5, rtol=1e-5)
+        assert linear(x[:, :0], layer, fused=True, residual=residual[:, :0]).shape == (2, 0, 16)
+    with pytest.raises(ValueError, match="not both"):
+        linear(x, layer, fused=True, activation="gelu", residual=residual)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "swiglu", "geglu"])
+def test_feed_forward_fused_equals_eager(activation):
+    torch.manual_seed(0)
+    ff = FeedForward(32, 48, activation).eval()
+    x, residual = torch.randn(4, 6, 32), torch.randn(4, 6, 32)
+    with torch.inference_mode():
+        want = residual + ff(x)
+        got = ff(x, fused=True, residual=residual)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_hooks_see_every_call():
+    # A forward hook on a linear layer (int8 calibration, a user's probe) must fire: that
+    # layer runs eagerly.
+    torch.manual_seed(0)
+    layer = nn.Linear(8, 8)
+    seen = []
+    layer.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    with torch.inference_mode():
+        linear(torch.randn(3, 8), layer, fused=True, activation="gelu")
+    assert seen == [torch.Size([3, 8])]
+
+
+def _encoder(norm: str) -> Encoder:
+    torch.manual_seed(0)
+    config = EncoderConfig(
+        d_model=48, n_heads=4, n_layers=2, dim_mlp=96, norm=norm, activation="gelu"
+    )
+    return Encoder(config).eval()
+
+
+def _ragged() -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(4, 12, 48)
+    mask = torch.arange(12)[None, :] < torch.tensor([12, 7, 1, 4])[:, None]
+    x[~mask] = float("nan")  # padded positions hold anything: they must not matter
+    return x, mask
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "varlen"])
+def test_encoder_fused_equals_the_eager_reference(norm, backend):
+    encoder = _encoder(norm)
+    x, mask = _ragged()
+    with torch.inference_mode():
+        plan = encoder.plan_for(mask, backend=backend)
+        assert plan.fused_linear, str(plan)
+        assert "linear layers: fused" in str(plan)
+        got = encoder(x, mask, backend=backend)
+        assert _ran_fused(lambda: encoder(x, mask, backend=backend))
+        want = encoder(x, mask, backend="math")
+        assert not encoder.plan_for(mask, backend="math").fused_linear
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert (got[~mask] == 0).all()
+
+
+def test_calls_that_need_eager_layers_get_them():
+    encoder = _encoder("pre")
+    x, mask = _ragged()
+    x = torch.where(mask[..., None], x, 0.0)
+    cpu = torch.device("cpu")
+    assert fusion_decision(cpu, torch.float32, training=False).choice == "eager"  # grad on
+    with torch.no_grad():
+        assert fusion_decision(cpu, torch.float32, training=False).choice == "fused"
+        assert fusion_decision(cpu, torch.float32, training=True).choice == "eager"
+        assert fusion_decision(cpu, torch.float64, training=False).choice == "eager"
+        assert fusion_decision(torch.device("meta"), torch.float32, False).choice == "eager"
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert fusion_decision(cpu, torch.float32, training=False).choice == "eager"
+        plan = encoder.plan_for(mask)  # made for inference ...
+    assert plan.fused_linear
+    # ... and run with gradients: the stack takes the eager layers, so gradients flow.
+    x.requires_grad_(True)
+    out = encoder(x, plan=plan)
+    out.sum().backward()
+    assert x.grad is not None and x.grad[mask].abs().sum() > 0
+    assert encoder.layers[0].mlp.fc_in.weight.grad is not None
+
+
+def test_linear_with_gradients_falls_back_to_eager():
+    # The oneDNN op has no autograd formula: asked to fuse where a gradient is needed, linear
+    # runs the eager layer, and the gradients equal the eager ones.
+    torch.manual_seed(0)
+    layer = nn.Linear(8, 6)
+    x = torch.randn(5, 8)
+    linear(x, layer, fused=True, activation="gelu").sum().backward()
+    fused_grad = layer.weight.grad.clone()
+    layer.weight.grad = None
+    nn.functional.gelu(layer(x)).sum().backward()
+    torch.testing.assert_close(fused_grad, layer.weight.grad)
