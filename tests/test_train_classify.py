@@ -219,3 +219,34 @@ def test_classify_trains_on_packed_and_padded_batches_alike(tmp_path, checkpoint
     padded = train(config(checkpoint, data, batching="padded", dropout=0.0), tmp_path / "b")
     assert packed.final.keys() == padded.final.keys()
     assert abs(packed.final["eval_loss"] - padded.final["eval_loss"]) < 1e-3
+
+
+def test_checkpointing_recomputes_a_loaded_model_per_call(tmp_path, checkpoint):
+    """The trainer's flag asks each training call to recompute: every block runs once more
+    per step (in backward), and the loaded model's config is left as the checkpoint made it."""
+    from clearformer.blocks import EncoderBlock
+    from clearformer.train.tasks import build_task
+
+    data = write_csv(tmp_path / "train.csv", pets_and_colours())
+    calls = []
+
+    def count(module, args):
+        if isinstance(module, EncoderBlock):
+            calls.append(module)
+
+    counted = {}
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(count)
+    try:
+        for flag in (False, True):
+            calls.clear()
+            cfg = config(checkpoint, data, steps=3, eval_every=3, checkpointing=flag, dropout=0.0)
+            train(cfg, tmp_path / f"run-{flag}")
+            counted[flag] = len(calls)
+    finally:
+        handle.remove()
+    assert counted[True] - counted[False] == 3 * 1  # steps x blocks
+    cfg = config(checkpoint, data, checkpointing=True)
+    assert not build_task(cfg).build_model().model.config.checkpointing
+    a, b = final_weights(tmp_path / "run-False"), final_weights(tmp_path / "run-True")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)

@@ -26,7 +26,8 @@ from .test_train_helpers import run_train, tiny_flags
         ({"dropout": 1.0}, "dropout must be a number in [0.0, 1.0), got 1.0"),
         ({"d_model": 30, "n_heads": 4}, "d_model must be divisible by n_heads=4, got 30"),
         ({"accumulation": 5, "batch_size": 4}, "accumulation must be at most batch_size=4"),
-        ({"metric": "loss"}, "mode must be 'min' for metric='loss'"),
+        ({"metric": "loss", "mode": "max"}, "mode must be 'min' (or '') for metric='loss'"),
+        ({"metric": "perplexity", "mode": "max"}, "for metric='perplexity'"),
         ({"task": "classify"}, "train_file must name a CSV or JSONL file"),
         ({"train_file": "x.csv"}, "train_file is for task='classify'"),
         ({"warmup_steps": -1}, "warmup_steps must be an int >= 0, got -1"),
@@ -147,3 +148,14 @@ def test_cli_refuses_a_folder_of_other_files(tmp_path):
     result = run_train(*tiny_flags(), "--out", str(tmp_path))
     assert result.returncode == 2
     assert "is a folder of other files" in result.stderr
+
+
+def test_a_field_added_since_a_checkpoint_counts_as_its_default():
+    from clearformer.train.config import changed_fields
+
+    old = TrainConfig().to_dict()
+    del old["text_unit"]  # a run written before the field existed
+    assert changed_fields(old, TrainConfig()) == {}
+    assert changed_fields(old, TrainConfig(text_unit="paragraph")) == {
+        "text_unit": ("line", "paragraph")
+    }

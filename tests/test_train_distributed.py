@@ -1,7 +1,8 @@
 """Data-parallel training under torchrun (gloo on 127.0.0.1): DDP ranks agree with each other
-and with one process of the same global batch; FSDP2 resumes bitwise from distributed
-checkpoints, and a checkpoint of 2 processes loads into 1 and into 3 with the same model and
-optimizer state; the single-file export loads into a plain model."""
+and with one process of the same global batch, and so does FSDP2 with a group per encoder
+block (gathered one block at a time) and activation checkpointing; FSDP2 resumes bitwise from
+distributed checkpoints, and a checkpoint of 2 processes loads into 1 and into 3 with the same
+model and optimizer state; the single-file export loads into a plain model."""
 
 from __future__ import annotations
 
@@ -24,18 +25,46 @@ pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch.distributed is not available"
 )
 
-# 48 examples a step split evenly over 1, 2 or 3 processes.
-FSDP = {"distributed": "fsdp", "batch_size": 48, "steps": 30, "dropout": 0.1}
+# 48 examples a step split evenly over 1, 2 or 3 processes; two blocks, two FSDP groups.
+FSDP = {"distributed": "fsdp", "batch_size": 48, "steps": 30, "dropout": 0.1, "n_layers": 2}
 
-# train() under torchrun, then every rank saves the parameters it holds.
+# train() under torchrun, then every rank saves the parameters it holds. Then the same config
+# under FSDP2 (checkpointing on), and one forward that notes, as each block starts, which
+# blocks hold their full parameters (FSDP2 swaps a group's sharded DTensors for full tensors
+# while the group runs).
 RANK_WEIGHTS = """
-import json, os, sys
+import json, os, sys, torch
 from safetensors.torch import save_file
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from clearformer.blocks import EncoderBlock
 from clearformer.train import TrainConfig, train
+from clearformer.train.tasks import build_task
+torch.distributed.init_process_group("gloo")  # one group for both runs: train() then keeps it
 config, out = TrainConfig(**json.loads(sys.argv[1])), sys.argv[2]
 result = train(config, out)
 state = {k: v.detach().contiguous() for k, v in result.model.state_dict().items()}
 save_file(state, f"{out}/rank{os.environ['RANK']}.safetensors")
+
+fsdp = TrainConfig(**{**json.loads(sys.argv[1]), "distributed": "fsdp", "checkpointing": True})
+result = train(fsdp, out + "-fsdp")
+model = result.model
+blocks = [m for m in model.modules() if isinstance(m, EncoderBlock)]
+seen = []
+def note(index):
+    def hook(module, args, kwargs):
+        seen.append([index, [not isinstance(b.mlp_norm.weight, DTensor) for b in blocks]])
+    return hook
+for index, block in enumerate(blocks):
+    block.register_forward_pre_hook(note(index), with_kwargs=True)  # after FSDP2's own
+sharded = [all(isinstance(p, DTensor) for p in b.parameters()) for b in blocks]
+with torch.no_grad():
+    model(build_task(fsdp).train_batch(list(range(8))))
+report = {"groups": [isinstance(b, FSDPModule) for b in blocks], "sharded": sharded, "seen": seen}
+with open(f"{out}-fsdp/blocks{os.environ['RANK']}.json", "w") as handle:
+    json.dump(report, handle)
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()
 """
 
 # Load a run's newest (sharded) checkpoint with this world size; rank 0 saves the full model
@@ -111,6 +140,7 @@ def test_ddp_ranks_agree_and_equal_one_process(tmp_path):
     # divides by its own size into lr-sized steps of random sign; in any two summation orders
     # (one process, two ranks) those steps differ by ~lr. eps=1e-4 keeps noise steps small.
     changes = {"distributed": "ddp", "dropout": 0.0, "steps": 10, "batch_size": 32, "eps": 1e-4}
+    changes["n_layers"] = 2
     result = script(2, RANK_WEIGHTS, tmp_path, config_json(**changes), str(tmp_path / "ddp"))
     assert result.returncode == 0, tail(result)
     rank0 = load_file(tmp_path / "ddp" / "rank0.safetensors")
@@ -125,6 +155,16 @@ def test_ddp_ranks_agree_and_equal_one_process(tmp_path):
     logged = [json.loads(x) for x in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     alone = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("loss") for r in logged] == pytest.approx([r.get("loss") for r in alone])
+
+    # FSDP2, a group per block and activation checkpointing: the same model as one process.
+    sharded = final_weights(tmp_path / "ddp-fsdp")
+    for name, value in one.items():
+        torch.testing.assert_close(sharded[name], value, rtol=0, atol=1e-6, msg=name)
+    for rank in (0, 1):
+        report = json.loads((tmp_path / "ddp-fsdp" / f"blocks{rank}.json").read_text())
+        assert report["groups"] == [True, True] and report["sharded"] == [True, True]
+        # As block i starts, block i alone holds its full parameters: one group at a time.
+        assert report["seen"] == [[0, [True, False]], [1, [False, True]]], report
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ ends with one final norm (see :class:`clearformer.encoder.Encoder`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from torch import Tensor, nn
 
@@ -37,10 +37,15 @@ from .plan import ForwardPlan, plan_attention
 from .tracing import record
 
 
-@dataclass(frozen=True)
-class BlockOutput:
+class BlockOutput(NamedTuple):
     """What one block returns to its stack: the new rows and, on request, the attention
-    probabilities (B, H, T, T) of the ``math`` kernel."""
+    probabilities (B, H, T, T) of the ``math`` kernel.
+
+    A NamedTuple rather than a dataclass: FSDP2 hooks the tensors of a module's output (to
+    gather the module's parameters again before their backward), and the FSDP2 of older torch
+    versions (this package supports 2.4 on) finds them with ``tree_flatten``, which walks
+    tuples but not dataclasses.
+    """
 
     hidden: Tensor
     attention: Tensor | None
@@ -138,7 +143,8 @@ class EncoderBlock(nn.Module):
         *,
         backend: str | None = None,
         plan: ForwardPlan | None = None,
-    ) -> Tensor:
+        stacked: bool = False,
+    ) -> Tensor | BlockOutput:
         """Encode ``x``.
 
         Args:
@@ -146,11 +152,21 @@ class EncoderBlock(nn.Module):
             mask: bool, True = takes part: (B, T) key padding, or (B, T, T) / (B, H, T, T).
             backend: this call's attention backend; default the block's.
             plan: a plan made by a stack for this call (then no mask or backend here).
+            stacked: the call of a stack (:meth:`Encoder.run`): ``x`` and ``plan`` come from
+                the stack's edge, which checked them, and the result is the whole
+                :class:`BlockOutput`. The stack calls its blocks through ``__call__`` this way,
+                not :meth:`run`, so that module hooks fire per block (FSDP2 gathers a block's
+                parameters in one; activation checkpointing recomputes the call).
 
         Returns:
             Same shape as ``x``. Rows at padded positions are computed like any other query
             (they attend to the real keys); :class:`~clearformer.encoder.Encoder` zeroes them.
+            With ``stacked``: a :class:`BlockOutput`.
         """
+        if stacked:
+            if plan is None or mask is not None or backend is not None:
+                raise ValueError("stacked=True takes a stack's plan, and no mask or backend")
+            return self.run(x, plan)
         if plan is None:
             # Checked here, before the pre-norm runs, so that a bad mask fails before any work.
             plan = self.plan_for(x, mask, backend=backend)

@@ -45,7 +45,9 @@ class EncoderConfig:
     # else sdpa) | math (reference, padded) | sdpa (fused, padded) | varlen (always packed).
     # A call can override it: model(x, mask, backend="math").
     backend: str = "auto"
-    checkpointing: bool = False  # recompute activations in backward to save memory (training)
+    # Recompute activations in backward to save memory (training): the default of calls that
+    # do not choose, per call, with forward(..., checkpointing=...).
+    checkpointing: bool = False
     # Layer types (ModernBERT): layer i is global when i % global_every == 0, else local; a
     # local layer's query i sees keys j with |i - j| <= local_window // 2. None: all global.
     local_window: int | None = None

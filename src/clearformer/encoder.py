@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .blocks import EncoderBlock
+from .checks import check_bool
 from .config import EncoderConfig
 from .fused_linear import fusion_decision
 from .layer_plans import check_contiguous, with_linear, with_score_bias
@@ -99,6 +100,7 @@ class Encoder(nn.Module):
         dtype: torch.dtype | None = None,
         mask_name: str = "mask",
         cu_seqlens: Tensor | None = None,
+        checkpointing: bool | None = None,
     ) -> ForwardPlan:
         """The plan of a call with this (B, T) mask: layout, kernel and the reason for each.
 
@@ -106,7 +108,9 @@ class Encoder(nn.Module):
         default to the mask's; with no mask they describe the batch. ``dtype`` defaults to the
         parameters' (the input's, in a forward). With ``cu_seqlens`` (rows packed by the
         caller) the mask must be None and the layout gives the shape and device.
+        ``checkpointing`` (recompute activations in backward) defaults to the config's.
         """
+        check_bool(checkpointing, "checkpointing", optional=True)
         packing = None
         if cu_seqlens is not None:
             packing = layout_from_cu_seqlens(cu_seqlens)
@@ -129,6 +133,7 @@ class Encoder(nn.Module):
             backend=self.config.backend if backend is None else backend,
             need_weights=output_attentions,
             output_hidden_states=output_hidden_states,
+            checkpointing=self.config.checkpointing if checkpointing is None else checkpointing,
             dtype=self._dtype() if dtype is None else dtype,
             head_dim=self.config.d_model // self.config.n_heads,
             layers=self._layer_kinds(),
@@ -166,6 +171,7 @@ class Encoder(nn.Module):
         output_attentions: bool = False,
         output_hidden_states: bool = False,
         cu_seqlens: Tensor | None = None,
+        checkpointing: bool | None = None,
     ) -> Tensor | EncoderOutput:
         """Encode a batch.
 
@@ -179,6 +185,9 @@ class Encoder(nn.Module):
             plan: a plan from :meth:`plan_for` for this batch (then no mask, backend or flags).
             output_attentions: also return every layer's attention probabilities.
             output_hidden_states: also return the input and every layer's output.
+            checkpointing: recompute every block's activations in backward instead of keeping
+                them (less memory, about a third more compute); default the config's. Only in
+                training mode with gradients enabled.
 
         Returns:
             (B, T, D) hidden states, zero at padded positions ((N, D) for packed rows); an
@@ -196,6 +205,7 @@ class Encoder(nn.Module):
                 output_hidden_states=output_hidden_states,
                 dtype=x.dtype,
                 cu_seqlens=cu_seqlens,
+                checkpointing=checkpointing,
             )
             _check_packed_rows(x, plan, self.config.d_model)
             return self.run(x, plan)
@@ -213,11 +223,14 @@ class Encoder(nn.Module):
                 output_attentions=output_attentions,
                 output_hidden_states=output_hidden_states,
                 dtype=x.dtype,
+                checkpointing=checkpointing,
             )
         else:
-            if mask is not None or backend is not None or output_attentions or output_hidden_states:
+            flags = (output_attentions, output_hidden_states, checkpointing is not None)
+            if mask is not None or backend is not None or any(flags):
                 raise ValueError(
-                    "give either a plan or mask/backend/output flags, not both: the plan holds them"
+                    "give either a plan or mask/backend/output/checkpointing flags, not both: "
+                    "the plan holds them"
                 )
             if plan.scope != "stack":
                 raise ValueError(
@@ -254,13 +267,16 @@ class Encoder(nn.Module):
             x = torch.where(plan.token_mask[..., None], x, 0.0)
         if plan.output_hidden_states:
             hidden.append(_padded_output(x, plan))
+        recompute = plan.checkpointing and self.training and torch.is_grad_enabled()
         for index, block in enumerate(self.layers):
             record("encoder.layer", x, layer=index)
             layer_plan = plan.layer(index)
-            if self.config.checkpointing and self.training and torch.is_grad_enabled():
-                out = checkpoint(block.run, x, layer_plan, use_reentrant=False)
+            # Through the module's __call__ (not block.run), so that hooks fire per block.
+            if recompute:
+                # Only the block's input is kept for backward; the rest is computed again then.
+                out = checkpoint(block, x, plan=layer_plan, stacked=True, use_reentrant=False)
             else:
-                out = block.run(x, layer_plan)
+                out = block(x, plan=layer_plan, stacked=True)
             x = out.hidden
             if plan.output_hidden_states:
                 hidden.append(_padded_output(x, plan))

@@ -32,6 +32,7 @@ class EncoderModel(nn.Module):
         output_attentions: bool = False,
         output_hidden_states: bool = False,
         cu_seqlens: Tensor | None = None,
+        checkpointing: bool | None = None,
     ) -> Tensor | EncoderOutput:
         """Encode token ids.
 
@@ -45,6 +46,8 @@ class EncoderModel(nn.Module):
             cu_seqlens: (B + 1,) int cumulative lengths of packed ``input_ids``: sequence b is
                 ids ``cu_seqlens[b]:cu_seqlens[b + 1]`` (what a training collator makes, so
                 that no padding reaches the model). Then no ``attention_mask``.
+            checkpointing: recompute every block's activations in backward instead of keeping
+                them (training: less memory, more compute); default the config's.
 
         Returns:
             (B, T, D) hidden states, zero at padded positions ((N, D) for packed ids); an
@@ -59,6 +62,7 @@ class EncoderModel(nn.Module):
                 backend=backend,
                 output_attentions=output_attentions,
                 output_hidden_states=output_hidden_states,
+                checkpointing=checkpointing,
             )
         check_token_ids(input_ids, self.config)
         B, T = input_ids.shape
@@ -80,6 +84,7 @@ class EncoderModel(nn.Module):
             backend=backend,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            checkpointing=checkpointing,
             dtype=self.embeddings.word.weight.dtype,
             mask_name="attention_mask",
         )

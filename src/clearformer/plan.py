@@ -63,6 +63,9 @@ class ForwardPlan:
             or a padded call whose causal triangle was not folded into ``mask``).
         need_weights: return attention probabilities (``math`` only).
         output_hidden_states: return every layer's hidden states.
+        checkpointing: recompute each block's activations in the backward pass instead of
+            keeping them (memory for time; a training call's choice). The stack applies it only
+            in training mode with gradients enabled.
         window: local attention: query i sees keys j of its sequence with |i - j| <= window;
             None = global attention.
         band_in_mask: the window is folded into ``mask`` (padded, short sequences or the
@@ -100,6 +103,7 @@ class ForwardPlan:
     is_causal: bool = False
     need_weights: bool = False
     output_hidden_states: bool = False
+    checkpointing: bool = False
     window: int | None = None
     band_in_mask: bool = False
     rotary: tuple[Tensor, Tensor] | None = None
@@ -191,6 +195,7 @@ def plan_stack(
     is_causal: bool = False,
     need_weights: bool = False,
     output_hidden_states: bool = False,
+    checkpointing: bool = False,
     mask_name: str = "mask",
     dtype: torch.dtype | None = None,
     head_dim: int | None = None,
@@ -208,6 +213,7 @@ def plan_stack(
         is_causal: token i attends to tokens j <= i of its own sequence.
         need_weights: every layer returns its attention probabilities (``math`` kernel).
         output_hidden_states: the call returns every layer's hidden states.
+        checkpointing: recompute every block's activations in backward (training calls).
         mask_name: how errors name the mask (the caller's argument name).
         dtype: the rows' dtype (which varlen implementations can serve them); None = the
             autocast dtype when autocast is on, else float32.
@@ -234,6 +240,7 @@ def plan_stack(
             is_causal,
             need_weights,
             output_hidden_states,
+            checkpointing,
         )
     B, T = shape
     masks.prepare_attention_mask(
@@ -244,7 +251,11 @@ def plan_stack(
         # Nothing is padding: the unmasked kernels are faster and nothing needs zeroing. (Under
         # torch.compile the check would break the graph; the mask stays.)
         mask = None
-    flags = dict(need_weights=need_weights, output_hidden_states=output_hidden_states)
+    flags = dict(
+        need_weights=need_weights,
+        output_hidden_states=output_hidden_states,
+        checkpointing=checkpointing,
+    )
 
     if need_weights:
         kernel = _weights_decision(backend)
@@ -330,6 +341,7 @@ def _plan_packed_rows(
     is_causal: bool,
     need_weights: bool,
     output_hidden_states: bool,
+    checkpointing: bool,
 ) -> ForwardPlan:
     if mask is not None:
         raise ValueError(
@@ -364,6 +376,7 @@ def _plan_packed_rows(
         packing=packing,
         is_causal=is_causal,
         output_hidden_states=output_hidden_states,
+        checkpointing=checkpointing,
         packed_input=True,
     )
     return with_layers(base, layers, head_dim, is_causal)

@@ -139,10 +139,13 @@ class Seq2SeqTransformer(nn.Module):
         )
 
     # -- the two halves ------------------------------------------------------------------------
-    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        """(B, S) source ids and (B, S) mask (True/1 = real) -> (B, S, D) memory, zero at pads."""
+    def encode(
+        self, src: Tensor, src_mask: Tensor | None = None, *, checkpointing: bool | None = None
+    ) -> Tensor:
+        """(B, S) source ids and (B, S) mask (True/1 = real) -> (B, S, D) memory, zero at pads.
+        ``checkpointing``: the encoder's call recomputes its activations in backward."""
         mask = None if src_mask is None else from_attention_mask(src_mask)
-        return self.encoder(src, mask)
+        return self.encoder(src, mask, checkpointing=checkpointing)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """(..., D) decoder states -> (..., V_tgt) logits."""
@@ -184,10 +187,13 @@ class Seq2SeqTransformer(nn.Module):
         src_mask: Tensor | None,
         tgt: Tensor,
         tgt_mask: Tensor | None = None,
+        *,
+        checkpointing: bool | None = None,
     ) -> Tensor:
         """Teacher forcing: logits (B, T, V_tgt) for target ids (B, T) (``tgt[:, t]`` predicts
-        ``tgt[:, t + 1]``)."""
-        memory = self.encode(src, src_mask)
+        ``tgt[:, t + 1]``). ``checkpointing``: the source encoder recomputes its activations
+        in backward (the decoder keeps its own)."""
+        memory = self.encode(src, src_mask, checkpointing=checkpointing)
         return self.decode(tgt, memory, tgt_mask, src_mask)
 
     def generate(self, src: Tensor, src_mask: Tensor | None = None, **options):

@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     best = f"{result.best:.4f} at step {result.best_step}" if result.best is not None else "-"
     ended = "stopped early" if result.stopped_early else "finished"
     print(
-        f"clearformer train: {ended} at step {result.step}; best {config.metric or 'accuracy'}"
+        f"clearformer train: {ended} at step {result.step}; best {result.metric}"
         f" {best}; wrote {result.run_dir}",
         file=sys.stderr,
     )

@@ -17,15 +17,17 @@ from typing import Any
 
 from ..checks import ArgumentTypeError, check_choice, check_int, check_positive_int
 
-TASKS = ("digits", "classify", "reverse")
+TASKS = ("digits", "classify", "reverse", "mlm")
 DECAYS = ("cosine", "linear", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
-MODES = ("max", "min")
+MODES = ("max", "min")  # and "": the metric's own direction (LOWER_IS_BETTER: min)
+LOWER_IS_BETTER = ("loss", "perplexity")
 POOLINGS = ("cls", "mean")
 PATCHES = ("2x2", "4x4", "row")
 DISTRIBUTED = ("none", "ddp", "fsdp")
 BATCHINGS = ("packed", "padded")
+TEXT_UNITS = ("line", "paragraph")
 # The allowed values of each field that has a fixed set (the CLI offers them as choices).
 CHOICES = {
     "task": TASKS,
@@ -37,6 +39,7 @@ CHOICES = {
     "patch": PATCHES,
     "distributed": DISTRIBUTED,
     "batching": BATCHINGS,
+    "text_unit": TEXT_UNITS,
 }
 
 # Fields that decide the parameters' shapes: a resume that changes one is refused, since the
@@ -66,6 +69,7 @@ DATA_ORDER_FIELDS = (
     "eval_fraction",
     "split_seed",
     "max_length",
+    "text_unit",
     "reverse_min_length",
     "reverse_examples",
 )
@@ -111,7 +115,7 @@ class TrainConfig:
     checkpoint_every: int = 100  # steps between checkpoints (and one at the last step)
     keep_last: int = 2  # complete checkpoints kept, besides the best one
     metric: str = ""  # the metric that picks the best checkpoint; "": the task's (accuracy)
-    mode: str = "max"  # max: larger is better (accuracy) | min (loss)
+    mode: str = ""  # max: larger is better (accuracy) | min (loss) | "": the metric's own
     patience: int = 0  # evaluations without improvement before stopping; 0: never stop early
     min_delta: float = 0.0  # an improvement must beat the best by more than this
 
@@ -145,12 +149,18 @@ class TrainConfig:
     reverse_max_length: int = 16
     reverse_examples: int = 20_000  # training sequences; a tenth as many are held out
 
+    # mlm: masked-language modelling on plain text (train_file: .txt, or JSONL with text_field;
+    # model, from_scratch, max_length, eval_file, eval_fraction as for classify).
+    text_unit: str = "line"  # a .txt file's texts: line (each non-blank one) | paragraph
+
     def __post_init__(self) -> None:
         for f in fields(self):
             _check_type(f.name, getattr(self, f.name), f.type)
             if f.type == "float":  # TOML's `lr = 1` is an int: keep one spelling per field
                 object.__setattr__(self, f.name, float(getattr(self, f.name)))
         for name, allowed in CHOICES.items():
+            if name == "mode" and self.mode == "":
+                continue  # the metric's own direction, resolved by resolve_mode
             check_choice(getattr(self, name), allowed, name)
         for name in ("steps", "batch_size", "accumulation", "eval_every", "log_every"):
             check_positive_int(getattr(self, name), name)
@@ -181,9 +191,10 @@ class TrainConfig:
         _check_range(
             "eval_fraction", self.eval_fraction, low=0.0, high=1.0, low_open=True, high_open=True
         )
-        if self.metric == "loss" and self.mode == "max":
+        if self.metric in LOWER_IS_BETTER and self.mode == "max":
             raise ValueError(
-                "mode must be 'min' for metric='loss' (a lower loss is better), got mode='max'"
+                f"mode must be 'min' (or '') for metric={self.metric!r} (lower is better), "
+                "got mode='max'"
             )
         for name in ("reverse_vocab", "reverse_min_length", "reverse_max_length"):
             check_positive_int(getattr(self, name), name)
@@ -202,6 +213,8 @@ class TrainConfig:
                     f"{given[0]} is for task='classify'; task='digits' uses the bundled images, "
                     f"got {given[0]}={getattr(self, given[0])!r}"
                 )
+        if self.task == "mlm" and not self.train_file:
+            raise ValueError("train_file must name a .txt or JSONL file for task='mlm', got ''")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -259,6 +272,12 @@ def _check_range(
         raise ValueError(f"{name} must be {expected}, got {value!r}")
 
 
+def resolve_mode(mode: str, metric: str) -> str:
+    """The config's mode, or the metric's own direction when it says none (``""``): a lower
+    loss or perplexity is better, a higher accuracy or macro-F1."""
+    return mode or ("min" if metric in LOWER_IS_BETTER else "max")
+
+
 def check_against_data(config: TrainConfig, train_size: int) -> None:
     """What the config can only be checked against once the data is loaded."""
     if config.batch_size > train_size:
@@ -269,6 +288,8 @@ def check_against_data(config: TrainConfig, train_size: int) -> None:
 
 
 def changed_fields(old: dict[str, Any], new: TrainConfig) -> dict[str, tuple[Any, Any]]:
-    """Fields whose value differs between a checkpoint's config and this one."""
+    """Fields whose value differs between a checkpoint's config and this one. A field the
+    checkpoint's config lacks (one added since it was written) had its default then."""
     now = new.to_dict()
-    return {k: (old.get(k), v) for k, v in now.items() if old.get(k) != v}
+    then = {f.name: f.default for f in fields(TrainConfig)} | old
+    return {k: (then[k], v) for k, v in now.items() if then[k] != v}

@@ -140,11 +140,16 @@ def wrap(model: nn.Module, context: Context, device: torch.device) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        from ..blocks import EncoderBlock
+
         mesh = init_device_mesh(device.type, (context.world,))
-        # One group for the whole model: FSDP2 gathers a group's parameters in a forward
-        # pre-hook, and the encoder runs its blocks through EncoderBlock.run, not their
-        # forward, so a group per block would never be gathered. (A group per block, which
-        # frees each block's gathered parameters after it, needs the stack to call blocks.)
+        # A group per encoder block, then the root for the rest (embeddings, norms, heads).
+        # FSDP2 gathers a group's parameters in its forward pre-hook (the encoder calls its
+        # blocks through __call__ for this) and frees them after the group's forward, so the
+        # full parameters of one block at a time are held, not the whole model's. Decoder
+        # blocks stay in the root's group: the decoder runs them through DecoderBlock.run.
+        for block in [m for m in model.modules() if isinstance(m, EncoderBlock)]:
+            fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
     return model
 

@@ -19,7 +19,7 @@ import torch
 from .. import __version__
 from . import checkpoint as ckpt
 from . import distributed
-from .config import TrainConfig, check_against_data
+from .config import TrainConfig, check_against_data, resolve_mode
 from .early_stopping import EarlyStopping
 from .plots import write_loss_plot
 from .precision import Precision, resolve_device
@@ -47,6 +47,7 @@ class TrainResult:
     run_dir: Path
     model: torch.nn.Module  # the trained model (under FSDP: this rank's shards)
     interrupted: bool = False  # stopped on request before the last step, checkpointed
+    metric: str = ""  # the metric that picked the best checkpoint (the config's or the task's)
 
 
 def train(
@@ -131,7 +132,7 @@ def _train(
     optimizer = build_optimizer(model, config)  # after FSDP: it shards the parameters
     scaler = precision.grad_scaler()
     sampler = BucketSampler(task.train_lengths, config.batch_size, seed=config.seed)
-    stopper = EarlyStopping(config.mode, config.patience, config.min_delta)
+    stopper = EarlyStopping(resolve_mode(config.mode, metric), config.patience, config.min_delta)
     seed_everything(config.seed + 1_000_003 * context.rank)
     step, window = 0, {"sum": 0.0, "count": 0}  # the training loss since the last record
     if resume is not None:
@@ -171,6 +172,8 @@ def _train(
             clip_norm=config.clip_norm,
             device=device,
             context=context,
+            step=step,  # 0-based: what a task's random batches (mlm's masks) are drawn for
+            checkpointing=config.checkpointing,
         )
         step += 1
         window["sum"] += loss
@@ -243,11 +246,23 @@ def _train(
             run.path,
             distributed.unwrap(model),
             interrupted=True,
+            metric=metric,
         )
     weights = distributed.full_state_dict(model, context)  # a collective under FSDP
     if main:
         _finish(
-            run, weights, metrics.records, config, step, stopper, last_eval, resume, started, emit
+            run,
+            task,
+            weights,
+            metrics.records,
+            config,
+            metric,
+            step,
+            stopper,
+            last_eval,
+            resume,
+            started,
+            emit,
         )
     context.barrier()
     return TrainResult(
@@ -259,6 +274,7 @@ def _train(
         last_eval,
         run.path,
         distributed.unwrap(model),
+        metric=metric,
     )
 
 
@@ -298,8 +314,11 @@ def _save_checkpoint(
     return ckpt.save_checkpoint(run.checkpoints, step, weights, state, meta, context=context)
 
 
-def _finish(run, weights, records, config, step, stopper, last_eval, resume, started, emit):
-    """The final weights, the summary and the loss curve."""
+def _finish(
+    run, task, weights, records, config, metric, step, stopper, last_eval, resume, started, emit
+):
+    """The final weights (and what the task exports of them), the summary and the loss
+    curve."""
     from safetensors.torch import save as save_safetensors
 
     from ..io import atomic_write
@@ -308,12 +327,15 @@ def _finish(run, weights, records, config, step, stopper, last_eval, resume, sta
         handle.write(
             save_safetensors({k: v.detach().contiguous().cpu() for k, v in weights.items()})
         )
+    export = getattr(task, "export", None)  # mlm: the model in the Hugging Face layout, RUN/hf/
+    if export is not None:
+        export(weights, run.path)
     plot = write_loss_plot(records, run.path / "loss.png", title=f"clearformer train {config.task}")
     summary = {
         "task": config.task,
         "steps": step,
         "stopped_early": stopper.stopped,
-        "metric": config.metric or "task default",
+        "metric": metric,
         "best": stopper.best,
         "best_step": stopper.best_step,
         "final": last_eval,

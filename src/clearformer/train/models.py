@@ -1,8 +1,11 @@
-"""The models the tasks train: an encoder, pooling and a linear head, logits out.
+"""The models the tasks train: an encoder and a head (pooled and linear; or the masked-LM
+head on the masked rows), logits out.
 
-Each model's ``forward(batch)`` takes the task's batch and returns (B, L) logits. Token batches
-come packed (ids (N,) with ``cu_seqlens``: no padding reaches the model) or padded; the one
-encoder call per kind is :func:`pooled_tokens`.
+Each model's ``forward(batch, checkpointing=None)`` takes the task's batch and returns (B, L)
+logits; ``checkpointing`` is the call's choice to recompute activations in backward (the
+trainer's ``checkpointing`` flag), handed to the encoder. Token batches come packed (ids (N,)
+with ``cu_seqlens``: no padding reaches the model) or padded; the one encoder call per kind
+is :func:`pooled_tokens`.
 """
 
 from __future__ import annotations
@@ -12,18 +15,25 @@ from torch import Tensor, nn
 
 from ..config import EncoderConfig
 from ..encoder import Encoder
-from ..heads import pool
+from ..heads import MaskedLMHead, pool
 from ..model import EncoderModel
 from .collate import PackedBatch, PaddedBatch, VectorBatch
+from .masking import MaskedBatch
 
 
-def pooled_tokens(model: EncoderModel, batch: PackedBatch | PaddedBatch, mode: str) -> Tensor:
+def pooled_tokens(
+    model: EncoderModel,
+    batch: PackedBatch | PaddedBatch,
+    mode: str,
+    *,
+    checkpointing: bool | None = None,
+) -> Tensor:
     """(B, D) pooled states of a token batch: the training loop's one encoder call."""
     if isinstance(batch, PackedBatch):
-        rows = model(batch.input_ids, cu_seqlens=batch.cu_seqlens)  # (N, D)
-        return pool_packed(rows, batch.cu_seqlens, mode)
-    hidden = model(batch.input_ids, batch.attention_mask)  # (B, T, D)
-    return pool(hidden, batch.attention_mask, mode)
+        rows = model(batch.input_ids, cu_seqlens=batch.cu_seqlens, checkpointing=checkpointing)
+        return pool_packed(rows, batch.cu_seqlens, mode)  # (N, D) -> (B, D)
+    hidden = model(batch.input_ids, batch.attention_mask, checkpointing=checkpointing)
+    return pool(hidden, batch.attention_mask, mode)  # (B, T, D) -> (B, D)
 
 
 def pool_packed(rows: Tensor, cu_seqlens: Tensor, mode: str) -> Tensor:
@@ -62,13 +72,14 @@ class PatchClassifier(nn.Module):
         self.encoder = Encoder(config)
         self.head = nn.Linear(D, num_labels)
 
-    def forward(self, batch: VectorBatch) -> Tensor:
+    def forward(self, batch: VectorBatch, checkpointing: bool | None = None) -> Tensor:
         x = self.embed(batch.inputs)  # (B, T, F) -> (B, T, D)
         B = x.shape[0]
         if self.cls is not None:
             x = torch.cat([self.cls.expand(B, -1, -1), x], dim=1)  # (B, T + 1, D)
         x = x + self.positions
-        hidden = self.encoder(x)  # (B, T', D); every position is real, no mask needed
+        # (B, T', D); every position is real, no mask needed
+        hidden = self.encoder(x, checkpointing=checkpointing)
         pooled = hidden[:, 0] if self.pooling == "cls" else hidden.mean(dim=1)  # (B, D)
         return self.head(pooled)  # (B, L)
 
@@ -83,6 +94,37 @@ class TextClassifier(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(model.config.d_model, num_labels)
 
-    def forward(self, batch: PackedBatch | PaddedBatch) -> Tensor:
-        pooled = pooled_tokens(self.model, batch, self.pooling)  # (B, D)
+    def forward(
+        self, batch: PackedBatch | PaddedBatch, checkpointing: bool | None = None
+    ) -> Tensor:
+        pooled = pooled_tokens(self.model, batch, self.pooling, checkpointing=checkpointing)
         return self.head(self.dropout(pooled))  # (B, L)
+
+
+class MaskedLanguageModel(nn.Module):
+    """Masked token ids -> EncoderModel -> the rows to predict -> MaskedLMHead -> (n, V).
+
+    The head decodes with the word-embedding table itself (tied, as BERT: one (V, D) table,
+    trained as input and as output), and only the masked rows reach it: its (D, V) projection
+    then costs n rows, about 15 % of the batch's N, instead of every row.
+    """
+
+    def __init__(self, model: EncoderModel, head: MaskedLMHead) -> None:
+        super().__init__()
+        self.model = model
+        self.head = head
+
+    @property
+    def decoder_weight(self) -> Tensor:
+        """The (V, D) table the head decodes with: the word embeddings, not a copy."""
+        return self.model.embeddings.word.weight
+
+    def forward(self, batch: MaskedBatch, checkpointing: bool | None = None) -> Tensor:
+        ids, options = batch.input_ids, {"checkpointing": checkpointing}
+        if batch.cu_seqlens is not None:
+            rows = self.model(ids, cu_seqlens=batch.cu_seqlens, **options)  # (N, D)
+        else:
+            hidden = self.model(ids, batch.attention_mask, **options)  # (B, T, D)
+            rows = hidden.reshape(-1, hidden.shape[-1])  # (B * T, D)
+        picked = rows.index_select(0, batch.positions)  # (N, D) -> (n, D): masked rows only
+        return self.head(picked, self.decoder_weight)  # (n, V)

@@ -10,7 +10,7 @@ from torch import nn
 
 from .distributed import Context, no_sync
 from .precision import Precision
-from .tasks.base import Scores, Task
+from .tasks.base import Scores, Task, batch_at, scored_count
 
 
 def micro_batches(indices: Sequence[int], accumulation: int) -> list[list[int]]:
@@ -32,28 +32,36 @@ def train_step(
     clip_norm: float,
     device: torch.device,
     context: Context | None = None,
+    step: int = 0,
+    checkpointing: bool = False,
 ) -> tuple[float, float]:
     """Forward and backward over the step's micro-batches, clip, update.
 
-    Each micro-batch's loss is its summed cross-entropy over the step's example count, so the
-    accumulated gradient is the gradient of the mean loss over all the step's examples:
-    ``accumulation`` micro-batches of B / N equal one batch of B, whatever the split. Under
-    DDP / FSDP each rank takes its slice of ``indices`` and its loss is multiplied by the
-    world size, because the ranks' gradients are averaged, not summed.
+    Each micro-batch's loss is its summed cross-entropy over the step's example count (or the
+    count of positions the task scores: mlm's masked tokens), so the accumulated gradient is
+    the gradient of the mean loss over all the step's examples: ``accumulation``
+    micro-batches of B / N equal one batch of B, whatever the split. Under DDP / FSDP each
+    rank takes its slice of ``indices`` and its loss is multiplied by the world size, because
+    the ranks' gradients are averaged, not summed.
+
+    ``step`` (0-based) is what a task's random batches are drawn for; ``checkpointing``
+    asks the model's call to recompute its blocks' activations in backward.
 
     Returns:
         (the step's mean loss over all ranks, the gradient's global L2 norm before clipping).
     """
     context = context or Context()
     optimizer.zero_grad(set_to_none=True)
-    total = len(indices)  # the global batch
+    total = scored_count(task, indices)  # of the global batch
     summed = 0.0
+    # A per-call choice of the model's forward; a model that cannot recompute need not take it.
+    options = {"checkpointing": True} if checkpointing else {}
     chunks = micro_batches(context.shard(list(indices)), accumulation)
     for number, chunk in enumerate(chunks, start=1):
-        batch = task.train_batch(chunk).to(device)
+        batch = batch_at(task, chunk, step).to(device)
         with no_sync(model, context, last=number == len(chunks)):
             with precision.autocast():
-                logits = model(batch)  # (b, L)
+                logits = model(batch, **options)  # (b, L); mlm: (n, V), its masked tokens
             # The loss in fp32 whatever the autocast: bf16 log-softmax loses the small losses.
             ce = nn.functional.cross_entropy(logits.float(), batch.labels, reduction="sum")
             loss = ce * (context.world / total)

@@ -86,12 +86,18 @@ class LoadedMaskedLM:
             self.loaded.architecture,
             base_config=self.loaded.hf_config,
         )
-        source = self.loaded.files.path
-        for name in _TOKENIZER_FILES:
-            if (source / name).is_file() and (source / name).resolve() != (out / name).resolve():
-                with atomic_write(out / name, "wb") as handle:
-                    handle.write((source / name).read_bytes())
+        copy_tokenizer_files(self.loaded.files.path, out)
         return out
+
+
+def copy_tokenizer_files(source: str | os.PathLike, out: str | os.PathLike) -> None:
+    """Copy a checkpoint directory's tokenizer files into ``out`` (each written atomically),
+    so that a saved directory is complete."""
+    source, out = Path(source), Path(out)
+    for name in _TOKENIZER_FILES:
+        if (source / name).is_file() and (source / name).resolve() != (out / name).resolve():
+            with atomic_write(out / name, "wb") as handle:
+                handle.write((source / name).read_bytes())
 
 
 def load_masked_lm(
@@ -99,14 +105,20 @@ def load_masked_lm(
     *,
     backend: str = "auto",
     strict: bool = True,
+    new_head: bool = False,
 ) -> LoadedMaskedLM:
     """Load a ``*ForMaskedLM`` checkpoint: encoder and head.
+
+    Args:
+        new_head: a checkpoint without a masked-LM head (a base model, a sentence-embedding
+            model) gets a freshly initialised one (:func:`initialise_head`) instead of the
+            error: the start of masked-LM training.
 
     Raises:
         FileNotFoundError: no such directory.
         CheckpointError: the family has no masked-LM head in clearformer, the checkpoint has
-            none, its decoder is not tied to the word embeddings, or its tensors do not match
-            config.json.
+            none (unless ``new_head``), its decoder is not tied to the word embeddings, or its
+            tensors do not match config.json.
     """
     files = path if isinstance(path, CheckpointFiles) else find_checkpoint(path)
     family, config = read_family(files, backend)
@@ -120,6 +132,11 @@ def load_masked_lm(
         )
     tensors = _normalise_head_keys(read_tensors(files.weights))
     keys = [key for _, sources in layout.names for key in sources]
+    if new_head and not any(key in tensors for key in keys):
+        loaded = build_model(files, family, config, tensors, strict=strict)
+        log.info("%s has no masked-LM head: a new one, initialised", files.path)
+        head = initialise_head(MaskedLMHead(layout.config), files.config)
+        return LoadedMaskedLM(loaded, head.eval())
     if not any(key in tensors for key in keys):
         raise CheckpointError(
             f"{files.path} has no masked-LM head: {files.weights.name} lacks {keys[0]!r} "
@@ -180,6 +197,31 @@ def save_masked_lm(
         handle.write("\n")
     log.info("saved %s (%s) to %s", config["architectures"][0], family.model_type, out)
     return out
+
+
+def head_config(family: Family, hf: dict[str, Any]) -> MaskedLMConfig:
+    """The masked-LM head transformers builds for this config.json (activation, epsilon,
+    biases), whether or not the checkpoint holds one.
+
+    Raises:
+        CheckpointError: the family has no masked-LM head in clearformer, or config.json asks
+            for one it cannot run.
+    """
+    return _layout(family, hf, Path("config.json")).config
+
+
+def initialise_head(head: MaskedLMHead, hf: dict[str, Any]) -> MaskedLMHead:
+    """BERT's initialisation of a new head, in place, as transformers initialises a head that
+    a checkpoint lacks: the dense layer normal with config.json's ``initializer_range``
+    (0.02), zero biases, the norm a unit gain."""
+    std = float(hf.get("initializer_range", 0.02))
+    with torch.no_grad():
+        torch.nn.init.normal_(head.dense.weight, std=std)
+        for bias in (head.dense.bias, head.norm.bias, head.bias):
+            if bias is not None:
+                bias.zero_()
+        head.norm.weight.fill_(1.0)
+    return head
 
 
 def _layout(family: Family, hf: dict[str, Any], source: Path) -> HeadLayout:

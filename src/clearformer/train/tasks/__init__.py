@@ -20,6 +20,10 @@ def build_task(config: TrainConfig) -> Task:
         from .reverse import ReverseTask
 
         return ReverseTask(config)
+    if config.task == "mlm":
+        from .mlm import MlmTask
+
+        return MlmTask(config)
     raise ValueError(f"task must be one of ('digits', 'classify', 'reverse'), got {config.task!r}")
 
 

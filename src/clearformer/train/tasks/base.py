@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -18,6 +19,10 @@ class Task(Protocol):
     ``train_lengths[i]`` is example i's length in tokens (the sampler buckets by it);
     ``train_batch(indices)`` collates those examples; ``eval_batches(n)`` yields the held-out
     set in fixed order, ``n`` at a time.
+
+    Optional, for tasks that need them (see :func:`batch_at`, :func:`scored_count`):
+    ``train_batch_at(indices, step)``, ``scored_positions(indices)`` and
+    ``export(weights, run_dir)`` (what the task writes beside the final weights).
     """
 
     name: str
@@ -33,6 +38,26 @@ class Task(Protocol):
     def eval_batches(self, batch_size: int) -> Iterator[Any]: ...
 
     def describe(self) -> dict[str, Any]: ...
+
+
+def batch_at(task: Task, indices: Sequence[int], step: int) -> Any:
+    """The task's training batch of ``indices`` at optimizer step ``step`` (0-based).
+
+    A task whose batches are random (mlm masks tokens anew at every step) defines
+    ``train_batch_at(indices, step)`` and draws from generators seeded by (seed, step,
+    example), never from a global one: so a resumed run, any accumulation and any number of
+    processes draw the same.
+    """
+    at = getattr(task, "train_batch_at", None)
+    return task.train_batch(indices) if at is None else at(indices, step)
+
+
+def scored_count(task: Task, indices: Sequence[int]) -> int:
+    """What the summed loss of the examples ``indices`` is divided by: their number, or the
+    positions the task scores when it says (mlm: the masked tokens, so that the loss is the
+    mean per token and its exponential the perplexity)."""
+    count = getattr(task, "scored_positions", None)
+    return len(indices) if count is None else count(indices)
 
 
 @dataclass
@@ -57,6 +82,9 @@ class Scores:
             out["accuracy"] = accuracy(predicted, target)
         if "macro_f1" in self.names:
             out["macro_f1"] = macro_f1(predicted, target, num_labels)
+        if "perplexity" in self.names:  # of a mean cross-entropy over tokens (mlm)
+            loss = out["loss"]
+            out["perplexity"] = math.exp(loss) if loss < 709.0 else math.inf  # a float's range
         return out
 
 

@@ -14,7 +14,6 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from ...config import EncoderConfig
 from ...model import EncoderModel
 from ..collate import PackedBatch, PaddedBatch, pack_sequences, pad_sequences
 from ..config import TrainConfig
@@ -98,9 +97,7 @@ class ClassifyTask:
         from ...interop.hf.weights import read_tensors
 
         c = self.config
-        cfg = self.encoder_config
-        if c.checkpointing:
-            cfg = _replace(cfg, checkpointing=True)
+        cfg = self.encoder_config  # checkpointing is the trainer's per-call choice, not here
         if c.from_scratch:
             model = EncoderModel(cfg)
         else:
@@ -140,9 +137,3 @@ class ClassifyTask:
             "from_scratch": self.config.from_scratch,
             "mean_tokens": sum(self.train_lengths) / len(self.train_lengths),
         }
-
-
-def _replace(config: EncoderConfig, **changes) -> EncoderConfig:
-    from dataclasses import replace
-
-    return replace(config, **changes)

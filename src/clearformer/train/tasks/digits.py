@@ -69,7 +69,6 @@ class DigitsTask:
             dim_mlp=c.dim_mlp,
             dropout=c.dropout,
             activation="gelu",
-            checkpointing=c.checkpointing,
         )
         _, T, F = self.train_x.shape
         return PatchClassifier(encoder, T, F, len(self.labels), c.pooling)

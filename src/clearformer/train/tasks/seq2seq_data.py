@@ -60,6 +60,9 @@ class Seq2SeqForTraining(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, batch: Seq2SeqBatch) -> Tensor:
-        logits = self.model(batch.src, batch.src_mask, batch.tgt_in, batch.tgt_mask)  # (B, T, V)
+    def forward(self, batch: Seq2SeqBatch, checkpointing: bool | None = None) -> Tensor:
+        # checkpointing: the source encoder's blocks (the decoder keeps its activations).
+        logits = self.model(
+            batch.src, batch.src_mask, batch.tgt_in, batch.tgt_mask, checkpointing=checkpointing
+        )  # (B, T, V)
         return logits[batch.tgt_mask]  # (n, V), in the labels' row-major order
