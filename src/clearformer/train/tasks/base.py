@@ -17,7 +17,9 @@ class Task(Protocol):
 
     ``train_lengths[i]`` is example i's length in tokens (the sampler buckets by it);
     ``train_batch(indices)`` collates those examples; ``eval_batches(n)`` yields the held-out
-    set in fixed order, ``n`` at a time.
+    set in fixed order, ``n`` at a time. A task may also define ``run_files() -> {name: bytes}``:
+    files the run folder keeps beside the weights (translate: its vocabularies), written
+    atomically; a resume whose task would write other contents is refused.
     """
 
     name: str
