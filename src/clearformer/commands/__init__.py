@@ -5,4 +5,15 @@ parser's ``func`` default: ``run(args) -> int`` is the exit status.
 """
 
 # Order of appearance in `clearformer --help`. A module that is missing is skipped.
-COMMANDS = ("encode", "search", "rerank", "explain", "train", "generate", "export", "bench", "demo")
+COMMANDS = (
+    "encode",
+    "search",
+    "rerank",
+    "explain",
+    "train",
+    "generate",
+    "translate",
+    "export",
+    "bench",
+    "demo",
+)

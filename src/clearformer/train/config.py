@@ -17,7 +17,7 @@ from typing import Any
 
 from ..checks import ArgumentTypeError, check_choice, check_int, check_positive_int
 
-TASKS = ("digits", "classify", "reverse", "mlm")
+TASKS = ("digits", "classify", "reverse", "mlm", "translate")
 DECAYS = ("cosine", "linear", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -57,6 +57,9 @@ SHAPE_FIELDS = (
     "text_field",
     "label_field",
     "train_file",
+    "source_field",
+    "target_field",
+    "translate_max_length",
     "reverse_vocab",
     "reverse_max_length",
 )
@@ -143,6 +146,14 @@ class TrainConfig:
     # packed: ids (N,) + cu_seqlens, no padding reaches the model | padded: (B, T) + mask
     batching: str = "packed"
 
+    # translate: sentence pairs from train_file (TSV with a header, or JSONL; "auf-deutsch": that
+    # package's German-English pairs), word-level vocabularies built from the training half.
+    source_field: str = "source"  # TSV column / JSONL field of the source sentence
+    target_field: str = "target"  # TSV column / JSONL field of its translation
+    vocab_min_count: int = 1  # a word seen fewer times in the training pairs reads as <unk>
+    vocab_max_size: int = 0  # words per vocabulary, the most frequent (specials aside); 0: all
+    translate_max_length: int = 64  # words per sentence; longer pairs are left out (and counted)
+
     # reverse: random token sequences, written backwards by an encoder-decoder (the seed's demo).
     reverse_vocab: int = 20  # symbols besides padding, start and end
     reverse_min_length: int = 3
@@ -195,6 +206,14 @@ class TrainConfig:
             raise ValueError(
                 f"mode must be 'min' (or '') for metric={self.metric!r} (lower is better), "
                 "got mode='max'"
+            )
+        for name in ("vocab_min_count", "translate_max_length"):
+            check_positive_int(getattr(self, name), name)
+        check_int(self.vocab_max_size, "vocab_max_size")
+        if self.task == "translate" and not self.train_file:
+            raise ValueError(
+                "train_file must name a TSV or JSONL file (or 'auf-deutsch') for "
+                "task='translate', got ''"
             )
         for name in ("reverse_vocab", "reverse_min_length", "reverse_max_length"):
             check_positive_int(getattr(self, name), name)

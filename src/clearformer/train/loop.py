@@ -115,7 +115,13 @@ def _train(
     resume = ckpt.load_newest(run.checkpoints)
     if resume is not None:
         check_resume(resume, config)  # a model of another shape is refused here
+    # What a task keeps beside the weights (translate: its vocabularies), which decoding needs
+    # exactly as trained: a resume that would build other ones is refused.
+    task_files = task.run_files() if hasattr(task, "run_files") else {}
+    if resume is not None:
+        run.check_same_files(task_files)
     if main:
+        run.write_files(task_files)
         run.write_config(config)
         run.record_invocation(
             {

@@ -10,6 +10,7 @@ RUN/
   model.safetensors  the final weights
   summary.json       how the run ended: steps, best metric and its step, early stop, time
   loss.png           the loss curve (with matplotlib)
+  vocabulary.json    translate: the source and target vocabularies (decoding needs them)
 ```
 
 ``metrics.jsonl`` is append-only while the run goes; a resume first cuts it back to the
@@ -60,6 +61,23 @@ class RunFolder:
             handle.write(json.dumps(entry, sort_keys=True) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+
+    def check_same_files(self, files: dict[str, bytes]) -> None:
+        """Refuse to resume when a task's file (a vocabulary) differs from the run's own: the
+        checkpoint's weights belong to the run's."""
+        for name, data in files.items():
+            path = self.path / name
+            if path.is_file() and path.read_bytes() != data:
+                raise ValueError(
+                    f"cannot resume {self.path}: the data now gives another {name} than the "
+                    "one the run was trained with (mismatched vocabularies: the training data "
+                    "or the vocabulary fields changed); use another --out"
+                )
+
+    def write_files(self, files: dict[str, bytes]) -> None:
+        for name, data in files.items():
+            with atomic_write(self.path / name, "wb") as handle:
+                handle.write(data)
 
     def write_json(self, name: str, data: dict[str, Any]) -> None:
         with atomic_write(self.path / name) as handle:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..config import TrainConfig
+from ..config import TASKS, TrainConfig
 from .base import Task
 
 
@@ -16,6 +16,10 @@ def build_task(config: TrainConfig) -> Task:
         from .classify import ClassifyTask
 
         return ClassifyTask(config)
+    if config.task == "translate":
+        from .translate import TranslateTask
+
+        return TranslateTask(config)
     if config.task == "reverse":
         from .reverse import ReverseTask
 
@@ -24,7 +28,7 @@ def build_task(config: TrainConfig) -> Task:
         from .mlm import MlmTask
 
         return MlmTask(config)
-    raise ValueError(f"task must be one of ('digits', 'classify', 'reverse'), got {config.task!r}")
+    raise ValueError(f"task must be one of {TASKS}, got {config.task!r}")
 
 
 __all__ = ["Task", "build_task"]

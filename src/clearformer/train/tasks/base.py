@@ -22,7 +22,10 @@ class Task(Protocol):
 
     Optional, for tasks that need them (see :func:`batch_at`, :func:`scored_count`):
     ``train_batch_at(indices, step)``, ``scored_positions(indices)`` and
-    ``export(weights, run_dir)`` (what the task writes beside the final weights).
+    ``export(weights, run_dir)`` (what the task writes beside the final weights). A task may
+    also define ``run_files() -> {name: bytes}``: files the run folder keeps beside the
+    weights (translate: its vocabularies), written atomically; a resume whose task would write
+    other contents is refused.
     """
 
     name: str

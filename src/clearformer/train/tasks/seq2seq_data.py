@@ -52,6 +52,28 @@ def collate_pairs(
     return Seq2SeqBatch(src, src != pad, tgt_in, tgt_mask, torch.tensor(labels, dtype=torch.long))
 
 
+def pair_padding(
+    batches: Sequence[Sequence[int]], src_lengths: Sequence[int], tgt_lengths: Sequence[int]
+) -> dict[str, float]:
+    """The padding :func:`collate_pairs` would add to ``batches`` (lists of example indices):
+    the source padded to its longest, the target (after the start token) to its longest.
+
+    Returns ``pads_per_sequence`` (padded positions per example, source and target together)
+    and ``padding_fraction`` (of all positions)."""
+    pads = positions = examples = 0
+    for batch in batches:
+        S = max(max(src_lengths[i] for i in batch), 1)
+        T = max(tgt_lengths[i] for i in batch) + 1
+        real = sum(src_lengths[i] + tgt_lengths[i] + 1 for i in batch)
+        positions += (S + T) * len(batch)
+        pads += (S + T) * len(batch) - real
+        examples += len(batch)
+    return {
+        "pads_per_sequence": pads / max(examples, 1),
+        "padding_fraction": pads / max(positions, 1),
+    }
+
+
 class Seq2SeqForTraining(nn.Module):
     """A :class:`~clearformer.Seq2SeqTransformer` as the trainer calls models: ``model(batch)``
     gives the logits of the batch's real target positions, ``(n, V)``."""
