@@ -263,6 +263,10 @@ def test_translate_bad_input_names_the_argument(trained, tmp_path, capsys):
     assert "a 'reverse' run, not a translation one" in capsys.readouterr().err
     assert main(["translate", "--run", str(tmp_path / "none"), "ja"]) == 2
     assert "config.toml is missing" in capsys.readouterr().err
+    # generate reads token ids: on a translation run it points at translate.
+    assert main(["generate", "--run", str(run), "3 4 5"]) == 2
+    err = capsys.readouterr().err
+    assert "use clearformer translate --run" in err and "Traceback" not in err
 
 
 def test_train_refuses_a_file_with_a_missing_column(tmp_path, capsys):

@@ -49,6 +49,11 @@ def run(args: argparse.Namespace) -> int:
     from ..train.tomlfile import load_config
 
     config = load_config(config_file)
+    if config.task == "translate":
+        raise CliError(
+            f"--run {folder}: a 'translate' run reads words, not token ids: use "
+            f'clearformer translate --run {folder} "a sentence"'
+        )
     if config.task != "reverse":
         raise CliError(f"--run {folder}: a {config.task!r} run, not a sequence-to-sequence one")
     from ..train.tasks.reverse import FIRST, PAD, build_model
