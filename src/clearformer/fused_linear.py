@@ -92,16 +92,19 @@ def linear(
         if activation is not None:
             out = activation_fn(activation)(out)
         return out if residual is None else residual + out
+    # The overloads are named: called through the packet, a binary call would first be
+    # matched against the unary schema, and the failed match formats every argument
+    # (weights included) into an error message that is then thrown away.
     op = torch.ops.mkldnn._linear_pointwise
     rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (M, in)
     if residual is not None:
         other = residual.reshape(rows.shape[0], layer.out_features)  # (..., out) -> (M, out)
-        out = op(rows, other, layer.weight, layer.bias, "add")
+        out = op.binary(rows, other, layer.weight, layer.bias, "add")
     elif activation is not None:
         attr, algorithm = ONEDNN_ACTIVATIONS[activation]
-        out = op(rows, layer.weight, layer.bias, attr, [], algorithm)
+        out = op.default(rows, layer.weight, layer.bias, attr, [], algorithm)
     else:
-        out = op(rows, layer.weight, layer.bias, "none", [], "")
+        out = op.default(rows, layer.weight, layer.bias, "none", [], "")
     return out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
 
 

@@ -34,7 +34,7 @@ def gemm_rate(size: ModelSize, tokens: int = 4096, repeats: int = 10) -> float:
         seconds = best_seconds(products, warmup=1, repeats=repeats)
         if onednn_available():
             rows_out = [w.t().contiguous() for w in ws]  # (out, in), as nn.Linear stores it
-            op = torch.ops.mkldnn._linear_pointwise
+            op = torch.ops.mkldnn._linear_pointwise.default
 
             def onednn_products() -> None:
                 for x, w in zip(xs, rows_out, strict=True):
