@@ -169,7 +169,18 @@ def varlen_attention(
 
         def attend_runs(qs, ks, vs, runs):
             return _per_sequence(
-                qs, ks, vs, layout, is_causal, 0.0, scale, window, bias, reference=False, runs=runs
+                qs,
+                ks,
+                vs,
+                layout,
+                is_causal,
+                0.0,
+                scale,
+                window,
+                bias,
+                reference=False,
+                runs=runs,
+                join=False,
             )
 
         return threaded_attention(q, k, v, layout, is_causal, scale, window, bias, attend_runs)
@@ -179,14 +190,15 @@ def varlen_attention(
 
 
 def _per_sequence(
-    q, k, v, layout, is_causal, dropout_p, scale, window, bias, *, reference, runs=None
-) -> Tensor:
+    q, k, v, layout, is_causal, dropout_p, scale, window, bias, *, reference, runs=None, join=True
+) -> Tensor | list[Tensor]:
     """One fused call per run of ``runs`` (default: all of the layout's), which tile the rows of
-    ``q``, ``k``, ``v`` in order."""
+    ``q``, ``k``, ``v`` in order. ``join=False`` returns the runs' outputs unconcatenated (the
+    ``threads`` method joins every worker's pieces in one concatenation)."""
     H, Dv = v.shape[1], v.shape[2]
     runs = layout.runs if runs is None else runs
     if not runs:
-        return v.new_zeros(0, H, Dv)
+        return v.new_zeros(0, H, Dv) if join else []
     # The runs tile the N rows in order. One split per tensor (not a slice per run): in backward
     # a split concatenates the pieces' gradients in one pass, where B slices would each fill and
     # add a zero (N, H, Dh) gradient, B times per layer.
@@ -241,6 +253,8 @@ def _per_sequence(
             )
         # (G, H, L, Dv) -> (G, L, H, Dv) -> (G*L, H, Dv); a view for the flash kernel's output.
         pieces.append(out.transpose(1, 2).reshape(count * length, H, Dv))
+    if not join:
+        return pieces
     if len(pieces) == 1:
         return pieces[0]
     return torch.cat(pieces, dim=0)  # (N, H, Dv)

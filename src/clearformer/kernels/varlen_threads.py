@@ -76,12 +76,17 @@ def threaded_attention(q, k, v, layout, is_causal, scale, window, bias, attend_r
     """Packed attention with the runs of ``layout`` grouped per thread.
 
     ``attend_runs(q, k, v, runs)`` attends a contiguous stretch of runs on its own rows (the
-    ``sequence`` method's body); this function only splits, dispatches and concatenates.
+    ``sequence`` method's body) and returns the runs' outputs as a list; this function only
+    splits, dispatches and concatenates them all at once (one copy of the output, not one
+    per worker and another of the workers' results).
     """
     runs = layout.runs
     workers = min(torch.get_num_threads(), len(runs))
     if workers <= 1:
-        return attend_runs(q, k, v, runs)
+        pieces = attend_runs(q, k, v, runs)
+        if not pieces:
+            return v.new_zeros(0, v.shape[1], v.shape[2])
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)  # (N, H, Dv)
     groups = balanced_groups(runs, workers)
     # Rows of each group: from its first run's first row to the row after its last run.
     bounds = [(runs[g[0]][0], runs[g[-1]][0] + runs[g[-1]][1] * runs[g[-1]][2]) for g in groups]
@@ -94,5 +99,5 @@ def threaded_attention(q, k, v, layout, is_causal, scale, window, bias, attend_r
 
     pool = _pool(workers)
     futures = [pool.submit(work, g, a, b) for g, (a, b) in zip(groups, bounds, strict=True)]
-    pieces = [f.result() for f in futures]
+    pieces = [piece for future in futures for piece in future.result()]
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)  # (N, H, Dv)
