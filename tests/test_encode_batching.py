@@ -61,6 +61,29 @@ def test_bad_limits_are_named(batch_size, max_tokens, match):
         plan_batches([3, 4], batch_size, max_tokens)
 
 
+def test_auto_workers_takes_two_on_a_cpu_with_two_threads_and_two_batches():
+    from clearformer.text.workers import auto_workers
+    from clearformer.tracing import recording
+
+    class Discard:
+        def on_step(self, name, value, meta, file, line):
+            pass
+
+    cpu = torch.device("cpu")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert auto_workers(2, cpu) == 2
+        assert auto_workers(1, cpu) == 1  # one batch: all threads on it
+        assert auto_workers(5, torch.device("meta")) == 1  # not a CPU
+        with recording(Discard()):
+            assert auto_workers(5, cpu) == 1  # a trace sees its own thread only
+        torch.set_num_threads(1)
+        assert auto_workers(5, cpu) == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_map_in_workers_keeps_order_splits_threads_and_restores_the_count():
     before = torch.get_num_threads()
     seen = []
@@ -153,7 +176,7 @@ def test_encode_progress_counts_every_text_with_workers(encoder):
     ("kwargs", "match"),
     [
         ({"workers": 0}, "workers must be a positive int, got 0"),
-        ({"workers": None}, "workers must be a positive int, got None"),
+        ({"workers": 2.5}, "workers must be a positive int, got 2.5"),
         ({"max_tokens": -1}, "max_tokens must be a positive int, got -1"),
     ],
 )

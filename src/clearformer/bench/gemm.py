@@ -10,14 +10,21 @@ from .workloads import ModelSize
 
 
 def gemm_rate(size: ModelSize, tokens: int = 4096, repeats: int = 10) -> float:
-    """GFLOP/s of ``torch.matmul`` on the shapes of one encoder layer, float32.
+    """GFLOP/s of the fastest float32 matrix product this machine does on the shapes of one
+    encoder layer: the larger of :func:`gemm_rates`' readings (the ceiling every utilisation
+    figure is measured against)."""
+    return max(gemm_rates(size, tokens, repeats).values())
+
+
+def gemm_rates(size: ModelSize, tokens: int = 4096, repeats: int = 10) -> dict[str, float]:
+    """GFLOP/s of ``torch.matmul`` (key ``"matmul"``) and, where this build has it, of oneDNN's
+    linear op (``"onednn"``, the one clearformer's fused CPU inference uses, often faster) on
+    the shapes of one encoder layer, float32.
 
     Runs the layer's four products (fused QKV, output, feed-forward in and out) on
     ``(tokens, D)`` rows, without bias, and keeps the fastest of ``repeats`` rounds: a ceiling,
     so a moment of load on a shared machine cannot lower it (which would flatter every
-    utilisation figure measured against it). Where oneDNN's linear op is available (the one
-    clearformer's fused CPU inference uses, often faster than ``torch.matmul``'s), the same
-    products through it are timed too and the faster of the two rates counts.
+    utilisation figure measured against it).
     """
     D, F = size.d_model, size.dim_mlp
     gen = torch.Generator().manual_seed(0)
@@ -30,8 +37,9 @@ def gemm_rate(size: ModelSize, tokens: int = 4096, repeats: int = 10) -> float:
         for x, w in zip(xs, ws, strict=True):
             torch.matmul(x, w)
 
+    rates = {}
     with torch.inference_mode():
-        seconds = best_seconds(products, warmup=1, repeats=repeats)
+        rates["matmul"] = flops / best_seconds(products, warmup=1, repeats=repeats) / 1e9
         if onednn_available():
             rows_out = [w.t().contiguous() for w in ws]  # (out, in), as nn.Linear stores it
             op = torch.ops.mkldnn._linear_pointwise.default
@@ -40,5 +48,5 @@ def gemm_rate(size: ModelSize, tokens: int = 4096, repeats: int = 10) -> float:
                 for x, w in zip(xs, rows_out, strict=True):
                     op(x, w, None, "none", [], "")
 
-            seconds = min(seconds, best_seconds(onednn_products, warmup=1, repeats=repeats))
-    return flops / seconds / 1e9
+            rates["onednn"] = flops / best_seconds(onednn_products, warmup=1, repeats=repeats) / 1e9
+    return rates

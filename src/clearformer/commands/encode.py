@@ -55,9 +55,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers",
         type=positive_int,
-        default=1,
+        default=None,
         metavar="N",
-        help="batches run side by side, the CPU threads split between them (default 1)",
+        help="batches run side by side, the CPU threads split between them (default: 2 on a "
+        "CPU with 2 or more threads and 2 or more batches, else 1)",
     )
     p.add_argument(
         "--backend",

@@ -41,7 +41,7 @@ from ..model import EncoderModel
 from ..quant import PRECISIONS
 from ..tracing import is_recording
 from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
-from .workers import map_in_workers
+from .workers import auto_workers, map_in_workers
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class TextEncoder:
         progress: bool | ProgressFn | None = None,
         *,
         max_tokens: int = DEFAULT_MAX_TOKENS,
-        workers: int = 1,
+        workers: int | None = None,
         prompt: str | None = None,
         prompt_name: str | None = None,
         precision: str = "float32",
@@ -197,8 +197,9 @@ class TextEncoder:
             max_tokens: padded tokens per forward pass when ``batch_size`` is None (see
                 :mod:`clearformer.text.batching`).
             workers: forward passes run side by side on a CPU, its threads split between
-                them; 1 = one at a time. ``workers=2`` helped long texts on a 2-core machine
-                and not short ones (see :mod:`clearformer.text.workers`).
+                them; 1 = one at a time; None = :func:`~clearformer.text.workers.auto_workers`
+                (two on a CPU with at least two threads when there are two batches or more,
+                and none while a trace records; see :mod:`clearformer.text.workers`).
             prompt: text put before every text (``"query: "``), as sentence-transformers'
                 ``encode(prompt=...)``; with :attr:`include_prompt` false its tokens are left
                 out of the pooling.
@@ -231,9 +232,10 @@ class TextEncoder:
         n = len(texts)
         out = np.empty((n, self.dim), dtype=np.float32)
         check_batch_limits(batch_size, max_tokens)  # before any work
-        check_positive_int(workers, "workers")
+        if workers is not None:
+            check_positive_int(workers, "workers")
         check_choice(precision, PRECISIONS, "precision")
-        if workers > 1 and is_recording():
+        if workers is not None and workers > 1 and is_recording():
             # A recorder sees its own thread's steps only: batches run on worker threads would
             # be missing from the trace, and the calling thread's share would be out of order.
             raise ValueError(
@@ -250,6 +252,8 @@ class TextEncoder:
         # Longest first: texts of similar length share a batch, and the longest batch (the peak
         # of memory) comes first, so a memory problem shows at once.
         batches = plan_batches([len(e.ids) for e in encodings], batch_size, max_tokens)
+        if workers is None:
+            workers = auto_workers(len(batches), next(model.parameters()).device)
         report = _progress_reporter(progress, n)
 
         def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:

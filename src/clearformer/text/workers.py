@@ -6,10 +6,10 @@ small matrix products of short batches, each a parallel region whose threads wai
 slowest. Sentence encoding has many independent batches, so it can instead run several at once,
 each on a share of the threads.
 
-Whether that wins depends on the texts: it helped long texts and not sentence-length ones,
-where Python work that holds the interpreter lock (padding each batch) competes between the
-workers (measurements in docs/performance.md, "Encoding texts"). So ``encode`` runs one batch
-at a time unless asked.
+With the linear layers fused (fewer element-wise passes) two passes side by side, one thread
+each, were faster than one pass on both threads on sentence-length texts and on long ones
+(measurements in docs/performance.md, "Encoding texts"), so ``encode`` runs two at a time on
+a CPU by default (:func:`auto_workers`); ``workers=1`` runs one batch at a time.
 
 PyTorch's intra-op thread count is per thread, but a new thread starts with the count most
 recently set anywhere in the process, so :func:`map_in_workers` restores the caller's count when
@@ -27,8 +27,20 @@ from typing import TypeVar
 
 import torch
 
+from ..tracing import is_recording
+
 Item = TypeVar("Item")
 Result = TypeVar("Result")
+
+
+def auto_workers(batches: int, device: torch.device) -> int:
+    """Workers ``encode(workers=None)`` uses for ``batches`` forward passes on ``device``: two
+    on a CPU where PyTorch has at least two intra-op threads and there are at least two
+    batches, else one. One while a trace records (a recorder sees its own thread only) and
+    off the CPU (a GPU runs one pass at a time anyway)."""
+    if device.type != "cpu" or batches < 2 or torch.get_num_threads() < 2 or is_recording():
+        return 1
+    return 2
 
 
 def map_in_workers(
