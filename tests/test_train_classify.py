@@ -13,7 +13,7 @@ from clearformer.train.metrics import macro_f1
 from clearformer.train.tasks.text_data import deduplicate, read_labelled
 
 from .helpers import write_tiny_bert
-from .test_train_helpers import final_weights, run_train, same_weights
+from .train_helpers import final_weights, run_train, same_weights
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c", "cat", "dog", "red", "blue"]
 PETS = ["cat", "dog", "cat dog", "dog dog cat", "a cat", "the dog", "cat a cat", "dog b"]

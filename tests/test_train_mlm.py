@@ -22,7 +22,7 @@ from clearformer.train.tasks import build_task
 from clearformer.train.tasks.text_data import read_texts
 
 from .helpers import write_tiny_bert
-from .test_train_helpers import final_weights, same_weights
+from .train_helpers import final_weights, same_weights
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: it reads it then
 
