@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import torch
+
+from clearformer import EncoderConfig, EncoderModel
+from clearformer.interop.hf import save_model
 
 
 def lengths_mask(lengths: list[int], T: int | None = None) -> torch.Tensor:
@@ -23,3 +27,27 @@ def intra_op_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def write_tiny_bert(directory: Path, words: Sequence[str], *, n_layers: int = 1) -> Path:
+    """Write a random BERT checkpoint (width 16, 2 heads, ``n_layers`` layers, drawn from seed
+    0) to ``directory`` with ``words`` as its WordPiece vocabulary, one id per word in order.
+    Written by clearformer itself, so no transformers is needed. Returns ``directory``."""
+    torch.manual_seed(0)
+    config = EncoderConfig(
+        d_model=16,
+        n_heads=2,
+        n_layers=n_layers,
+        dim_mlp=32,
+        norm="post",
+        activation="gelu",
+        norm_eps=1e-12,
+        final_norm=False,
+        vocab_size=len(words),
+        max_positions=32,
+        type_vocab_size=2,
+        embedding_norm=True,
+    )
+    save_model(EncoderModel(config).eval(), directory, "bert")
+    (directory / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+    return directory

@@ -11,7 +11,7 @@ import torch
 from clearformer.train import checkpoint as ckpt
 from clearformer.train import train
 
-from .test_train_helpers import final_weights, same_weights, tiny
+from .train_helpers import final_weights, same_weights, tiny
 
 
 def test_a_checkpoint_holds_everything_to_resume(tmp_path):
@@ -75,7 +75,7 @@ def test_every_file_is_checked(tmp_path, file):
 
 
 def test_no_loadable_checkpoint_is_a_clear_error(tmp_path):
-    from .test_train_helpers import run_train, tiny_flags
+    from .train_helpers import run_train, tiny_flags
 
     train(tiny(steps=10), tmp_path / "run")
     damage(tmp_path / "run" / "checkpoints" / "step-00000010", "state.pt")

@@ -8,13 +8,12 @@ import json
 import pytest
 import torch
 
-from clearformer import EncoderConfig, EncoderModel
-from clearformer.interop.hf import save_model
 from clearformer.train import TrainConfig, train
 from clearformer.train.metrics import macro_f1
 from clearformer.train.tasks.text_data import deduplicate, read_labelled
 
-from .test_train_helpers import final_weights, run_train, same_weights
+from .helpers import write_tiny_bert
+from .train_helpers import final_weights, run_train, same_weights
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c", "cat", "dog", "red", "blue"]
 PETS = ["cat", "dog", "cat dog", "dog dog cat", "a cat", "the dog", "cat a cat", "dog b"]
@@ -24,25 +23,7 @@ COLOURS = ["red", "blue", "red blue", "blue red red", "a red", "b blue", "red c"
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A random 1-layer BERT checkpoint (width 16) with a WordPiece vocabulary."""
-    directory = tmp_path_factory.mktemp("tiny-bert")
-    torch.manual_seed(0)
-    config = EncoderConfig(
-        d_model=16,
-        n_heads=2,
-        n_layers=1,
-        dim_mlp=32,
-        norm="post",
-        activation="gelu",
-        norm_eps=1e-12,
-        final_norm=False,
-        vocab_size=len(WORDS),
-        max_positions=32,
-        type_vocab_size=2,
-        embedding_norm=True,
-    )
-    save_model(EncoderModel(config).eval(), directory, "bert")
-    (directory / "vocab.txt").write_text("\n".join(WORDS) + "\n", encoding="utf-8")
-    return directory
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), WORDS)
 
 
 def write_csv(path, rows, header="text,label"):

@@ -8,7 +8,7 @@ import pytest
 from clearformer.train import TrainConfig, dump_toml, load_config
 from clearformer.train.config import check_against_data
 
-from .test_train_helpers import run_train, tiny_flags
+from .train_helpers import run_train, tiny_flags
 
 
 @pytest.mark.parametrize(
@@ -97,7 +97,7 @@ def test_cli_records_the_resolved_config_and_the_overrides(tmp_path):
     run = tmp_path / "run"
     result = run_train(*tiny_flags(steps=10), "--out", str(run), "-q")
     assert result.returncode == 0, result.stderr
-    from .test_train_helpers import tiny
+    from .train_helpers import tiny
 
     assert load_config(run / "config.toml") == tiny(steps=10)
     invocation = json.loads((run / "invocations.jsonl").read_text().splitlines()[0])

@@ -19,7 +19,7 @@ from clearformer.train import checkpoint as ckpt
 from clearformer.train import train
 from clearformer.train.tasks import build_task
 
-from .test_train_helpers import TINY, env, final_weights, same_weights, tiny, tiny_flags
+from .train_helpers import TINY, env, final_weights, same_weights, tiny, tiny_flags
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch.distributed is not available"

@@ -13,7 +13,7 @@ import pytest
 
 from clearformer.train import checkpoint as ckpt
 
-from .test_train_helpers import env, final_weights, run_train, same_weights, tiny_flags
+from .train_helpers import env, final_weights, run_train, same_weights, tiny_flags
 
 FLAGS = tiny_flags(steps=60)
 

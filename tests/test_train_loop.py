@@ -14,7 +14,7 @@ from clearformer.train.precision import Precision
 from clearformer.train.step import build_optimizer, micro_batches, train_step
 from clearformer.train.tasks import build_task
 
-from .test_train_helpers import final_weights, same_weights, tiny
+from .train_helpers import final_weights, same_weights, tiny
 
 
 def records(run):

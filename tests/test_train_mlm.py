@@ -14,8 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from clearformer import EncoderConfig, EncoderModel
-from clearformer.interop.hf import save_model
 from clearformer.train import TrainConfig, train
 from clearformer.train.masking import MaskingVocab, collate_masked, generator, mask_example
 from clearformer.train.precision import Precision
@@ -23,7 +21,8 @@ from clearformer.train.step import build_optimizer, train_step
 from clearformer.train.tasks import build_task
 from clearformer.train.tasks.text_data import read_texts
 
-from .test_train_helpers import final_weights, same_weights
+from .helpers import write_tiny_bert
+from .train_helpers import final_weights, same_weights
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: it reads it then
 
@@ -36,25 +35,7 @@ VOCAB = SPECIALS + WORDS
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A random 2-layer BERT (width 16) with a WordPiece vocabulary, no masked-LM head."""
-    directory = tmp_path_factory.mktemp("tiny-bert")
-    torch.manual_seed(0)
-    config = EncoderConfig(
-        d_model=16,
-        n_heads=2,
-        n_layers=2,
-        dim_mlp=32,
-        norm="post",
-        activation="gelu",
-        norm_eps=1e-12,
-        final_norm=False,
-        vocab_size=len(VOCAB),
-        max_positions=32,
-        type_vocab_size=2,
-        embedding_norm=True,
-    )
-    save_model(EncoderModel(config).eval(), directory, "bert")
-    (directory / "vocab.txt").write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
-    return directory
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), VOCAB, n_layers=2)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from clearformer.train import TrainConfig, train
 from clearformer.train.tasks.reverse import ReverseTask, exact_match
 from clearformer.train.tasks.seq2seq_data import collate_pairs
 
-from .test_train_helpers import final_weights
+from .train_helpers import final_weights
 
 
 def _config(**changes):

@@ -11,10 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from clearformer import EncoderConfig, EncoderModel
-from clearformer.interop.hf import save_model
+from ..helpers import write_tiny_bert
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c", "cat", "dog"]
 
@@ -22,25 +20,7 @@ WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c", "cat", "do
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """A random 1-layer BERT checkpoint (width 16) with a WordPiece vocabulary."""
-    directory = tmp_path_factory.mktemp("tiny-bert")
-    torch.manual_seed(0)
-    config = EncoderConfig(
-        d_model=16,
-        n_heads=2,
-        n_layers=1,
-        dim_mlp=32,
-        norm="post",
-        activation="gelu",
-        norm_eps=1e-12,
-        final_norm=False,
-        vocab_size=len(WORDS),
-        max_positions=32,
-        type_vocab_size=2,
-        embedding_norm=True,
-    )
-    save_model(EncoderModel(config).eval(), directory, "bert")
-    (directory / "vocab.txt").write_text("\n".join(WORDS) + "\n", encoding="utf-8")
-    return directory
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), WORDS)
 
 
 @pytest.fixture

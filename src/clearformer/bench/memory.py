@@ -8,7 +8,9 @@ runs one forward under ``inference_mode`` and reports how far the mark rose. (``
 A fresh process per measurement means no earlier run's peak hides this one's. The allocator
 setting is the suite's (``retain_freed_memory``), as in the timed runs.
 
-Run as ``python -m clearformer.bench.memory --impl NAME --size minilm --seqlen T``; prints JSON.
+Run as ``python -m clearformer.bench.memory --impl NAME --size minilm --seqlen T --output PATH``;
+writes the result to ``PATH`` as JSON. A file rather than stdout, so nothing a library prints
+while the layer is built can be mistaken for the result (:func:`measure` reads it back).
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
+from ..io import atomic_write
 from .workloads import SIZES
 
 
@@ -69,16 +74,21 @@ def measure_here(impl: str, size_name: str, seqlen: int, threads: int) -> dict:
 
 
 def measure(impl: str, size_name: str, seqlen: int, threads: int, timeout: float = 600) -> dict:
-    """:func:`measure_here` in a fresh Python process."""
-    cmd = [
-        sys.executable, "-m", "clearformer.bench.memory",
-        "--impl", impl, "--size", size_name, "--seqlen", str(seqlen), "--threads", str(threads),
-    ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"memory measurement of {impl} at T={seqlen} failed: {tail}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """:func:`measure_here` in a fresh Python process, which writes its result to a file in a
+    temporary folder. Its stdout and stderr are captured (kept off the caller's output); the
+    last line of stderr names a failure."""
+    with tempfile.TemporaryDirectory(prefix="clearformer-memory-") as folder:
+        output = Path(folder) / "result.json"
+        cmd = [
+            sys.executable, "-m", "clearformer.bench.memory",
+            "--impl", impl, "--size", size_name, "--seqlen", str(seqlen), "--threads", str(threads),
+            "--output", str(output),
+        ]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        if done.returncode != 0 or not output.is_file():
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"memory measurement of {impl} at T={seqlen} failed: {tail}")
+        return json.loads(output.read_text(encoding="utf-8"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,8 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="minilm", choices=sorted(SIZES))
     parser.add_argument("--seqlen", type=int, required=True)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--output", required=True, help="the JSON file to write the result to")
     args = parser.parse_args(argv)
-    print(json.dumps(measure_here(args.impl, args.size, args.seqlen, args.threads)))
+    result = measure_here(args.impl, args.size, args.seqlen, args.threads)
+    with atomic_write(args.output) as f:
+        json.dump(result, f)
     return 0
 
 

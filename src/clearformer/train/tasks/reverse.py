@@ -16,9 +16,9 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from ...generation import generate
-from ...seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from ...seq2seq import Seq2SeqTransformer
 from ..config import TrainConfig
-from .seq2seq_data import Seq2SeqBatch, Seq2SeqForTraining, collate_pairs
+from .seq2seq_data import Seq2SeqBatch, Seq2SeqForTraining, collate_pairs, seq2seq_model
 
 PAD, BOS, EOS, FIRST = 0, 1, 2, 3
 
@@ -32,23 +32,17 @@ def random_sequences(count: int, vocab: int, low: int, high: int, seed: int) -> 
 
 
 def build_model(c: TrainConfig) -> Seq2SeqForTraining:
-    """The reversal model a config describes (what a run's weights load into)."""
-    model = Seq2SeqTransformer(
-        Seq2SeqConfig(
-            src_vocab_size=FIRST + c.reverse_vocab,
-            d_model=c.d_model,
-            n_heads=c.n_heads,
-            encoder_layers=c.n_layers,
-            decoder_layers=c.n_layers,
-            dim_mlp=c.dim_mlp,
-            dropout=c.dropout,
-            max_positions=c.reverse_max_length + 2,
-            pad_id=PAD,
-            bos_id=BOS,
-            eos_id=EOS,
-        )
+    """The reversal model a config describes (what a run's weights load into): one vocabulary
+    for both sides, the sequences reversed being the same symbols."""
+    return seq2seq_model(
+        c,
+        src_vocab=FIRST + c.reverse_vocab,
+        tgt_vocab=None,
+        max_positions=c.reverse_max_length + 2,
+        pad=PAD,
+        bos=BOS,
+        eos=EOS,
     )
-    return Seq2SeqForTraining(model)
 
 
 class ReverseTask:

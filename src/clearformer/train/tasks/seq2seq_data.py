@@ -4,6 +4,9 @@ Teacher forcing: the decoder reads ``start + target`` and is scored on ``target 
 position ahead. Only real target positions are scored: the model returns their logits packed
 ``(n, V)`` and the batch their labels ``(n,)``, so the trainer's summed cross-entropy never
 sees padding.
+
+:func:`seq2seq_model` builds the encoder-decoder both sequence-to-sequence tasks train
+(``reverse``, ``translate``) from a run config.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+from ...seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from ..config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -88,3 +94,37 @@ class Seq2SeqForTraining(nn.Module):
             batch.src, batch.src_mask, batch.tgt_in, batch.tgt_mask, checkpointing=checkpointing
         )  # (B, T, V)
         return logits[batch.tgt_mask]  # (n, V), in the labels' row-major order
+
+
+def seq2seq_model(
+    c: TrainConfig,
+    *,
+    src_vocab: int,
+    tgt_vocab: int | None,
+    max_positions: int,
+    pad: int,
+    bos: int,
+    eos: int,
+) -> Seq2SeqForTraining:
+    """The encoder-decoder a run config describes: ``n_layers`` on each side, its width and
+    dropout, and the task's vocabulary sizes, longest sequence and special tokens.
+    ``tgt_vocab=None`` shares one table between source and target (see
+    :class:`~clearformer.Seq2SeqConfig`); a number, even one equal to ``src_vocab``, gives the
+    target its own."""
+    model = Seq2SeqTransformer(
+        Seq2SeqConfig(
+            src_vocab_size=src_vocab,
+            tgt_vocab_size=tgt_vocab,
+            d_model=c.d_model,
+            n_heads=c.n_heads,
+            encoder_layers=c.n_layers,
+            decoder_layers=c.n_layers,
+            dim_mlp=c.dim_mlp,
+            dropout=c.dropout,
+            max_positions=max_positions,
+            pad_id=pad,
+            bos_id=bos,
+            eos_id=eos,
+        )
+    )
+    return Seq2SeqForTraining(model)

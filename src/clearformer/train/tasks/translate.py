@@ -26,12 +26,18 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from ...generation import generate
-from ...seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from ...seq2seq import Seq2SeqTransformer
 from ..bleu import BleuScore, corpus_bleu
 from ..config import TrainConfig
 from ..sampler import BucketSampler, random_batches
 from .parallel_data import Pair, deduplicate_pairs, read_pairs, split_by_source
-from .seq2seq_data import Seq2SeqBatch, Seq2SeqForTraining, collate_pairs, pair_padding
+from .seq2seq_data import (
+    Seq2SeqBatch,
+    Seq2SeqForTraining,
+    collate_pairs,
+    pair_padding,
+    seq2seq_model,
+)
 from .words import (
     BOS,
     EOS,
@@ -56,23 +62,15 @@ def load_pairs(path: str, source_field: str, target_field: str) -> list[Pair]:
 
 def build_model(c: TrainConfig, source_words: int, target_words: int) -> Seq2SeqForTraining:
     """The translation model a config and its vocabulary sizes describe."""
-    model = Seq2SeqTransformer(
-        Seq2SeqConfig(
-            src_vocab_size=source_words,
-            tgt_vocab_size=target_words,  # given, even if equal: two tables, see above
-            d_model=c.d_model,
-            n_heads=c.n_heads,
-            encoder_layers=c.n_layers,
-            decoder_layers=c.n_layers,
-            dim_mlp=c.dim_mlp,
-            dropout=c.dropout,
-            max_positions=c.translate_max_length + 2,  # start + words + end
-            pad_id=PAD,
-            bos_id=BOS,
-            eos_id=EOS,
-        )
+    return seq2seq_model(
+        c,
+        src_vocab=source_words,
+        tgt_vocab=target_words,  # given, even if equal: two tables, see above
+        max_positions=c.translate_max_length + 2,  # start + words + end
+        pad=PAD,
+        bos=BOS,
+        eos=EOS,
     )
-    return Seq2SeqForTraining(model)
 
 
 class TranslateTask:

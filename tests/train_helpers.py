@@ -1,4 +1,4 @@
-"""Shared pieces of the training tests (no tests here): tiny configs and subprocess runs."""
+"""Shared pieces of the training tests: tiny configs, subprocess runs, run weights."""
 
 from __future__ import annotations
 
