@@ -128,7 +128,10 @@ class Seq2SeqTransformer(nn.Module):
         self.decoder = Decoder(config.decoder_config())
         # Word vectors of norm about 1 (std D^-1/2, Vaswani et al.'s scale): the tied output
         # projection then starts with logits of order 1, not of order D.
-        for table in {self.encoder.embeddings.word, self.target_embeddings.word}:
+        # Source first, then the target table where it is a separate one: a fixed order, so a
+        # seed gives the same weights in every process (a set would follow memory addresses).
+        tables = dict.fromkeys([self.encoder.embeddings.word, self.target_embeddings.word])
+        for table in tables:
             nn.init.normal_(table.weight, std=config.d_model**-0.5)
             with torch.no_grad():
                 table.weight[config.pad_id].zero_()
