@@ -13,16 +13,16 @@ Configurations:
 
 ``sentence-transformers``       its ``encode`` with its defaults (batch_size=32); the reference.
 ``clearformer``                 ``TextEncoder.encode`` with its defaults (batches of at most
-                                4096 padded tokens, one at a time on all threads).
-``clearformer workers 2``       its default batches, two side by side, each on one half of
-                                the threads.
+                                4096 padded tokens, two side by side on a CPU, each on one
+                                half of the threads: ``workers=None``).
+``clearformer workers 1``       its default batches, one at a time on all threads.
 ``clearformer batch 32``        ``batch_size=32, workers=1``: batches of the reference's size,
                                 one at a time on all threads.
 ``clearformer int8``            ``precision="int8"``: int8 linear layers, element-wise steps
                                 eager (``fuse_int8=False``).
 ``clearformer int8 fused``      ``precision="int8", fuse_int8=True``: the same, with the
                                 element-wise steps compiled (compiled before timing starts).
-``clearformer int8 fused workers 2``  the same, two batches side by side on one thread each.
+``clearformer int8 fused workers 1``  the same, one batch at a time on all threads.
 
 The int8 rows are also compared with clearformer's float32 embeddings (min and mean cosine).
 ``--no-int8`` leaves them out.
@@ -94,8 +94,8 @@ def measure(kind: str, args, ours, theirs) -> dict:
             chunk, normalize_embeddings=True, convert_to_numpy=True
         ),
         "clearformer": lambda chunk: ours.encode(chunk, normalize=True, progress=False),
-        "clearformer workers 2": lambda chunk: ours.encode(
-            chunk, workers=2, normalize=True, progress=False
+        "clearformer workers 1": lambda chunk: ours.encode(
+            chunk, workers=1, normalize=True, progress=False
         ),
         "clearformer batch 32": lambda chunk: ours.encode(
             chunk, batch_size=32, workers=1, normalize=True, progress=False
@@ -108,8 +108,8 @@ def measure(kind: str, args, ours, theirs) -> dict:
         runners["clearformer int8 fused"] = lambda chunk: ours.encode(
             chunk, normalize=True, progress=False, precision="int8", fuse_int8=True
         )
-        runners["clearformer int8 fused workers 2"] = lambda chunk: ours.encode(
-            chunk, workers=2, normalize=True, progress=False, precision="int8", fuse_int8=True
+        runners["clearformer int8 fused workers 1"] = lambda chunk: ours.encode(
+            chunk, workers=1, normalize=True, progress=False, precision="int8", fuse_int8=True
         )
     # One `encode` call sorts its texts by length before batching: clearformer by token count,
     # sentence-transformers by character count. Each library's order is computed once over the
