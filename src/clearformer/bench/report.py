@@ -32,7 +32,8 @@ def markdown(results: Results) -> str:
         f"x-transformers {env.get('x_transformers')} · {env['threads']} threads · "
         f"{env['dtype']} · allocator: {env['allocator']}.",
         "",
-        "GEMM rate (torch.matmul at each size's layer shapes): "
+        "GEMM rate (the faster of torch.matmul and oneDNN's linear op at each size's layer "
+        "shapes): "
         + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in results.gemm_gflops.items())
         + " (fastest of 10 rounds, highest of the runs before and after each section). Tokens are"
         " real tokens only; tokens/s and ms are medians,"
