@@ -187,3 +187,27 @@ def test_outputs_get_ordinary_file_permissions(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert target.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_reader_that_stops_early_ends_the_run_quietly(tmp_path):
+    # `clearformer encode ... | head -1`: the pipe closes after the first line, while most of
+    # the output (300 rows of 384 numbers, far more than a pipe holds) is still to be written.
+    import os
+    import subprocess
+    import sys
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("".join(f"text number {i} about cats\n" for i in range(300)))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "clearformer", "encode", "--input", str(texts)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    first = child.stdout.readline()
+    child.stdout.close()
+    _, stderr = child.communicate(timeout=120)
+    assert first.startswith(b'{"index": 0')
+    assert child.returncode == 141, stderr.decode()  # 128 + SIGPIPE, as a shell reports it
+    assert stderr == b""  # no error message and no traceback

@@ -26,6 +26,7 @@ from .commands import COMMANDS
 
 EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
 EXIT_SIGTERM = 128 + signal.SIGTERM
+EXIT_SIGPIPE = 128 + 13  # as a shell reports a command killed by SIGPIPE (`yes | head -1`)
 
 
 class CliError(Exception):
@@ -75,6 +76,14 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated
 
 
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout already gone or not a real file
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     _occupy_closed_descriptors()
     if sys.stderr is None:
@@ -110,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         print("clearformer: terminated", file=sys.stderr)
         return EXIT_SIGTERM
+    except BrokenPipeError:
+        # The reader of stdout went away (`clearformer encode ... | head -1`): stop quietly,
+        # as a Unix tool does, with no message among the reader's results and no second error
+        # when the interpreter flushes stdout at exit.
+        _silence_stdout()
+        return EXIT_SIGPIPE
     except (CliError, ValueError, TypeError, OSError, UnicodeDecodeError) as exc:
         if args.verbose:
             raise
