@@ -29,7 +29,8 @@ from .train_helpers import run_train, tiny_flags
         ({"metric": "loss", "mode": "max"}, "mode must be 'min' (or '') for metric='loss'"),
         ({"metric": "perplexity", "mode": "max"}, "for metric='perplexity'"),
         ({"task": "classify"}, "train_file must name a CSV or JSONL file"),
-        ({"train_file": "x.csv"}, "train_file is for task='classify'"),
+        ({"train_file": "x.csv"}, "train_file is for task='classify', 'mlm' or 'translate'"),
+        ({"task": "reverse", "eval_file": "x.tsv"}, "task='reverse' uses generated sequences"),
         ({"warmup_steps": -1}, "warmup_steps must be an int >= 0, got -1"),
     ],
 )

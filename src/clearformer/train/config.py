@@ -84,7 +84,9 @@ HARMLESS_FIELDS = ("eval_every", "log_every", "checkpoint_every", "keep_last", "
 class TrainConfig:
     """Everything that decides a training run (the output folder is not part of it)."""
 
-    task: str = "digits"  # digits (bundled 8x8 images) | classify (CSV/JSONL text, label)
+    # digits (bundled 8x8 images) | classify (CSV/JSONL text, label) | reverse (generated
+    # sequences, encoder-decoder) | mlm (plain text, masked words) | translate (sentence pairs)
+    task: str = "digits"
     seed: int = 0  # parameters, dropout and data order; two runs with one seed are bitwise equal
 
     # Steps and batches.
@@ -225,11 +227,13 @@ class TrainConfig:
             )
         if self.task == "classify" and not self.train_file:
             raise ValueError("train_file must name a CSV or JSONL file for task='classify', got ''")
-        if self.task == "digits":
+        generated = {"digits": "the bundled images", "reverse": "generated sequences"}
+        if self.task in generated:
             given = [n for n in ("train_file", "eval_file") if getattr(self, n)]
             if given:
                 raise ValueError(
-                    f"{given[0]} is for task='classify'; task='digits' uses the bundled images, "
+                    f"{given[0]} is for task='classify', 'mlm' or 'translate'; "
+                    f"task={self.task!r} uses {generated[self.task]}, "
                     f"got {given[0]}={getattr(self, given[0])!r}"
                 )
         if self.task == "mlm" and not self.train_file:
