@@ -144,3 +144,51 @@ def test_linear_with_gradients_falls_back_to_eager():
     layer.weight.grad = None
     nn.functional.gelu(layer(x)).sum().backward()
     torch.testing.assert_close(fused_grad, layer.weight.grad)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_decoder_fused_equals_the_eager_reference_with_and_without_the_cache(norm, activation):
+    from clearformer import Decoder, DecoderConfig
+
+    torch.manual_seed(0)
+    config = DecoderConfig(
+        d_model=32, n_heads=4, n_layers=2, dim_mlp=64, norm=norm, activation=activation
+    )
+    decoder = Decoder(config).eval()
+    B, T, S = 3, 6, 5
+    x, memory = torch.randn(B, T, 32), torch.randn(B, S, 32)
+    mask = torch.arange(T)[None, :] < torch.tensor([6, 4, 1])[:, None]  # (B, T)
+    memory_mask = torch.arange(S)[None, :] < torch.tensor([5, 2, 3])[:, None]  # (B, S)
+    x = torch.where(mask[..., None], x, float("nan"))  # padded rows must not matter
+    memory = torch.where(memory_mask[..., None], memory, float("nan"))
+    with torch.inference_mode():
+        want = decoder(x, memory, mask, memory_mask, backend="math")
+        got = decoder(x, memory, mask, memory_mask, backend="sdpa")
+        assert _ran_fused(lambda: decoder(x, memory, mask, memory_mask, backend="sdpa"))
+        # Step by step with the cache (all rows real), fused against eager.
+        full = torch.nan_to_num(x[:1])
+        steps = {}
+        for backend in ("math", "sdpa"):
+            cache = decoder.start_cache(memory[:1, :5])
+            rows = []
+            for t in range(T):
+                y, cache = decoder(full[:, t : t + 1], None, cache=cache, backend=backend)
+                rows.append(y)
+            steps[backend] = torch.cat(rows, dim=1)  # (1, T, D)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert (got[~mask] == 0).all()
+    torch.testing.assert_close(steps["sdpa"], steps["math"], atol=1e-5, rtol=1e-5)
+
+
+def test_decoder_in_training_or_with_gradients_keeps_the_eager_layers():
+    from clearformer import Decoder, DecoderConfig
+
+    decoder = Decoder(DecoderConfig(d_model=16, n_heads=2, n_layers=1, dim_mlp=32))
+    x, memory = torch.randn(2, 3, 16, requires_grad=True), torch.randn(2, 4, 16)
+    assert not _ran_fused(lambda: decoder.eval()(x, memory).sum().backward())
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    with torch.no_grad():
+        assert not _ran_fused(lambda: decoder.train()(x, memory))
+        assert _ran_fused(lambda: decoder.eval()(x, memory))

@@ -80,7 +80,9 @@ def test_scores_rebuild_from_token_logprobs_and_pads_follow_the_end(
         SRC, MASK, max_new_tokens=12, num_beams=num_beams, length_penalty=length_penalty
     )
     rebuilt = out.token_logprobs.sum(1) / out.lengths.float() ** length_penalty
-    torch.testing.assert_close(out.scores, rebuilt, atol=1e-6, rtol=0)
+    # Summed step by step against summed at once: equal up to float32 rounding of the total
+    # (scores grow with the length when length_penalty < 0), far below one token's logprob.
+    torch.testing.assert_close(out.scores, rebuilt, atol=1e-6, rtol=1e-6)
     eos, pad = model.config.eos_id, model.config.pad_id
     for row, n in enumerate(out.lengths.tolist()):
         seq = out.sequences[row]

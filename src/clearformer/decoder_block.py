@@ -38,6 +38,8 @@ from .checks import (
     check_probability,
 )
 from .feedforward import FeedForward
+from .fused_linear import fusion_decision
+from .layer_plans import with_linear
 from .options import ACTIVATIONS, BACKENDS, NORMS
 from .plan import ForwardPlan, plan_attention
 from .tracing import record
@@ -210,6 +212,21 @@ class DecoderBlock(nn.Module):
         record("decoder.block_input", x)
         past = (cache.keys, cache.values) if cache.length else None
         memory_kv = (cache.memory_keys, cache.memory_values)
+        if self_plan.fused_linear:
+            # Inference: the residual dropouts are identities, and each residual add happens
+            # inside the matrix product that produces the branch (clearformer.fused_linear).
+            attn, cross = self.self_attn, self.cross_attn
+            if self.norm == "pre":
+                x, _, (k, v) = attn.attend_cached(self.self_attn_norm(x), self_plan, past, x)
+                x, _ = cross.attend_memory(self.cross_attn_norm(x), memory_kv, cross_plan, x)
+                x = self.mlp(self.mlp_norm(x), fused=True, residual=x)
+            else:
+                h, _, (k, v) = attn.attend_cached(x, self_plan, past, residual=x)
+                x = self.self_attn_norm(h)
+                h, _ = cross.attend_memory(x, memory_kv, cross_plan, residual=x)
+                x = self.cross_attn_norm(h)
+                x = self.mlp_norm(self.mlp(x, fused=True, residual=x))
+            return x, LayerCache(k, v, cache.memory_keys, cache.memory_values)
         if self.norm == "pre":
             h, _, (k, v) = self.self_attn.attend_cached(self.self_attn_norm(x), self_plan, past)
             x = x + self.self_attn_dropout(h)
@@ -250,6 +267,9 @@ def prepare_call(owner, x, memory, mask, memory_mask, cache, *, cache_type, head
         owner._check_rows if isinstance(owner, DecoderBlock) else owner.layers[0]._check_rows
     )
     check_rows(x, "x")
+    fusion = None
+    if backend != "math":  # the math backend is the reference: always the eager layers
+        fusion = fusion_decision(x.device, x.dtype, owner.training)
     if cache is None:
         if memory is None:
             raise ValueError("memory must be a (B, S, D) tensor unless a cache holds it")
@@ -277,6 +297,8 @@ def prepare_call(owner, x, memory, mask, memory_mask, cache, *, cache_type, head
         backend=backend,
         dtype=x.dtype,
     )
+    if fusion is not None:
+        self_plan, cross_plan = with_linear(self_plan, fusion), with_linear(cross_plan, fusion)
     if mask is not None:
         x = torch.where(mask[..., None], x, 0.0)  # padded rows: zeros, whatever they held
     return x, start, self_plan, cross_plan

@@ -242,24 +242,30 @@ class MultiHeadAttention(nn.Module):
         return self.attend_heads(q, k, v, plan, residual=residual)
 
     def attend_cached(
-        self, query: Tensor, plan: ForwardPlan, past: tuple[Tensor, Tensor] | None = None
+        self,
+        query: Tensor,
+        plan: ForwardPlan,
+        past: tuple[Tensor, Tensor] | None = None,
+        residual: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, tuple[Tensor, Tensor]]:
         """Self-attention of new rows ``query`` (B, t, in_dim) over the keys and values of
         earlier rows (``past``: (B, H, T_past, Dh) and (B, H, T_past, Dv)) and their own.
 
         The same path as :meth:`attend`, with the new keys and values appended after the head
-        split. ``plan`` is made for t queries and T_past + t keys.
+        split. ``plan`` is made for t queries and T_past + t keys. ``residual`` (B, t, out_dim)
+        is added to the output (inside the output projection when the plan fuses linear
+        layers).
 
         Returns:
             out (B, t, out_dim), weights or None, and the keys and values of all T_past + t rows
             (the cache to pass next time).
         """
-        q, k, v = self.project(query, query, query)
+        q, k, v = self.project(query, query, query, fused=plan.fused_linear)
         q, k, v = (self._split_heads(t, plan) for t in (q, k, v))  # (B, H, t, Dh)
         if past is not None:
             k = torch.cat([past[0], k], dim=2)  # (B, H, T_past + t, Dh)
             v = torch.cat([past[1], v], dim=2)
-        out, weights = self.attend_heads(q, k, v, plan)
+        out, weights = self.attend_heads(q, k, v, plan, residual=residual)
         return out, weights, (k, v)
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
@@ -277,13 +283,22 @@ class MultiHeadAttention(nn.Module):
         return k, v
 
     def attend_memory(
-        self, query: Tensor, memory_kv: tuple[Tensor, Tensor], plan: ForwardPlan
+        self,
+        query: Tensor,
+        memory_kv: tuple[Tensor, Tensor],
+        plan: ForwardPlan,
+        residual: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Cross-attention from ``query`` (B, t, in_dim) to keys and values from
-        :meth:`memory_kv`; ``plan`` is made for t queries and S keys."""
-        (wq, bq), _, _ = self.projection_weights()
-        q = self._split_heads(F.linear(query, wq, bq), plan)  # (B, H, t, Dh)
-        return self.attend_heads(q, *memory_kv, plan)
+        :meth:`memory_kv`; ``plan`` is made for t queries and S keys. ``residual``
+        (B, t, out_dim) is added to the output, as in :meth:`attend_cached`."""
+        if plan.fused_linear and self.q_proj is not None:
+            q = linear(query, self.q_proj, fused=True)
+        else:
+            (wq, bq), _, _ = self.projection_weights()
+            q = F.linear(query, wq, bq)
+        q = self._split_heads(q, plan)  # (B, H, t, Dh)
+        return self.attend_heads(q, *memory_kv, plan, residual=residual)
 
     def attend_heads(
         self,
