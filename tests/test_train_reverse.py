@@ -46,6 +46,17 @@ def test_teacher_forcing_scores_real_target_positions_only():
     assert int(batch.tgt_mask.sum()) == len(batch.labels)
 
 
+def test_the_training_loss_is_a_mean_per_target_token_like_the_evaluations():
+    from clearformer.train.tasks.base import scored_count
+
+    task = ReverseTask(_config())
+    for indices in ([0], [3, 1, 4, 1, 5], list(range(16))):
+        batch = task.train_batch(indices)
+        # The trainer divides the summed cross-entropy by this count; evaluation divides by
+        # the number of labels: the same scale only if they agree.
+        assert scored_count(task, indices) == len(batch.labels) > len(indices)
+
+
 def test_a_trained_model_decodes_the_same_batched_and_alone(tmp_path):
     config = _config()
     result = train(config, tmp_path / "run")

@@ -211,6 +211,18 @@ def test_length_grouping_pads_less_than_random_batches_and_is_what_collate_pads(
 
 
 # -- the CLI: train, translate, bad input, resume --------------------------------------------------
+def test_the_training_loss_is_a_mean_per_target_token_like_the_evaluations(tmp_path):
+    from clearformer.train.tasks.base import scored_count
+    from clearformer.train.tasks.translate import TranslateTask
+
+    data = tmp_path / "pairs.tsv"
+    _tsv(data)
+    task = TranslateTask(TrainConfig(task="translate", train_file=str(data)))
+    for indices in ([0], [2, 7, 1], list(range(8))):
+        batch = task.train_batch(indices)
+        assert scored_count(task, indices) == len(batch.labels) > len(indices)
+
+
 def test_a_tiny_run_keeps_its_vocabularies(trained):
     run, _ = trained
     source, target = load_vocabularies((run / "vocabulary.json").read_text(), "v")

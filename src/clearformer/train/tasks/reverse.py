@@ -78,6 +78,11 @@ class ReverseTask:
     def train_batch(self, indices: Sequence[int]) -> Seq2SeqBatch:
         return self._batch([self.train_sources[i] for i in indices])
 
+    def scored_positions(self, indices: Sequence[int]) -> int:
+        """The target tokens of these examples (the reversed sequence and the end): the
+        training loss is their mean, on the evaluation's scale."""
+        return sum(len(self.train_sources[i]) + 1 for i in indices)
+
     def eval_batches(self, batch_size: int) -> Iterator[Seq2SeqBatch]:
         for start in range(0, len(self.eval_sources), batch_size):
             yield self._batch(self.eval_sources[start : start + batch_size])

@@ -150,6 +150,11 @@ class TranslateTask:
     def train_batch(self, indices: Sequence[int]) -> Seq2SeqBatch:
         return collate_pairs([self.train_ids[i] for i in indices], pad=PAD, bos=BOS, eos=EOS)
 
+    def scored_positions(self, indices: Sequence[int]) -> int:
+        """The target tokens of these pairs (the translation's words and the end): the
+        training loss is their mean, on the evaluation's scale."""
+        return sum(len(self.train_ids[i][1]) + 1 for i in indices)
+
     def eval_batches(self, batch_size: int) -> Iterator[Seq2SeqBatch]:
         for start in range(0, len(self.eval_order), batch_size):
             chunk = self.eval_order[start : start + batch_size]
