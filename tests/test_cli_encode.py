@@ -211,3 +211,20 @@ def test_a_reader_that_stops_early_ends_the_run_quietly(tmp_path):
     assert first.startswith(b'{"index": 0')
     assert child.returncode == 141, stderr.decode()  # 128 + SIGPIPE, as a shell reports it
     assert stderr == b""  # no error message and no traceback
+
+
+def test_only_a_closed_stdout_counts_as_the_reader_stopping(tmp_path, monkeypatch):
+    # A broken pipe elsewhere (stderr's reader gone) is an error, not the quiet exit 141.
+    import os
+    import sys
+
+    from clearformer.cli import _stdout_reader_gone
+
+    read_end, write_end = os.pipe()
+    with open(write_end, "w") as pipe, open(tmp_path / "out.txt", "w") as regular:
+        monkeypatch.setattr(sys, "stdout", pipe)
+        assert not _stdout_reader_gone()  # the reader is still there
+        os.close(read_end)
+        assert _stdout_reader_gone()
+        monkeypatch.setattr(sys, "stdout", regular)
+        assert not _stdout_reader_gone()

@@ -192,3 +192,45 @@ def test_decoder_in_training_or_with_gradients_keeps_the_eager_layers():
     with torch.no_grad():
         assert not _ran_fused(lambda: decoder.train()(x, memory))
         assert _ran_fused(lambda: decoder.eval()(x, memory))
+
+
+def _stack_and_call(kind: str):
+    from clearformer import Decoder, DecoderConfig
+
+    if kind == "encoder":
+        encoder = _encoder("post")
+        x, mask = _ragged()
+        return encoder, lambda backend: encoder(x, mask, backend=backend)
+    decoder = Decoder(DecoderConfig(d_model=32, n_heads=4, n_layers=1, dim_mlp=64)).eval()
+    memory = torch.randn(2, 5, 32)
+    return decoder, lambda backend: decoder(memory[:, :3], memory, backend=backend)
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_hooks_inside_a_stack_see_what_the_eager_layers_give(kind):
+    # A fused block adds the residual inside the feed-forward network's last product: a hook
+    # on that network would see x + FFN(x). Any hook inside the stack keeps the eager layers.
+    stack, call = _stack_and_call(kind)
+    seen = []
+    handle = stack.layers[0].mlp.register_forward_hook(lambda m, i, out: seen.append(out))
+    with torch.no_grad():
+        decision = fusion_decision(torch.device("cpu"), torch.float32, False, stack)
+        assert decision.choice == "eager" and "forward hooks" in decision.reason
+        assert not _ran_fused(lambda: call("sdpa"))
+        seen.clear()
+        call("sdpa")
+        call("math")
+    handle.remove()
+    torch.testing.assert_close(seen[0], seen[1], atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        assert _ran_fused(lambda: call("sdpa"))  # without the hook: fused again
+
+
+def test_a_torchscript_trace_of_the_decoder_records_the_eager_layers():
+    from clearformer import Decoder, DecoderConfig
+
+    decoder = Decoder(DecoderConfig(d_model=16, n_heads=2, n_layers=1, dim_mlp=32)).eval()
+    x, memory = torch.randn(2, 3, 16), torch.randn(2, 4, 16)
+    with torch.no_grad():
+        traced = torch.jit.trace(decoder, (x, memory), check_trace=False)
+        torch.testing.assert_close(traced(x, memory), decoder(x, memory), atol=1e-5, rtol=1e-5)

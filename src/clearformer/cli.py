@@ -76,6 +76,27 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated
 
 
+def _report(args, exc: BaseException) -> int:
+    """One line naming the command and the error on stderr; exit status 2."""
+    if args.verbose:
+        raise exc
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    print(f"clearformer {args.command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _stdout_reader_gone() -> bool:
+    """stdout is a pipe or socket whose reader has closed it (poll reports an error on it)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no poll here, or stdout is not a real file
+        return False
+
+
 def _silence_stdout() -> None:
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -119,18 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         print("clearformer: terminated", file=sys.stderr)
         return EXIT_SIGTERM
-    except BrokenPipeError:
+    except BrokenPipeError as exc:
+        if not _stdout_reader_gone():
+            return _report(args, exc)  # another pipe broke (stderr's reader): a real error
         # The reader of stdout went away (`clearformer encode ... | head -1`): stop quietly,
         # as a Unix tool does, with no message among the reader's results and no second error
         # when the interpreter flushes stdout at exit.
         _silence_stdout()
         return EXIT_SIGPIPE
     except (CliError, ValueError, TypeError, OSError, UnicodeDecodeError) as exc:
-        if args.verbose:
-            raise
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"clearformer {args.command}: error: {message}", file=sys.stderr)
-        return 2
+        return _report(args, exc)
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)

@@ -269,7 +269,7 @@ def prepare_call(owner, x, memory, mask, memory_mask, cache, *, cache_type, head
     check_rows(x, "x")
     fusion = None
     if backend != "math":  # the math backend is the reference: always the eager layers
-        fusion = fusion_decision(x.device, x.dtype, owner.training)
+        fusion = fusion_decision(x.device, x.dtype, owner.training, owner)
     if cache is None:
         if memory is None:
             raise ValueError("memory must be a (B, S, D) tensor unless a cache holds it")

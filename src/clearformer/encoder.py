@@ -146,7 +146,7 @@ class Encoder(nn.Module):
         if backend != "math" and not (backend is None and self.config.backend == "math"):
             # The math backend is the reference: always the eager layers.
             fusion = fusion_decision(
-                plan.device, self._dtype() if dtype is None else dtype, self.training
+                plan.device, self._dtype() if dtype is None else dtype, self.training, self
             )
             plan = with_linear(plan, fusion)
         return plan
@@ -250,10 +250,11 @@ class Encoder(nn.Module):
         attentions: list[Tensor] = []
         if (
             plan.fused_linear
-            and fusion_decision(x.device, x.dtype, self.training).choice != "fused"
+            and fusion_decision(x.device, x.dtype, self.training, self).choice != "fused"
         ):
-            # A plan made for inference, run with gradients, in training mode or while a trace
-            # records: the fused op has no autograd formula and records nothing.
+            # A plan made for inference, run with gradients, in training mode, while a trace
+            # records or with hooks added since: the fused op has no autograd formula, records
+            # nothing and runs past the hooks.
             plan = with_linear(plan, Decision("eager", "this call needs the eager layers"))
         if self.relative_bias is not None:
             # The bias is a parameter: computed once per call, shared by every layer.

@@ -48,9 +48,12 @@ def onednn_available() -> bool:
     return True
 
 
-def fusion_decision(device: torch.device, dtype: torch.dtype, training: bool) -> Decision:
+def fusion_decision(
+    device: torch.device, dtype: torch.dtype, training: bool, module: nn.Module | None = None
+) -> Decision:
     """Whether a call on ``device`` in ``dtype`` by a module in ``training`` mode may run its
-    linear layers fused, and why (``Decision("fused" | "eager", reason)``)."""
+    linear layers fused, and why (``Decision("fused" | "eager", reason)``). ``module``: the
+    stack making the call; forward hooks on any module inside it keep the eager layers."""
     if device.type != "cpu" or dtype != torch.float32:
         return Decision("eager", "fused linear layers serve float32 on CPU only")
     if training or torch.is_grad_enabled():
@@ -61,6 +64,10 @@ def fusion_decision(device: torch.device, dtype: torch.dtype, training: bool) ->
         return Decision("eager", "a trace records every eager step")
     if torch.compiler.is_compiling():
         return Decision("eager", "under torch.compile the compiler fuses")
+    if torch.jit.is_tracing():
+        return Decision("eager", "a TorchScript trace records the eager layers")
+    if module is not None and has_inner_hooks(module):
+        return Decision("eager", "forward hooks inside the model see the eager layers")
     if not onednn_available():
         return Decision("eager", "this PyTorch build has no oneDNN fused linear op")
     return Decision("fused", "CPU inference: bias, activation and residual fused (oneDNN)")
@@ -106,6 +113,20 @@ def linear(
     else:
         out = op.default(rows, layer.weight, layer.bias, "none", [], "")
     return out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
+
+
+def has_inner_hooks(module: nn.Module) -> bool:
+    """Forward hooks on a module inside ``module`` (not on ``module`` itself) or on every
+    module. A fused call would run past a linear layer's hooks, and hand a feed-forward
+    network's or an attention's hooks their output with the block's residual already added:
+    such calls keep the eager layers, whose every module returns what it does alone."""
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    inner = iter(module.modules())
+    next(inner)  # the module itself: its own hooks see the same output either way
+    return any(m._forward_hooks or m._forward_pre_hooks for m in inner)
 
 
 def _has_hooks(layer: nn.Module) -> bool:
