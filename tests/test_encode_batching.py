@@ -199,3 +199,24 @@ def test_workers_refused_while_a_trace_records(encoder):
     with recording(steps), pytest.raises(ValueError, match="workers must be 1 while a trace"):
         encoder.encode(["a", "b"], workers=2)
     assert steps.names == []  # refused before any forward pass
+
+
+def test_encode_runs_two_workers_by_default_on_a_cpu_with_two_threads(encoder, monkeypatch):
+    import clearformer.text.encoder as text_encoder
+
+    from .helpers import intra_op_threads
+
+    used = []
+    real = text_encoder.map_in_workers
+
+    def spy(fn, items, workers):
+        used.append(workers)
+        return real(fn, items, workers)
+
+    monkeypatch.setattr(text_encoder, "map_in_workers", spy)
+    with intra_op_threads(2):
+        default = encoder.encode(TEXTS, batch_size=2)
+        one = encoder.encode(TEXTS, batch_size=2, workers=1)
+        encoder.encode(TEXTS[:2], batch_size=2)  # one batch: nothing to run side by side
+    assert used == [2, 1, 1]
+    np.testing.assert_allclose(default, one, atol=1e-6, rtol=0)

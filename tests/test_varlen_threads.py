@@ -100,3 +100,25 @@ def test_a_forked_child_attends_with_pools_of_its_own():
 def _attend_in_child(q, k, v, layout):
     torch.set_num_threads(2)
     return varlen_attention(q, k, v, layout, method="threads")
+
+
+def test_new_worker_threads_leave_the_count_later_threads_start_with():
+    # A worker sets its own count to 1, which also becomes what every later new thread of the
+    # process starts with; the caller restores it, as encode's batch workers do.
+    import threading
+
+    from clearformer.kernels import varlen_threads
+
+    q, k, v, layout = _packed([5, 9, 3, 7])
+    with varlen_threads._LOCK:
+        old = list(varlen_threads._POOLS.values())
+        varlen_threads._POOLS.clear()  # the next call starts new worker threads
+    for pool in old:
+        pool.shutdown(wait=True)
+    with intra_op_threads(2):
+        varlen_attention(q, k, v, layout, method="threads")
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+    assert seen == [2]

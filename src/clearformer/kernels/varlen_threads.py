@@ -42,9 +42,15 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pools_in_child)
 
 
+# Set when a worker thread has started: its set_num_threads(1) also became the count every
+# later new thread of the process starts with, which the caller then restores.
+_NEW_WORKERS = threading.Event()
+
+
 def _single_threaded() -> None:
     torch.get_num_threads()  # a new thread takes the process-wide count lazily: query first
     torch.set_num_threads(1)
+    _NEW_WORKERS.set()
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
@@ -81,7 +87,8 @@ def threaded_attention(q, k, v, layout, is_causal, scale, window, bias, attend_r
     per worker and another of the workers' results).
     """
     runs = layout.runs
-    workers = min(torch.get_num_threads(), len(runs))
+    threads = torch.get_num_threads()
+    workers = min(threads, len(runs))
     if workers <= 1:
         pieces = attend_runs(q, k, v, runs)
         if not pieces:
@@ -93,11 +100,14 @@ def threaded_attention(q, k, v, layout, is_causal, scale, window, bias, attend_r
     # Grad mode and inference mode are per thread: the workers take the caller's.
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
-    def work(group: list[int], start: int, end: int) -> Tensor:
+    def work(group: list[int], start: int, end: int) -> list[Tensor]:
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
             return attend_runs(q[start:end], k[start:end], v[start:end], [runs[i] for i in group])
 
     pool = _pool(workers)
     futures = [pool.submit(work, g, a, b) for g, (a, b) in zip(groups, bounds, strict=True)]
     pieces = [piece for future in futures for piece in future.result()]
+    if _NEW_WORKERS.is_set():
+        _NEW_WORKERS.clear()
+        torch.set_num_threads(threads)  # what new threads start with, as the caller had it
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)  # (N, H, Dv)

@@ -41,7 +41,7 @@ from ..model import EncoderModel
 from ..quant import PRECISIONS
 from ..tracing import is_recording
 from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
-from .workers import auto_workers, map_in_workers
+from .workers import auto_workers, map_in_workers, run_at_worker_shares
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,10 @@ class TextEncoder:
                 for module in model.modules():
                     if isinstance(module, Int8Linear):
                         module.fused = True
-                self._calibrate(model)  # compiles now, in the calling thread
+                self._calibrate(model)  # compiles now, in the calling thread ...
+                # ... and at the thread count of encode's default workers, which the compiled
+                # code guards on: otherwise each worker would recompile on its first batch.
+                run_at_worker_shares(lambda: self._calibrate(model))
                 self._int8[True] = model
                 log.info("compiled the int8 steps in %.2fs", time.perf_counter() - started)
             return self._int8[fused]

@@ -93,6 +93,32 @@ def _in_pool(fn: Callable[[Item], Result], items: Sequence[Item], workers: int) 
         torch.set_num_threads(total)  # the count new threads start with, as the caller had it
 
 
+def run_at_worker_shares(fn: Callable[[], object], workers: int = 2) -> None:
+    """Call ``fn`` once on a thread of its own for each thread count ``workers`` workers would
+    run at (besides the caller's own count), then restore what new threads start with.
+
+    Compiled code (``torch.compile``) guards on the intra-op thread count: warmed up only at
+    the caller's count, it would recompile inside the workers, each racing the other."""
+    total = torch.get_num_threads()
+    errors: list[BaseException] = []
+
+    def run(share: int) -> None:
+        torch.get_num_threads()  # a new thread takes its count lazily: query, then set
+        torch.set_num_threads(share)
+        try:
+            fn()
+        except BaseException as exc:  # re-raised on the caller
+            errors.append(exc)
+
+    for share in sorted(set(_split(total, workers)) - {total}):
+        thread = threading.Thread(target=run, args=(share,), name="clearformer-warm-up")
+        thread.start()
+        thread.join()
+        torch.set_num_threads(total)
+        if errors:
+            raise errors[0]
+
+
 def _split(total: int, workers: int) -> list[int]:
     """``total`` threads shared by ``workers``, at least one each: 5 over 2 gives [3, 2]."""
     base, extra = divmod(total, workers)
