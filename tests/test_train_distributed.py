@@ -92,7 +92,9 @@ context.close()
 """
 
 
-def torchrun(nproc: int, *argv: str, **extra_env: str) -> subprocess.CompletedProcess:
+def torchrun(
+    nproc: int, *argv: str, timeout: float = 600, **extra_env: str
+) -> subprocess.CompletedProcess:
     # Rendezvous on port 0 of 127.0.0.1: the launcher binds a free port itself, so two runs
     # never race for one found free beforehand.
     command = [
@@ -109,7 +111,7 @@ def torchrun(nproc: int, *argv: str, **extra_env: str) -> subprocess.CompletedPr
         env=env(OMP_NUM_THREADS="1", **extra_env),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
         check=False,
     )
 
@@ -124,10 +126,12 @@ def cli(nproc: int, *argv: str, **extra_env: str) -> subprocess.CompletedProcess
     return torchrun(nproc, "-m", "clearformer.cli", "train", *argv, **extra_env)
 
 
-def script(nproc: int, code: str, tmp_path, *argv: str) -> subprocess.CompletedProcess:
+def script(
+    nproc: int, code: str, tmp_path, *argv: str, timeout: float = 600
+) -> subprocess.CompletedProcess:
     path = tmp_path / "script.py"
     path.write_text(code)
-    return torchrun(nproc, str(path), *argv)
+    return torchrun(nproc, str(path), *argv, timeout=timeout)
 
 
 def config_json(**changes) -> str:
@@ -231,3 +235,22 @@ def test_distributed_none_under_torchrun_is_refused(tmp_path):
     result = cli(2, *tiny_flags(), "--out", str(tmp_path / "r"))
     assert result.returncode != 0
     assert "distributed must be 'ddp' or 'fsdp' under torchrun" in result.stderr
+
+
+# train() twice in one torchrun process: the second call joins the group the first started
+# (torchrun's rendezvous serves one group per process; a re-made one would wait forever).
+TWICE = """
+import json, sys
+from clearformer.train import TrainConfig, train
+config = TrainConfig(**json.loads(sys.argv[1]))
+train(config, sys.argv[2])
+train(config, sys.argv[3])
+"""
+
+
+def test_two_runs_in_one_torchrun_process(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    argv = config_json(distributed="ddp"), str(first), str(second)
+    result = script(2, TWICE, tmp_path, *argv, timeout=180)  # a hang fails, not waits
+    assert result.returncode == 0, tail(result)
+    assert same_weights(final_weights(first), final_weights(second))  # one seed, one model

@@ -15,6 +15,7 @@ one process, which is how a checkpoint written by N processes is resumed by one.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -37,6 +38,7 @@ class Context:
     rank: int = 0
     world: int = 1
     started_group: bool = False
+    launched: bool = False  # under torchrun (its rendezvous), not a group of one
 
     @property
     def is_main(self) -> bool:
@@ -78,7 +80,13 @@ class Context:
             # No rank leaves while another still talks to it: gloo aborts a process whose
             # peer closed the connection mid-collective.
             dist.barrier()
-            dist.destroy_process_group()
+            if self.launched:
+                # torchrun's rendezvous serves one group per process: destroyed here, it could
+                # not be made again by a later train() in the same process (which would wait
+                # forever). The group stays, a later call joins it, and it goes at exit.
+                _destroy_at_exit()
+            else:
+                dist.destroy_process_group()
 
 
 def setup(mode: str, device: torch.device) -> Context:
@@ -101,10 +109,26 @@ def setup(mode: str, device: torch.device) -> Context:
         dist.init_process_group(
             backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
         )
-    context = Context(mode, dist.get_rank(), dist.get_world_size(), started_group=True)
+    context = Context(
+        mode, dist.get_rank(), dist.get_world_size(), started_group=True, launched=launched
+    )
     if device.type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     return context
+
+
+_EXIT_HOOK: list[bool] = []
+
+
+def _destroy_at_exit() -> None:
+    if not _EXIT_HOOK:
+        _EXIT_HOOK.append(True)
+        atexit.register(_destroy_if_initialized)
+
+
+def _destroy_if_initialized() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _free_port() -> int:
