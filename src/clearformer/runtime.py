@@ -1,4 +1,5 @@
-"""Process-wide settings a long-running command may choose for itself (never set on import)."""
+"""Runtime settings a long-running command may choose for itself (never set on import): the
+allocator's, process-wide, and a thread's own intra-op thread count."""
 
 from __future__ import annotations
 
@@ -30,3 +31,17 @@ def retain_freed_memory() -> bool:
     ok = mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, 2 * 1024**3) == 1
     log.debug("glibc malloc retains freed memory: %s", ok)
     return ok
+
+
+def set_own_thread_count(count: int) -> None:
+    """Set the calling thread's PyTorch intra-op thread count to ``count``.
+
+    A new thread takes its count from the process-wide value lazily, at its first query or
+    parallel op, which would overwrite a count set before: query first, then set. Setting it
+    also makes ``count`` what later new threads of the process start with, which is why the
+    callers that start such threads restore their own count afterwards.
+    """
+    import torch
+
+    torch.get_num_threads()
+    torch.set_num_threads(count)

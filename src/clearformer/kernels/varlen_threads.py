@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from torch import Tensor
 
+from ..runtime import set_own_thread_count
+
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _LOCK = threading.Lock()
 
@@ -48,8 +50,7 @@ _NEW_WORKERS = threading.Event()
 
 
 def _single_threaded() -> None:
-    torch.get_num_threads()  # a new thread takes the process-wide count lazily: query first
-    torch.set_num_threads(1)
+    set_own_thread_count(1)
     _NEW_WORKERS.set()
 
 

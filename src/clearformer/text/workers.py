@@ -27,6 +27,7 @@ from typing import TypeVar
 
 import torch
 
+from ..runtime import set_own_thread_count
 from ..tracing import is_recording
 
 Item = TypeVar("Item")
@@ -68,10 +69,7 @@ def _in_pool(fn: Callable[[Item], Result], items: Sequence[Item], workers: int) 
     def start_worker() -> None:
         with lock:
             share = next(shares)
-        # A thread takes its count from the process-wide value lazily, at its first query or
-        # parallel op, which would overwrite a count set before: query first, then set.
-        torch.get_num_threads()
-        torch.set_num_threads(share)
+        set_own_thread_count(share)
 
     pool = ThreadPoolExecutor(
         workers, thread_name_prefix="clearformer-batch", initializer=start_worker
@@ -103,8 +101,7 @@ def run_at_worker_shares(fn: Callable[[], object], workers: int = 2) -> None:
     errors: list[BaseException] = []
 
     def run(share: int) -> None:
-        torch.get_num_threads()  # a new thread takes its count lazily: query, then set
-        torch.set_num_threads(share)
+        set_own_thread_count(share)
         try:
             fn()
         except BaseException as exc:  # re-raised on the caller
