@@ -120,26 +120,25 @@ def has_inner_hooks(module: nn.Module) -> bool:
     module. A fused call would run past a linear layer's hooks, and hand a feed-forward
     network's or an attention's hooks their output with the block's residual already added:
     such calls keep the eager layers, whose every module returns what it does alone."""
-    from torch.nn.modules import module as torch_module
-
-    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
-        return True
     inner = iter(module.modules())
     next(inner)  # the module itself: its own hooks see the same output either way
-    return any(m._forward_hooks or m._forward_pre_hooks for m in inner)
+    return _global_hooks() or any(_own_hooks(m) for m in inner)
 
 
 def _has_hooks(layer: nn.Module) -> bool:
     """Forward hooks on ``layer`` (or on every module) would not see a fused call: such a
     layer runs eagerly (int8 calibration, a user's probes)."""
+    return _own_hooks(layer) or _global_hooks()
+
+
+def _own_hooks(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def _global_hooks() -> bool:
     from torch.nn.modules import module as torch_module
 
-    return bool(
-        layer._forward_hooks
-        or layer._forward_pre_hooks
-        or torch_module._global_forward_hooks
-        or torch_module._global_forward_pre_hooks
-    )
+    return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
 
 
 def _needs_grad(x: Tensor, layer: nn.Module) -> bool:
