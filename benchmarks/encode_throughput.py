@@ -24,8 +24,14 @@ Configurations:
                                 element-wise steps compiled (compiled before timing starts).
 ``clearformer int8 fused workers 1``  the same, one batch at a time on all threads.
 
-The int8 rows are also compared with clearformer's float32 embeddings (min and mean cosine).
-``--no-int8`` leaves them out.
+``onnxruntime``, ``onnxruntime optimised``, ``onnxruntime int8``, ``onnxruntime int8 per-channel``
+                                ONNX Runtime, float32 and int8, built by the benchmark from
+                                the local checkpoint (:mod:`onnxruntime_encoder`; the
+                                ``onnx`` extra). ``--no-onnx`` leaves them out.
+
+Every row is compared with clearformer's float32 embeddings: min and mean cosine, and how
+often a text's nearest neighbour in the corpus (itself left out) is the one float32 finds
+(retrieval agreement). ``--no-int8`` leaves clearformer's int8 rows out.
 
 The float32 bound: the corpus's matrix products on real tokens only (the four weight products
 of every layer and attention's two, :func:`clearformer.bench.flops.forward_flops`) at the
@@ -48,8 +54,11 @@ import json
 import math
 import os
 import random
+import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
@@ -78,9 +87,7 @@ def make_corpus(n: int, kind: str = "mixed", seed: int = 0) -> list[str]:
     return texts
 
 
-def measure(kind: str, args, ours, theirs) -> dict:
-    import numpy as np
-
+def measure(kind: str, args, ours, theirs, onnx: dict) -> dict:
     from clearformer.bench.flops import forward_flops
     from clearformer.bench.gemm import gemm_rates
     from clearformer.bench.workloads import SIZES
@@ -111,6 +118,8 @@ def measure(kind: str, args, ours, theirs) -> dict:
         runners["clearformer int8 fused workers 1"] = lambda chunk: ours.encode(
             chunk, workers=1, normalize=True, progress=False, precision="int8", fuse_int8=True
         )
+    for name, onnx_encoder in onnx.items():
+        runners[name] = onnx_encoder.encode
     # One `encode` call sorts its texts by length before batching: clearformer by token count,
     # sentence-transformers by character count. Each library's order is computed once over the
     # whole corpus, its own way, and cut into chunks of `--chunk` texts, so a chunk holds texts
@@ -151,6 +160,7 @@ def measure(kind: str, args, ours, theirs) -> dict:
     cosine_to_float32 = {
         name: (results[name].astype(np.float64) * float32).sum(1) for name in names
     }
+    neighbour = _nearest_neighbours(float32)
     return {
         "corpus": kind,
         "texts": len(texts),
@@ -172,6 +182,9 @@ def measure(kind: str, args, ours, theirs) -> dict:
             name: {"min": float(c.min()), "mean": float(c.mean())}
             for name, c in cosine_to_float32.items()
         },
+        "top1_neighbour_agreement": {
+            name: float((_nearest_neighbours(results[name]) == neighbour).mean()) for name in names
+        },
         "seconds": seconds,
         "tokens_per_second": {name: tokens / s for name, s in seconds.items()},
         "speedup_vs_reference": {name: seconds[REFERENCE] / s for name, s in seconds.items()},
@@ -182,6 +195,13 @@ def measure(kind: str, args, ours, theirs) -> dict:
         "matmul_bound_tokens_per_second": tokens / matmul_bound_seconds,
         "fraction_of_matmul_bound": {name: matmul_bound_seconds / s for name, s in seconds.items()},
     }
+
+
+def _nearest_neighbours(vectors: np.ndarray) -> np.ndarray:
+    """Index of each row's most similar other row (unit vectors, (N, D) -> (N,))."""
+    similarity = vectors.astype(np.float64) @ vectors.astype(np.float64).T  # (N, N)
+    np.fill_diagonal(similarity, -np.inf)
+    return similarity.argmax(1)
 
 
 def to_markdown(report: dict) -> str:
@@ -198,6 +218,13 @@ def to_markdown(report: dict) -> str:
         f"Machine: {env['load_verdict']}",
         "",
     ]
+    if env.get("onnx"):
+        fused = ", ".join(f"{op} {n}" for op, n in env["onnx"]["fused_operators"].items())
+        lines += [
+            f"ONNX Runtime {env['onnx']['onnxruntime']}; its transformer optimiser fused: "
+            f"{fused}. Models built by `benchmarks/onnxruntime_encoder.py`.",
+            "",
+        ]
     for run in report["runs"]:
         p = run["pieces_per_text"]
         matmul = max(r["matmul"] for r in run["gemm_gflops_readings"])
@@ -213,8 +240,9 @@ def to_markdown(report: dict) -> str:
             '(column "of matmul bound").',
             "",
             "| configuration | pieces/s | vs sentence-transformers | of bound | of matmul bound | "
-            "min cosine to it | min / mean cosine to clearformer float32 |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "min cosine to it | min / mean cosine to clearformer float32 | "
+            "nearest neighbour as float32's |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for name, rate in run["tokens_per_second"].items():
             c = run["cosine_to_clearformer_float32"][name]
@@ -222,7 +250,8 @@ def to_markdown(report: dict) -> str:
                 f"| {name} | {rate:,.0f} | {run['speedup_vs_reference'][name]:.2f}x | "
                 f"{run['fraction_of_bound'][name]:.0%} | "
                 f"{run['fraction_of_matmul_bound'][name]:.0%} | "
-                f"{run['min_cosine_vs_reference'][name]:.7f} | {c['min']:.4f} / {c['mean']:.5f} |"
+                f"{run['min_cosine_vs_reference'][name]:.7f} | {c['min']:.4f} / {c['mean']:.5f} | "
+                f"{run['top1_neighbour_agreement'][name]:.1%} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -237,6 +266,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     parser.add_argument(
         "--no-int8", dest="int8", action="store_false", help="leave out the int8 rows"
+    )
+    parser.add_argument(
+        "--no-onnx", dest="onnx", action="store_false", help="leave out the ONNX Runtime rows"
     )
     args = parser.parse_args()
     from clearformer.bench.load import judge, load_average
@@ -263,16 +295,33 @@ def main() -> None:
         ours.int8_model(fused=True)  # calibration and compilation, before any timing
         ours.encode(warm, progress=False, precision="int8", fuse_int8=False)
         ours.encode(warm, progress=False, precision="int8", fuse_int8=True)
+    onnx, onnx_info = {}, None
+    scratch = tempfile.TemporaryDirectory(prefix="encode-throughput-onnx-")
+    if args.onnx:
+        import onnxruntime_encoder
+
+        if not onnxruntime_encoder.available():
+            parser.error("the ONNX Runtime rows need onnx and onnxruntime (or pass --no-onnx)")
+        import onnxruntime
+
+        print("building the ONNX Runtime models (export, optimise, quantise)")
+        paths, fused = onnxruntime_encoder.build_models(bundled_model_dir(), Path(scratch.name))
+        onnx_info = {"onnxruntime": onnxruntime.__version__, "fused_operators": fused}
+        for name, path in paths.items():
+            onnx[name] = onnxruntime_encoder.OnnxEncoder.load(
+                path, ours.tokenizer, ours.dim, torch.get_num_threads()
+            )
+            onnx[name].encode(warm)
     kinds = CORPORA if args.corpus == "both" else (args.corpus,)
     runs = []
     for kind in kinds:
-        run = measure(kind, args, ours, theirs)
+        run = measure(kind, args, ours, theirs, onnx)
         runs.append(run)
         print(f"corpus {kind}: {run['texts']} texts, {run['tokens']} pieces")
         for name, rate in run["tokens_per_second"].items():
             c = run["cosine_to_clearformer_float32"][name]
             print(
-                f"  {name:>22}: {rate:8,.0f} pieces/s  "
+                f"  {name:>32}: {rate:8,.0f} pieces/s  "
                 f"{run['speedup_vs_reference'][name]:.2f}x  "
                 f"{run['fraction_of_bound'][name]:.0%} of bound  "
                 f"min cosine {run['min_cosine_vs_reference'][name]:.7f}  "
@@ -288,6 +337,7 @@ def main() -> None:
             "threads": torch.get_num_threads(),
             "retained": retained,
             "repeats": args.repeats,
+            "onnx": onnx_info,
             "load_average_start": load_start[0],
             "load_average": load_end[0],
             "load": load.to_dict(),
