@@ -207,7 +207,7 @@ def _nearest_neighbours(vectors: np.ndarray) -> np.ndarray:
 def to_markdown(report: dict) -> str:
     env = report["environment"]
     lines = [
-        "# Sentence-encoding throughput: clearformer vs sentence-transformers",
+        "# Sentence-encoding throughput: clearformer, sentence-transformers and ONNX Runtime",
         "",
         f"torch {env['torch']}, sentence-transformers {env['sentence_transformers']}, "
         f"{env['threads']} threads, allocator retains freed memory: {env['retained']}, "

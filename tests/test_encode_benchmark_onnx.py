@@ -1,0 +1,67 @@
+"""The encode benchmark's ONNX Runtime rows compute the same embeddings as clearformer.
+
+``benchmarks/onnxruntime_encoder.py`` builds its models from the bundled checkpoint; a broken
+export, a fusion that stopped applying or a pooling slip would make the benchmark compare
+against something else than ONNX Runtime running this model.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime", reason="the ONNX Runtime rows need onnxruntime")
+pytest.importorskip("onnx", reason="the ONNX Runtime rows need onnx")
+pytest.importorskip("transformers", reason="the export starts from transformers' BertModel")
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import encode_throughput  # noqa: E402
+import onnxruntime_encoder  # noqa: E402
+
+from clearformer import TextEncoder  # noqa: E402
+from clearformer.interop.hf import bundled_model_dir  # noqa: E402
+
+TEXTS = [
+    "A short one.",
+    "The committee postponed its decision until the budget figures were checked again.",
+    "Yes",
+    "Rain is expected over the northern hills tonight, with snow above a thousand metres.",
+]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("onnx-rows")
+    paths, fused = onnxruntime_encoder.build_models(bundled_model_dir(), workdir)
+    return paths, fused
+
+
+def test_the_optimiser_fuses_attention_and_layer_norms(built):
+    _, fused = built
+    assert fused.get("Attention") == 6  # one per layer of all-MiniLM-L6-v2
+    assert fused.get("SkipLayerNormalization") == 12
+
+
+def test_onnx_rows_match_clearformer(built):
+    paths, _ = built
+    ours = TextEncoder.from_pretrained()
+    expected = ours.encode(TEXTS, normalize=True, progress=False)
+    for name, path in paths.items():
+        encoder = onnxruntime_encoder.OnnxEncoder.load(path, ours.tokenizer, ours.dim, threads=1)
+        got = encoder.encode(TEXTS)
+        assert got.shape == expected.shape
+        np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+        cosine = (got.astype(np.float64) * expected).sum(1)
+        floor = 0.99999 if "int8" not in name else 0.9
+        assert cosine.min() >= floor, (name, cosine)
+
+
+def test_nearest_neighbours_leave_each_row_out():
+    vectors = np.eye(3, dtype=np.float32)
+    vectors[2] = np.array([0.8, 0.6, 0.0])  # closest to row 0; rows 0 and 1 closest to it
+    assert encode_throughput._nearest_neighbours(vectors).tolist() == [2, 2, 0]
