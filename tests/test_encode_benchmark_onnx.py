@@ -22,7 +22,6 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import encode_throughput  # noqa: E402
 import onnxruntime_encoder  # noqa: E402
-
 from clearformer import TextEncoder  # noqa: E402
 from clearformer.interop.hf import bundled_model_dir  # noqa: E402
 
