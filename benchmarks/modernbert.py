@@ -117,7 +117,10 @@ def main() -> int:
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     args = parser.parse_args()
+    from clearformer.bench.load import judge, load_average
     from clearformer.runtime import retain_freed_memory
+
+    load_before = load_average()
 
     retain_freed_memory()
     torch.manual_seed(1)
@@ -157,12 +160,14 @@ def main() -> int:
                     row[f"{impl}_peak_mib"] = peak_memory(directory, impl, lengths[0]) / 2**20
             rows.append(row)
             print(json.dumps(row), flush=True)
-    load = Path("/proc/loadavg").read_text().split()[:3]
+    load = judge(load_before, load_average(), torch.get_num_threads())
     lines = [
         f"# ModernBERT: clearformer vs transformers (sdpa), {args.layers} layers at base widths",
         "",
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, load average "
-        f"after the run {' '.join(load)}; medians of {args.repeats} turns each.",
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32; medians of "
+        f"{args.repeats} turns each.",
+        "",
+        f"Machine: {load.describe()}",
         "",
         "| workload | real tokens | clearformer tok/s | transformers tok/s | ratio | max abs diff "
         "| peak MiB (clearformer / transformers) |",
@@ -185,7 +190,9 @@ def main() -> int:
         from clearformer.io import atomic_write
 
         with atomic_write(args.out.with_suffix(".json"), "w") as handle:
-            json.dump({"load": load, "rows": rows, "layers": args.layers}, handle, indent=1)
+            json.dump(
+                {"load": load.to_dict(), "rows": rows, "layers": args.layers}, handle, indent=1
+            )
         with atomic_write(args.out.with_suffix(".md"), "w") as handle:
             handle.write(text)
     return 0
