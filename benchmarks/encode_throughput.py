@@ -44,7 +44,8 @@ result records the load average before and after and whether the run was quiet
 (:mod:`clearformer.bench.load`).
 
 Run: ``python benchmarks/encode_throughput.py [--texts 2000] [--repeats 4] [--corpus both]
-[--out benchmarks/results/encode-throughput]``
+[--out benchmarks/results/encode-throughput]``: OUT.json, OUT.md and, with matplotlib, a
+chart OUT.png; ``--replot OUT.json`` redraws the markdown and the chart of a saved run.
 """
 
 from __future__ import annotations
@@ -257,6 +258,76 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def write_chart(report: dict, path: Path) -> bool:
+    """A PNG of pieces/s per configuration, one panel per corpus, the float32 bound as a
+    dashed line; False when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    runs = report["runs"]
+    fig, axes = plt.subplots(
+        len(runs), 1, figsize=(9, 0.32 * len(runs[0]["seconds"]) * len(runs) + 1.6)
+    )
+    axes = [axes] if len(runs) == 1 else list(axes)
+    for ax, run in zip(axes, runs, strict=True):
+        names = list(run["tokens_per_second"])
+        rates = [run["tokens_per_second"][n] for n in names]
+        colours = [
+            "tab:blue"
+            if n.startswith("clearformer")
+            else "tab:orange"
+            if n.startswith("onnxruntime")
+            else "tab:gray"
+            for n in names
+        ]
+        bars = ax.barh(names, rates, color=colours)
+        for bar, name in zip(bars, names, strict=True):
+            cosine = run["cosine_to_clearformer_float32"][name]["min"]
+            label = f" {run['speedup_vs_reference'][name]:.2f}x"
+            if cosine < 0.99999:
+                label += f", min cosine {cosine:.3f}"
+            ax.text(
+                bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=7
+            )
+        ax.axvline(run["bound_tokens_per_second"], color="black", linestyle="--", linewidth=1)
+        ax.text(run["bound_tokens_per_second"], len(names) - 0.2, " float32 GEMM bound", fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(rates) * 1.3)
+        ax.set_title(
+            f"corpus {run['corpus']}: {run['texts']} texts, {run['tokens']:,} word pieces "
+            "(ratios vs sentence-transformers)",
+            fontsize=9,
+            loc="left",
+        )
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel("word pieces / s", fontsize=7)
+    env = report["environment"]
+    fig.suptitle(
+        f"encode throughput, {env['threads']} threads, torch {env['torch']}; "
+        f"{env['load_verdict'].split(':')[0]}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+    return True
+
+
+def write_report(report: dict, out: Path) -> None:
+    """OUT.json, OUT.md and (with matplotlib) OUT.png."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".md").write_text(to_markdown(report))
+    written = [out.with_suffix(".json"), out.with_suffix(".md")]
+    if write_chart(report, out.with_suffix(".png")):
+        written.append(out.with_suffix(".png"))
+    print("wrote " + ", ".join(map(str, written)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=2000)
@@ -270,7 +341,17 @@ def main() -> None:
     parser.add_argument(
         "--no-onnx", dest="onnx", action="store_false", help="leave out the ONNX Runtime rows"
     )
+    parser.add_argument(
+        "--replot",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="measure nothing: write the markdown and chart of a saved result beside it",
+    )
     args = parser.parse_args()
+    if args.replot is not None:
+        write_report(json.loads(args.replot.read_text()), args.replot.with_suffix(""))
+        return
     from clearformer.bench.load import judge, load_average
 
     load_start = load_average()
@@ -346,10 +427,7 @@ def main() -> None:
         "runs": runs,
     }
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-        args.out.with_suffix(".md").write_text(to_markdown(report))
-        print(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.md')}")
+        write_report(report, args.out)
 
 
 if __name__ == "__main__":
