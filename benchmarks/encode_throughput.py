@@ -377,7 +377,7 @@ def main() -> None:
         ours.encode(warm, progress=False, precision="int8", fuse_int8=False)
         ours.encode(warm, progress=False, precision="int8", fuse_int8=True)
     onnx, onnx_info = {}, None
-    scratch = tempfile.TemporaryDirectory(prefix="encode-throughput-onnx-")
+    scratch = None
     if args.onnx:
         import onnxruntime_encoder
 
@@ -386,8 +386,14 @@ def main() -> None:
         import onnxruntime
 
         print("building the ONNX Runtime models (export, optimise, quantise)")
+        scratch = tempfile.TemporaryDirectory(prefix="encode-throughput-onnx-")
         paths, fused = onnxruntime_encoder.build_models(bundled_model_dir(), Path(scratch.name))
-        onnx_info = {"onnxruntime": onnxruntime.__version__, "fused_operators": fused}
+        onnx_info = {
+            "onnxruntime": onnxruntime.__version__,
+            "fused_operators": fused,
+            "batch_size": onnxruntime_encoder.BATCH_SIZE,
+            "spinning": False,
+        }
         for name, path in paths.items():
             onnx[name] = onnxruntime_encoder.OnnxEncoder.load(
                 path, ours.tokenizer, ours.dim, torch.get_num_threads()
@@ -409,6 +415,8 @@ def main() -> None:
                 f"to float32 min {c['min']:.4f} mean {c['mean']:.5f}"
             )
     load_end = load_average()
+    if scratch is not None:
+        scratch.cleanup()  # the ONNX models (about 100 MB)
     load = judge(load_start, load_end, torch.get_num_threads())
     print(load.describe())
     report = {

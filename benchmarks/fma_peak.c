@@ -1,9 +1,10 @@
 /* The float32 FMA peak of one core: what no matrix product can beat.
  *
  * Twelve independent 512-bit fused multiply-adds per iteration, all in registers (no memory
- * traffic, no dependency stalls), timed three times. A core with two FMA units does 32
- * float32 FLOPs per cycle (Zen 4 runs 512-bit FMAs on two 256-bit units: the same rate).
- * docs/performance.md compares it with the GEMM rate behind encode's float32 bound.
+ * traffic, no dependency stalls), timed three times. A core with two 256-bit FMA units does
+ * 32 float32 FLOPs per cycle, one with two 512-bit units 64 (Zen 4 has the former and runs
+ * each 512-bit FMA as two halves). docs/performance.md compares the result with the GEMM rate
+ * behind encode's float32 bound (two threads: compare with twice this figure).
  *
  * Build and run (gcc or clang, an AVX-512 CPU):
  *   gcc -O2 -mavx512f -mfma benchmarks/fma_peak.c -o /tmp/fma_peak && /tmp/fma_peak
