@@ -24,10 +24,11 @@ Configurations:
                                 element-wise steps compiled (compiled before timing starts).
 ``clearformer int8 fused workers 1``  the same, one batch at a time on all threads.
 
-``onnxruntime``, ``onnxruntime optimised``, ``onnxruntime int8``, ``onnxruntime int8 per-channel``
+``onnxruntime``, ``onnxruntime optimised``, ``onnxruntime int8``, ``onnxruntime int8 per-channel``,
+``onnxruntime int8 per-channel, attention float32``
                                 ONNX Runtime, float32 and int8, built by the benchmark from
-                                the local checkpoint (:mod:`onnxruntime_encoder`; the
-                                ``onnx`` extra). ``--no-onnx`` leaves them out.
+                                the local checkpoint (:mod:`onnxruntime_encoder` describes
+                                each; the ``onnx`` extra). ``--no-onnx`` leaves them out.
 
 Every row is compared with clearformer's float32 embeddings: min and mean cosine, and how
 often a text's nearest neighbour in the corpus (itself left out) is the one float32 finds
@@ -51,6 +52,7 @@ chart OUT.png; ``--replot OUT.json`` redraws the markdown and the chart of a sav
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -258,16 +260,16 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def write_chart(report: dict, path: Path) -> bool:
+def chart_png(report: dict) -> bytes | None:
     """A PNG of pieces/s per configuration, one panel per corpus, the float32 bound as a
-    dashed line; False when matplotlib is not installed."""
+    dashed line; None when matplotlib is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return False
+        return None
     runs = report["runs"]
     fig, axes = plt.subplots(
         len(runs), 1, figsize=(9, 0.32 * len(runs[0]["seconds"]) * len(runs) + 1.6)
@@ -312,20 +314,25 @@ def write_chart(report: dict, path: Path) -> bool:
         fontsize=9,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110, format="png")
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
-    return True
+    return png.getvalue()
 
 
 def write_report(report: dict, out: Path) -> None:
-    """OUT.json, OUT.md and (with matplotlib) OUT.png."""
+    """OUT.json, OUT.md and (with matplotlib) OUT.png, each written whole or not at all."""
+    from clearformer.io import atomic_write
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    out.with_suffix(".md").write_text(to_markdown(report))
-    written = [out.with_suffix(".json"), out.with_suffix(".md")]
-    if write_chart(report, out.with_suffix(".png")):
-        written.append(out.with_suffix(".png"))
-    print("wrote " + ", ".join(map(str, written)))
+    files = {".json": json.dumps(report, indent=2) + "\n", ".md": to_markdown(report)}
+    png = chart_png(report)
+    if png is not None:
+        files[".png"] = png
+    for suffix, content in files.items():
+        with atomic_write(out.with_suffix(suffix), "wb" if suffix == ".png" else "w") as handle:
+            handle.write(content)
+    print("wrote " + ", ".join(str(out.with_suffix(suffix)) for suffix in files))
 
 
 def main() -> None:
@@ -334,7 +341,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--chunk", type=int, default=500, help="texts per timed encode call")
     parser.add_argument("--corpus", choices=(*CORPORA, "both"), default="both")
-    parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
+    parser.add_argument("--out", type=Path, default=None, help="write OUT.json, OUT.md and OUT.png")
     parser.add_argument(
         "--no-int8", dest="int8", action="store_false", help="leave out the int8 rows"
     )

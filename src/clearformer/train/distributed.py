@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -117,13 +118,9 @@ def setup(mode: str, device: torch.device) -> Context:
     return context
 
 
-_EXIT_HOOK: list[bool] = []
-
-
+@functools.cache  # registered once, however many runs keep the group
 def _destroy_at_exit() -> None:
-    if not _EXIT_HOOK:
-        _EXIT_HOOK.append(True)
-        atexit.register(_destroy_if_initialized)
+    atexit.register(_destroy_if_initialized)
 
 
 def _destroy_if_initialized() -> None:
