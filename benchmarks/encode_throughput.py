@@ -32,7 +32,9 @@ Configurations:
 
 Every row is compared with clearformer's float32 embeddings: min and mean cosine, and how
 often a text's nearest neighbour in the corpus (itself left out) is the one float32 finds
-(retrieval agreement). ``--no-int8`` leaves clearformer's int8 rows out.
+(retrieval agreement). ``--no-int8`` leaves clearformer's int8 rows out. Each figure is the sum
+of every chunk's best time; for the pairs in ``PAIRS`` the report also gives the ratio within
+each whole repeat, whose spread shows how far one figure can move between runs.
 
 The float32 bound: the corpus's matrix products on real tokens only (the four weight products
 of every layer and attention's two, :func:`clearformer.bench.flops.forward_flops`) at the
@@ -142,6 +144,7 @@ def measure(kind: str, args, ours, theirs, onnx: dict) -> dict:
     }
     n_chunks = len(chunks[REFERENCE])
     best = {name: [math.inf] * n_chunks for name in names}
+    per_repeat = {name: [0.0] * args.repeats for name in names}  # seconds of each whole repeat
     results = {name: np.zeros((len(texts), ours.dim), dtype=np.float32) for name in names}
     for repeat in range(args.repeats):
         for c in range(n_chunks):
@@ -150,7 +153,9 @@ def measure(kind: str, args, ours, theirs, onnx: dict) -> dict:
                 rows = chunks[name][c]
                 start = time.perf_counter()
                 vectors = runners[name]([texts[i] for i in rows])
-                best[name][c] = min(best[name][c], time.perf_counter() - start)
+                elapsed = time.perf_counter() - start
+                best[name][c] = min(best[name][c], elapsed)
+                per_repeat[name][repeat] += elapsed
                 results[name][rows] = vectors
     seconds = {name: sum(best[name]) for name in names}
     readings.append(gemm_rates(SIZES["minilm"]))
@@ -191,6 +196,8 @@ def measure(kind: str, args, ours, theirs, onnx: dict) -> dict:
         "seconds": seconds,
         "tokens_per_second": {name: tokens / s for name, s in seconds.items()},
         "speedup_vs_reference": {name: seconds[REFERENCE] / s for name, s in seconds.items()},
+        "seconds_per_repeat": per_repeat,
+        "paired_ratios": paired_ratios(per_repeat),
         "gemm_gflops_before_after": rates,
         "gemm_gflops_readings": readings,
         "bound_tokens_per_second": tokens / bound_seconds,
@@ -198,6 +205,31 @@ def measure(kind: str, args, ours, theirs, onnx: dict) -> dict:
         "matmul_bound_tokens_per_second": tokens / matmul_bound_seconds,
         "fraction_of_matmul_bound": {name: matmul_bound_seconds / s for name, s in seconds.items()},
     }
+
+
+# Side-by-side pairs reported repeat by repeat: (faster-hoped configuration, the one it is held
+# against). A pair is reported when both rows ran.
+PAIRS = (
+    ("clearformer", REFERENCE),
+    ("clearformer int8 fused", REFERENCE),
+    ("clearformer", "onnxruntime optimised"),
+    ("clearformer int8 fused", "onnxruntime int8"),
+    ("clearformer int8 fused", "onnxruntime int8 per-channel"),
+    ("clearformer int8 fused", "onnxruntime int8 per-channel, attention float32"),
+)
+
+
+def paired_ratios(per_repeat: dict[str, list[float]]) -> list[dict]:
+    """For each of ``PAIRS`` that ran: ``other's seconds / ours`` in each repeat (> 1: ours is
+    faster). The configurations of one repeat ran chunk by chunk in turn, so a repeat's ratio
+    compares them under the same conditions; the spread over repeats is the noise a single
+    figure hides."""
+    pairs = []
+    for ours, other in PAIRS:
+        if ours in per_repeat and other in per_repeat:
+            ratios = [t / o for o, t in zip(per_repeat[ours], per_repeat[other], strict=True)]
+            pairs.append({"ours": ours, "other": other, "ratios": ratios})
+    return pairs
 
 
 def _nearest_neighbours(vectors: np.ndarray) -> np.ndarray:
@@ -257,6 +289,24 @@ def to_markdown(report: dict) -> str:
                 f"{run['top1_neighbour_agreement'][name]:.1%} |"
             )
         lines.append("")
+        pairs = run.get("paired_ratios")  # absent from results saved before it was recorded
+        if pairs:
+            lines += [
+                "Side by side, repeat by repeat (the other's time over ours: > 1 means ours is "
+                "faster); the range is the spread of whole repeats, the figure in the table "
+                "above uses each chunk's best:",
+                "",
+                "| ours | against | ratio in each repeat | range |",
+                "| --- | --- | --- | --- |",
+            ]
+            for pair in pairs:
+                ratios = pair["ratios"]
+                each = ", ".join(f"{r:.2f}" for r in ratios)
+                lines.append(
+                    f"| {pair['ours']} | {pair['other']} | {each} | "
+                    f"{min(ratios):.2f}-{max(ratios):.2f}x |"
+                )
+            lines.append("")
     return "\n".join(lines)
 
 

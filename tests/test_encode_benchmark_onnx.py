@@ -87,3 +87,20 @@ def test_nearest_neighbours_leave_each_row_out():
     vectors = np.eye(3, dtype=np.float32)
     vectors[2] = np.array([0.8, 0.6, 0.0])  # closest to row 0; rows 0 and 1 closest to it
     assert encode_throughput._nearest_neighbours(vectors).tolist() == [2, 2, 0]
+
+
+def test_paired_ratios_compare_each_repeat_and_skip_missing_rows():
+    per_repeat = {
+        "sentence-transformers": [2.0, 3.0],
+        "clearformer": [1.0, 2.0],
+        "clearformer int8 fused": [0.5, 1.0],
+        "onnxruntime int8": [0.4, 1.5],
+    }
+    pairs = {
+        (p["ours"], p["other"]): p["ratios"] for p in encode_throughput.paired_ratios(per_repeat)
+    }
+    assert pairs == {
+        ("clearformer", "sentence-transformers"): [2.0, 1.5],
+        ("clearformer int8 fused", "sentence-transformers"): [4.0, 3.0],
+        ("clearformer int8 fused", "onnxruntime int8"): [0.8, 1.5],
+    }
