@@ -471,6 +471,10 @@ def main() -> None:
                 f"min cosine {run['min_cosine_vs_reference'][name]:.7f}  "
                 f"to float32 min {c['min']:.4f} mean {c['mean']:.5f}"
             )
+        for pair in run["paired_ratios"]:
+            each = " ".join(f"{r:.2f}" for r in pair["ratios"])
+            print(f"  {pair['ours']} vs {pair['other']}, each repeat: {each}")
+        print(f"  GEMM GFLOP/s before, after: {run['gemm_gflops_before_after']}")
     load_end = load_average()
     if scratch is not None:
         scratch.cleanup()  # the ONNX models (about 100 MB)
