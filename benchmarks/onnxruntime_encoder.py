@@ -153,11 +153,12 @@ class OnnxEncoder:
         return cls(session, tokenizer, dim)
 
     def encode(self, texts: list[str]) -> np.ndarray:
+        from clearformer.text.batching import plan_batches
+
         encodings = self.tokenizer.encode(texts)
-        order = sorted(range(len(texts)), key=lambda i: -len(encodings[i].ids))
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start : start + self.batch_size]
+        # Longest first, `batch_size` texts at a time: the batches `encode` makes with a size.
+        for rows in plan_batches([len(e.ids) for e in encodings], self.batch_size):
             batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
             mask = batch.attention_mask.numpy()  # (B, T) bool
             (hidden,) = self.session.run(
