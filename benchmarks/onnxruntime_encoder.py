@@ -17,7 +17,9 @@ Models (``build_models``):
                             GELU and skip + LayerNorm each fused into one contrib operator.
 ``onnxruntime int8``        the exported graph through ``quantize_dynamic`` with its defaults:
                             int8 weights with one scale per tensor, activations quantised per
-                            call (the fastest int8 graph measured).
+                            call (the fastest int8 graph measured). Only the six weight
+                            products of each layer become integer; attention's two products
+                            stay float ``MatMul``.
 ``onnxruntime int8 per-channel``  the same with one weight scale per output channel
                             (``per_channel=True``).
 ``onnxruntime int8 per-channel, attention float32``  the optimised graph with only its

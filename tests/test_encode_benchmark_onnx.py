@@ -53,8 +53,8 @@ def test_int8_rows_run_int8_products(built):
     for name, path in paths.items():
         ops = {node.op_type for node in onnx.load(str(path)).graph.node}
         assert ("MatMulInteger" in ops) == ("int8" in name), (name, sorted(ops))
-    attention = {n.op_type for n in onnx.load(str(paths["onnxruntime int8"])).graph.node}
-    assert "DynamicQuantizeLinear" in attention
+    int8_ops = {n.op_type for n in onnx.load(str(paths["onnxruntime int8"])).graph.node}
+    assert "DynamicQuantizeLinear" in int8_ops  # activations quantised at run time
 
 
 def test_onnx_rows_match_clearformer(built):
