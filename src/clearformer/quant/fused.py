@@ -8,6 +8,11 @@ Compiled, each side is one loop: the prologue reads a row twice (maximum, then r
 writes int8; the epilogue reads the int32 result once and writes float32. The arithmetic is the
 eager path's (tests compare the two).
 
+Compiled with Inductor's C++ wrapper (``cpp_wrapper``). Its default Python wrapper calls each
+compiled kernel with the GIL held, so when ``encode`` runs two batches side by side on threads,
+one worker's kernel stops the other worker at its next Python step; the C++ wrapper releases the
+GIL for the whole compiled call (docs/int8.md has the measurement).
+
 Compiled once per process with dynamic shapes (one program for every row count and layer
 width; Inductor keeps it in its on-disk cache, so a later process loads it instead of compiling).
 Where compiling fails (no C++ compiler, an unsupported platform), :func:`fused_steps` says so
@@ -25,6 +30,8 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 QMAX = 127
+# The C++ wrapper releases the GIL while the compiled code runs (module docstring).
+COMPILE_OPTIONS = {"cpp_wrapper": True}
 
 
 def prologue(
@@ -69,8 +76,8 @@ def fused_steps():
     """``(prologue, epilogue)`` compiled, or None where compiling does not work here."""
     try:
         steps = (
-            torch.compile(prologue, dynamic=True),
-            torch.compile(epilogue, dynamic=True),
+            torch.compile(prologue, dynamic=True, options=COMPILE_OPTIONS),
+            torch.compile(epilogue, dynamic=True, options=COMPILE_OPTIONS),
         )
         # Compile now, on a small input, so that a failure shows here and not mid-encode.
         rows = torch.randn(4, 16)

@@ -46,9 +46,9 @@ from .workers import auto_workers, map_in_workers, run_at_worker_shares
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int], None]  # (texts done, texts in all)
-# encode(precision="int8") compiles the int8 layers' element-wise steps (one-time cost: about
-# 10 s with Inductor's disk cache warm, 30 s cold, on a loaded 2-core machine) for calls of at
-# least this many texts, where the ~20 % it saves per text repays it within the call.
+# encode(precision="int8") compiles the int8 layers' element-wise steps (a one-time cost per
+# process: seconds with Inductor's disk cache warm, about half a minute cold; docs/int8.md) for
+# calls of at least this many texts, where the time it saves per text repays it within the call.
 FUSED_INT8_MIN_TEXTS = 4096
 _LOG_PROGRESS_MIN = 2048  # texts; below this an encode call is short enough to need no progress
 # Files besides the weights and config.json that make a directory a complete checkpoint.
@@ -212,9 +212,9 @@ class TextEncoder:
                 this CPU has no int8 instructions, float32 with a logged warning
                 (:func:`clearformer.quant.int8_support` says why).
             fuse_int8: with ``precision="int8"``, run the int8 layers' element-wise steps
-                compiled (``torch.compile``; the same arithmetic in fewer passes, about 20 %
-                less time per text, after a one-time compile of 10-30 s); None = for calls of
-                at least :data:`FUSED_INT8_MIN_TEXTS` texts.
+                compiled (``torch.compile``: the same arithmetic in fewer passes, after a
+                one-time compile; ``docs/int8.md`` has the costs and the gain); None = for
+                calls of at least :data:`FUSED_INT8_MIN_TEXTS` texts.
 
         Returns:
             (n, D) float32, row i for ``texts[i]``. Batching changes speed and memory, never
