@@ -6,8 +6,10 @@ into every row of the output and then accumulates the product onto it; the activ
 and the residual add are further passes over memory. oneDNN applies the bias, the activation
 (``gelu``, ``relu``, ``swish``) or the addition of another tensor as post-operations of its
 matrix-product kernel, while each output tile is still in cache: one pass instead of two or
-three. The arithmetic is the same, summed in another order (tests hold it to float32
-rounding against the eager layers); what it saves is measured in docs/performance.md.
+three. The arithmetic is the same, summed in another order (tests hold it to float32 rounding
+against the eager layers); what it saves is measured in docs/performance.md. A caller that
+makes many calls (``encode``, ``generate``) can have the weights reordered into oneDNN's own
+layout once for all of them (:mod:`clearformer.packed_weights`).
 
 The op has no autograd formula, so it serves calls without gradients only, and it skips what
 the eager path records for ``clearformer explain``: :func:`fusion_decision` says when a call
@@ -23,6 +25,7 @@ from torch import Tensor, nn
 
 from .activations import activation_fn
 from .options import Decision
+from .packed_weights import packed_weight
 from .tracing import is_recording
 
 # Activation name -> oneDNN post-op (attribute, algorithm).
@@ -104,14 +107,15 @@ def linear(
     # (weights included) into an error message that is then thrown away.
     op = torch.ops.mkldnn._linear_pointwise
     rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (M, in)
+    weight = packed_weight(layer)  # reordered once per call where the caller packed it
     if residual is not None:
         other = residual.reshape(rows.shape[0], layer.out_features)  # (..., out) -> (M, out)
-        out = op.binary(rows, other, layer.weight, layer.bias, "add")
+        out = op.binary(rows, other, weight, layer.bias, "add")
     elif activation is not None:
         attr, algorithm = ONEDNN_ACTIVATIONS[activation]
-        out = op.default(rows, layer.weight, layer.bias, attr, [], algorithm)
+        out = op.default(rows, weight, layer.bias, attr, [], algorithm)
     else:
-        out = op.default(rows, layer.weight, layer.bias, "none", [], "")
+        out = op.default(rows, weight, layer.bias, "none", [], "")
     return out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
 
 

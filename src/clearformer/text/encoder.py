@@ -38,6 +38,7 @@ from ..interop.hf.sentence_transformers import Prompts, prompts_from_files
 from ..interop.hf.tokenizer import check_texts, max_length_for
 from ..io import atomic_write
 from ..model import EncoderModel
+from ..packed_weights import PackedWeights, use_packed_weights
 from ..quant import PRECISIONS
 from ..tracing import is_recording
 from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
@@ -255,12 +256,15 @@ class TextEncoder:
         if workers is None:
             workers = auto_workers(len(batches), next(model.parameters()).device)
         report = _progress_reporter(progress, n)
+        # Each fused linear call would reorder its weight into oneDNN's layout again: reorder
+        # each weight once for the whole call instead.
+        packed = PackedWeights()
 
         def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:
             batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
             mask = batch.attention_mask  # (B, T) bool
-            # Grad mode is per thread: each worker enters inference mode itself.
-            with torch.inference_mode():
+            # Grad mode and the packed weights are per thread: each worker enters both itself.
+            with torch.inference_mode(), use_packed_weights(packed):
                 # The mask goes as it is: the Encoder's plan drops one without padding itself.
                 hidden = model(batch.input_ids, mask, batch.token_type_ids)  # (B, T, D)
                 vectors = self.pool(hidden, mask, skip)  # (B, D)

@@ -1,0 +1,117 @@
+"""Weights reordered once per call (clearformer.packed_weights): the fused layers give the same
+numbers from a packed copy as from the layer's own weight, notice a weight changed after
+packing, never reach past their scope or thread, and ``encode`` uses them."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import clearformer.text.encoder as text_encoder
+from clearformer.fused_linear import linear, onednn_available
+from clearformer.packed_weights import PackedWeights, packed_weight, use_packed_weights
+from clearformer.text import TextEncoder
+
+pytestmark = pytest.mark.skipif(
+    not onednn_available(), reason="this PyTorch build has no oneDNN fused linear op"
+)
+
+
+def _layer(k: int = 48, n: int = 80) -> nn.Linear:
+    torch.manual_seed(3)
+    return nn.Linear(k, n)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("kind", ["plain", "gelu", "residual"])
+def test_packed_copy_gives_the_same_numbers(rows, kind):
+    layer = _layer()
+    x = torch.randn(rows, 48)
+    residual = torch.randn(rows, 80)
+    kwargs = {"gelu": {"activation": "gelu"}, "residual": {"residual": residual}}.get(kind, {})
+    packed = PackedWeights()
+    with torch.inference_mode():
+        want = linear(x, layer, fused=True, **kwargs)
+        with use_packed_weights(packed):
+            first = linear(x, layer, fused=True, **kwargs)  # packs
+            again = linear(x, layer, fused=True, **kwargs)  # reuses
+    assert len(packed) == 1
+    assert torch.equal(first, again)
+    if rows == 1:  # a single row may take oneDNN's matrix-vector kernel: another sum order
+        torch.testing.assert_close(first, want, atol=1e-5, rtol=1e-5)
+    else:
+        assert torch.equal(first, want)
+
+
+def test_a_weight_changed_after_packing_is_packed_again():
+    layer = _layer()
+    x = torch.randn(5, 48)
+    packed = PackedWeights()
+    with torch.inference_mode(), use_packed_weights(packed):
+        before = linear(x, layer, fused=True)
+        with torch.no_grad():
+            layer.weight.mul_(-2.0)  # in place: the version counter moves
+        after_update = linear(x, layer, fused=True)
+        with torch.inference_mode(False):
+            layer.weight = nn.Parameter(torch.randn(80, 48))  # a new tensor
+        after_swap = linear(x, layer, fused=True)
+    with torch.inference_mode():
+        want_swap = linear(x, layer, fused=True)
+    assert not torch.allclose(before, after_update)
+    torch.testing.assert_close(after_update - layer.bias, -2.0 * (before - layer.bias))
+    assert torch.equal(after_swap, want_swap)
+
+
+def test_outside_its_block_and_on_other_threads_the_layers_own_weight_is_read():
+    layer = _layer()
+    packed = PackedWeights()
+    seen = {}
+
+    def other_thread():
+        seen["other"] = packed_weight(layer)
+
+    with use_packed_weights(packed):
+        inside = packed_weight(layer)
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+    assert inside is not layer.weight and inside.is_mkldnn
+    assert seen["other"] is layer.weight  # a new thread starts outside every block
+    assert packed_weight(layer) is layer.weight
+
+
+def test_weights_it_cannot_watch_or_oneDNN_does_not_take_are_left_alone():
+    half = _layer().to(torch.bfloat16)
+    with torch.inference_mode():
+        made_in_inference_mode = nn.Linear(48, 80)  # no version counter to watch
+    with use_packed_weights(PackedWeights()):
+        assert packed_weight(half) is half.weight
+        assert packed_weight(made_in_inference_mode) is made_in_inference_mode.weight
+
+
+@pytest.fixture(scope="module")
+def encoder() -> TextEncoder:
+    return TextEncoder.from_pretrained()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_encode_reads_packed_weights_and_gives_the_same_vectors(encoder, monkeypatch, workers):
+    texts = [f"sentence number {i} " + "word " * (i % 40) for i in range(90)]
+    made = []
+
+    class Recorded(PackedWeights):
+        def __init__(self):
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(text_encoder, "PackedWeights", Recorded)
+    packed = encoder.encode(texts, workers=workers, batch_size=16, progress=False)
+    monkeypatch.setattr(text_encoder, "PackedWeights", lambda: None)
+    plain = encoder.encode(texts, workers=workers, batch_size=16, progress=False)
+    linears = sum(type(m) is nn.Linear for m in encoder.model.modules())
+    assert len(made) == 1 and len(made[0]) == linears > 0
+    assert np.array_equal(packed, plain)
