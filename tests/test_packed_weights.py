@@ -115,3 +115,31 @@ def test_encode_reads_packed_weights_and_gives_the_same_vectors(encoder, monkeyp
     linears = sum(type(m) is nn.Linear for m in encoder.model.modules())
     assert len(made) == 1 and len(made[0]) == linears > 0
     assert np.array_equal(packed, plain)
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_generate_reads_packed_weights_and_decodes_the_same(monkeypatch, num_beams):
+    import clearformer.generation as generation
+    from clearformer import Seq2SeqConfig, Seq2SeqTransformer
+
+    torch.manual_seed(0)
+    config = Seq2SeqConfig(
+        src_vocab_size=50, d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2,
+        dim_mlp=64, dropout=0.0, max_positions=40,
+    )  # fmt: skip
+    model = Seq2SeqTransformer(config).eval()
+    src = torch.randint(4, 50, (3, 9))
+    made = []
+
+    class Recorded(PackedWeights):
+        def __init__(self):
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(generation, "PackedWeights", Recorded)
+    packed = model.generate(src, max_new_tokens=12, min_length=12, num_beams=num_beams)
+    monkeypatch.setattr(generation, "PackedWeights", lambda: None)
+    plain = model.generate(src, max_new_tokens=12, min_length=12, num_beams=num_beams)
+    assert len(made) == 1 and len(made[0]) > 0
+    assert torch.equal(packed.sequences, plain.sequences)
+    torch.testing.assert_close(packed.scores, plain.scores)

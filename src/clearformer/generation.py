@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from .checks import check_int, check_positive_int
+from .packed_weights import PackedWeights, use_packed_weights
 
 EARLY_STOPPING = (True, False, "never")
 
@@ -100,7 +101,9 @@ def generate(
         )
     search = _Search(model, bos, eos, pad, max_new_tokens, min_length, float(length_penalty))
     _check_not_empty(src, src_mask)
-    with torch.no_grad():
+    # Every decoding step is a forward pass with few rows, whose fused linear calls would each
+    # reorder their weight into oneDNN's layout: reorder each once for the whole call.
+    with torch.no_grad(), use_packed_weights(PackedWeights()):
         memory = model.encode(src, src_mask)  # (B, S, D), validates src and its mask
         mask = None if src_mask is None else src_mask.bool()
         if num_beams == 1:
