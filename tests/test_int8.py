@@ -344,6 +344,29 @@ def test_per_tensor_activation_scales_break_the_floor(encoder, float32, monkeypa
 
 
 @needs_int8
+def test_encode_compiles_the_int8_steps_for_calls_of_many_tokens(encoder, monkeypatch):
+    """``fuse_int8=None`` decides by the call's tokens, not its texts: the compile is repaid
+    per token. The threshold is lowered here to this call's size, one token either side."""
+    from clearformer.text import encoder as encoder_module
+
+    texts = SENTENCES[:12]
+    tokens = sum(len(e.ids) for e in encoder.tokenizer.encode(texts))
+    asked = []
+    real = encoder.int8_model
+
+    def spy(fused=False):
+        asked.append(fused)
+        return real(fused=False)  # the eager copy either way: only the decision is under test
+
+    monkeypatch.setattr(encoder, "int8_model", spy)
+    for threshold in (tokens, tokens + 1):
+        monkeypatch.setattr(encoder_module, "FUSED_INT8_MIN_TOKENS", threshold)
+        encoder.encode(texts, precision="int8")
+    encoder.encode(texts, precision="int8", fuse_int8=True)
+    assert asked == [True, False, True]
+
+
+@needs_int8
 def test_int8_model_is_built_once_and_the_float_model_is_untouched(encoder, float32):
     first = encoder.int8_model()
     assert encoder.int8_model() is first

@@ -49,8 +49,10 @@ log = logging.getLogger(__name__)
 ProgressFn = Callable[[int, int], None]  # (texts done, texts in all)
 # encode(precision="int8") compiles the int8 layers' element-wise steps (a one-time cost per
 # process: seconds with Inductor's disk cache warm, about half a minute cold; docs/int8.md) for
-# calls of at least this many texts, where the time it saves per text repays it within the call.
-FUSED_INT8_MIN_TEXTS = 4096
+# calls of at least this many tokens (word pieces, special tokens included), where the time
+# they save per token repays a warm compile within the call. Counted in tokens, not texts: the
+# saving is per token, and texts differ in length by a hundredfold.
+FUSED_INT8_MIN_TOKENS = 500_000
 _LOG_PROGRESS_MIN = 2048  # texts; below this an encode call is short enough to need no progress
 # Files besides the weights and config.json that make a directory a complete checkpoint.
 _COPIED_FILES = (
@@ -215,7 +217,7 @@ class TextEncoder:
             fuse_int8: with ``precision="int8"``, run the int8 layers' element-wise steps
                 compiled (``torch.compile``: the same arithmetic in fewer passes, after a
                 one-time compile; ``docs/int8.md`` has the costs and the gain); None = for
-                calls of at least :data:`FUSED_INT8_MIN_TEXTS` texts.
+                calls of at least :data:`FUSED_INT8_MIN_TOKENS` tokens.
 
         Returns:
             (n, D) float32, row i for ``texts[i]``. Batching changes speed and memory, never
@@ -244,15 +246,16 @@ class TextEncoder:
             )
         if n == 0:
             return out
+        encodings = self.tokenizer.encode(texts)
+        lengths = [len(e.ids) for e in encodings]
         if precision == "int8":
-            fused = n >= FUSED_INT8_MIN_TEXTS if fuse_int8 is None else bool(fuse_int8)
-            model = self.int8_model(fused=fused)
+            auto = sum(lengths) >= FUSED_INT8_MIN_TOKENS
+            model = self.int8_model(fused=auto if fuse_int8 is None else bool(fuse_int8))
         else:
             model = self.model
-        encodings = self.tokenizer.encode(texts)
         # Longest first: texts of similar length share a batch, and the longest batch (the peak
         # of memory) comes first, so a memory problem shows at once.
-        batches = plan_batches([len(e.ids) for e in encodings], batch_size, max_tokens)
+        batches = plan_batches(lengths, batch_size, max_tokens)
         if workers is None:
             workers = auto_workers(len(batches), next(model.parameters()).device)
         report = _progress_reporter(progress, n)
