@@ -93,6 +93,19 @@ def test_weights_it_cannot_watch_or_oneDNN_does_not_take_are_left_alone():
         assert packed_weight(made_in_inference_mode) is made_in_inference_mode.weight
 
 
+def _record_packings(monkeypatch, module) -> list[PackedWeights]:
+    """Every PackedWeights ``module`` makes from now on, in the list returned."""
+    made = []
+
+    class Recorded(PackedWeights):
+        def __init__(self):
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(module, "PackedWeights", Recorded)
+    return made
+
+
 @pytest.fixture(scope="module")
 def encoder() -> TextEncoder:
     return TextEncoder.from_pretrained()
@@ -101,14 +114,7 @@ def encoder() -> TextEncoder:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_encode_reads_packed_weights_and_gives_the_same_vectors(encoder, monkeypatch, workers):
     texts = [f"sentence number {i} " + "word " * (i % 40) for i in range(90)]
-    made = []
-
-    class Recorded(PackedWeights):
-        def __init__(self):
-            super().__init__()
-            made.append(self)
-
-    monkeypatch.setattr(text_encoder, "PackedWeights", Recorded)
+    made = _record_packings(monkeypatch, text_encoder)
     packed = encoder.encode(texts, workers=workers, batch_size=16, progress=False)
     monkeypatch.setattr(text_encoder, "PackedWeights", lambda: None)
     plain = encoder.encode(texts, workers=workers, batch_size=16, progress=False)
@@ -129,14 +135,7 @@ def test_generate_reads_packed_weights_and_decodes_the_same(monkeypatch, num_bea
     )  # fmt: skip
     model = Seq2SeqTransformer(config).eval()
     src = torch.randint(4, 50, (3, 9))
-    made = []
-
-    class Recorded(PackedWeights):
-        def __init__(self):
-            super().__init__()
-            made.append(self)
-
-    monkeypatch.setattr(generation, "PackedWeights", Recorded)
+    made = _record_packings(monkeypatch, generation)
     packed = model.generate(src, max_new_tokens=12, min_length=12, num_beams=num_beams)
     monkeypatch.setattr(generation, "PackedWeights", lambda: None)
     plain = model.generate(src, max_new_tokens=12, min_length=12, num_beams=num_beams)
