@@ -59,6 +59,21 @@ def test_predict_equals_sentence_transformers(checkpoint):
         assert np.abs(ours.predict(PAIRS, activation="identity") - want).max() > 1e-3
 
 
+def test_predict_reads_packed_weights_and_scores_the_same(checkpoint, monkeypatch):
+    import clearformer.text.cross_encoder as cross_encoder_module
+
+    from .test_packed_weights import _record_packings
+
+    path, _ = checkpoint
+    ours = CrossEncoder.from_pretrained(path)
+    made = _record_packings(monkeypatch, cross_encoder_module)
+    packed = ours.predict(PAIRS, max_tokens=64)  # several batches
+    monkeypatch.setattr(cross_encoder_module, "PackedWeights", lambda: None)
+    plain = ours.predict(PAIRS, max_tokens=64)
+    assert len(made) == 1 and len(made[0]) > 0
+    np.testing.assert_array_equal(packed, plain)
+
+
 def test_token_types_mark_the_second_text(checkpoint):
     path, _ = checkpoint
     ours = CrossEncoder.from_pretrained(path)

@@ -76,6 +76,8 @@ def generate(
 
     ``num_beams`` 1 is greedy search. ``use_cache=False`` recomputes every step from the whole
     prefix (the reference the cache is tested against). Ids default to the model's config.
+    On a CPU in float32 the call holds a copy of every linear weight in oneDNN's layout
+    (:mod:`clearformer.packed_weights`) until it returns.
     """
     cfg = model.config
     bos = cfg.bos_id if bos_id is None else bos_id

@@ -2,38 +2,64 @@
 
 oneDNN's matrix-product kernel reads its weights in a blocked layout of its own. Handed a
 plain ``(out, in)`` weight, ``mkldnn::_linear_pointwise`` first reorders it into that layout,
-on every call: a pass over the whole weight whatever the number of rows, which is most of the
-cost of a call with few rows (a decoding step, a short batch) and a few per cent of a large
-one. Reordered once (``torch.ops.mkldnn._reorder_linear_weight``), the same weight serves
-every call after it.
+on every call: a pass over the whole weight whatever the number of rows, which weighs most in
+calls with few rows (a decoding step, a short batch). Reordered once
+(``torch.ops.mkldnn._reorder_linear_weight``), the same weight serves every call after it.
 
 A caller that makes many forward passes (``encode``, ``generate``) holds a
 :class:`PackedWeights` for the length of its own call and runs its passes inside
 :func:`use_packed_weights`; there :func:`clearformer.fused_linear.linear` takes a layer's
 reordered copy in place of its weight, reordering it on the layer's first call, which costs
 what the plain call's own reordering would have. Nothing is stored on the modules. A weight
-changed after its copy was made (an in-place update, a new tensor) is noticed by its version
-counter and identity and reordered again. The products are the same numbers from the same
-kernel, bit for bit from two rows up (a single row may take another kernel, which sums in
-another order: float32 rounding); what this saves is measured in docs/performance.md.
+replaced or changed in place after its copy was made (another tensor, other storage, a moved
+version counter) is reordered again; a write that bypasses the version counter (through
+``.data`` or a NumPy view) during the call is not seen, as for any cached computation. The
+products are the same numbers from the same kernel, bit for bit from two rows up (a single row
+may take another kernel, which sums in another order: float32 rounding); what this saves is
+measured in docs/performance.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class _Copy:
     source: Tensor  # the weight it was made from (kept alive, so its identity stays unique)
     version: int  # the weight's version counter then
+    storage: int  # and its data pointer: `.data = other` keeps identity and version
     packed: Tensor
+
+    def matches(self, weight: Tensor) -> bool:
+        return (
+            self.source is weight
+            and self.version == weight._version
+            and self.storage == weight.data_ptr()
+        )
+
+
+@functools.cache
+def reorder_available() -> bool:
+    """This build can reorder a linear weight for oneDNN and run the fused op on it."""
+    try:
+        with torch.inference_mode():
+            packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(3, 4), None)
+            torch.ops.mkldnn._linear_pointwise(torch.ones(2, 4), packed, None, "none", [], "")
+    except (AttributeError, RuntimeError, NotImplementedError) as error:
+        log.info("linear weights are not packed for oneDNN here: %s", error)
+        return False
+    return True
 
 
 class PackedWeights:
@@ -50,23 +76,26 @@ class PackedWeights:
 
     def weight_for(self, layer: nn.Linear) -> Tensor:
         """``layer``'s weight in oneDNN's layout (a float32 weight on the CPU with a version
-        counter), else its own."""
+        counter, where this build can reorder), else its own."""
         weight = layer.weight
         copy = self._copies.get(id(layer))
-        if copy is not None and copy.source is weight and copy.version == weight._version:
+        if copy is not None and copy.matches(weight):
             return copy.packed
         if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.is_inference():
             # An inference tensor (made under inference_mode) has no version counter, so an
             # in-place change of it could not be noticed: such a weight is read as it is.
             return weight
+        if not reorder_available():
+            return weight
         with torch.no_grad():
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-        self._copies[id(layer)] = _Copy(weight, weight._version, packed)
+        self._copies[id(layer)] = _Copy(weight, weight._version, weight.data_ptr(), packed)
         return packed
 
 
-# The PackedWeights of the calls inside use_packed_weights. A context variable, so that each
-# thread (each encode worker) sees only what it entered itself.
+# The PackedWeights of the calls inside use_packed_weights. A context variable, so that a
+# thread sees only the packing it entered itself or, where new threads inherit the context
+# (free-threaded Python's default), the one its parent was in.
 _active: contextvars.ContextVar[PackedWeights | None] = contextvars.ContextVar(
     "clearformer_packed_weights", default=None
 )

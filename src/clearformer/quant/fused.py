@@ -73,21 +73,31 @@ def epilogue(
 
 @functools.cache
 def fused_steps():
-    """``(prologue, epilogue)`` compiled, or None where compiling does not work here."""
-    try:
-        steps = (
-            torch.compile(prologue, dynamic=True, options=COMPILE_OPTIONS),
-            torch.compile(epilogue, dynamic=True, options=COMPILE_OPTIONS),
-        )
-        # Compile now, on a small input, so that a failure shows here and not mid-encode.
-        rows = torch.randn(4, 16)
-        keep = torch.ones(16)
-        keep[3] = 0
-        outliers = torch.tensor([3])
-        q, scale, x_o = steps[0](rows, None, keep, outliers)
-        acc = q.to(torch.int32) @ torch.ones(16, 8, dtype=torch.int32)
-        steps[1](acc, scale, torch.ones(8), torch.zeros(8), x_o, torch.ones(1, 8))
-    except Exception as error:  # compile errors have no common type (BackendCompilerFailed, ...)
-        log.warning("int8: compiling the quantisation steps failed, so they run eagerly: %s", error)
-        return None
+    """``(prologue, epilogue)`` compiled, or None where compiling does not work here. The C++
+    wrapper first; where it does not build (it compiles against PyTorch's C++ headers), the
+    default wrapper, which holds the GIL while a kernel runs, with a note in the log."""
+    for options in (COMPILE_OPTIONS, {}):
+        try:
+            return _compiled_steps(options)
+        except Exception as error:  # compile errors have no common type (BackendCompilerFailed)
+            failure = error
+            if options:
+                log.info("int8: the C++ wrapper did not build; the default one next: %s", error)
+    log.warning("int8: compiling the quantisation steps failed, so they run eagerly: %s", failure)
+    return None
+
+
+def _compiled_steps(options: dict):
+    steps = (
+        torch.compile(prologue, dynamic=True, options=options),
+        torch.compile(epilogue, dynamic=True, options=options),
+    )
+    # Compile now, on a small input, so that a failure shows here and not mid-encode.
+    rows = torch.randn(4, 16)
+    keep = torch.ones(16)
+    keep[3] = 0
+    outliers = torch.tensor([3])
+    q, scale, x_o = steps[0](rows, None, keep, outliers)
+    acc = q.to(torch.int32) @ torch.ones(16, 8, dtype=torch.int32)
+    steps[1](acc, scale, torch.ones(8), torch.zeros(8), x_o, torch.ones(1, 8))
     return steps

@@ -222,6 +222,10 @@ class TextEncoder:
         Returns:
             (n, D) float32, row i for ``texts[i]``. Batching changes speed and memory, never
             the result: a text's embedding does not depend on its batch-mates.
+
+        On a CPU in float32 the call holds a copy of every linear weight in oneDNN's layout
+        (:mod:`clearformer.packed_weights`) until it returns: as much memory again as those
+        weights.
         """
         texts = check_texts(texts)
         prompt = self._resolve_prompt(prompt, prompt_name)
