@@ -10,6 +10,7 @@ import torch
 
 from clearformer import EncoderConfig, EncoderModel
 from clearformer.interop.hf import save_model
+from clearformer.packed_weights import PackedWeights
 
 
 def lengths_mask(lengths: list[int], T: int | None = None) -> torch.Tensor:
@@ -51,3 +52,16 @@ def write_tiny_bert(directory: Path, words: Sequence[str], *, n_layers: int = 1)
     save_model(EncoderModel(config).eval(), directory, "bert")
     (directory / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
     return directory
+
+
+def record_packings(monkeypatch, module) -> list[PackedWeights]:
+    """Every PackedWeights ``module`` makes from now on, in the list returned."""
+    made = []
+
+    class Recorded(PackedWeights):
+        def __init__(self):
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(module, "PackedWeights", Recorded)
+    return made

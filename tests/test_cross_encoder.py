@@ -12,6 +12,7 @@ import pytest
 from clearformer import CrossEncoder, TextEncoder
 from clearformer.interop.hf import CheckpointError
 
+from .helpers import record_packings
 from .test_sequence_classification import make_classifier
 from .xlmr_helpers import make_xlmr
 
@@ -62,11 +63,9 @@ def test_predict_equals_sentence_transformers(checkpoint):
 def test_predict_reads_packed_weights_and_scores_the_same(checkpoint, monkeypatch):
     import clearformer.text.cross_encoder as cross_encoder_module
 
-    from .test_packed_weights import _record_packings
-
     path, _ = checkpoint
     ours = CrossEncoder.from_pretrained(path)
-    made = _record_packings(monkeypatch, cross_encoder_module)
+    made = record_packings(monkeypatch, cross_encoder_module)
     packed = ours.predict(PAIRS, max_tokens=64)  # several batches
     monkeypatch.setattr(cross_encoder_module, "PackedWeights", lambda: None)
     plain = ours.predict(PAIRS, max_tokens=64)

@@ -34,6 +34,7 @@ from clearformer.quant import quantize as quantize_module
 from clearformer.quant.fused import fused_steps
 from clearformer.text import TextEncoder
 
+from .helpers import intra_op_threads
 from .int8_sentences import QUERIES, SENTENCES
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -253,16 +254,15 @@ def test_fused_steps_let_other_threads_run():
             times.append(time.perf_counter() - begin)
         return min(times)
 
-    threads, interval = torch.get_num_threads(), sys.getswitchinterval()
-    torch.set_num_threads(1)
+    interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-4)
     shares = {}
     try:
-        for name, call in calls.items():
-            solo = alone(call)
-            shares[name] = min(longest_gap(call) for _ in range(3)) / solo
+        with intra_op_threads(1):
+            for name, call in calls.items():
+                solo = alone(call)
+                shares[name] = min(longest_gap(call) for _ in range(3)) / solo
     finally:
-        torch.set_num_threads(threads)
         sys.setswitchinterval(interval)
     stopped = {name: round(share, 3) for name, share in shares.items() if share >= 0.25}
     assert not stopped, f"the other thread was stopped for these shares of a step: {stopped}"

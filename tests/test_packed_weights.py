@@ -17,6 +17,8 @@ from clearformer.fused_linear import linear, onednn_available
 from clearformer.packed_weights import PackedWeights, packed_weight, use_packed_weights
 from clearformer.text import TextEncoder
 
+from .helpers import record_packings
+
 pytestmark = pytest.mark.skipif(
     not onednn_available(), reason="this PyTorch build has no oneDNN fused linear op"
 )
@@ -111,19 +113,6 @@ def test_weights_it_cannot_watch_or_oneDNN_does_not_take_are_left_alone():
         assert packed_weight(made_in_inference_mode) is made_in_inference_mode.weight
 
 
-def _record_packings(monkeypatch, module) -> list[PackedWeights]:
-    """Every PackedWeights ``module`` makes from now on, in the list returned."""
-    made = []
-
-    class Recorded(PackedWeights):
-        def __init__(self):
-            super().__init__()
-            made.append(self)
-
-    monkeypatch.setattr(module, "PackedWeights", Recorded)
-    return made
-
-
 @pytest.fixture(scope="module")
 def encoder() -> TextEncoder:
     return TextEncoder.from_pretrained()
@@ -132,7 +121,7 @@ def encoder() -> TextEncoder:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_encode_reads_packed_weights_and_gives_the_same_vectors(encoder, monkeypatch, workers):
     texts = [f"sentence number {i} " + "word " * (i % 40) for i in range(90)]
-    made = _record_packings(monkeypatch, text_encoder)
+    made = record_packings(monkeypatch, text_encoder)
     packed = encoder.encode(texts, workers=workers, batch_size=16, progress=False)
     monkeypatch.setattr(text_encoder, "PackedWeights", lambda: None)
     plain = encoder.encode(texts, workers=workers, batch_size=16, progress=False)
@@ -153,7 +142,7 @@ def test_generate_reads_packed_weights_and_decodes_the_same(monkeypatch, num_bea
     )  # fmt: skip
     model = Seq2SeqTransformer(config).eval()
     src = torch.randint(4, 50, (3, 9))
-    made = _record_packings(monkeypatch, generation)
+    made = record_packings(monkeypatch, generation)
     packed = model.generate(src, max_new_tokens=12, min_length=12, num_beams=num_beams)
     monkeypatch.setattr(generation, "PackedWeights", lambda: None)
     plain = model.generate(src, max_new_tokens=12, min_length=12, num_beams=num_beams)
