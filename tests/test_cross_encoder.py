@@ -66,6 +66,8 @@ def test_predict_reads_packed_weights_and_scores_the_same(checkpoint, monkeypatc
     path, _ = checkpoint
     ours = CrossEncoder.from_pretrained(path)
     made = record_packings(monkeypatch, cross_encoder_module)
+    assert ours.predict(PAIRS[:2]) is not None and made == []  # too few tokens to repay it
+    monkeypatch.setattr(cross_encoder_module, "PACK_MIN_TOKENS", 1)
     packed = ours.predict(PAIRS, max_tokens=64)  # several batches
     monkeypatch.setattr(cross_encoder_module, "PackedWeights", lambda: None)
     plain = ours.predict(PAIRS, max_tokens=64)

@@ -121,6 +121,8 @@ def encoder() -> TextEncoder:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_encode_reads_packed_weights_and_gives_the_same_vectors(encoder, monkeypatch, workers):
     texts = [f"sentence number {i} " + "word " * (i % 40) for i in range(90)]
+    tokens = sum(len(e.ids) for e in encoder.tokenizer.encode(texts))
+    assert tokens >= text_encoder.PACK_MIN_TOKENS  # a call large enough to pack
     made = record_packings(monkeypatch, text_encoder)
     packed = encoder.encode(texts, workers=workers, batch_size=16, progress=False)
     monkeypatch.setattr(text_encoder, "PackedWeights", lambda: None)
@@ -128,6 +130,18 @@ def test_encode_reads_packed_weights_and_gives_the_same_vectors(encoder, monkeyp
     linears = sum(type(m) is nn.Linear for m in encoder.model.modules())
     assert len(made) == 1 and len(made[0]) == linears > 0
     assert np.array_equal(packed, plain)
+
+
+def test_encode_leaves_the_weights_plain_for_a_short_call(encoder, monkeypatch):
+    # Reordering every weight would cost more than a call of a few texts saves by it.
+    texts = ["A short query.", "Another one, a little longer than the first."]
+    made = record_packings(monkeypatch, text_encoder)
+    short = encoder.encode(texts, progress=False)
+    assert made == []
+    monkeypatch.setattr(text_encoder, "PACK_MIN_TOKENS", 1)  # the same call, packed
+    packed = encoder.encode(texts, progress=False)
+    assert len(made) == 1 and len(made[0]) > 0
+    np.testing.assert_allclose(short, packed, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("num_beams", [1, 3])

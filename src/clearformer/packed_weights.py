@@ -7,7 +7,9 @@ calls with few rows (a decoding step, a short batch). Reordered once
 (``torch.ops.mkldnn._reorder_linear_weight``), the same weight serves every call after it.
 
 A caller that makes many forward passes (``encode``, ``generate``) holds a
-:class:`PackedWeights` for the length of its own call and runs its passes inside
+:class:`PackedWeights` for the length of its own call (``encode`` and ``CrossEncoder.predict``
+only for calls of at least :data:`PACK_MIN_TOKENS` tokens, below which reordering costs more
+than it saves) and runs its passes inside
 :func:`use_packed_weights`; there :func:`clearformer.fused_linear.linear` takes a layer's
 reordered copy in place of its weight, reordering it on the layer's first call, which costs
 what the plain call's own reordering would have. Nothing is stored on the modules. A weight
@@ -32,6 +34,12 @@ import torch
 from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
+
+# Rows (tokens) a call's forward passes must carry in all before its caller packs the weights:
+# reordering every weight of the bundled model costs about 7 ms on two threads, as much as
+# two single-text forward passes, and saves a few per cent of each large product
+# (docs/performance.md, "Weights packed once per call"). Below this, plain weights are faster.
+PACK_MIN_TOKENS = 2_048
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from ..interop.hf.sentence_transformers import Prompts, prompts_from_files
 from ..interop.hf.tokenizer import check_texts, max_length_for
 from ..io import atomic_write
 from ..model import EncoderModel
-from ..packed_weights import PackedWeights, use_packed_weights
+from ..packed_weights import PACK_MIN_TOKENS, PackedWeights, use_packed_weights
 from ..quant import PRECISIONS
 from ..tracing import is_recording
 from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
@@ -223,9 +223,10 @@ class TextEncoder:
             (n, D) float32, row i for ``texts[i]``. Batching changes speed and memory, never
             the result: a text's embedding does not depend on its batch-mates.
 
-        On a CPU in float32 the call holds a copy of every linear weight in oneDNN's layout
-        (:mod:`clearformer.packed_weights`) until it returns: as much memory again as those
-        weights.
+        On a CPU in float32 a call of at least
+        :data:`~clearformer.packed_weights.PACK_MIN_TOKENS` tokens holds a copy of every linear
+        weight in oneDNN's layout (:mod:`clearformer.packed_weights`) until it returns: as much
+        memory again as those weights.
         """
         texts = check_texts(texts)
         prompt = self._resolve_prompt(prompt, prompt_name)
@@ -264,8 +265,8 @@ class TextEncoder:
             workers = auto_workers(len(batches), next(model.parameters()).device)
         report = _progress_reporter(progress, n)
         # Each fused linear call would reorder its weight into oneDNN's layout again: reorder
-        # each weight once for the whole call instead.
-        packed = PackedWeights()
+        # each weight once for the whole call instead, where the call is large enough to repay it.
+        packed = PackedWeights() if sum(lengths) >= PACK_MIN_TOKENS else None
 
         def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:
             batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
