@@ -120,7 +120,10 @@ def main() -> int:
     for r in rows:
         print(f"{r['workload']:36} {r['base_ms']:9.2f} {r['head_ms']:9.2f} {r['ratio']:9.2f}x")
     if args.out is not None:
-        args.out.write_text(json.dumps({"load": load, "rows": rows, "runs": runs}, indent=1))
+        from clearformer.cpu import cpu_description
+
+        record = {"load": load, "cpu": cpu_description(), "rows": rows, "runs": runs}
+        args.out.write_text(json.dumps(record, indent=1))
     return 0
 
 

@@ -114,6 +114,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
+    from clearformer.cpu import cpu_description, cpu_info
+
     torch.set_num_threads(os.cpu_count() or 1)
     load_before = os.getloadavg()
     ours, theirs = build(args)
@@ -166,6 +168,7 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         result = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
         result["load_average"] = {"before": load_before, "after": load_after, "loaded": loaded}
+        result["cpu"] = cpu_description()
         args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
         lines = [
             "| L | beams | cache | clearformer tok/s | transformers tok/s | ratio |",
@@ -181,6 +184,7 @@ def main() -> None:
         lines.append(
             f"Load average before {load_before[0]:.2f}, after {load_after[0]:.2f}"
             + (" (LOADED: not a quiet-machine figure)" if loaded else "")
+            + f". CPU: {cpu_info().summary()}"
         )
         args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 

@@ -410,6 +410,7 @@ def main() -> None:
         write_report(json.loads(args.replot.read_text()), args.replot.with_suffix(""))
         return
     from clearformer.bench.load import judge, load_average
+    from clearformer.cpu import cpu_description
 
     load_start = load_average()
 
@@ -492,6 +493,7 @@ def main() -> None:
             "load_average": load_end[0],
             "load": load.to_dict(),
             "load_verdict": load.describe(),
+            "cpu": cpu_description(),
         },
         "runs": runs,
     }

@@ -30,3 +30,11 @@ def test_cpu_time_counts_work_not_waiting():
     times = interleaved({"sleep": lambda: time.sleep(0.02), "busy": busy}, warmup=0, repeats=2)
     assert all(t >= 0.02 for t in times["sleep"]) and all(t < 0.01 for t in times.cpu["sleep"])
     assert all(c >= 0.02 for c in times.cpu["busy"])
+
+
+def test_every_load_record_names_the_cpu():
+    from clearformer.cpu import cpu_info
+
+    record = judge((0.1, 0.2, 0.3), (2.2, 1.0, 0.5), threads=2)
+    assert record.cpu == cpu_info().summary() and record.to_dict()["cpu"] == record.cpu
+    assert record.describe().endswith(f"CPU: {record.cpu}")

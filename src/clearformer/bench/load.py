@@ -5,6 +5,8 @@ nested-tensor path slows 2-4x under load, clearformer's packed path much less, s
 flatters clearformer (docs/performance.md). Every result therefore records the load average
 before and after it, and says whether it was quiet. Process CPU time per call, recorded beside
 wall time, is the cross-check that load distorts less: it counts the work done, not the waits.
+The record also names the CPU (:mod:`clearformer.cpu`): figures from two machines do not
+compare.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class LoadRecord:
     cores: int
     loaded: bool
     reason: str
+    cpu: str = ""  # clearformer.cpu.CpuInfo.summary() of the machine that ran it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -37,6 +40,7 @@ class LoadRecord:
         return (
             f"{state}: load average {self.before[0]:.2f} before, {self.after[0]:.2f} after "
             f"({self.threads} benchmark threads, {self.cores} cores); {self.reason}"
+            + (f". CPU: {self.cpu}" if self.cpu else "")
         )
 
 
@@ -63,4 +67,8 @@ def judge(
         )
     else:
         loaded, reason = False, "no other process was busy"
-    return LoadRecord(tuple(before), tuple(after), threads, cores, loaded, reason)
+    from ..cpu import cpu_info
+
+    return LoadRecord(
+        tuple(before), tuple(after), threads, cores, loaded, reason, cpu_info().summary()
+    )

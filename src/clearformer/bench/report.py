@@ -32,6 +32,8 @@ def markdown(results: Results) -> str:
         f"x-transformers {env.get('x_transformers')} · {env['threads']} threads · "
         f"{env['dtype']} · allocator: {env['allocator']}.",
         "",
+        f"CPU: {env['cpu']['summary']}." if "cpu" in env else "CPU: not recorded.",
+        "",
         "GEMM rate (the faster of torch.matmul and oneDNN's linear op at each size's layer "
         "shapes): "
         + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in results.gemm_gflops.items())

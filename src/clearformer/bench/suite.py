@@ -173,6 +173,7 @@ def run_suite(
 def _environment() -> dict:
     from importlib import metadata
 
+    from ..cpu import cpu_description
     from ..runtime import retain_freed_memory
 
     def version(package: str) -> str | None:
@@ -188,6 +189,7 @@ def _environment() -> dict:
         "x_transformers": version("x-transformers"),
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "cpu": cpu_description(),
         "threads": torch.get_num_threads(),
         "dtype": "float32",
         # Idempotent: the CLI already asked; a library caller gets the same setting here.

@@ -27,11 +27,11 @@ import functools
 import logging
 import platform
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from ..cpu import cpu_info
 from .fused import fused_steps
 
 log = logging.getLogger(__name__)
@@ -49,18 +49,9 @@ class Int8Support:
     reason: str
 
 
-def _cpu_flags() -> set[str] | None:
-    """The CPU's feature flags from /proc/cpuinfo, or None where they cannot be read."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    flags: set[str] = set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            flags.update(value.split())
-    return flags or None
+def _cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags (:func:`clearformer.cpu.cpu_info`), or None where unread."""
+    return cpu_info().flags or None
 
 
 @functools.cache
