@@ -52,8 +52,8 @@ def with_score_bias(plan: ForwardPlan, bias: Tensor) -> ForwardPlan:
     checked that the mask is contiguous (:func:`check_contiguous`).
     """
     method = plan.method
-    if method is not None and method.choice == "flash":
-        # flash_attn_varlen_func takes no additive bias: say what really runs.
+    if method is not None and method.choice in ("flash", "avx512"):
+        # flash_attn_varlen_func and the AVX-512 kernel take no additive bias: say what runs.
         method = Decision("sequence", "a relative position bias: one fused call per run")
     layers = tuple(dataclasses.replace(p, score_bias=bias, method=method) for p in plan.per_layer)
     return dataclasses.replace(plan, score_bias=bias, method=method, per_layer=layers)
@@ -113,8 +113,9 @@ def layer_plan(
         return dataclasses.replace(base, rotary=rotary)
     if base.packed:
         method = base.method
-        if method is not None and method.choice == "flash":
-            # flash_attn's own window is not wired in: say what really runs.
+        if method is not None and method.choice in ("flash", "avx512"):
+            # flash_attn's own window is not wired in, nor a band in the AVX-512 kernel: say
+            # what really runs.
             method = Decision("sequence", "a local layer: a band per sequence")
         return dataclasses.replace(base, window=window, rotary=rotary, method=method)
     if base.kernel.choice == "sdpa" and use_banded(base.tq, window):

@@ -23,7 +23,7 @@ KERNEL_NAMES = ("math", "sdpa", "varlen")
 BACKENDS = ("auto", *KERNEL_NAMES)
 LAYOUTS = ("padded", "packed")  # (B, T, D) with a mask, or (N, D) real rows with cu_seqlens
 # How the varlen kernel attends within packed sequences (see clearformer.kernels.varlen).
-VARLEN_METHODS = ("auto", "sequence", "padded", "threads", "flash")
+VARLEN_METHODS = ("auto", "sequence", "padded", "threads", "flash", "avx512")
 
 
 @dataclass(frozen=True)

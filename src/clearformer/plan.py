@@ -290,7 +290,9 @@ def plan_stack(
     if layout.choice == "packed":
         keep = mask if mask is not None else torch.ones(B, T, dtype=torch.bool, device=device)
         packing = pack_layout(keep)
-        method = resolve_method("auto", packing, device=device, dtype=dtype, head_dim=head_dim)
+        method = resolve_method(
+            "auto", packing, device=device, dtype=dtype, head_dim=head_dim, is_causal=is_causal
+        )
         base = ForwardPlan(
             layout,
             kernel,
@@ -363,7 +365,9 @@ def _plan_packed_rows(
         kernel, method = Decision("math", "requested by name: reference formula per sequence"), None
     else:
         kernel = Decision("varlen", "packed rows: only varlen attention reads cu_seqlens")
-        method = resolve_method("auto", packing, device=device, dtype=dtype, head_dim=head_dim)
+        method = resolve_method(
+            "auto", packing, device=device, dtype=dtype, head_dim=head_dim, is_causal=is_causal
+        )
     base = ForwardPlan(
         layout,
         kernel,
@@ -435,6 +439,7 @@ def plan_attention(
                 device=device,
                 dtype=_compute_dtype(device, dtype),
                 head_dim=head_dim,
+                is_causal=is_causal,
             )
         layout = Decision("packed", "the caller gave packed rows and their layout")
         return ForwardPlan(

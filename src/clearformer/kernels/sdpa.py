@@ -1,7 +1,9 @@
 """Attention through ``torch.nn.functional.scaled_dot_product_attention``.
 
 PyTorch picks a fused kernel (flash attention on CPU and CUDA, memory-efficient attention on
-CUDA) that never materialises the (Tq, Tk) score matrix, so memory stays linear in T.
+CUDA) that never materialises the (Tq, Tk) score matrix, so memory stays linear in T. Unmasked
+float32 self-attention on a CPU where clearformer's AVX-512 kernel is loaded and preferred
+(:mod:`.avx512`) runs that kernel instead, as the packed rows would.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..masks import fold_causal, rows_with_key
+from . import avx512
 
 _UNKNOWN = object()  # query_has_key not computed by the caller: work it out here
 
@@ -46,6 +49,10 @@ def sdpa_attention(
     tq, tk = q.shape[-2], k.shape[-2]
     if bias is not None:
         return _with_bias(q, k, v, mask, bias, is_causal, dropout_p, scale, query_has_key), None
+    if mask is None and not is_causal and dropout_p == 0.0 and tq == tk:
+        out = _avx512_unmasked(q, k, v, scale)
+        if out is not None:
+            return out, None
     # SDPA's own is_causal is top-left aligned; it equals ours only when Tq == Tk.
     if mask is None and (not is_causal or tq == tk):
         out = F.scaled_dot_product_attention(
@@ -70,6 +77,24 @@ def sdpa_attention(
     # torch.where keeps the kernel's (B, Tq, H, Dv) memory order, so the head merge that follows
     # stays a view (masked_fill's clone made it contiguous in (B, H, Tq, Dv), costing a copy).
     return torch.where(query_has_key, out, 0.0), None
+
+
+def _avx512_unmasked(q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor | None:
+    """Unmasked self-attention through clearformer's AVX-512 kernel where ``auto`` would take
+    it on packed rows (:mod:`.avx512`: loaded, on a CPU it is preferred on), every sequence as
+    long as the next; None where it does not serve these rows."""
+    if not (avx512.is_loaded() and avx512.preferred()):
+        return None
+    B, H, T, Dh = q.shape
+    try:  # (B, H, T, Dh) -> (B * T, H, Dh): a view of the projection's rows, no copy
+        rows = [t.transpose(1, 2).view(B * T, H, Dh) for t in (q, k, v)]
+    except RuntimeError:
+        return None
+    if not avx512.serves(*rows):
+        return None
+    bounds = torch.arange(0, B * T + 1, T, dtype=torch.int64)  # (B + 1,)
+    out = avx512.attention(*rows, bounds, Dh**-0.5 if scale is None else scale)  # (B*T, H, Dh)
+    return out.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh), in (B, T, H, Dh) order
 
 
 def _with_bias(q, k, v, mask, bias, is_causal, dropout_p, scale, query_has_key) -> Tensor:

@@ -13,13 +13,18 @@ Implementations (``method``), all returning the same values:
 ``threads``   ``sequence``'s calls, the runs grouped over the intra-op threads, each group on a
               single-threaded worker (:mod:`.varlen_threads`): no parallel region to wait in.
 ``flash``     ``flash_attn_varlen_func`` (CUDA, half precision, when the package is installed).
+``avx512``    clearformer's own C++ kernel for AVX-512 CPUs (:mod:`.avx512`, built on request):
+              float32, plain bidirectional attention without gradients; calls it cannot
+              serve (causal, a window, a bias, dropout) run as ``auto`` would without it.
 
-``auto`` takes ``flash`` when it can serve the call. On CPU it takes ``threads`` (``sequence``
-for a single run or a single-threaded caller): every call of ``sequence`` is an OpenMP parallel
-region, and when other processes compete for the cores each region can wait for a descheduled
-thread, so ``sequence`` collapses under load where ``threads`` does not; on a quiet machine
-``threads`` is slower than ``sequence`` for attention alone. Elsewhere (CUDA without
-flash_attn) ``sequence`` up to ``MAX_SEQUENCE_CALLS`` calls, ``padded`` above. The
+``auto`` takes ``flash`` when it can serve the call, and ``avx512`` on the CPUs where it is
+measured faster (:func:`.avx512.preferred`: AMD) once it is loaded. Otherwise on CPU it
+takes ``threads`` (``sequence`` for a single run or a single-threaded caller): every call of
+``sequence`` is an OpenMP parallel region, and when other processes compete for the cores
+each region can wait for a descheduled thread, so ``sequence`` collapses under load where
+``threads`` does not; on a quiet machine ``threads`` is slower than ``sequence`` for
+attention alone. Elsewhere (CUDA without flash_attn) ``sequence`` up to
+``MAX_SEQUENCE_CALLS`` calls, ``padded`` above. The
 measurements behind these rules are in ``docs/performance.md``; two more methods that lost
 (``bucket``, ``nested``) live with the benchmark, in :mod:`clearformer.bench.varlen_methods`.
 """
@@ -34,6 +39,7 @@ from ..checks import check_choice
 from ..masks import band_mask, fold_causal
 from ..options import VARLEN_METHODS, Decision
 from ..padding import PackedLayout, equal_length_runs
+from . import avx512
 from .local import banded_attention, use_banded
 from .varlen_threads import threaded_attention
 
@@ -63,6 +69,15 @@ def flash_available(device: torch.device, dtype: torch.dtype, head_dim: int | No
     )
 
 
+def _avx512_serves(device: torch.device, dtype: torch.dtype, head_dim: int | None) -> bool:
+    return (
+        device.type == "cpu"
+        and dtype == torch.float32
+        and (head_dim is None or head_dim % 16 == 0)
+        and avx512.is_loaded()
+    )
+
+
 def resolve_method(
     method: str,
     layout: PackedLayout,
@@ -70,13 +85,25 @@ def resolve_method(
     device: torch.device,
     dtype: torch.dtype = torch.float32,
     head_dim: int | None = None,
+    is_causal: bool = False,
+    kernel: bool = True,
 ) -> Decision:
     """The implementation ``method`` runs on for rows on ``device`` in ``dtype`` with heads
-    ``head_dim`` wide, and why."""
+    ``head_dim`` wide, causal or not, and why; ``kernel=False`` leaves ``avx512`` out of
+    ``auto`` (for a layer it cannot serve)."""
     check_choice(method, VARLEN_METHODS, "method")
     if method == "auto":
         if flash_available(device, dtype, head_dim):
             return Decision("flash", "CUDA half precision with flash_attn installed")
+        if (
+            kernel
+            and not is_causal
+            and _avx512_serves(device, dtype, head_dim)
+            and avx512.preferred()
+        ):
+            return Decision(
+                "avx512", "clearformer's AVX-512 kernel (this CPU's BLAS runs AVX2 code)"
+            )
         calls = len(layout.runs)
         if device.type == "cpu":
             if torch.get_num_threads() == 1:
@@ -93,6 +120,15 @@ def resolve_method(
         return Decision(
             "padded", f"{calls} runs of equal lengths > {MAX_SEQUENCE_CALLS}: one padded call"
         )
+    if method == "avx512":
+        loaded = avx512.load(build=True)
+        if loaded.choice != "loaded":
+            raise ValueError(f"method='avx512' cannot run here: {loaded.reason}")
+        if not _avx512_serves(device, dtype, head_dim):
+            raise ValueError(
+                "method='avx512' needs float32 CPU rows with heads a multiple of 16 wide, got "
+                f"device={device}, dtype={dtype}, head_dim={head_dim}"
+            )
     if method == "flash" and not flash_available(device, dtype, head_dim):
         raise ValueError(
             "method='flash' needs CUDA tensors in float16/bfloat16, heads at most 256 wide in "
@@ -142,13 +178,29 @@ def varlen_attention(
         return _per_sequence(
             q, k, v, layout, is_causal, dropout_p, scale, window, bias, reference=True
         )
-    if (window is not None or bias is not None) and method in ("auto", "flash"):
+    if (window is not None or bias is not None) and method in ("auto", "flash", "avx512"):
         # The band is a mask per run and a bias an additive mask; flash_attn's own window is
-        # not wired in and it takes no bias (the plan says so in its per-layer method).
+        # not wired in and it takes no bias, nor does the AVX-512 kernel (the plan says so in
+        # its per-layer method).
         method = "sequence"
+    if method == "avx512" and (is_causal or dropout_p > 0.0):
+        method = "auto"  # a call the kernel does not serve: what auto takes without it
     if method not in ("sequence", "padded", "threads"):
         method = resolve_method(
-            method, layout, device=q.device, dtype=q.dtype, head_dim=q.shape[-1]
+            method,
+            layout,
+            device=q.device,
+            dtype=q.dtype,
+            head_dim=q.shape[-1],
+            is_causal=is_causal,
+            kernel=dropout_p == 0.0,
+        ).choice
+    if method == "avx512":
+        if avx512.serves(q, k, v):
+            scale = q.shape[-1] ** -0.5 if scale is None else scale
+            return avx512.attention(q, k, v, layout.cu_seqlens, scale)
+        method = resolve_method(
+            "auto", layout, device=q.device, dtype=q.dtype, head_dim=q.shape[-1], kernel=False
         ).choice
     if method == "flash":
         return _flash_attn_varlen()(

@@ -258,6 +258,7 @@ class TextEncoder:
             model = self.int8_model(fused=auto if fuse_int8 is None else bool(fuse_int8))
         else:
             model = self.model
+        _attention_kernel_for(sum(lengths), next(model.parameters()).device)
         # Longest first: texts of similar length share a batch, and the longest batch (the peak
         # of memory) comes first, so a memory problem shows at once.
         batches = plan_batches(lengths, batch_size, max_tokens)
@@ -388,6 +389,18 @@ class TextEncoder:
             f"{self._loaded.architecture.model_type!r}, dim={self.dim}, pooling={self.pooling!r}, "
             f"normalize={self.normalize}, max_length={self.max_length})"
         )
+
+
+def _attention_kernel_for(tokens: int, device: torch.device) -> None:
+    """On a CPU where clearformer's AVX-512 attention kernel is faster than PyTorch's
+    (:func:`clearformer.kernels.avx512.preferred`), load it where it is built, and build it
+    for a call of at least ``BUILD_MIN_TOKENS`` tokens, which repays the build; the forward
+    plan then takes it (varlen method ``avx512``)."""
+    from ..kernels import avx512
+
+    if device.type != "cpu" or avx512.is_loaded() or not avx512.preferred():
+        return
+    avx512.load(build=tokens >= avx512.BUILD_MIN_TOKENS)
 
 
 def _progress_reporter(progress: bool | ProgressFn | None, total: int) -> ProgressFn:

@@ -1,0 +1,184 @@
+"""clearformer's own packed-attention kernel for AVX-512 CPUs (varlen method ``avx512``).
+
+PyTorch's CPU flash-attention kernel does its products in the BLAS library's sgemm. On AMD
+processors MKL runs its AVX2 code, so attention there ran at a quarter to a third of the rate
+oneDNN's AVX-512 linear products reach on the same core; ``avx512_attention.cpp`` (beside this
+file) computes each sequence's attention in AVX-512 registers instead, 1.35-2.3x faster than
+the flash kernel at 8-256 tokens on such a CPU (docs/performance.md, "Attention on AMD
+processors").
+
+It is C++, so it is compiled here, by the system's C++ compiler (``$CXX``, else ``g++``), once
+per source, PyTorch version and compiler, into ``$CLEARFORMER_CACHE`` (default
+``~/.cache/clearformer``)/kernels; later processes load the built library in milliseconds.
+Nothing is compiled unless asked: :func:`load` with ``build=True`` (``TextEncoder.encode`` asks
+for calls of at least ``BUILD_MIN_TOKENS`` tokens on CPUs that :func:`preferred` names), or a
+call with ``method="avx512"``. Where it cannot be built (no AVX-512, no compiler, another
+platform) :func:`load` says why and every call keeps PyTorch's kernels.
+
+What it serves: float32 CPU rows without gradients, heads a multiple of 16 wide, plain
+bidirectional attention (no causal mask, window, bias or dropout); the varlen kernel sends every
+other call to PyTorch's kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..cpu import cpu_info
+from ..options import Decision
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("avx512_attention.cpp")
+REQUIRED_FLAGS = ("avx512f", "avx512dq", "fma")
+COMPILE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-mavx512f", "-mavx512dq", "-mfma")
+# A cold build takes about 8 s: an encode call is worth building for from this many tokens
+# (about 20,000 sentence-length texts), where the kernel saves more than that.
+BUILD_MIN_TOKENS = 500_000
+
+_lock = threading.Lock()
+_state: dict[str, Decision] = {}  # "load" -> the outcome of the first load in this process
+
+
+@functools.cache
+def support() -> Decision:
+    """Whether this machine could build and run the kernel (``available``), and why not."""
+    if not sys.platform.startswith("linux"):
+        return Decision("unavailable", f"built on Linux only, this is {sys.platform}")
+    flags = cpu_info().flags
+    missing = [flag for flag in REQUIRED_FLAGS if flag not in flags]
+    if missing:
+        return Decision("unavailable", f"this CPU lacks {', '.join(missing)}")
+    if _compiler() is None:
+        return Decision("unavailable", f"no C++ compiler ({os.environ.get('CXX', 'g++')})")
+    return Decision("available", "AVX-512 CPU with a C++ compiler")
+
+
+def preferred() -> bool:
+    """CPUs where ``auto`` takes the kernel once it is loaded, and ``encode`` builds it: AMD
+    processors, where PyTorch's flash kernel runs MKL's AVX2 code. Elsewhere (Intel, where MKL
+    runs AVX-512) it is not measured faster, and serves only by name."""
+    return cpu_info().vendor == "AuthenticAMD" and support().choice == "available"
+
+
+def is_loaded() -> bool:
+    """The kernel is loaded in this process (``torch.ops.clearformer_avx512``)."""
+    outcome = _state.get("load")
+    return outcome is not None and outcome.choice == "loaded"
+
+
+def load(build: bool = True) -> Decision:
+    """Load the kernel, building it first when ``build`` and it is not in the cache.
+
+    Returns ``Decision("loaded" | "not built" | "unavailable", reason)``; never raises for a
+    machine that cannot build it (the reason is logged once). Safe to call from several
+    threads: one builds, the others wait for it.
+    """
+    with _lock:
+        if "load" in _state:
+            return _state["load"]
+        supported = support()
+        if supported.choice != "available":
+            return _remember(supported)
+        library = library_path()
+        if not library.exists():
+            if not build:
+                return Decision("not built", f"no {library.name} in {library.parent} yet")
+            try:
+                _build(library)
+            except subprocess.CalledProcessError as error:
+                said = (error.stderr or "").strip()[-800:]
+                return _remember(Decision("unavailable", f"the build failed: {said}"))
+            except OSError as error:
+                return _remember(Decision("unavailable", f"the build failed: {error}"))
+        try:
+            torch.ops.load_library(str(library))
+        except (OSError, RuntimeError) as error:
+            return _remember(Decision("unavailable", f"{library} did not load: {error}"))
+        return _remember(Decision("loaded", str(library)))
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, scale: float) -> Tensor:
+    """softmax(q k^T * scale) v within each sequence of ``cu_seqlens``: q, k, v (N, H, Dh)
+    with equal strides and a contiguous last dimension; returns (N, H, Dh). Needs
+    :func:`load` first."""
+    return torch.ops.clearformer_avx512.varlen_attention(q, k, v, cu_seqlens, scale)
+
+
+def serves(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether the kernel can take these rows as they are (the caller has ruled out masks,
+    windows, biases and dropout)."""
+    return (
+        is_loaded()
+        and q.device.type == "cpu"
+        and q.dtype == torch.float32
+        and k.dtype == v.dtype == torch.float32
+        and q.shape == k.shape == v.shape
+        and q.shape[-1] % 16 == 0
+        and q.stride() == k.stride() == v.stride()
+        and q.stride(-1) == 1
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+    )
+
+
+def cache_dir() -> Path:
+    """``$CLEARFORMER_CACHE/kernels``, else ``~/.cache/clearformer/kernels``."""
+    root = os.environ.get("CLEARFORMER_CACHE")
+    base = Path(root) if root else Path.home() / ".cache" / "clearformer"
+    return base / "kernels"
+
+
+@functools.cache
+def library_path() -> Path:
+    """Where the built library lives: its name hashes the source, the PyTorch version and
+    the compiler, so a change of any of them builds anew instead of loading a stale one."""
+    key = hashlib.sha256()
+    key.update(SOURCE.read_bytes())
+    key.update(torch.__version__.encode())
+    key.update(" ".join((_compiler() or "", *COMPILE_FLAGS)).encode())
+    return cache_dir() / f"avx512_attention-{key.hexdigest()[:16]}.so"
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX", "g++"))
+
+
+def _build(library: Path) -> None:
+    """Compile ``SOURCE`` against this PyTorch into ``library``, atomically (a killed build
+    leaves no half-written library behind)."""
+    from torch.utils import cpp_extension
+
+    library.parent.mkdir(parents=True, exist_ok=True)
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    command = [_compiler() or "g++", *COMPILE_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+    command += [f"-I{path}" for path in cpp_extension.include_paths()]
+    command += [str(SOURCE)]
+    command += [f"-L{path}" for path in cpp_extension.library_paths()]
+    command += ["-lc10", "-ltorch_cpu", "-ltorch"]
+    log.info("building clearformer's AVX-512 attention kernel into %s (once)", library)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
+        partial = Path(scratch) / library.name
+        subprocess.run([*command, "-o", str(partial)], check=True, capture_output=True, text=True)
+        os.replace(partial, library)
+    log.info("built the AVX-512 attention kernel in %.1fs", time.perf_counter() - started)
+
+
+def _remember(outcome: Decision) -> Decision:
+    _state["load"] = outcome
+    if outcome.choice != "loaded":
+        log.info("clearformer's AVX-512 attention kernel is not used: %s", outcome.reason)
+    return outcome

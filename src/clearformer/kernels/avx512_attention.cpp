@@ -1,0 +1,170 @@
+// Packed (varlen) self-attention for float32 on AVX-512 CPUs: clearformer's own kernel.
+//
+// PyTorch's CPU flash-attention kernel computes its products with the BLAS library's sgemm,
+// which on AMD processors runs MKL's AVX2 code: at MiniLM's shapes (32-wide heads, 8 to 256
+// tokens) it reached 6-68 GFLOP/s against oneDNN's 215 for the linear layers on the same core
+// (docs/performance.md, "Attention on AMD processors"). Here every (sequence, head) pair is
+// one task: its keys are transposed once into a (Dh, T) buffer, then eight queries at a time
+// get their scores in eight AVX-512 accumulators, a softmax with a vectorised exponential, and
+// the weighted sum of the values in eight more. Exact semantics of softmax(q k^T * scale) v
+// within each sequence of cu_seqlens; no mask, dropout, bias or gradient (the Python side
+// sends every other call to PyTorch's kernels). Built by clearformer.kernels.avx512 with the
+// system's C++ compiler, once per source and PyTorch version.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t LANES = 16;  // one AVX-512 vector of float32
+constexpr int ROWS = 8;        // queries per register block: 8 independent accumulators
+
+// exp(x) for x <= 0, 16 lanes (scores minus their row's maximum; below -87 it returns
+// exp(-87), about 1.6e-38, where the exact value would be smaller still): Cephes' single-precision polynomial after a reduction by ln 2.
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 t = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(t, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(t, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i bits =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(t), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+struct Scratch {
+  std::vector<float> kt, vb, s, qs;
+};
+
+// One head of one sequence of T tokens: rows `in_stride` floats apart in q, k, v and
+// `out_stride` apart in out; d (a multiple of 16) wide.
+void attend_head(const float* q, const float* k, const float* v, float* out, int64_t T, int64_t d,
+                 int64_t in_stride, int64_t out_stride, float scale, Scratch& w) {
+  const int64_t Tp = (T + LANES - 1) / LANES * LANES;
+  float* kt = w.kt.data();  // (d, Tp): keys transposed, zero past T
+  float* vb = w.vb.data();  // (T, d)
+  float* s = w.s.data();    // (ROWS, Tp)
+  float* qs = w.qs.data();  // (ROWS, d), scaled
+  for (int64_t j = 0; j < T; ++j) {
+    const float* kr = k + j * in_stride;
+    for (int64_t dd = 0; dd < d; ++dd) kt[dd * Tp + j] = kr[dd];
+    std::memcpy(vb + j * d, v + j * in_stride, d * sizeof(float));
+  }
+  for (int64_t dd = 0; dd < d; ++dd)
+    for (int64_t j = T; j < Tp; ++j) kt[dd * Tp + j] = 0.0f;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (T - (Tp - LANES))) - 1u);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t i0 = 0; i0 < T; i0 += ROWS) {
+    const int rows = static_cast<int>(std::min<int64_t>(ROWS, T - i0));
+    for (int r = 0; r < ROWS; ++r) {
+      const int64_t i = i0 + std::min(r, rows - 1);  // spare rows repeat the last real one
+      for (int64_t c = 0; c < d; c += LANES)
+        _mm512_storeu_ps(qs + r * d + c,
+                         _mm512_mul_ps(_mm512_loadu_ps(q + i * in_stride + c), vscale));
+    }
+    // Scores, 16 keys at a time for all ROWS queries.
+    for (int64_t j0 = 0; j0 < Tp; j0 += LANES) {
+      __m512 acc[ROWS];
+      for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
+      for (int64_t dd = 0; dd < d; ++dd) {
+        const __m512 kv = _mm512_loadu_ps(kt + dd * Tp + j0);
+        for (int r = 0; r < ROWS; ++r)
+          acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qs[r * d + dd]), kv, acc[r]);
+      }
+      for (int r = 0; r < ROWS; ++r) _mm512_storeu_ps(s + r * Tp + j0, acc[r]);
+    }
+    // Softmax numerators over the T real keys; the padded lanes are set to zero.
+    float inv[ROWS];
+    for (int r = 0; r < rows; ++r) {
+      float* sr = s + r * Tp;
+      __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      for (int64_t j0 = 0; j0 + LANES < Tp; j0 += LANES) m = _mm512_max_ps(m, _mm512_loadu_ps(sr + j0));
+      m = _mm512_mask_max_ps(m, tail, m, _mm512_loadu_ps(sr + Tp - LANES));
+      const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t j0 = 0; j0 < Tp; j0 += LANES) {
+        __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(sr + j0), vmax));
+        if (j0 + LANES == Tp) e = _mm512_maskz_mov_ps(tail, e);
+        _mm512_storeu_ps(sr + j0, e);
+        sum = _mm512_add_ps(sum, e);
+      }
+      inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
+    }
+    // Weighted sum of the values, 16 columns at a time, normalised at the end.
+    for (int64_t c0 = 0; c0 < d; c0 += LANES) {
+      __m512 acc[ROWS];
+      for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < T; ++j) {
+        const __m512 vv = _mm512_loadu_ps(vb + j * d + c0);
+        for (int r = 0; r < ROWS; ++r)
+          acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(s[r * Tp + j]), vv, acc[r]);
+      }
+      for (int r = 0; r < rows; ++r)
+        _mm512_storeu_ps(out + (i0 + r) * out_stride + c0,
+                         _mm512_mul_ps(acc[r], _mm512_set1_ps(inv[r])));
+    }
+  }
+}
+
+at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& cu_seqlens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.device().is_cpu(),
+              "q must be (N, H, Dh) float32 on the CPU");
+  TORCH_CHECK(q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1,
+              "the last dimension must be contiguous");
+  TORCH_CHECK(q.strides() == k.strides() && q.strides() == v.strides(), "q, k, v strides differ");
+  TORCH_CHECK(q.size(2) % LANES == 0, "head width must be a multiple of 16");
+  TORCH_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), "q, k, v shapes differ");
+  TORCH_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 1, "cu_seqlens must be (B + 1,)");
+  const int64_t N = q.size(0), H = q.size(1), d = q.size(2);
+  auto out = at::empty({N, H, d}, q.options());
+  auto cu = cu_seqlens.to(at::kLong).contiguous();
+  const int64_t* bounds = cu.data_ptr<int64_t>();
+  const int64_t B = cu.numel() - 1;
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t row_stride = q.stride(0), head_stride = q.stride(1);
+  TORCH_CHECK(bounds[0] == 0 && bounds[B] <= N, "cu_seqlens must start at 0 and end by N");
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(bounds[b + 1] >= bounds[b], "cu_seqlens must not decrease");
+    longest = std::max(longest, bounds[b + 1] - bounds[b]);
+  }
+  const int64_t Tp = (longest + LANES - 1) / LANES * LANES;
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    Scratch w{std::vector<float>(d * Tp), std::vector<float>(Tp * d),
+              std::vector<float>(ROWS * Tp), std::vector<float>(ROWS * d)};
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / H, h = item % H;
+      const int64_t start = bounds[b], T = bounds[b + 1] - start;
+      if (T == 0) continue;
+      const int64_t off = start * row_stride + h * head_stride;
+      attend_head(qp + off, kp + off, vp + off, op + start * H * d + h * d, T, d, row_stride,
+                  H * d, static_cast<float>(scale), w);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(clearformer_avx512, m) {
+  m.def("varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, float scale) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(clearformer_avx512, CPU, m) { m.impl("varlen_attention", &varlen_attention); }

@@ -1,0 +1,216 @@
+"""clearformer's AVX-512 packed-attention kernel (clearformer.kernels.avx512): the same values
+as the reference formula on every sequence, the plan's rules for when it runs, and its build
+cache. Skipped, with the reason, where this machine cannot build it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clearformer import Encoder, EncoderConfig
+from clearformer.kernels import avx512
+from clearformer.kernels.varlen import resolve_method, varlen_attention
+from clearformer.padding import layout_from_cu_seqlens
+
+SUPPORT = avx512.support()
+pytestmark = pytest.mark.skipif(
+    SUPPORT.choice != "available", reason=f"the AVX-512 kernel cannot build here: {SUPPORT.reason}"
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def loaded():
+    outcome = avx512.load(build=True)
+    assert outcome.choice == "loaded", outcome.reason
+    yield outcome
+    # The other test modules see a process without it, as their expectations assume.
+    avx512._state.pop("load", None)
+
+
+@pytest.fixture
+def preferred(monkeypatch):
+    """As on an AMD processor, where ``auto`` takes the kernel."""
+    monkeypatch.setattr(avx512, "preferred", lambda: True)
+
+
+def packed_qkv(lengths, heads, head_dim, seed=0, magnitude=1.0):
+    """q, k, v (N, H, Dh): strided views of one (N, 3, H, Dh) projection, as attention gets
+    them, and cu_seqlens."""
+    g = torch.Generator().manual_seed(seed)
+    n = sum(lengths)
+    qkv = torch.randn(n, 3, heads, head_dim, generator=g) * magnitude
+    cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int64)
+    q, k, v = qkv.unbind(1)
+    return q, k, v, cu
+
+
+def reference(q, k, v, cu, scale):
+    """softmax(q k^T scale) v per sequence, in float64."""
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for b in range(len(cu) - 1):
+        lo, hi = int(cu[b]), int(cu[b + 1])
+        if hi == lo:
+            continue
+        qs, ks, vs = (t[lo:hi].double().transpose(0, 1) for t in (q, k, v))  # (H, L, Dh)
+        weights = torch.softmax(qs @ ks.transpose(1, 2) * scale, dim=-1)
+        out[lo:hi] = (weights @ vs).transpose(0, 1)
+    return out
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 64])
+def test_every_length_matches_the_reference_formula(head_dim):
+    # Lengths on both sides of the 16-key vectors and the 8-query blocks, an empty sequence, and
+    # one longer than the 256 rows a BERT sequence can have.
+    lengths = [1, 7, 8, 9, 15, 16, 17, 31, 33, 0, 64, 130, 300]
+    q, k, v, cu = packed_qkv(lengths, heads=3, head_dim=head_dim)
+    scale = head_dim**-0.5
+    got = avx512.attention(q, k, v, cu, scale)
+    assert got.shape == q.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), reference(q, k, v, cu, scale), atol=2e-6, rtol=0)
+
+
+def test_large_scores_saturate_the_softmax_without_overflow():
+    # Scores of several thousand: a softmax that did not subtract the row maximum would give
+    # inf / inf = NaN; exp of the most negative ones underflows to 0.
+    q, k, v, cu = packed_qkv([5, 40, 17], heads=2, head_dim=32, magnitude=30.0)
+    got = avx512.attention(q, k, v, cu, 1.0)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), reference(q, k, v, cu, 1.0), atol=1e-4, rtol=1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 70), min_size=1, max_size=6),
+    position=st.integers(0, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_a_sequence_gives_the_same_bits_whatever_its_batch_mates(lengths, position, seed):
+    position = min(position, len(lengths))
+    alone_len = 23
+    q, k, v, cu = packed_qkv([alone_len], heads=2, head_dim=32, seed=seed)
+    alone = avx512.attention(q, k, v, cu, 0.2)
+    # The same rows among other sequences, whose values are anything (huge ones included).
+    others = packed_qkv(lengths, heads=2, head_dim=32, seed=seed + 1, magnitude=1e3)
+    rows = [t.contiguous() for t in others[:3]]
+    lo = sum(lengths[:position])
+    pairs = zip(rows, (q, k, v), strict=True)
+    joined = [torch.cat([r[:lo], t.contiguous(), r[lo:]]) for r, t in pairs]
+    lens = [*lengths[:position], alone_len, *lengths[position:]]
+    cu_joined = torch.tensor([0, *np.cumsum(lens)], dtype=torch.int64)
+    together = avx512.attention(*joined, cu_joined, 0.2)
+    assert torch.equal(together[lo : lo + alone_len], alone)
+
+
+def test_bad_input_is_refused_with_a_message():
+    q, k, v, cu = packed_qkv([4, 4], heads=2, head_dim=32)
+    with pytest.raises(RuntimeError, match="float32"):
+        avx512.attention(q.double(), k.double(), v.double(), cu, 1.0)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        avx512.attention(q[..., :24], k[..., :24], v[..., :24], cu, 1.0)
+    with pytest.raises(RuntimeError, match="end by N"):
+        avx512.attention(q, k, v, torch.tensor([0, 4, 9]), 1.0)
+
+
+def test_auto_takes_it_where_preferred_and_not_for_causal_rows(preferred):
+    layout = layout_from_cu_seqlens(torch.tensor([0, 5, 12, 20], dtype=torch.int32))
+    cpu = torch.device("cpu")
+    assert resolve_method("auto", layout, device=cpu, head_dim=32).choice == "avx512"
+    for causal_or_other in (
+        resolve_method("auto", layout, device=cpu, head_dim=32, is_causal=True),
+        resolve_method("auto", layout, device=cpu, head_dim=24),
+        resolve_method("auto", layout, device=cpu, dtype=torch.float64, head_dim=32),
+    ):
+        assert causal_or_other.choice != "avx512"
+
+
+def test_auto_leaves_it_out_where_not_preferred(monkeypatch):
+    monkeypatch.setattr(avx512, "preferred", lambda: False)
+    layout = layout_from_cu_seqlens(torch.tensor([0, 5, 12], dtype=torch.int32))
+    assert resolve_method("auto", layout, device=torch.device("cpu"), head_dim=32).choice != (
+        "avx512"
+    )
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_varlen_by_name_equals_the_reference_and_sends_causal_rows_elsewhere(is_causal):
+    q, k, v, cu = packed_qkv([3, 19, 40], heads=4, head_dim=32)
+    layout = layout_from_cu_seqlens(cu.to(torch.int32))
+    got = varlen_attention(q, k, v, layout, method="avx512", is_causal=is_causal)
+    want = varlen_attention(q, k, v, layout, reference=True, is_causal=is_causal)
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=0)
+
+
+def test_by_name_where_it_cannot_run_says_why(monkeypatch):
+    monkeypatch.setattr(avx512, "_state", {"load": avx512.Decision("unavailable", "no compiler")})
+    layout = layout_from_cu_seqlens(torch.tensor([0, 5], dtype=torch.int32))
+    with pytest.raises(ValueError, match="method='avx512' cannot run here: no compiler"):
+        resolve_method("avx512", layout, device=torch.device("cpu"), head_dim=32)
+
+
+def test_an_encoder_gives_the_same_rows_with_it_padded_and_packed(preferred):
+    torch.manual_seed(0)
+    config = EncoderConfig(d_model=64, n_heads=2, n_layers=2, dim_mlp=128, dropout=0.0)
+    encoder = Encoder(config).eval()
+    x = torch.randn(4, 37, 64)
+    mask = torch.arange(37) < torch.tensor([37, 20, 5, 30])[:, None]  # (B, T) ragged
+    x_masked = x.masked_fill(~mask[..., None], 1e4)  # padded positions hold anything
+    with torch.inference_mode():
+        plan = encoder.plan_for(mask)
+        assert plan.method is not None and plan.method.choice == "avx512"
+        got = encoder(x_masked, mask)
+        unmasked = encoder(x)  # no padding: the padded layout, through the same kernel
+    with torch.inference_mode():
+        avx512._state.pop("load")  # as a process without the kernel
+        try:
+            want = encoder(x, mask)
+            want_unmasked = encoder(x)
+        finally:
+            avx512.load(build=False)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+    torch.testing.assert_close(unmasked, want_unmasked, atol=2e-5, rtol=0)
+    assert (got[~mask] == 0).all()
+
+
+def test_the_unmasked_padded_path_matches_sdpa(preferred):
+    from clearformer.kernels.sdpa import sdpa_attention
+
+    x = torch.randn(3, 50, 3, 2, 32)
+    q, k, v = (t.transpose(1, 2) for t in x.unbind(2))  # (B, H, T, Dh) views
+    got, _ = sdpa_attention(q, k, v, None)
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v), atol=2e-6, rtol=0)
+
+
+def test_encode_builds_it_only_for_large_calls(monkeypatch, preferred):
+    from clearformer.text import encoder as text_encoder
+
+    calls = []
+    monkeypatch.setattr(avx512, "_state", {})
+    monkeypatch.setattr(avx512, "load", lambda build=True: calls.append(build))
+    text_encoder._attention_kernel_for(1_000, torch.device("cpu"))
+    text_encoder._attention_kernel_for(avx512.BUILD_MIN_TOKENS, torch.device("cpu"))
+    text_encoder._attention_kernel_for(avx512.BUILD_MIN_TOKENS, torch.device("meta"))
+    assert calls == [False, True]  # load what is built; build only for a call that repays it
+
+
+def test_a_second_process_loads_the_built_library_without_compiling(tmp_path):
+    env = {**os.environ, "CLEARFORMER_CACHE": str(tmp_path)}
+    script = (
+        "import sys, time; from clearformer.kernels import avx512; "
+        "print(avx512.load(build=False).choice); "
+        "t = time.perf_counter(); print(avx512.load(build=True).choice); "
+        "print(time.perf_counter() - t > 0.5)"
+    )
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert first.stdout.split() == ["not", "built", "loaded", "True"], first.stderr
+    (library,) = (tmp_path / "kernels").glob("avx512_attention-*.so")
+    assert library.stat().st_size > 0 and not list((tmp_path / "kernels").glob("tmp*"))
+    again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert again.stdout.split() == ["loaded", "loaded", "False"], again.stderr
