@@ -214,3 +214,17 @@ def test_a_second_process_loads_the_built_library_without_compiling(tmp_path):
     assert library.stat().st_size > 0 and not list((tmp_path / "kernels").glob("tmp*"))
     again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert again.stdout.split() == ["loaded", "loaded", "False"], again.stderr
+
+
+def test_export_and_compile_trace_pytorchs_kernels_instead(preferred):
+    torch.manual_seed(0)
+    config = EncoderConfig(d_model=32, n_heads=2, n_layers=1, dim_mlp=64, dropout=0.0)
+    encoder = Encoder(config).eval()
+    x = torch.randn(2, 9, 32)
+    with torch.no_grad():
+        eager = encoder(x)  # unmasked: through the kernel
+        program = torch.export.export(encoder, (x,))
+        exported = program.module()(x)
+    names = {str(node.target) for node in program.graph.nodes}
+    assert not any("clearformer_avx512" in name for name in names)
+    torch.testing.assert_close(exported, eager, atol=2e-5, rtol=0)

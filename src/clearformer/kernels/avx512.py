@@ -123,6 +123,7 @@ def serves(q: Tensor, k: Tensor, v: Tensor) -> bool:
     windows, biases and dropout)."""
     return (
         is_loaded()
+        and not _tracing()
         and q.device.type == "cpu"
         and q.dtype == torch.float32
         and k.dtype == v.dtype == torch.float32
@@ -132,6 +133,12 @@ def serves(q: Tensor, k: Tensor, v: Tensor) -> bool:
         and q.stride(-1) == 1
         and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
     )
+
+
+def _tracing() -> bool:
+    """A compiler, exporter or TorchScript tracer is recording the call: it sees PyTorch's own
+    kernels, which it knows how to compile and export (this op has no shape function)."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
 
 
 def cache_dir() -> Path:
