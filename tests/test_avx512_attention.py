@@ -228,3 +228,40 @@ def test_export_and_compile_trace_pytorchs_kernels_instead(preferred):
     names = {str(node.target) for node in program.graph.nodes}
     assert not any("clearformer_avx512" in name for name in names)
     torch.testing.assert_close(exported, eager, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("padding", ["right", "left"])
+def test_a_key_padding_mask_of_one_run_per_sequence_matches_sdpa(preferred, padding, monkeypatch):
+    from clearformer.kernels.sdpa import sdpa_attention
+
+    calls = []
+    kernel = avx512.padded_attention
+    monkeypatch.setattr(avx512, "padded_attention", lambda *a: calls.append(1) or kernel(*a))
+
+    B, T = 4, 29
+    x = torch.randn(B, T, 3, 2, 32)
+    q, k, v = (t.transpose(1, 2) for t in x.unbind(2))  # (B, H, T, Dh) views
+    counts = torch.tensor([29, 17, 1, 8])
+    keys = torch.arange(T) < counts[:, None]  # (B, T), right-padded
+    if padding == "left":
+        keys = keys.flip(-1)
+    mask = keys[:, None, None, :]  # (B, 1, 1, T)
+    got, _ = sdpa_attention(q, k, v, mask, query_has_key=None)
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+    torch.testing.assert_close(got.double(), exact, atol=2e-6, rtol=0)  # padded queries too
+    assert calls == [1]  # through the kernel
+
+
+def test_keys_with_holes_go_to_pytorchs_kernel(preferred, monkeypatch):
+    from clearformer.kernels import sdpa
+
+    calls = []
+    monkeypatch.setattr(avx512, "padded_attention", lambda *a: calls.append(a))
+    x = torch.randn(2, 10, 3, 2, 32)
+    q, k, v = (t.transpose(1, 2) for t in x.unbind(2))
+    keys = torch.ones(2, 10, dtype=torch.bool)
+    keys[1, 4] = False  # a hole: not one run
+    got, _ = sdpa.sdpa_attention(q, k, v, keys[:, None, None, :], query_has_key=None)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=keys[:, None, None, :])
+    assert calls == []
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)

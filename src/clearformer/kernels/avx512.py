@@ -118,9 +118,18 @@ def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, scale: float)
     return torch.ops.clearformer_avx512.varlen_attention(q, k, v, cu_seqlens, scale)
 
 
+def padded_attention(
+    q: Tensor, k: Tensor, v: Tensor, key_start: Tensor, key_count: Tensor, scale: float
+) -> Tensor:
+    """Every query of sequence b attends its keys ``key_start[b] : key_start[b] + key_count[b]``
+    (at least one): q, k, v (B, T, H, Dh) with equal strides and a contiguous last dimension;
+    returns (B, T, H, Dh). Needs :func:`load` first."""
+    return torch.ops.clearformer_avx512.padded_attention(q, k, v, key_start, key_count, scale)
+
+
 def serves(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether the kernel can take these rows as they are (the caller has ruled out masks,
-    windows, biases and dropout)."""
+    """Whether the kernel can take these rows, (N, H, Dh) or (B, T, H, Dh), as they are (the
+    caller has ruled out masks, windows, biases and dropout)."""
     return (
         is_loaded()
         and not _tracing()

@@ -1,4 +1,5 @@
-// Packed (varlen) self-attention for float32 on AVX-512 CPUs: clearformer's own kernel.
+// Self-attention for float32 on AVX-512 CPUs, on packed rows (varlen_attention) and on padded
+// rows whose keys are one run per sequence (padded_attention): clearformer's own kernel.
 //
 // PyTorch's CPU flash-attention kernel computes its products with the BLAS library's sgemm,
 // which on AMD processors runs MKL's AVX2 code: at MiniLM's shapes (32-wide heads, 8 to 256
@@ -7,8 +8,8 @@
 // one task: its keys are transposed once into a (Dh, T) buffer, then eight queries at a time
 // get their scores in eight AVX-512 accumulators, a softmax with a vectorised exponential, and
 // the weighted sum of the values in eight more. Exact semantics of softmax(q k^T * scale) v
-// within each sequence of cu_seqlens; no mask, dropout, bias or gradient (the Python side
-// sends every other call to PyTorch's kernels). Built by clearformer.kernels.avx512 with the
+// within each sequence; no other mask, no dropout, bias or gradient (the Python side sends
+// every other call to PyTorch's kernels). Built by clearformer.kernels.avx512 with the
 // system's C++ compiler, once per source and PyTorch version.
 
 #include <ATen/ATen.h>
@@ -48,28 +49,32 @@ inline __m512 exp_nonpositive(__m512 x) {
 
 struct Scratch {
   std::vector<float> kt, vb, s, qs;
+  Scratch(int64_t d, int64_t keys)
+      : kt(d * padded(keys)), vb(padded(keys) * d), s(ROWS * padded(keys)), qs(ROWS * d) {}
+  static int64_t padded(int64_t keys) { return (keys + LANES - 1) / LANES * LANES; }
 };
 
-// One head of one sequence of T tokens: rows `in_stride` floats apart in q, k, v and
-// `out_stride` apart in out; d (a multiple of 16) wide.
-void attend_head(const float* q, const float* k, const float* v, float* out, int64_t T, int64_t d,
-                 int64_t in_stride, int64_t out_stride, float scale, Scratch& w) {
-  const int64_t Tp = (T + LANES - 1) / LANES * LANES;
-  float* kt = w.kt.data();  // (d, Tp): keys transposed, zero past T
-  float* vb = w.vb.data();  // (T, d)
+// One head: Tq query rows attend Tk key rows (rows `in_stride` floats apart in q, k and v,
+// `out_stride` apart in out), d (a multiple of 16) wide.
+void attend_head(const float* q, const float* k, const float* v, float* out, int64_t Tq,
+                 int64_t Tk, int64_t d, int64_t in_stride, int64_t out_stride, float scale,
+                 Scratch& w) {
+  const int64_t Tp = Scratch::padded(Tk);
+  float* kt = w.kt.data();  // (d, Tp): keys transposed, zero past Tk
+  float* vb = w.vb.data();  // (Tk, d)
   float* s = w.s.data();    // (ROWS, Tp)
   float* qs = w.qs.data();  // (ROWS, d), scaled
-  for (int64_t j = 0; j < T; ++j) {
+  for (int64_t j = 0; j < Tk; ++j) {
     const float* kr = k + j * in_stride;
     for (int64_t dd = 0; dd < d; ++dd) kt[dd * Tp + j] = kr[dd];
     std::memcpy(vb + j * d, v + j * in_stride, d * sizeof(float));
   }
   for (int64_t dd = 0; dd < d; ++dd)
-    for (int64_t j = T; j < Tp; ++j) kt[dd * Tp + j] = 0.0f;
-  const __mmask16 tail = static_cast<__mmask16>((1u << (T - (Tp - LANES))) - 1u);
+    for (int64_t j = Tk; j < Tp; ++j) kt[dd * Tp + j] = 0.0f;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (Tk - (Tp - LANES))) - 1u);
   const __m512 vscale = _mm512_set1_ps(scale);
-  for (int64_t i0 = 0; i0 < T; i0 += ROWS) {
-    const int rows = static_cast<int>(std::min<int64_t>(ROWS, T - i0));
+  for (int64_t i0 = 0; i0 < Tq; i0 += ROWS) {
+    const int rows = static_cast<int>(std::min<int64_t>(ROWS, Tq - i0));
     for (int r = 0; r < ROWS; ++r) {
       const int64_t i = i0 + std::min(r, rows - 1);  // spare rows repeat the last real one
       for (int64_t c = 0; c < d; c += LANES)
@@ -87,12 +92,13 @@ void attend_head(const float* q, const float* k, const float* v, float* out, int
       }
       for (int r = 0; r < ROWS; ++r) _mm512_storeu_ps(s + r * Tp + j0, acc[r]);
     }
-    // Softmax numerators over the T real keys; the padded lanes are set to zero.
+    // Softmax numerators over the Tk real keys; the padded lanes are set to zero.
     float inv[ROWS];
     for (int r = 0; r < rows; ++r) {
       float* sr = s + r * Tp;
       __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      for (int64_t j0 = 0; j0 + LANES < Tp; j0 += LANES) m = _mm512_max_ps(m, _mm512_loadu_ps(sr + j0));
+      for (int64_t j0 = 0; j0 + LANES < Tp; j0 += LANES)
+        m = _mm512_max_ps(m, _mm512_loadu_ps(sr + j0));
       m = _mm512_mask_max_ps(m, tail, m, _mm512_loadu_ps(sr + Tp - LANES));
       const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(m));
       __m512 sum = _mm512_setzero_ps();
@@ -108,7 +114,7 @@ void attend_head(const float* q, const float* k, const float* v, float* out, int
     for (int64_t c0 = 0; c0 < d; c0 += LANES) {
       __m512 acc[ROWS];
       for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < T; ++j) {
+      for (int64_t j = 0; j < Tk; ++j) {
         const __m512 vv = _mm512_loadu_ps(vb + j * d + c0);
         for (int r = 0; r < ROWS; ++r)
           acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(s[r * Tp + j]), vv, acc[r]);
@@ -120,43 +126,84 @@ void attend_head(const float* q, const float* k, const float* v, float* out, int
   }
 }
 
+void check_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t dims) {
+  TORCH_CHECK(q.dim() == dims && q.scalar_type() == at::kFloat && q.device().is_cpu(),
+              "q must be float32 on the CPU with ", dims, " dimensions");
+  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+              "k and v must be float32");
+  TORCH_CHECK(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1,
+              "the last dimension must be contiguous");
+  TORCH_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), "q, k, v shapes differ");
+  TORCH_CHECK(q.strides() == k.strides() && q.strides() == v.strides(), "q, k, v strides differ");
+  TORCH_CHECK(q.size(-1) % LANES == 0, "head width must be a multiple of 16");
+}
+
+// Packed rows: q, k, v (N, H, Dh); sequence b is rows cu_seqlens[b] .. cu_seqlens[b + 1] and
+// attends only to itself. Returns (N, H, Dh).
 at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& cu_seqlens, double scale) {
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.device().is_cpu(),
-              "q must be (N, H, Dh) float32 on the CPU");
-  TORCH_CHECK(q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1,
-              "the last dimension must be contiguous");
-  TORCH_CHECK(q.strides() == k.strides() && q.strides() == v.strides(), "q, k, v strides differ");
-  TORCH_CHECK(q.size(2) % LANES == 0, "head width must be a multiple of 16");
-  TORCH_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), "q, k, v shapes differ");
+  check_rows(q, k, v, 3);
   TORCH_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 1, "cu_seqlens must be (B + 1,)");
   const int64_t N = q.size(0), H = q.size(1), d = q.size(2);
   auto out = at::empty({N, H, d}, q.options());
   auto cu = cu_seqlens.to(at::kLong).contiguous();
   const int64_t* bounds = cu.data_ptr<int64_t>();
   const int64_t B = cu.numel() - 1;
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t row_stride = q.stride(0), head_stride = q.stride(1);
   TORCH_CHECK(bounds[0] == 0 && bounds[B] <= N, "cu_seqlens must start at 0 and end by N");
   int64_t longest = 0;
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(bounds[b + 1] >= bounds[b], "cu_seqlens must not decrease");
     longest = std::max(longest, bounds[b + 1] - bounds[b]);
   }
-  const int64_t Tp = (longest + LANES - 1) / LANES * LANES;
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t row_stride = q.stride(0), head_stride = q.stride(1);
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    Scratch w{std::vector<float>(d * Tp), std::vector<float>(Tp * d),
-              std::vector<float>(ROWS * Tp), std::vector<float>(ROWS * d)};
+    Scratch w(d, longest);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / H, h = item % H;
       const int64_t start = bounds[b], T = bounds[b + 1] - start;
       if (T == 0) continue;
       const int64_t off = start * row_stride + h * head_stride;
-      attend_head(qp + off, kp + off, vp + off, op + start * H * d + h * d, T, d, row_stride,
+      attend_head(qp + off, kp + off, vp + off, op + start * H * d + h * d, T, T, d, row_stride,
                   H * d, static_cast<float>(scale), w);
+    }
+  });
+  return out;
+}
+
+// Padded rows: q, k, v (B, T, H, Dh); all T queries of sequence b attend its keys
+// key_start[b] .. key_start[b] + key_count[b] (at least one). Returns (B, T, H, Dh).
+at::Tensor padded_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& key_start, const at::Tensor& key_count,
+                            double scale) {
+  check_rows(q, k, v, 4);
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), d = q.size(3);
+  TORCH_CHECK(key_start.numel() == B && key_count.numel() == B,
+              "key_start and key_count must hold one entry per sequence");
+  auto starts = key_start.to(at::kLong).contiguous();
+  auto counts = key_count.to(at::kLong).contiguous();
+  const int64_t* first = starts.data_ptr<int64_t>();
+  const int64_t* count = counts.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(count[b] >= 1 && first[b] >= 0 && first[b] + count[b] <= T,
+                "sequence ", b, ": keys ", first[b], " + ", count[b], " outside 1..", T);
+  auto out = at::empty({B, T, H, d}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t batch_stride = q.stride(0), row_stride = q.stride(1), head_stride = q.stride(2);
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    Scratch w(d, T);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / H, h = item % H;
+      const int64_t base = b * batch_stride + h * head_stride;
+      const int64_t keys = base + first[b] * row_stride;
+      attend_head(qp + base, kp + keys, vp + keys, op + (b * T * H + h) * d, T, count[b], d,
+                  row_stride, H * d, static_cast<float>(scale), w);
     }
   });
   return out;
@@ -166,5 +213,11 @@ at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 TORCH_LIBRARY(clearformer_avx512, m) {
   m.def("varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, float scale) -> Tensor");
+  m.def(
+      "padded_attention(Tensor q, Tensor k, Tensor v, Tensor key_start, Tensor key_count, "
+      "float scale) -> Tensor");
 }
-TORCH_LIBRARY_IMPL(clearformer_avx512, CPU, m) { m.impl("varlen_attention", &varlen_attention); }
+TORCH_LIBRARY_IMPL(clearformer_avx512, CPU, m) {
+  m.impl("varlen_attention", &varlen_attention);
+  m.impl("padded_attention", &padded_attention);
+}

@@ -3,7 +3,8 @@
 PyTorch picks a fused kernel (flash attention on CPU and CUDA, memory-efficient attention on
 CUDA) that never materialises the (Tq, Tk) score matrix, so memory stays linear in T. Unmasked
 float32 self-attention on a CPU where clearformer's AVX-512 kernel is loaded and preferred
-(:mod:`.avx512`) runs that kernel instead, as the packed rows would.
+(:mod:`.avx512`) runs that kernel instead, as the packed rows would, and so does attention
+under a key-padding mask whose keys are one run per sequence.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def sdpa_attention(
         mask = fold_causal(mask, tq, tk, q.device)
     if query_has_key is _UNKNOWN:
         query_has_key = rows_with_key(mask, q.device)
+    if query_has_key is None and dropout_p == 0.0 and tq == tk:
+        out = _avx512_key_run(q, k, v, mask, scale)
+        if out is not None:
+            return out, None
     if query_has_key is None:
         # The usual case, every query has a key: no mask widening, no output zeroing.
         out = F.scaled_dot_product_attention(
@@ -95,6 +100,31 @@ def _avx512_unmasked(q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Te
     bounds = torch.arange(0, B * T + 1, T, dtype=torch.int64)  # (B + 1,)
     out = avx512.attention(*rows, bounds, Dh**-0.5 if scale is None else scale)  # (B*T, H, Dh)
     return out.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh), in (B, T, H, Dh) order
+
+
+def _avx512_key_run(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float | None
+) -> Tensor | None:
+    """Self-attention under a key-padding mask whose real keys are one run per sequence (right
+    or left padding), through clearformer's AVX-512 kernel where ``auto`` would take it; None
+    for any other mask or rows it does not serve."""
+    if not (avx512.is_loaded() and avx512.preferred()):
+        return None
+    B, H, T, Dh = q.shape
+    if mask.dtype != torch.bool or mask.shape != (B, 1, 1, T):
+        return None  # not a key-padding mask
+    keys = mask[:, 0, 0, :]  # (B, T)
+    count = keys.sum(-1)  # (B,)
+    first = keys.to(torch.uint8).argmax(-1)  # (B,) first real key
+    positions = torch.arange(T, device=mask.device)
+    run = (positions >= first[:, None]) & (positions < (first + count)[:, None])  # (B, T)
+    if not bool((count > 0).all()) or not torch.equal(run, keys):
+        return None  # a sequence without keys, or keys with holes
+    rows = [t.transpose(1, 2) for t in (q, k, v)]  # (B, T, H, Dh) views
+    if not avx512.serves(*rows):
+        return None
+    out = avx512.padded_attention(*rows, first, count, Dh**-0.5 if scale is None else scale)
+    return out.transpose(1, 2)  # (B, H, T, Dh), in (B, T, H, Dh) order
 
 
 def _with_bias(q, k, v, mask, bias, is_causal, dropout_p, scale, query_has_key) -> Tensor:
