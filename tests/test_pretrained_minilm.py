@@ -75,6 +75,16 @@ def test_tokenize_matches_transformers_tokenizer(encoder):
         assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]"
 
 
+def test_encode_without_offsets_gives_what_encode_batch_gives(encoder):
+    # TextTokenizer.encode skips the character offsets (encode_batch_fast): nothing else moves.
+    full_encodings = encoder.tokenizer.tokenizer.encode_batch(TEXTS, add_special_tokens=True)
+    for ours, full in zip(encoder.tokenizer.encode(TEXTS), full_encodings, strict=True):
+        assert ours.ids == full.ids and ours.type_ids == full.type_ids
+        assert ours.special_tokens_mask == full.special_tokens_mask
+        assert ours.attention_mask == full.attention_mask
+        assert [o.ids for o in ours.overflowing] == [o.ids for o in full.overflowing]
+
+
 def test_hidden_states_match_transformers(encoder, hf_model):
     batch = encoder.tokenize(TEXTS)
     mask = batch.attention_mask

@@ -167,14 +167,23 @@ class TextTokenizer:
         return cls(tokenizer, max_length, pad_id)
 
     def encode(self, texts: list[str]) -> list:
-        """``tokenizers.Encoding`` per text (special tokens added, truncated, unpadded)."""
-        return self.tokenizer.encode_batch(texts, add_special_tokens=True)
+        """``tokenizers.Encoding`` per text (special tokens added, truncated, unpadded; no
+        character offsets, which nothing here reads)."""
+        return self._encode_batch(texts)
 
     def encode_pairs(self, pairs: list[tuple[str, str]]) -> list:
         """``tokenizers.Encoding`` per (first, second) pair, as the checkpoint's pair template
         joins them (``[CLS] A [SEP] B [SEP]``, second segment token type 1, for BERT); the
         longer side loses pieces first when a pair is too long."""
-        return self.tokenizer.encode_batch(pairs, add_special_tokens=True)
+        return self._encode_batch(pairs)
+
+    def _encode_batch(self, items: list) -> list:
+        # encode_batch_fast (tokenizers >= 0.20) skips the character offsets: the same ids,
+        # types, masks and overflow, in about 80 % of the time.
+        fast = getattr(self.tokenizer, "encode_batch_fast", None)
+        if fast is not None:
+            return fast(items, add_special_tokens=True)
+        return self.tokenizer.encode_batch(items, add_special_tokens=True)
 
     def pad(self, encodings: list, *, with_tokens: bool = True) -> TokenBatch:
         """Pad encodings to the longest of them (``with_tokens=False``: leave ``tokens`` empty,
