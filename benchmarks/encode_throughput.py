@@ -360,8 +360,9 @@ def chart_png(report: dict) -> bytes | None:
         ax.tick_params(labelsize=7)
         ax.set_xlabel("word pieces / s", fontsize=7)
     env = report["environment"]
+    cpu = env.get("cpu", {}).get("model", "CPU not recorded")
     fig.suptitle(
-        f"encode throughput, {env['threads']} threads, torch {env['torch']}; "
+        f"encode throughput, {cpu}, {env['threads']} threads, torch {env['torch']}; "
         f"{env['load_verdict'].split(':')[0]}",
         fontsize=9,
     )
