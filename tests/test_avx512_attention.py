@@ -167,13 +167,11 @@ def test_an_encoder_gives_the_same_rows_with_it_padded_and_packed(preferred):
         assert plan.method is not None and plan.method.choice == "avx512"
         got = encoder(x_masked, mask)
         unmasked = encoder(x)  # no padding: the padded layout, through the same kernel
-    with torch.inference_mode():
-        avx512._state.pop("load")  # as a process without the kernel
-        try:
-            want = encoder(x, mask)
-            want_unmasked = encoder(x)
-        finally:
-            avx512.load(build=False)
+    with torch.inference_mode(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(avx512, "preferred", lambda: False)  # PyTorch's kernels, as on Intel
+        assert encoder.plan_for(mask).method.choice != "avx512"
+        want = encoder(x, mask)
+        want_unmasked = encoder(x)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
     torch.testing.assert_close(unmasked, want_unmasked, atol=2e-5, rtol=0)
     assert (got[~mask] == 0).all()
@@ -197,7 +195,16 @@ def test_encode_builds_it_only_for_large_calls(monkeypatch, preferred):
     text_encoder._attention_kernel_for(1_000, torch.device("cpu"))
     text_encoder._attention_kernel_for(avx512.BUILD_MIN_TOKENS, torch.device("cpu"))
     text_encoder._attention_kernel_for(avx512.BUILD_MIN_TOKENS, torch.device("meta"))
-    assert calls == [False, True]  # load what is built; build only for a call that repays it
+    assert calls == [True]  # built only for a call that repays it
+
+
+def test_a_built_kernel_is_taken_without_asking(preferred, monkeypatch):
+    monkeypatch.setattr(avx512, "_state", {})  # a new process, the library built before
+    layout = layout_from_cu_seqlens(torch.tensor([0, 5, 12], dtype=torch.int32))
+    assert resolve_method("auto", layout, device=torch.device("cpu"), head_dim=32).choice == (
+        "avx512"
+    )
+    assert avx512.is_loaded()
 
 
 def test_a_second_process_loads_the_built_library_without_compiling(tmp_path):
@@ -265,3 +272,15 @@ def test_keys_with_holes_go_to_pytorchs_kernel(preferred, monkeypatch):
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=keys[:, None, None, :])
     assert calls == []
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+def test_encode_with_it_gives_the_embeddings_of_pytorchs_kernels(preferred, monkeypatch):
+    from clearformer import TextEncoder
+
+    encoder = TextEncoder.from_pretrained()
+    texts = [f"sentence {i} " + "word " * (3 * i % 70) for i in range(40)]  # ragged, packed
+    texts += ["the same length"] * 4  # and a batch of equal lengths
+    with_kernel = encoder.encode(texts, progress=False)
+    monkeypatch.setattr(avx512, "preferred", lambda: False)
+    without = encoder.encode(texts, progress=False)
+    np.testing.assert_allclose(with_kernel, without, atol=1e-5, rtol=0)

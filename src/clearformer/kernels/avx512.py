@@ -12,8 +12,9 @@ per source, PyTorch version and compiler, into ``$CLEARFORMER_CACHE`` (default
 ``~/.cache/clearformer``)/kernels; later processes load the built library in milliseconds.
 Nothing is compiled unless asked: :func:`load` with ``build=True`` (``TextEncoder.encode`` asks
 for calls of at least ``BUILD_MIN_TOKENS`` tokens on CPUs that :func:`preferred` names), or a
-call with ``method="avx512"``. Where it cannot be built (no AVX-512, no compiler, another
-platform) :func:`load` says why and every call keeps PyTorch's kernels.
+call with ``method="avx512"``. Once built, every forward pass on such a CPU takes it
+(:func:`in_use` loads it on the first ask). Where it cannot be built (no AVX-512, no
+compiler, another platform) :func:`load` says why and every call keeps PyTorch's kernels.
 
 What it serves: float32 CPU rows without gradients, heads a multiple of 16 wide, plain
 bidirectional attention (no causal mask, window, bias or dropout); the varlen kernel sends every
@@ -68,10 +69,19 @@ def support() -> Decision:
 
 
 def preferred() -> bool:
-    """CPUs where ``auto`` takes the kernel once it is loaded, and ``encode`` builds it: AMD
+    """CPUs where ``auto`` takes the kernel once it is built, and ``encode`` builds it: AMD
     processors, where PyTorch's flash kernel runs MKL's AVX2 code. Elsewhere (Intel, where MKL
     runs AVX-512) it is not measured faster, and serves only by name."""
     return cpu_info().vendor == "AuthenticAMD" and support().choice == "available"
+
+
+def in_use() -> bool:
+    """Whether ``auto`` takes the kernel in this process: on a CPU where it is
+    :func:`preferred`, once it is built (a built library is loaded on first ask; nothing is
+    compiled here)."""
+    if not preferred():
+        return False
+    return is_loaded() or load(build=False).choice == "loaded"
 
 
 def is_loaded() -> bool:

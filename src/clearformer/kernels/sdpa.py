@@ -88,7 +88,7 @@ def _avx512_unmasked(q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Te
     """Unmasked self-attention through clearformer's AVX-512 kernel where ``auto`` would take
     it on packed rows (:mod:`.avx512`: loaded, on a CPU it is preferred on), every sequence as
     long as the next; None where it does not serve these rows."""
-    if not (avx512.is_loaded() and avx512.preferred()):
+    if q.dtype != torch.float32 or q.device.type != "cpu" or not avx512.in_use():
         return None
     B, H, T, Dh = q.shape
     try:  # (B, H, T, Dh) -> (B * T, H, Dh): a view of the projection's rows, no copy
@@ -108,7 +108,7 @@ def _avx512_key_run(
     """Self-attention under a key-padding mask whose real keys are one run per sequence (right
     or left padding), through clearformer's AVX-512 kernel where ``auto`` would take it; None
     for any other mask or rows it does not serve."""
-    if not (avx512.is_loaded() and avx512.preferred()):
+    if q.dtype != torch.float32 or q.device.type != "cpu" or not avx512.in_use():
         return None
     B, H, T, Dh = q.shape
     if mask.dtype != torch.bool or mask.shape != (B, 1, 1, T):

@@ -18,7 +18,7 @@ Implementations (``method``), all returning the same values:
               serve (causal, a window, a bias, dropout) run as ``auto`` would without it.
 
 ``auto`` takes ``flash`` when it can serve the call, and ``avx512`` on the CPUs where it is
-measured faster (:func:`.avx512.preferred`: AMD) once it is loaded. Otherwise on CPU it
+measured faster (:func:`.avx512.preferred`: AMD) once it is built. Otherwise on CPU it
 takes ``threads`` (``sequence`` for a single run or a single-threaded caller): every call of
 ``sequence`` is an OpenMP parallel region, and when other processes compete for the cores
 each region can wait for a descheduled thread, so ``sequence`` collapses under load where
@@ -69,12 +69,9 @@ def flash_available(device: torch.device, dtype: torch.dtype, head_dim: int | No
     )
 
 
-def _avx512_serves(device: torch.device, dtype: torch.dtype, head_dim: int | None) -> bool:
+def _avx512_fits(device: torch.device, dtype: torch.dtype, head_dim: int | None) -> bool:
     return (
-        device.type == "cpu"
-        and dtype == torch.float32
-        and (head_dim is None or head_dim % 16 == 0)
-        and avx512.is_loaded()
+        device.type == "cpu" and dtype == torch.float32 and (head_dim is None or head_dim % 16 == 0)
     )
 
 
@@ -95,12 +92,7 @@ def resolve_method(
     if method == "auto":
         if flash_available(device, dtype, head_dim):
             return Decision("flash", "CUDA half precision with flash_attn installed")
-        if (
-            kernel
-            and not is_causal
-            and _avx512_serves(device, dtype, head_dim)
-            and avx512.preferred()
-        ):
+        if kernel and not is_causal and _avx512_fits(device, dtype, head_dim) and avx512.in_use():
             return Decision(
                 "avx512", "clearformer's AVX-512 kernel (this CPU's BLAS runs AVX2 code)"
             )
@@ -124,7 +116,7 @@ def resolve_method(
         loaded = avx512.load(build=True)
         if loaded.choice != "loaded":
             raise ValueError(f"method='avx512' cannot run here: {loaded.reason}")
-        if not _avx512_serves(device, dtype, head_dim):
+        if not _avx512_fits(device, dtype, head_dim):
             raise ValueError(
                 "method='avx512' needs float32 CPU rows with heads a multiple of 16 wide, got "
                 f"device={device}, dtype={dtype}, head_dim={head_dim}"

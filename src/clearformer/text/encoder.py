@@ -393,14 +393,13 @@ class TextEncoder:
 
 def _attention_kernel_for(tokens: int, device: torch.device) -> None:
     """On a CPU where clearformer's AVX-512 attention kernel is faster than PyTorch's
-    (:func:`clearformer.kernels.avx512.preferred`), load it where it is built, and build it
-    for a call of at least ``BUILD_MIN_TOKENS`` tokens, which repays the build; the forward
-    plan then takes it (varlen method ``avx512``)."""
+    (:func:`clearformer.kernels.avx512.preferred`), build it for a call of at least
+    ``BUILD_MIN_TOKENS`` tokens, which repays the build; the forward plan takes it once built
+    (varlen method ``avx512``)."""
     from ..kernels import avx512
 
-    if device.type != "cpu" or avx512.is_loaded() or not avx512.preferred():
-        return
-    avx512.load(build=tokens >= avx512.BUILD_MIN_TOKENS)
+    if device.type == "cpu" and tokens >= avx512.BUILD_MIN_TOKENS and avx512.preferred():
+        avx512.load(build=True)  # a built one is loaded by the plan without asking
 
 
 def _progress_reporter(progress: bool | ProgressFn | None, total: int) -> ProgressFn:
