@@ -119,10 +119,13 @@ def test_bad_input_is_refused_with_a_message():
         avx512.attention(q, k, v, torch.tensor([0, 4, 9]), 1.0)
 
 
+@torch.no_grad()
 def test_auto_takes_it_where_preferred_and_not_for_causal_rows(preferred):
     layout = layout_from_cu_seqlens(torch.tensor([0, 5, 12, 20], dtype=torch.int32))
     cpu = torch.device("cpu")
     assert resolve_method("auto", layout, device=cpu, head_dim=32).choice == "avx512"
+    with torch.enable_grad():  # training: it has no backward
+        assert resolve_method("auto", layout, device=cpu, head_dim=32).choice != "avx512"
     for causal_or_other in (
         resolve_method("auto", layout, device=cpu, head_dim=32, is_causal=True),
         resolve_method("auto", layout, device=cpu, head_dim=24),
@@ -198,6 +201,7 @@ def test_encode_builds_it_only_for_large_calls(monkeypatch, preferred):
     assert calls == [True]  # built only for a call that repays it
 
 
+@torch.no_grad()
 def test_a_built_kernel_is_taken_without_asking(preferred, monkeypatch):
     monkeypatch.setattr(avx512, "_state", {})  # a new process, the library built before
     layout = layout_from_cu_seqlens(torch.tensor([0, 5, 12], dtype=torch.int32))

@@ -92,7 +92,13 @@ def resolve_method(
     if method == "auto":
         if flash_available(device, dtype, head_dim):
             return Decision("flash", "CUDA half precision with flash_attn installed")
-        if kernel and not is_causal and _avx512_fits(device, dtype, head_dim) and avx512.in_use():
+        if (
+            kernel
+            and not is_causal
+            and not torch.is_grad_enabled()  # it has no backward
+            and _avx512_fits(device, dtype, head_dim)
+            and avx512.in_use()
+        ):
             return Decision(
                 "avx512", "clearformer's AVX-512 kernel (this CPU's BLAS runs AVX2 code)"
             )
