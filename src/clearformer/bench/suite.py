@@ -271,9 +271,14 @@ def _attention_calls(size: ModelSize, batch: Batch, seed: int) -> dict[str, Call
     q, k, v = rows.view(-1, 3, H, Dh).unbind(1)  # (N, H, Dh) each
     pq, pk, pv = (t.transpose(1, 2) for t in padded.unbind(2))  # (B, H, T, Dh) each
     key_mask = batch.mask[:, None, None, :]  # (B, 1, 1, T)
+    from ..kernels import avx512
+
+    methods = ["sequence", "padded", "threads"]
+    if avx512.in_use():  # built, on a CPU where auto takes it
+        methods.append("avx512")
     fns: dict[str, Callable] = {
         f"varlen {method}": functools.partial(varlen_attention, q, k, v, layout, method=method)
-        for method in ("sequence", "padded", "threads")
+        for method in methods
     }
     for method in BENCH_METHODS:
         fns[f"varlen {method}"] = functools.partial(
