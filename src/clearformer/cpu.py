@@ -45,10 +45,14 @@ class CpuInfo:
     flags: frozenset[str] = field(default_factory=frozenset)  # empty where unread
     virtualised: bool = False  # a hypervisor: another guest may share the cores
 
+    def notable_flags(self) -> list[str]:
+        """The :data:`NOTABLE_FLAGS` this CPU has, in that order."""
+        return [flag for flag in NOTABLE_FLAGS if flag in self.flags]
+
     def summary(self) -> str:
         """One line: ``AMD EPYC (AuthenticAMD family 26 / 2), 2 CPUs, avx2 fma avx512f ...``."""
         origin = " ".join(part for part in (self.vendor, f"family {self.family}") if part)
-        notable = [flag for flag in NOTABLE_FLAGS if flag in self.flags]
+        notable = self.notable_flags()
         extensions = " ".join(notable) if notable else "flags unread"
         guest = ", virtual machine" if self.virtualised else ""
         return f"{self.model} ({origin}), {self.logical_cpus} CPUs{guest}: {extensions}"
@@ -107,7 +111,7 @@ def cpu_description() -> dict:
         "family": info.family,
         "logical_cpus": info.logical_cpus,
         "virtualised": info.virtualised,
-        "notable_flags": [flag for flag in NOTABLE_FLAGS if flag in info.flags],
+        "notable_flags": info.notable_flags(),
         "torch_cpu_capability": capability,
         "summary": info.summary(),
     }

@@ -253,12 +253,13 @@ class TextEncoder:
             return out
         encodings = self.tokenizer.encode(texts)
         lengths = [len(e.ids) for e in encodings]
+        tokens = sum(lengths)  # sets the int8 fusion, the kernel build and the weight packing
         if precision == "int8":
-            auto = sum(lengths) >= FUSED_INT8_MIN_TOKENS
+            auto = tokens >= FUSED_INT8_MIN_TOKENS
             model = self.int8_model(fused=auto if fuse_int8 is None else bool(fuse_int8))
         else:
             model = self.model
-        _attention_kernel_for(sum(lengths), next(model.parameters()).device)
+        _attention_kernel_for(tokens, next(model.parameters()).device)
         # Longest first: texts of similar length share a batch, and the longest batch (the peak
         # of memory) comes first, so a memory problem shows at once.
         batches = plan_batches(lengths, batch_size, max_tokens)
@@ -267,7 +268,7 @@ class TextEncoder:
         report = _progress_reporter(progress, n)
         # Each fused linear call would reorder its weight into oneDNN's layout again: reorder
         # each weight once for the whole call instead, where the call is large enough to repay it.
-        packed = PackedWeights() if sum(lengths) >= PACK_MIN_TOKENS else None
+        packed = PackedWeights() if tokens >= PACK_MIN_TOKENS else None
 
         def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:
             batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
