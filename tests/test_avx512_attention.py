@@ -142,6 +142,20 @@ def test_auto_leaves_it_out_where_not_preferred(monkeypatch):
     )
 
 
+def test_the_environment_variable_overrides_the_vendor_rule(monkeypatch):
+    monkeypatch.setenv("CLEARFORMER_AVX512", "on")
+    assert avx512.preferred()  # on any CPU that can build it, Intel included
+    monkeypatch.setenv("CLEARFORMER_AVX512", "off")
+    assert not avx512.preferred() and not avx512.in_use()
+    layout = layout_from_cu_seqlens(torch.tensor([0, 5, 12], dtype=torch.int32))
+    assert resolve_method("auto", layout, device=torch.device("cpu"), head_dim=32).choice != (
+        "avx512"
+    )
+    monkeypatch.setenv("CLEARFORMER_AVX512", "maybe")
+    with pytest.raises(ValueError, match="CLEARFORMER_AVX512: expected 'on' or 'off', got 'maybe'"):
+        avx512.preferred()
+
+
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_varlen_by_name_equals_the_reference_and_sends_causal_rows_elsewhere(is_causal):
     q, k, v, cu = packed_qkv([3, 19, 40], heads=4, head_dim=32)

@@ -61,15 +61,15 @@ def test_predict_equals_sentence_transformers(checkpoint):
 
 
 def test_predict_reads_packed_weights_and_scores_the_same(checkpoint, monkeypatch):
-    import clearformer.text.cross_encoder as cross_encoder_module
+    import clearformer.packed_weights as packed_weights_module
 
     path, _ = checkpoint
     ours = CrossEncoder.from_pretrained(path)
-    made = record_packings(monkeypatch, cross_encoder_module)
+    made = record_packings(monkeypatch, packed_weights_module)
     assert ours.predict(PAIRS[:2]) is not None and made == []  # too few tokens to repay it
-    monkeypatch.setattr(cross_encoder_module, "PACK_MIN_TOKENS", 1)
+    monkeypatch.setattr(packed_weights_module, "PACK_MIN_TOKENS", 1)
     packed = ours.predict(PAIRS, max_tokens=64)  # several batches
-    monkeypatch.setattr(cross_encoder_module, "PackedWeights", lambda: None)
+    monkeypatch.setattr(packed_weights_module, "PackedWeights", lambda: None)
     plain = ours.predict(PAIRS, max_tokens=64)
     assert len(made) == 1 and len(made[0]) > 0
     np.testing.assert_array_equal(packed, plain)

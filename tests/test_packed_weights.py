@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-import clearformer.text.encoder as text_encoder
+import clearformer.packed_weights as packed_weights_module
 from clearformer.fused_linear import linear, onednn_available
 from clearformer.packed_weights import PackedWeights, packed_weight, use_packed_weights
 from clearformer.text import TextEncoder
@@ -122,10 +122,10 @@ def encoder() -> TextEncoder:
 def test_encode_reads_packed_weights_and_gives_the_same_vectors(encoder, monkeypatch, workers):
     texts = [f"sentence number {i} " + "word " * (i % 40) for i in range(90)]
     tokens = sum(len(e.ids) for e in encoder.tokenizer.encode(texts))
-    assert tokens >= text_encoder.PACK_MIN_TOKENS  # a call large enough to pack
-    made = record_packings(monkeypatch, text_encoder)
+    assert tokens >= packed_weights_module.PACK_MIN_TOKENS  # a call large enough to pack
+    made = record_packings(monkeypatch, packed_weights_module)
     packed = encoder.encode(texts, workers=workers, batch_size=16, progress=False)
-    monkeypatch.setattr(text_encoder, "PackedWeights", lambda: None)
+    monkeypatch.setattr(packed_weights_module, "PackedWeights", lambda: None)
     plain = encoder.encode(texts, workers=workers, batch_size=16, progress=False)
     linears = sum(type(m) is nn.Linear for m in encoder.model.modules())
     assert len(made) == 1 and len(made[0]) == linears > 0
@@ -135,10 +135,10 @@ def test_encode_reads_packed_weights_and_gives_the_same_vectors(encoder, monkeyp
 def test_encode_leaves_the_weights_plain_for_a_short_call(encoder, monkeypatch):
     # Reordering every weight would cost more than a call of a few texts saves by it.
     texts = ["A short query.", "Another one, a little longer than the first."]
-    made = record_packings(monkeypatch, text_encoder)
+    made = record_packings(monkeypatch, packed_weights_module)
     short = encoder.encode(texts, progress=False)
     assert made == []
-    monkeypatch.setattr(text_encoder, "PACK_MIN_TOKENS", 1)  # the same call, packed
+    monkeypatch.setattr(packed_weights_module, "PACK_MIN_TOKENS", 1)  # the same call, packed
     packed = encoder.encode(texts, progress=False)
     assert len(made) == 1 and len(made[0]) > 0
     np.testing.assert_allclose(short, packed, rtol=0, atol=1e-6)

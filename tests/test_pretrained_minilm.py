@@ -83,6 +83,10 @@ def test_encode_without_offsets_gives_what_encode_batch_gives(encoder):
         assert ours.special_tokens_mask == full.special_tokens_mask
         assert ours.attention_mask == full.attention_mask
         assert [o.ids for o in ours.overflowing] == [o.ids for o in full.overflowing]
+    # Callers that show tokens (tokenize, explain) get the strings encode_batch gives.
+    with_tokens = encoder.tokenizer.encode(TEXTS, with_tokens=True)
+    assert [e.tokens for e in with_tokens] == [e.tokens for e in full_encodings]
+    assert all(t for row in encoder.tokenize(TEXTS).tokens for t in row)  # no empty strings
 
 
 def test_hidden_states_match_transformers(encoder, hf_model):

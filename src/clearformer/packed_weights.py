@@ -109,6 +109,12 @@ _active: contextvars.ContextVar[PackedWeights | None] = contextvars.ContextVar(
 )
 
 
+def packing_for(tokens: int) -> PackedWeights | None:
+    """A :class:`PackedWeights` for a call of ``tokens`` tokens where it repays its
+    reordering (at least :data:`PACK_MIN_TOKENS`), else ``None`` (plain weights)."""
+    return PackedWeights() if tokens >= PACK_MIN_TOKENS else None
+
+
 @contextlib.contextmanager
 def use_packed_weights(packed: PackedWeights | None) -> Iterator[None]:
     """Within the block, on this thread, fused linear calls read their weights from

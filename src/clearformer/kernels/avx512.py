@@ -68,11 +68,24 @@ def support() -> Decision:
     return Decision("available", "AVX-512 CPU with a C++ compiler")
 
 
+PREFERENCE_VARIABLE = "CLEARFORMER_AVX512"
+
+
 def preferred() -> bool:
     """CPUs where ``auto`` takes the kernel once it is built, and ``encode`` builds it: AMD
     processors, where PyTorch's flash kernel runs MKL's AVX2 code. Elsewhere (Intel, where MKL
-    runs AVX-512) it is not measured faster, and serves only by name."""
-    return cpu_info().vendor == "AuthenticAMD" and support().choice == "available"
+    runs AVX-512) it is not measured faster, and serves only by name.
+
+    The environment variable ``CLEARFORMER_AVX512`` overrides the vendor rule: ``off`` keeps
+    ``auto`` on PyTorch's kernels everywhere, ``on`` prefers the kernel on any CPU that can
+    build it."""
+    setting = os.environ.get(PREFERENCE_VARIABLE, "").strip().lower()
+    if setting in ("0", "off", "false", "no"):
+        return False
+    if setting not in ("", "1", "on", "true", "yes"):
+        raise ValueError(f"{PREFERENCE_VARIABLE}: expected 'on' or 'off', got {setting!r}")
+    wanted = setting != "" or cpu_info().vendor == "AuthenticAMD"
+    return wanted and support().choice == "available"
 
 
 def in_use() -> bool:

@@ -84,11 +84,20 @@ def sdpa_attention(
     return torch.where(query_has_key, out, 0.0), None
 
 
+def _avx512_may_run(q: Tensor) -> bool:
+    """float32 CPU rows in a process where ``auto`` takes the AVX-512 kernel."""
+    return q.dtype == torch.float32 and q.device.type == "cpu" and avx512.in_use()
+
+
+def _scale(scale: float | None, head_dim: int) -> float:
+    return head_dim**-0.5 if scale is None else scale  # SDPA's default
+
+
 def _avx512_unmasked(q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor | None:
     """Unmasked self-attention through clearformer's AVX-512 kernel where ``auto`` would take
     it on packed rows (:mod:`.avx512`: loaded, on a CPU it is preferred on), every sequence as
     long as the next; None where it does not serve these rows."""
-    if q.dtype != torch.float32 or q.device.type != "cpu" or not avx512.in_use():
+    if not _avx512_may_run(q):
         return None
     B, H, T, Dh = q.shape
     try:  # (B, H, T, Dh) -> (B * T, H, Dh): a view of the projection's rows, no copy
@@ -98,7 +107,7 @@ def _avx512_unmasked(q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Te
     if not avx512.serves(*rows):
         return None
     bounds = torch.arange(0, B * T + 1, T, dtype=torch.int64)  # (B + 1,)
-    out = avx512.attention(*rows, bounds, Dh**-0.5 if scale is None else scale)  # (B*T, H, Dh)
+    out = avx512.attention(*rows, bounds, _scale(scale, Dh))  # (B*T, H, Dh)
     return out.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh), in (B, T, H, Dh) order
 
 
@@ -108,7 +117,7 @@ def _avx512_key_run(
     """Self-attention under a key-padding mask whose real keys are one run per sequence (right
     or left padding), through clearformer's AVX-512 kernel where ``auto`` would take it; None
     for any other mask or rows it does not serve."""
-    if q.dtype != torch.float32 or q.device.type != "cpu" or not avx512.in_use():
+    if not _avx512_may_run(q):
         return None
     B, H, T, Dh = q.shape
     if mask.dtype != torch.bool or mask.shape != (B, 1, 1, T):
@@ -123,7 +132,7 @@ def _avx512_key_run(
     rows = [t.transpose(1, 2) for t in (q, k, v)]  # (B, T, H, Dh) views
     if not avx512.serves(*rows):
         return None
-    out = avx512.padded_attention(*rows, first, count, Dh**-0.5 if scale is None else scale)
+    out = avx512.padded_attention(*rows, first, count, _scale(scale, Dh))
     return out.transpose(1, 2)  # (B, H, T, Dh), in (B, T, H, Dh) order
 
 

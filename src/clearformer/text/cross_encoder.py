@@ -27,7 +27,7 @@ from ..interop.hf.heads import LoadedClassifier, load_classifier
 from ..interop.hf.sentence_transformers import score_activation
 from ..interop.hf.tokenizer import check_pairs, check_texts, max_length_for
 from ..model import EncoderModel
-from ..packed_weights import PACK_MIN_TOKENS, PackedWeights, use_packed_weights
+from ..packed_weights import packing_for, use_packed_weights
 from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class CrossEncoder:
         encodings = self.tokenizer.encode_pairs(pairs) if n else []
         lengths = [len(e.ids) for e in encodings]
         # Each weight reordered for oneDNN once for all batches, where the call repays it.
-        packed = PackedWeights() if sum(lengths) >= PACK_MIN_TOKENS else None
+        packed = packing_for(sum(lengths))
         for rows in plan_batches(lengths, batch_size, max_tokens):
             batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
             with torch.inference_mode(), use_packed_weights(packed):

@@ -38,7 +38,7 @@ from ..interop.hf.sentence_transformers import Prompts, prompts_from_files
 from ..interop.hf.tokenizer import check_texts, max_length_for
 from ..io import atomic_write
 from ..model import EncoderModel
-from ..packed_weights import PACK_MIN_TOKENS, PackedWeights, use_packed_weights
+from ..packed_weights import packing_for, use_packed_weights
 from ..quant import PRECISIONS
 from ..tracing import is_recording
 from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
@@ -268,7 +268,7 @@ class TextEncoder:
         report = _progress_reporter(progress, n)
         # Each fused linear call would reorder its weight into oneDNN's layout again: reorder
         # each weight once for the whole call instead, where the call is large enough to repay it.
-        packed = PackedWeights() if tokens >= PACK_MIN_TOKENS else None
+        packed = packing_for(tokens)
 
         def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:
             batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)

@@ -166,28 +166,30 @@ class TextTokenizer:
             check_vocab_size(tokenizer, files, vocab_size)
         return cls(tokenizer, max_length, pad_id)
 
-    def encode(self, texts: list[str]) -> list:
-        """``tokenizers.Encoding`` per text (special tokens added, truncated, unpadded; no
-        character offsets, which nothing here reads)."""
-        return self._encode_batch(texts)
+    def encode(self, texts: list[str], *, with_tokens: bool = False) -> list:
+        """``tokenizers.Encoding`` per text (special tokens added, truncated, unpadded).
+        ``with_tokens=False`` leaves the token strings and character offsets out (the ids,
+        types and overflow are the same), which is what the model needs."""
+        return self._encode_batch(texts, with_tokens)
 
-    def encode_pairs(self, pairs: list[tuple[str, str]]) -> list:
+    def encode_pairs(self, pairs: list[tuple[str, str]], *, with_tokens: bool = False) -> list:
         """``tokenizers.Encoding`` per (first, second) pair, as the checkpoint's pair template
         joins them (``[CLS] A [SEP] B [SEP]``, second segment token type 1, for BERT); the
         longer side loses pieces first when a pair is too long."""
-        return self._encode_batch(pairs)
+        return self._encode_batch(pairs, with_tokens)
 
-    def _encode_batch(self, items: list) -> list:
-        # encode_batch_fast (tokenizers >= 0.20) skips the character offsets: the same ids,
-        # types, masks and overflow, in about 80 % of the time.
-        fast = getattr(self.tokenizer, "encode_batch_fast", None)
+    def _encode_batch(self, items: list, with_tokens: bool) -> list:
+        # encode_batch_fast (tokenizers >= 0.20) skips the character offsets and leaves the
+        # token strings empty: the same ids, types and overflow in about 80 % of the time.
+        fast = None if with_tokens else getattr(self.tokenizer, "encode_batch_fast", None)
         if fast is not None:
             return fast(items, add_special_tokens=True)
         return self.tokenizer.encode_batch(items, add_special_tokens=True)
 
     def pad(self, encodings: list, *, with_tokens: bool = True) -> TokenBatch:
         """Pad encodings to the longest of them (``with_tokens=False``: leave ``tokens`` empty,
-        which spares building strings when only the ids are needed)."""
+        which spares building strings when only the ids are needed; ``with_tokens=True`` needs
+        encodings made with ``encode(..., with_tokens=True)``)."""
         B = len(encodings)
         T = max((len(e.ids) for e in encodings), default=0)
         ids = np.full((B, T), self.pad_id, dtype=np.int64)
@@ -207,7 +209,7 @@ class TextTokenizer:
         )
 
     def __call__(self, texts: list[str]) -> TokenBatch:
-        return self.pad(self.encode(check_texts(texts)))
+        return self.pad(self.encode(check_texts(texts), with_tokens=True))
 
 
 def _wordpiece_from_vocab(vocab: Path, config: dict[str, Any]):
