@@ -69,9 +69,13 @@ def test_predict_reads_packed_weights_and_scores_the_same(checkpoint, monkeypatc
     assert ours.predict(PAIRS[:2]) is not None and made == []  # too few tokens to repay it
     monkeypatch.setattr(packed_weights_module, "PACK_MIN_TOKENS", 1)
     packed = ours.predict(PAIRS, max_tokens=64)  # several batches
-    monkeypatch.setattr(packed_weights_module, "PackedWeights", lambda: None)
-    plain = ours.predict(PAIRS, max_tokens=64)
     assert len(made) == 1 and len(made[0]) > 0
+    ours.predict(PAIRS[:1])
+    assert len(made) == 1  # kept for later calls
+    ours.drop_packed_weights()
+    monkeypatch.setattr(packed_weights_module, "PACK_MIN_TOKENS", 10**12)
+    plain = ours.predict(PAIRS, max_tokens=64)
+    assert len(made) == 1
     np.testing.assert_array_equal(packed, plain)
 
 

@@ -123,25 +123,45 @@ def test_encode_reads_packed_weights_and_gives_the_same_vectors(encoder, monkeyp
     texts = [f"sentence number {i} " + "word " * (i % 40) for i in range(90)]
     tokens = sum(len(e.ids) for e in encoder.tokenizer.encode(texts))
     assert tokens >= packed_weights_module.PACK_MIN_TOKENS  # a call large enough to pack
+    encoder.drop_packed_weights()  # as a new encoder
     made = record_packings(monkeypatch, packed_weights_module)
     packed = encoder.encode(texts, workers=workers, batch_size=16, progress=False)
-    monkeypatch.setattr(packed_weights_module, "PackedWeights", lambda: None)
-    plain = encoder.encode(texts, workers=workers, batch_size=16, progress=False)
     linears = sum(type(m) is nn.Linear for m in encoder.model.modules())
     assert len(made) == 1 and len(made[0]) == linears > 0
+    again = encoder.encode(texts[:3], workers=workers, progress=False)  # a later, short call
+    assert len(made) == 1  # kept: the short call reads the same copies
+    encoder.drop_packed_weights()
+    monkeypatch.setattr(packed_weights_module, "PACK_MIN_TOKENS", 10**12)  # never packs
+    plain = encoder.encode(texts, workers=workers, batch_size=16, progress=False)
+    assert len(made) == 1
     assert np.array_equal(packed, plain)
+    np.testing.assert_allclose(again, plain[:3], rtol=0, atol=1e-6)
 
 
-def test_encode_leaves_the_weights_plain_for_a_short_call(encoder, monkeypatch):
-    # Reordering every weight would cost more than a call of a few texts saves by it.
+def test_encode_packs_once_its_calls_have_carried_enough_tokens(encoder, monkeypatch):
+    # Reordering every weight would cost more than one call of a few texts saves by it; a
+    # stream of such calls repays it.
     texts = ["A short query.", "Another one, a little longer than the first."]
+    tokens = sum(len(e.ids) for e in encoder.tokenizer.encode(texts))
+    encoder.drop_packed_weights()
     made = record_packings(monkeypatch, packed_weights_module)
+    monkeypatch.setattr(packed_weights_module, "PACK_MIN_TOKENS", 2 * tokens + 1)
     short = encoder.encode(texts, progress=False)
-    assert made == []
-    monkeypatch.setattr(packed_weights_module, "PACK_MIN_TOKENS", 1)  # the same call, packed
+    encoder.encode(texts, progress=False)
+    assert made == []  # 2 * tokens so far: below the threshold
     packed = encoder.encode(texts, progress=False)
     assert len(made) == 1 and len(made[0]) > 0
     np.testing.assert_allclose(short, packed, rtol=0, atol=1e-6)
+
+
+def test_kept_packing_counts_calls_and_drops():
+    kept = packed_weights_module.KeptPacking()
+    threshold = packed_weights_module.PACK_MIN_TOKENS
+    assert kept.for_call(threshold - 1) is None and kept.kept is None
+    first = kept.for_call(1)
+    assert isinstance(first, PackedWeights) and kept.for_call(1) is first is kept.kept
+    kept.drop()
+    assert kept.kept is None and kept.for_call(threshold - 1) is None  # counting from zero
 
 
 @pytest.mark.parametrize("num_beams", [1, 3])

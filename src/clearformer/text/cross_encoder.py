@@ -27,7 +27,7 @@ from ..interop.hf.heads import LoadedClassifier, load_classifier
 from ..interop.hf.sentence_transformers import score_activation
 from ..interop.hf.tokenizer import check_pairs, check_texts, max_length_for
 from ..model import EncoderModel
-from ..packed_weights import packing_for, use_packed_weights
+from ..packed_weights import KeptPacking, use_packed_weights
 from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,7 @@ class CrossEncoder:
         # tables have a single row, ModernBERT none, and their tokenizers (in transformers) do
         # not return token_type_ids even when a tokenizer.json template numbers the segments.
         self._token_types = self.model.config.type_vocab_size > 1
+        self._packing = KeptPacking()  # weights in oneDNN's layout, once calls repay it
 
     @classmethod
     def from_pretrained(
@@ -137,8 +138,8 @@ class CrossEncoder:
         out = np.empty((n, L), dtype=np.float32)
         encodings = self.tokenizer.encode_pairs(pairs) if n else []
         lengths = [len(e.ids) for e in encodings]
-        # Each weight reordered for oneDNN once for all batches, where the call repays it.
-        packed = packing_for(sum(lengths))
+        # Each weight reordered for oneDNN once and kept for later calls, once calls repay it.
+        packed = self._packing.for_call(sum(lengths))
         for rows in plan_batches(lengths, batch_size, max_tokens):
             batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
             with torch.inference_mode(), use_packed_weights(packed):
@@ -149,6 +150,11 @@ class CrossEncoder:
                     scores = torch.softmax(scores, dim=-1)
             out[rows] = scores.float().numpy()
         return out[:, 0] if L == 1 else out
+
+    def drop_packed_weights(self) -> None:
+        """Free the copies of the linear weights that ``predict`` keeps in oneDNN's layout
+        (:class:`~clearformer.packed_weights.KeptPacking`)."""
+        self._packing.drop()
 
     def rank(
         self,

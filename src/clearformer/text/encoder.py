@@ -38,7 +38,7 @@ from ..interop.hf.sentence_transformers import Prompts, prompts_from_files
 from ..interop.hf.tokenizer import check_texts, max_length_for
 from ..io import atomic_write
 from ..model import EncoderModel
-from ..packed_weights import packing_for, use_packed_weights
+from ..packed_weights import KeptPacking, use_packed_weights
 from ..quant import PRECISIONS
 from ..tracing import is_recording
 from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
@@ -110,6 +110,7 @@ class TextEncoder:
         self.report: LoadReport = loaded.report
         self._int8: dict[bool, EncoderModel] = {}  # fused or not -> model, built once each
         self._int8_lock = threading.Lock()
+        self._packing = KeptPacking()  # weights in oneDNN's layout, once calls repay it
 
     @classmethod
     def from_pretrained(
@@ -223,10 +224,10 @@ class TextEncoder:
             (n, D) float32, row i for ``texts[i]``. Batching changes speed and memory, never
             the result: a text's embedding does not depend on its batch-mates.
 
-        On a CPU in float32 a call of at least
-        :data:`~clearformer.packed_weights.PACK_MIN_TOKENS` tokens holds a copy of every linear
-        weight in oneDNN's layout (:mod:`clearformer.packed_weights`) until it returns: as much
-        memory again as those weights.
+        On a CPU in float32, once this encoder's calls have carried
+        :data:`~clearformer.packed_weights.PACK_MIN_TOKENS` tokens in all, it keeps a copy of
+        every linear weight in oneDNN's layout (:mod:`clearformer.packed_weights`) for its later
+        calls: as much memory again as those weights, until :meth:`drop_packed_weights`.
         """
         texts = check_texts(texts)
         prompt = self._resolve_prompt(prompt, prompt_name)
@@ -267,8 +268,8 @@ class TextEncoder:
             workers = auto_workers(len(batches), next(model.parameters()).device)
         report = _progress_reporter(progress, n)
         # Each fused linear call would reorder its weight into oneDNN's layout again: reorder
-        # each weight once for the whole call instead, where the call is large enough to repay it.
-        packed = packing_for(tokens)
+        # each weight once and keep it for later calls, once the calls are large enough to repay it.
+        packed = self._packing.for_call(tokens) if precision == "float32" else None
 
         def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:
             batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
@@ -288,6 +289,12 @@ class TextEncoder:
             done += len(rows)
             report(done, n)
         return out
+
+    def drop_packed_weights(self) -> None:
+        """Free the copies of the linear weights that ``encode`` keeps in oneDNN's layout
+        (:class:`~clearformer.packed_weights.KeptPacking`); later calls make them again once
+        they have carried enough tokens to repay it."""
+        self._packing.drop()
 
     def int8_model(self, fused: bool = False) -> EncoderModel:
         """The int8 copy of :attr:`model` that ``encode(precision="int8")`` runs.
