@@ -37,7 +37,7 @@ def loaded():
 
 @pytest.fixture
 def preferred(monkeypatch):
-    """As on an AMD processor, where ``auto`` takes the kernel."""
+    """As on a CPU where ``auto`` takes the kernel (whatever this one is)."""
     monkeypatch.setattr(avx512, "preferred", lambda: True)
 
 
@@ -142,9 +142,14 @@ def test_auto_leaves_it_out_where_not_preferred(monkeypatch):
     )
 
 
-def test_the_environment_variable_overrides_the_vendor_rule(monkeypatch):
+def test_it_is_preferred_wherever_it_can_be_built_unless_switched_off(monkeypatch):
+    monkeypatch.delenv("CLEARFORMER_AVX512", raising=False)
+    assert avx512.preferred() == (avx512.support().choice == "available")  # any vendor
+    monkeypatch.setattr(avx512, "support", lambda: avx512.Decision("unavailable", "no AVX-512"))
+    assert not avx512.preferred()
+    monkeypatch.undo()
     monkeypatch.setenv("CLEARFORMER_AVX512", "on")
-    assert avx512.preferred()  # on any CPU that can build it, Intel included
+    assert avx512.preferred() == (avx512.support().choice == "available")
     monkeypatch.setenv("CLEARFORMER_AVX512", "off")
     assert not avx512.preferred() and not avx512.in_use()
     layout = layout_from_cu_seqlens(torch.tensor([0, 5, 12], dtype=torch.int32))

@@ -20,6 +20,7 @@ import pytest
 import torch
 from torch import nn
 
+from clearformer.activations import activation_fn
 from clearformer.cli import main
 from clearformer.quant import (
     Int8Linear,
@@ -200,6 +201,38 @@ def test_fused_steps_agree_with_eager_steps():
     assert (a - b).norm() / a.norm() < 1e-4
 
 
+@pytest.mark.parametrize("activation", ["gelu", "relu", "gelu_tanh", "silu"])
+def test_fused_activation_and_residual_agree_with_the_eager_steps(activation):
+    """The activation and the residual add joined to the compiled epilogue give what the eager
+    layer followed by the two gives; the linear helper routes an int8 layer's fused calls
+    there, and refuses both at once as it does for float layers."""
+    from clearformer.fused_linear import linear
+
+    if fused_steps() is None:
+        pytest.skip("torch.compile does not work here")
+    torch.manual_seed(9)
+    x = torch.randn(2, 150, 384)
+    x[..., 5] *= 30.0
+    residual = torch.randn(2, 150, 160)
+    eager = Int8Linear.from_linear(_linear(384, 160), outliers=torch.tensor([5]))
+    fused = copy.deepcopy(eager)
+    fused.fused = True
+    act = activation_fn(activation)
+    with torch.inference_mode():
+        want_act, want_res = act(eager(x)), residual + eager(x)
+        got_act = linear(x, fused, fused=True, activation=activation)
+        got_res = linear(x, fused, fused=True, residual=residual)
+        assert torch.equal(linear(x, eager, fused=True, residual=residual), want_res)
+        assert eager.fused_call(x) is None  # not compiled: the helper ran the eager steps
+        assert fused.fused_call(x, activation=activation) is not None
+        with pytest.raises(ValueError, match="not both"):
+            fused.fused_call(x, activation=activation, residual=residual)
+    for got, want in ((got_act, want_act), (got_res, want_res)):
+        assert got.shape == want.shape == (2, 150, 160)
+        assert (got - want).abs().max() < 0.01  # an input on the edge of two int8 steps
+        assert (got - want).norm() / want.norm() < 1e-4
+
+
 @needs_int8
 def test_fused_steps_let_other_threads_run():
     """The compiled steps release the GIL while they run: ``encode`` runs two batches side by
@@ -212,7 +245,7 @@ def test_fused_steps_let_other_threads_run():
     steps = fused_steps()
     if steps is None:
         pytest.skip("torch.compile does not work here")
-    prologue, epilogue = steps
+    prologue, epilogue = steps.prologue, steps.epilogue
     torch.manual_seed(0)
     rows = torch.randn(4096, 2048)
     keep = torch.ones(2048)

@@ -86,11 +86,17 @@ def linear(
 ) -> Tensor:
     """``layer(x)``, then ``activation`` (a name from ``ONEDNN_ACTIVATIONS``), then
     ``+ residual``: fused into one oneDNN call when ``fused`` and ``layer`` is a plain
-    ``nn.Linear`` without forward hooks (an int8 or other replacement layer, or one with hooks,
-    runs eagerly). ``x`` is (..., in),
+    ``nn.Linear`` without forward hooks; into the epilogue of an int8 layer's compiled steps
+    when ``fused`` and the layer runs them (``Int8Linear.fused_call``); other replacement
+    layers, and layers with hooks, run eagerly. ``x`` is (..., in),
     ``residual`` (..., out); the result (..., out)."""
     if activation is not None and residual is not None:
         raise ValueError("linear fuses an activation or a residual add, not both")
+    fused_call = getattr(layer, "fused_call", None)  # an int8 layer's compiled steps
+    if fused and fused_call is not None and x.numel() > 0 and not _has_hooks(layer):
+        out = fused_call(x, activation=activation, residual=residual)
+        if out is not None:
+            return out
     if (
         not fused
         or type(layer) is not nn.Linear

@@ -17,17 +17,16 @@ Implementations (``method``), all returning the same values:
               float32, plain bidirectional attention without gradients; calls it cannot
               serve (causal, a window, a bias, dropout) run as ``auto`` would without it.
 
-``auto`` takes ``flash`` when it can serve the call, and ``avx512`` on the CPUs where it is
-measured faster (:func:`.avx512.preferred`: AMD) once it is built. Otherwise on CPU it
-takes ``threads`` (``sequence`` for a single run or a single-threaded caller): every call of
-``sequence`` is an OpenMP parallel region, and when other processes compete for the cores
-each region can wait for a descheduled thread, so ``sequence`` collapses under load where
-``threads`` does not; on a quiet machine ``threads`` is slower than ``sequence`` for
-attention alone. Elsewhere (CUDA without flash_attn) ``sequence`` up to
-``MAX_SEQUENCE_CALLS`` calls, ``padded`` above. The
-measurements behind these rules are in ``docs/performance.md``; two more methods that lost
-(``bucket``, ``nested``) live with the benchmark, in :mod:`clearformer.bench.varlen_methods`.
-"""
+``auto`` takes ``flash`` when it can serve the call, and ``avx512`` once it is built on the
+CPUs where it is measured faster (:func:`.avx512.preferred`: AVX-512 CPUs of both vendors).
+Otherwise on CPU it takes ``threads`` (``sequence`` for a single run or a single-threaded
+caller): every call of ``sequence`` is an OpenMP parallel region, and when other processes
+compete for the cores each region can wait for a descheduled thread, so ``sequence`` collapses
+under load where ``threads`` does not; on a quiet machine ``threads`` is slower than
+``sequence`` for attention alone. Elsewhere (CUDA without flash_attn) ``sequence`` up to
+``MAX_SEQUENCE_CALLS`` calls, ``padded`` above. The measurements behind these rules are in
+``docs/performance.md``; two more methods that lost (``bucket``, ``nested``) live with the
+benchmark, in :mod:`clearformer.bench.varlen_methods`."""
 
 from __future__ import annotations
 
@@ -99,9 +98,7 @@ def resolve_method(
             and _avx512_fits(device, dtype, head_dim)
             and avx512.in_use()
         ):
-            return Decision(
-                "avx512", "clearformer's AVX-512 kernel (this CPU's BLAS runs AVX2 code)"
-            )
+            return Decision("avx512", "clearformer's AVX-512 kernel (built, on an AVX-512 CPU)")
         calls = len(layout.runs)
         if device.type == "cpu":
             if torch.get_num_threads() == 1:

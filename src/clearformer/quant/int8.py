@@ -215,17 +215,11 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., K) float -> (..., N) float32."""
+        fused = self.fused_call(x)
+        if fused is not None:
+            return fused
         K = self.in_features
         rows = x.reshape(-1, K).float()  # (M, K)
-        steps = fused_steps() if self.fused and rows.shape[0] > 1 else None
-        if steps is not None:
-            # The same steps compiled into one loop on each side of the product (.fused).
-            prologue, epilogue = steps
-            q, x_scale, x_o = prologue(rows, self.smooth, self._keep, self.outliers)
-            out = epilogue(
-                self._product(q), x_scale, self.weight_scale, self.bias, x_o, self._w_o_t
-            )
-            return out.view(*x.shape[:-1], self.out_features)
         if self.smooth is not None:
             rows = rows * self.smooth
         if self.outliers is None:
@@ -235,6 +229,31 @@ class Int8Linear(nn.Module):
             # their weight columns are zero) and multiply their float32 weights instead.
             q, x_scale = quantize_rows(rows, leave_out=self.outliers)
         return self._finish(q, x_scale, rows, x.shape[:-1])
+
+    def fused_call(
+        self, x: Tensor, activation: str | None = None, residual: Tensor | None = None
+    ) -> Tensor | None:
+        """``self(x)``, ``activation(self(x))`` or ``self(x) + residual`` through the compiled
+        steps, the activation or the residual add inside the epilogue's loop
+        (:func:`clearformer.fused_linear.linear` calls it); None where this layer does not run
+        compiled steps (not :attr:`fused`, a single row, no compiler here): the caller then
+        runs the eager layer and applies the two itself. x (..., K), residual (..., N)."""
+        rows = x.reshape(-1, self.in_features).float()  # (..., K) -> (M, K)
+        steps = fused_steps() if self.fused and rows.shape[0] > 1 else None
+        if steps is None:
+            return None
+        if activation is not None and residual is not None:
+            raise ValueError("fused_call applies an activation or a residual add, not both")
+        q, x_scale, x_o = steps.prologue(rows, self.smooth, self._keep, self.outliers)
+        scaled = (self._product(q), x_scale, self.weight_scale, self.bias, x_o, self._w_o_t)
+        if activation is not None:
+            out = steps.activated_epilogue(*scaled, activation)
+        elif residual is not None:
+            other = residual.reshape(rows.shape[0], self.out_features)  # (..., N) -> (M, N)
+            out = steps.residual_epilogue(*scaled, other)
+        else:
+            out = steps.epilogue(*scaled)
+        return out.view(*x.shape[:-1], self.out_features)  # (M, N) -> (..., N)
 
     def _product(self, q: Tensor) -> Tensor:
         """(M, K) int8 -> (M, N) int32 (or the same integers in float32)."""
