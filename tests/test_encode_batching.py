@@ -220,3 +220,25 @@ def test_encode_runs_two_workers_by_default_on_a_cpu_with_two_threads(encoder, m
         encoder.encode(TEXTS[:2], batch_size=2)  # one batch: nothing to run side by side
     assert used == [2, 1, 1]
     np.testing.assert_allclose(default, one, atol=1e-6, rtol=0)
+
+
+def test_the_token_budget_follows_the_precision_unless_given(encoder, monkeypatch):
+    """int8 calls take the smaller budget their products were measured faster at; a budget
+    the caller gives is kept in both precisions."""
+    from clearformer.text import encoder as encoder_module
+    from clearformer.text.batching import DEFAULT_MAX_TOKENS, INT8_MAX_TOKENS
+
+    budgets = []
+
+    def planned(lengths, batch_size, max_tokens):
+        budgets.append(max_tokens)
+        return plan_batches(lengths, batch_size, max_tokens)
+
+    monkeypatch.setattr(encoder_module, "plan_batches", planned)
+    monkeypatch.setattr(encoder, "int8_model", lambda fused=False: encoder.model)  # no build
+    encoder.encode(["a b"])
+    encoder.encode(["a b"], precision="int8")
+    encoder.encode(["a b"], precision="int8", max_tokens=300)
+    encoder.encode(["a b"], max_tokens=None)
+    assert budgets == [DEFAULT_MAX_TOKENS, INT8_MAX_TOKENS, 300, DEFAULT_MAX_TOKENS]
+    assert INT8_MAX_TOKENS < DEFAULT_MAX_TOKENS

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..options import BACKENDS
 from ..quant import PRECISIONS
-from ..text.batching import DEFAULT_MAX_TOKENS
+from ..text.batching import DEFAULT_MAX_TOKENS, INT8_MAX_TOKENS
 
 SIMILARITY_MAX = 32  # texts; a larger matrix does not fit a terminal
 OUTPUT_SUFFIXES = (".npy", ".jsonl")
@@ -48,9 +48,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-tokens",
         type=positive_int,
-        default=DEFAULT_MAX_TOKENS,
+        default=None,
         metavar="N",
-        help=f"padded tokens per forward pass without --batch-size (default {DEFAULT_MAX_TOKENS})",
+        help=f"padded tokens per forward pass without --batch-size (default {DEFAULT_MAX_TOKENS}"
+        f", {INT8_MAX_TOKENS} with --precision int8)",
     )
     p.add_argument(
         "--workers",

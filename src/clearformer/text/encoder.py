@@ -41,7 +41,7 @@ from ..model import EncoderModel
 from ..packed_weights import KeptPacking, use_packed_weights
 from ..quant import PRECISIONS
 from ..tracing import is_recording
-from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
+from .batching import check_batch_limits, default_max_tokens, plan_batches
 from .workers import auto_workers, map_in_workers, run_at_worker_shares
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ class TextEncoder:
         normalize: bool | None = None,
         progress: bool | ProgressFn | None = None,
         *,
-        max_tokens: int = DEFAULT_MAX_TOKENS,
+        max_tokens: int | None = None,
         workers: int | None = None,
         prompt: str | None = None,
         prompt_name: str | None = None,
@@ -199,7 +199,8 @@ class TextEncoder:
             progress: None = log progress at INFO level for long inputs; True = a tqdm bar when
                 tqdm is installed (else log); False = silent; a callable gets (done, total).
             max_tokens: padded tokens per forward pass when ``batch_size`` is None (see
-                :mod:`clearformer.text.batching`).
+                :mod:`clearformer.text.batching`); None = 4096 in float32, 2048 in int8
+                (:func:`~clearformer.text.batching.default_max_tokens`).
             workers: forward passes run side by side on a CPU, its threads split between
                 them; 1 = one at a time; None = :func:`~clearformer.text.workers.auto_workers`
                 (two on a CPU with at least two threads when there are two batches or more,
@@ -240,10 +241,12 @@ class TextEncoder:
         normalize = self.normalize if normalize is None else bool(normalize)
         n = len(texts)
         out = np.empty((n, self.dim), dtype=np.float32)
-        check_batch_limits(batch_size, max_tokens)  # before any work
+        check_choice(precision, PRECISIONS, "precision")  # before any work
+        if max_tokens is None:
+            max_tokens = default_max_tokens(precision)
+        check_batch_limits(batch_size, max_tokens)
         if workers is not None:
             check_positive_int(workers, "workers")
-        check_choice(precision, PRECISIONS, "precision")
         if workers is not None and workers > 1 and is_recording():
             # A recorder sees its own thread's steps only: batches run on worker threads would
             # be missing from the trace, and the calling thread's share would be out of order.
