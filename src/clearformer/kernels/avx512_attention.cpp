@@ -126,6 +126,43 @@ void attend_head(const float* q, const float* k, const float* v, float* out, int
   }
 }
 
+// Runs task(item, scratch) for every item in [0, B * H): item b * H + h is sequence b's head h.
+// Each thread takes one contiguous run of items (a sequence's heads share its rows in cache),
+// cut where the runs' costs are equal: a head of a T-token sequence costs about T * (T + 16)
+// (the products grow as T^2, the transposition and softmax set-up with T). Even runs of items,
+// as parallel_for cuts them, gave one thread the long sequences of a ragged batch and left the
+// other waiting. Each item is computed alone: the results do not depend on the cuts.
+template <typename Task>
+void run_balanced(int64_t B, int64_t H, int64_t d, int64_t keys, const int64_t* lengths,
+                  const Task& task) {
+  std::vector<double> cost(B + 1, 0.0);  // cost[b]: sequences 0 .. b-1, one head each
+  for (int64_t b = 0; b < B; ++b)
+    cost[b + 1] = cost[b] + static_cast<double>(lengths[b]) * (lengths[b] + 16);
+  const int64_t items = B * H;
+  const int64_t hands = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+  // The cost of items [0, item), in units of one head: whole sequences, then the heads begun.
+  auto cost_before = [&](int64_t item) {
+    const int64_t b = item / H;
+    return cost[b] * H + (b < B ? (cost[b + 1] - cost[b]) * (item % H) : 0.0);
+  };
+  const double total = cost_before(items);
+  auto cut = [&](int64_t hand) {  // the first item of `hand`'s run
+    if (hand >= hands) return items;
+    int64_t lo = 0, hi = items;
+    const double target = total * hand / hands;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (cost_before(mid) < target) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+  };
+  at::parallel_for(0, hands, 1, [&](int64_t begin, int64_t end) {
+    Scratch w(d, keys);
+    for (int64_t hand = begin; hand < end; ++hand)
+      for (int64_t item = cut(hand), last = cut(hand + 1); item < last; ++item) task(item, w);
+  });
+}
+
 void check_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t dims) {
   TORCH_CHECK(q.dim() == dims && q.scalar_type() == at::kFloat && q.device().is_cpu(),
               "q must be float32 on the CPU with ", dims, " dimensions");
@@ -160,16 +197,15 @@ at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const float* vp = v.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t row_stride = q.stride(0), head_stride = q.stride(1);
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    Scratch w(d, longest);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / H, h = item % H;
-      const int64_t start = bounds[b], T = bounds[b + 1] - start;
-      if (T == 0) continue;
-      const int64_t off = start * row_stride + h * head_stride;
-      attend_head(qp + off, kp + off, vp + off, op + start * H * d + h * d, T, T, d, row_stride,
-                  H * d, static_cast<float>(scale), w);
-    }
+  std::vector<int64_t> lengths(B);
+  for (int64_t b = 0; b < B; ++b) lengths[b] = bounds[b + 1] - bounds[b];
+  run_balanced(B, H, d, longest, lengths.data(), [&](int64_t item, Scratch& w) {
+    const int64_t b = item / H, h = item % H;
+    const int64_t start = bounds[b], T = lengths[b];
+    if (T == 0) return;
+    const int64_t off = start * row_stride + h * head_stride;
+    attend_head(qp + off, kp + off, vp + off, op + start * H * d + h * d, T, T, d, row_stride,
+                H * d, static_cast<float>(scale), w);
   });
   return out;
 }
