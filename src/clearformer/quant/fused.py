@@ -86,32 +86,18 @@ def epilogue(
     return out
 
 
-def activated_epilogue(
-    acc: Tensor,
-    x_scale: Tensor,
-    w_scale: Tensor,
-    bias: Tensor | None,
-    x_o: Tensor | None,
-    w_o_t: Tensor | None,
-    activation: str,
-) -> Tensor:
-    """:func:`epilogue` with ``activation``. Compiled apart from the other two kinds, so that
-    each compiled function holds few variants: with every kind in one function, two workers
-    calling it at once sometimes failed Dynamo's guard check and compiled it again."""
-    return epilogue(acc, x_scale, w_scale, bias, x_o, w_o_t, activation=activation)
+def activated_epilogue(activation: str, *scaled: Tensor | None) -> Tensor:
+    """:func:`epilogue` of ``scaled`` (its first six arguments) with ``activation``. Compiled
+    apart from the other two kinds, so that each compiled function holds few variants: with
+    every kind in one function, two workers calling it at once sometimes failed Dynamo's guard
+    check and compiled it again."""
+    return epilogue(*scaled, activation=activation)
 
 
-def residual_epilogue(
-    acc: Tensor,
-    x_scale: Tensor,
-    w_scale: Tensor,
-    bias: Tensor | None,
-    x_o: Tensor | None,
-    w_o_t: Tensor | None,
-    residual: Tensor,
-) -> Tensor:
-    """:func:`epilogue` with ``+ residual``, compiled on its own (as :func:`activated_epilogue`)."""
-    return epilogue(acc, x_scale, w_scale, bias, x_o, w_o_t, residual=residual)
+def residual_epilogue(residual: Tensor, *scaled: Tensor | None) -> Tensor:
+    """:func:`epilogue` of ``scaled`` with ``+ residual``, compiled on its own (as
+    :func:`activated_epilogue`)."""
+    return epilogue(*scaled, residual=residual)
 
 
 class FusedSteps(NamedTuple):

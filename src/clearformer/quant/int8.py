@@ -247,10 +247,10 @@ class Int8Linear(nn.Module):
         q, x_scale, x_o = steps.prologue(rows, self.smooth, self._keep, self.outliers)
         scaled = (self._product(q), x_scale, self.weight_scale, self.bias, x_o, self._w_o_t)
         if activation is not None:
-            out = steps.activated_epilogue(*scaled, activation)
+            out = steps.activated_epilogue(activation, *scaled)
         elif residual is not None:
             other = residual.reshape(rows.shape[0], self.out_features)  # (..., N) -> (M, N)
-            out = steps.residual_epilogue(*scaled, other)
+            out = steps.residual_epilogue(other, *scaled)
         else:
             out = steps.epilogue(*scaled)
         return out.view(*x.shape[:-1], self.out_features)  # (M, N) -> (..., N)
