@@ -47,7 +47,19 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("avx512_attention.cpp")
 REQUIRED_FLAGS = ("avx512f", "avx512dq", "fma")
-COMPILE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-mavx512f", "-mavx512dq", "-mfma")
+# -fopenmp: ATen's parallel_for is a header template that splits work across threads only where
+# the including file is compiled with OpenMP; without it every call ran on one thread. The
+# library then needs libgomp.so.1, which resolves to the copy PyTorch has already loaded.
+COMPILE_FLAGS = (
+    "-O3",
+    "-std=c++17",
+    "-shared",
+    "-fPIC",
+    "-fopenmp",
+    "-mavx512f",
+    "-mavx512dq",
+    "-mfma",
+)
 # A cold build takes about 8 s: an encode call is worth building for from this many tokens
 # (about 20,000 sentence-length texts), where the kernel saves more than that.
 BUILD_MIN_TOKENS = 500_000
