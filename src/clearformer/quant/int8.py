@@ -238,12 +238,14 @@ class Int8Linear(nn.Module):
         (:func:`clearformer.fused_linear.linear` calls it); None where this layer does not run
         compiled steps (not :attr:`fused`, a single row, no compiler here): the caller then
         runs the eager layer and applies the two itself. x (..., K), residual (..., N)."""
-        rows = x.reshape(-1, self.in_features).float()  # (..., K) -> (M, K)
-        steps = fused_steps() if self.fused and rows.shape[0] > 1 else None
-        if steps is None:
-            return None
         if activation is not None and residual is not None:
             raise ValueError("fused_call applies an activation or a residual add, not both")
+        if not self.fused:
+            return None
+        rows = x.reshape(-1, self.in_features).float()  # (..., K) -> (M, K)
+        steps = fused_steps() if rows.shape[0] > 1 else None
+        if steps is None:
+            return None
         q, x_scale, x_o = steps.prologue(rows, self.smooth, self._keep, self.outliers)
         scaled = (self._product(q), x_scale, self.weight_scale, self.bias, x_o, self._w_o_t)
         if activation is not None:
