@@ -1,10 +1,10 @@
 """clearformer's AVX-512 attention kernel against PyTorch's flash kernel, by sequence length.
 
 For each length, about 4,096 tokens of sequences of that one length (12 heads, float32): the
-flash kernel on the padded-free (B, H, T, Dh) views, the kernel on the same rows packed, each
-its best of ``--repeats`` calls; GFLOP/s counts the two products (4 B H T^2 Dh). The largest
-difference between the two outputs is printed too. Builds the kernel first where it is not
-built yet (a few seconds, once).
+flash kernel on (B, H, T, Dh) views of the rows (no padding: every sequence is full), the
+kernel on the same rows packed, each its best of ``--repeats`` calls; GFLOP/s counts the two
+products (4 B H T^2 Dh). The largest difference between the two outputs is printed too. Builds
+the kernel first where it is not built yet (a few seconds, once).
 
 Run: ``python benchmarks/avx512_attention_lengths.py [--threads 1] [--head-dim 32]``, on a quiet
 machine (the load average before and after is printed with the table).
