@@ -222,11 +222,13 @@ def test_encode_runs_two_workers_by_default_on_a_cpu_with_two_threads(encoder, m
     np.testing.assert_allclose(default, one, atol=1e-6, rtol=0)
 
 
-def test_the_token_budget_follows_the_precision_unless_given(encoder, monkeypatch):
-    """int8 calls take the smaller budget their products were measured faster at; a budget
-    the caller gives is kept in both precisions."""
+@pytest.mark.parametrize("onednn", [True, False])
+def test_the_token_budget_follows_the_int8_route_unless_given(encoder, monkeypatch, onednn):
+    """int8 calls whose products run through torch._int_mm take the smaller budget they were
+    measured faster at; through oneDNN's op, float32's; a budget the caller gives is kept."""
+    from clearformer.text import batching
     from clearformer.text import encoder as encoder_module
-    from clearformer.text.batching import DEFAULT_MAX_TOKENS, INT8_MAX_TOKENS
+    from clearformer.text.batching import DEFAULT_MAX_TOKENS, INT_MM_MAX_TOKENS
 
     budgets = []
 
@@ -235,10 +237,12 @@ def test_the_token_budget_follows_the_precision_unless_given(encoder, monkeypatc
         return plan_batches(lengths, batch_size, max_tokens)
 
     monkeypatch.setattr(encoder_module, "plan_batches", planned)
+    monkeypatch.setattr(batching, "onednn_int8_available", lambda: onednn)
     monkeypatch.setattr(encoder, "int8_model", lambda fused=False: encoder.model)  # no build
     encoder.encode(["a b"])
     encoder.encode(["a b"], precision="int8")
     encoder.encode(["a b"], precision="int8", max_tokens=300)
     encoder.encode(["a b"], max_tokens=None)
-    assert budgets == [DEFAULT_MAX_TOKENS, INT8_MAX_TOKENS, 300, DEFAULT_MAX_TOKENS]
-    assert INT8_MAX_TOKENS < DEFAULT_MAX_TOKENS
+    int8_budget = DEFAULT_MAX_TOKENS if onednn else INT_MM_MAX_TOKENS
+    assert budgets == [DEFAULT_MAX_TOKENS, int8_budget, 300, DEFAULT_MAX_TOKENS]
+    assert INT_MM_MAX_TOKENS < DEFAULT_MAX_TOKENS

@@ -33,6 +33,7 @@ from clearformer.quant import (
 from clearformer.quant import int8 as int8_module
 from clearformer.quant import quantize as quantize_module
 from clearformer.quant.fused import fused_steps
+from clearformer.quant.onednn import accumulator_dtype, int8_product, onednn_int8_available
 from clearformer.text import TextEncoder
 
 from .helpers import intra_op_threads
@@ -159,17 +160,84 @@ def test_tiny_shapes_and_a_zero_row():
     torch.testing.assert_close(got[1], layer.bias.detach().double())  # zeros in, bias out
 
 
+def _routed(layer: Int8Linear, onednn: bool, int_mm: bool) -> Int8Linear:
+    routed = copy.deepcopy(layer)
+    routed._use_onednn, routed._use_int_mm = onednn, int_mm
+    return routed
+
+
 def test_float_route_gives_the_int8_route_result():
     """Where ``torch._int_mm`` does not run (or does not take a shape), the same integers are
     multiplied in float32: the result does not depend on the route."""
     torch.manual_seed(6)
     layer = _linear(384, 64)
     x = torch.randn(50, 384)
-    a = Int8Linear.from_linear(layer)
-    b = copy.deepcopy(a)
-    b._use_int_mm = False
+    a = _routed(Int8Linear.from_linear(layer), onednn=False, int_mm=True)
+    b = _routed(a, onednn=False, int_mm=False)
     with torch.inference_mode():
         torch.testing.assert_close(a(x), b(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not onednn_int8_available(), reason="oneDNN's quantised linear op not here")
+@pytest.mark.parametrize("k", [384, 1536])
+def test_onednn_route_gives_the_int_mm_result_to_the_bit(k):
+    """oneDNN's product returns the int32 sums as float32, which the layer rescales as it does
+    ``torch._int_mm``'s: equal to the bit, the layer's scales, smoothing and float channels
+    included, at a width past 2^24 / 127^2 (K = 1,536), where the sums round in float32."""
+    torch.manual_seed(16)
+    layer = _linear(k, 96)
+    x = torch.randn(333, k) * torch.logspace(-1, 1, k)
+    x[:, 5] *= 40.0  # an outlier channel
+    smooth = x.abs().amax(0).sqrt()
+    base = Int8Linear.from_linear(layer, smooth=smooth, outliers=torch.tensor([5]))
+    onednn = _routed(base, onednn=True, int_mm=True)
+    int_mm = _routed(base, onednn=False, int_mm=True)
+    with torch.inference_mode():
+        assert torch.equal(onednn(x), int_mm(x))
+        assert torch.equal(onednn(x[:1]), int_mm(x[:1]))  # a single row
+
+
+@pytest.mark.skipif(not onednn_int8_available(), reason="oneDNN's quantised linear op not here")
+def test_onednn_packed_weight_follows_the_weight():
+    """The packed copy is made again when the int8 weight changes in place or is replaced: a
+    stale copy would give the old weight's product."""
+    torch.manual_seed(17)
+    q = torch.randint(-127, 128, (40, 64), dtype=torch.int8)
+    weight = torch.randint(-127, 128, (24, 64), dtype=torch.int8)
+
+    def want(w):
+        return (q.to(torch.int32) @ w.to(torch.int32).t()).float()
+
+    assert torch.equal(int8_product(q, weight), want(weight))
+    weight.neg_()  # in place: the version counter moves
+    assert torch.equal(int8_product(q, weight), want(weight))
+    other = torch.randint(-127, 128, (24, 64), dtype=torch.int8)
+    weight.data = other  # new storage, same tensor object
+    assert torch.equal(int8_product(q, weight), want(other))
+
+
+@pytest.mark.skipif(not onednn_int8_available(), reason="oneDNN's quantised linear op not here")
+def test_onednn_product_is_exact_from_two_threads_at_once():
+    """encode's two workers call the same layers at once, with different row counts."""
+    torch.manual_seed(18)
+    weights = [torch.randint(-127, 128, (n, 384), dtype=torch.int8) for n in (1152, 384)]
+    rows = [torch.randint(-127, 128, (m, 384), dtype=torch.int8) for m in (700, 37, 1300)]
+    wrong = []
+
+    def work(t: int) -> None:
+        for r in range(30):
+            q, w = rows[(t + r) % 3], weights[(t + r) % 2]
+            want = (q.to(torch.int32) @ w.to(torch.int32).t()).float()
+            if not torch.equal(int8_product(q, w), want):
+                wrong.append((t, r))
+
+    with intra_op_threads(1):
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert wrong == []
 
 
 def test_row_quantisation_round_trips_within_half_a_step():
@@ -251,7 +319,7 @@ def test_fused_steps_let_other_threads_run():
     keep = torch.ones(2048)
     keep[3] = 0
     outliers = torch.tensor([3])
-    acc = torch.randint(-1000, 1000, (4096, 2048), dtype=torch.int32)
+    acc = torch.randint(-1000, 1000, (4096, 2048), dtype=torch.int32).to(accumulator_dtype())
     x_scale, w_scale, bias = torch.rand(4096, 1), torch.rand(2048), torch.rand(2048)
     x_o, w_o_t = torch.rand(4096, 1), torch.rand(1, 2048)
     calls = {  # the arguments' kinds of fused_steps' own warm-up: no new compile

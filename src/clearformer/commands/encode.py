@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..options import BACKENDS
 from ..quant import PRECISIONS
-from ..text.batching import DEFAULT_MAX_TOKENS, INT8_MAX_TOKENS
+from ..text.batching import DEFAULT_MAX_TOKENS, INT_MM_MAX_TOKENS
 
 SIMILARITY_MAX = 32  # texts; a larger matrix does not fit a terminal
 OUTPUT_SUFFIXES = (".npy", ".jsonl")
@@ -51,7 +51,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help=f"padded tokens per forward pass without --batch-size (default {DEFAULT_MAX_TOKENS}"
-        f", {INT8_MAX_TOKENS} with --precision int8)",
+        f"; {INT_MM_MAX_TOKENS} with --precision int8 where the int8 products run through "
+        "torch._int_mm)",
     )
     p.add_argument(
         "--workers",

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ..activations import activation_fn
+from .onednn import accumulator_dtype
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ def epilogue(
     activation: str | None = None,
     residual: Tensor | None = None,
 ) -> Tensor:
-    """int32 (M, N) -> float32 (M, N): ``s_x acc s_w (+ bias) (+ x_o W_o^T)``, then the layer's
+    """integer sums (M, N), int32 or float32 (:func:`.onednn.accumulator_dtype`) -> float32
+    (M, N): ``s_x acc s_w (+ bias) (+ x_o W_o^T)``, then the layer's
     ``activation`` (a name of :func:`clearformer.activations.activation_fn`) and ``+ residual``
     (M, N) where given, in the order the eager layers apply them; the outlier product is written
     as k_o broadcast multiply-adds, so that it joins the same loop."""
@@ -139,6 +141,6 @@ def _compiled_steps(options: dict) -> FusedSteps:
     keep[3] = 0
     outliers = torch.tensor([3])
     q, scale, x_o = steps.prologue(rows, None, keep, outliers)
-    acc = q.to(torch.int32) @ torch.ones(16, 8, dtype=torch.int32)
+    acc = (q.to(torch.int32) @ torch.ones(16, 8, dtype=torch.int32)).to(accumulator_dtype())
     steps.epilogue(acc, scale, torch.ones(8), torch.zeros(8), x_o, torch.ones(1, 8))
     return steps

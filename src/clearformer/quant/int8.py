@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from ..cpu import cpu_info
 from .fused import fused_steps
+from .onednn import int8_product, onednn_int8_available
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,7 @@ class Int8Linear(nn.Module):
             "weight_outliers", None if weight_outliers is None else weight_outliers.float()
         )  # (N, k_o)
         self._use_int_mm = int8_support().available
+        self._use_onednn = self._use_int_mm and onednn_int8_available()
         # Derived once for the compiled steps: a 0/1 mask of the channels that set the scale,
         # and the float weights of the others as (k_o, N) rows.
         keep = None
@@ -260,7 +262,9 @@ class Int8Linear(nn.Module):
     def _product(self, q: Tensor) -> Tensor:
         """(M, K) int8 -> (M, N) int32 (or the same integers in float32)."""
         M, K, N = q.shape[0], self.in_features, self.out_features
-        if self._use_int_mm and _int_mm_fits(M, K, N, q.device):
+        if self._use_onednn and M > 0 and q.device.type == "cpu":
+            acc = int8_product(q, self.weight_int8)  # (M, N) float32 of the int32 sums
+        elif self._use_int_mm and _int_mm_fits(M, K, N, q.device):
             acc = torch._int_mm(q, self.weight_int8.t())  # (M, N) int32, exact
         else:
             # The same integers in float32: exact while K * 127^2 < 2^24 (K <= 1040), within

@@ -17,21 +17,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..checks import check_positive_int
+from ..quant.onednn import onednn_int8_available
 
 # Padded tokens per forward pass when no batch size is given: as fast as larger budgets and
 # 32-text batches in the measurements (docs/performance.md, "Encoding texts"), and small in
 # memory: 4096 rows of width 1536 are 24 MiB of activations per batch.
 DEFAULT_MAX_TOKENS = 4096
-# The int8 path's budget: its int8 products (torch._int_mm) and int32 results ran faster on
-# smaller batches on an Intel Xeon with AMX, where encode(precision="int8") was 1.12x faster on
-# sentences and 1.02x on mixed text than at 4096 (docs/int8.md), while float32 was fastest at
-# 4096 there.
-INT8_MAX_TOKENS = 2048
+# The budget of int8 calls whose products run through torch._int_mm (where oneDNN's quantised
+# linear op does not run, :func:`clearformer.quant.onednn.onednn_int8_available`): _int_mm and
+# its int32 results ran faster on smaller batches on an Intel Xeon with AMX, 1.12x on sentences
+# and 1.02x on mixed text against 4096 (docs/int8.md). Through oneDNN's op int8 was fastest at
+# 4096 there, as float32 is (1.05x / 1.03x against 2048).
+INT_MM_MAX_TOKENS = 2048
 
 
 def default_max_tokens(precision: str) -> int:
     """The token budget a call of ``precision`` takes when it names none."""
-    return INT8_MAX_TOKENS if precision == "int8" else DEFAULT_MAX_TOKENS
+    if precision == "int8" and not onednn_int8_available():
+        return INT_MM_MAX_TOKENS
+    return DEFAULT_MAX_TOKENS
 
 
 def check_batch_limits(batch_size: int | None, max_tokens: int) -> None:
