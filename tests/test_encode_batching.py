@@ -226,7 +226,7 @@ def test_encode_runs_two_workers_by_default_on_a_cpu_with_two_threads(encoder, m
 def test_the_token_budget_follows_the_int8_route_unless_given(encoder, monkeypatch, onednn):
     """int8 calls whose products run through torch._int_mm take the smaller budget they were
     measured faster at; through oneDNN's op, float32's; a budget the caller gives is kept."""
-    from clearformer.text import batching
+    from clearformer.quant import onednn as onednn_module
     from clearformer.text import encoder as encoder_module
     from clearformer.text.batching import DEFAULT_MAX_TOKENS, INT_MM_MAX_TOKENS
 
@@ -237,7 +237,7 @@ def test_the_token_budget_follows_the_int8_route_unless_given(encoder, monkeypat
         return plan_batches(lengths, batch_size, max_tokens)
 
     monkeypatch.setattr(encoder_module, "plan_batches", planned)
-    monkeypatch.setattr(batching, "onednn_int8_available", lambda: onednn)
+    monkeypatch.setattr(onednn_module, "onednn_int8_available", lambda: onednn)
     monkeypatch.setattr(encoder, "int8_model", lambda fused=False: encoder.model)  # no build
     encoder.encode(["a b"])
     encoder.encode(["a b"], precision="int8")

@@ -1,9 +1,9 @@
 """The int8 matrix product through oneDNN's matmul primitive, the weight packed once.
 
 On CPU ``torch._int_mm`` calls oneDNN's older GEMM interface (``gemm_s8s8s32``, "gemm_api" in
-``ONEDNN_VERBOSE``), which plans nothing ahead: it reorders its operands on every call and, at
-the widths of an encoder layer with K = 384, runs several times below the rate of oneDNN's matmul
-primitive on the same integers (docs/int8.md has the table). The quantised-linear op that
+``ONEDNN_VERBOSE``), which reorders its operands on every call and, at the widths of an
+encoder layer with K = 384, runs several times below the rate of oneDNN's matmul primitive on
+the same integers (docs/int8.md, "The product", has the table). The quantised-linear op that
 PyTorch's own int8 compiler path uses, ``onednn::qlinear_pointwise``, runs that primitive
 (AMX tiles where the CPU has them, VNNI otherwise) on a weight reordered once into its blocked
 layout (``onednn::qlinear_prepack``).

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..checks import check_positive_int
-from ..quant.onednn import onednn_int8_available
 
 # Padded tokens per forward pass when no batch size is given: as fast as larger budgets and
 # 32-text batches in the measurements (docs/performance.md, "Encoding texts"), and small in
@@ -33,6 +32,8 @@ INT_MM_MAX_TOKENS = 2048
 
 def default_max_tokens(precision: str) -> int:
     """The token budget a call of ``precision`` takes when it names none."""
+    from ..quant.onednn import onednn_int8_available  # here: the CLI's parser imports no torch
+
     if precision == "int8" and not onednn_int8_available():
         return INT_MM_MAX_TOKENS
     return DEFAULT_MAX_TOKENS
