@@ -199,8 +199,8 @@ def test_onednn_route_gives_the_int_mm_result_to_the_bit(k):
 
 @pytest.mark.skipif(not onednn_int8_available(), reason="oneDNN's quantised linear op not here")
 def test_onednn_packed_weight_follows_the_weight():
-    """The packed copy is made again when the int8 weight changes in place or is replaced: a
-    stale copy would give the old weight's product."""
+    """The packed copy is made again when the int8 weight changes in place or is replaced, and
+    for an inference tensor on every call: a stale copy would give the old weight's product."""
     torch.manual_seed(17)
     q = torch.randint(-127, 128, (40, 64), dtype=torch.int8)
     weight = torch.randint(-127, 128, (24, 64), dtype=torch.int8)
@@ -214,6 +214,11 @@ def test_onednn_packed_weight_follows_the_weight():
     other = torch.randint(-127, 128, (24, 64), dtype=torch.int8)
     weight.data = other  # new storage, same tensor object
     assert torch.equal(int8_product(q, weight), want(other))
+    with torch.inference_mode():
+        frozen = torch.randint(-127, 128, (24, 64), dtype=torch.int8)
+        assert torch.equal(int8_product(q, frozen), want(frozen))
+        frozen.neg_()  # an inference tensor: no version counter to show the change
+        assert torch.equal(int8_product(q, frozen), want(frozen))
 
 
 @pytest.mark.skipif(not onednn_int8_available(), reason="oneDNN's quantised linear op not here")

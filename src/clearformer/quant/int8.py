@@ -7,7 +7,8 @@ symmetric scales, one per row of each:
     x ~ diag(s_x) Q_x     s_x[m] = max_k |x[m, k]| / 127      every call, per token
 
 so ``x W^T ~ diag(s_x) (Q_x Q_w^T) diag(s_w)``: one int8 x int8 matrix product accumulated in
-int32 (``torch._int_mm``; VNNI on x86 does four int8 products per lane per instruction), then
+int32 (oneDNN's quantised linear op on CPU, :mod:`.onednn`, else ``torch._int_mm``; VNNI on x86
+does four int8 products per lane per instruction, AMX a tile at a time), then
 one rescale by the outer product of the scales, and the bias added in float32. A scale per
 token, not per tensor, is what keeps the accuracy: one token with a large activation would
 otherwise coarsen the grid of every other token in the batch (``torch.ao``'s dynamic

@@ -14,7 +14,8 @@ float32 (exact up to 2^24, rounded to nearest beyond, as ``int32.to(float32)`` d
 per-token and per-channel scales stay in the layer's own epilogue, where the bias, activation
 and residual join them. The packed copy is derived from the layer's int8 weight and kept beside
 it, not on the module (an opaque oneDNN tensor cannot be copied or saved): made on the first
-call, made again when the weight is replaced or changed in place.
+call, made again when the weight is replaced or changed in place (and on every call for an
+inference tensor, whose in-place changes leave no trace).
 """
 
 from __future__ import annotations
@@ -33,19 +34,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class _Packed:
-    version: int | None  # the int8 weight's version counter when it was packed (None: an
-    # inference tensor, which has none; such a weight is only checked for new storage)
+    version: int  # the int8 weight's version counter when it was packed
     storage: int  # and its data pointer (``.data = other`` keeps identity and version)
     packed: Tensor  # oneDNN's blocked copy
     ones: Tensor  # (N,) weight scales of 1
     zero_points: Tensor  # (N,) int64 zeros
 
     def matches(self, weight: Tensor) -> bool:
-        return self.version == _version(weight) and self.storage == weight.data_ptr()
-
-
-def _version(weight: Tensor) -> int | None:
-    return None if weight.is_inference() else weight._version
+        return self.version == weight._version and self.storage == weight.data_ptr()
 
 
 _lock = threading.Lock()
@@ -57,7 +53,6 @@ def onednn_int8_available() -> bool:
     """Probe once per process: does this build's ``onednn::qlinear_pointwise`` run here and give
     the exact integer product (against an int32 product of the same integers)?"""
     try:
-        op = torch.ops.onednn.qlinear_pointwise
         q = (torch.arange(-96, 96, dtype=torch.int16) % 255 - 127).to(torch.int8)
         q = q.reshape(6, 32)  # (M, K)
         weight = q.flip(0).repeat(2, 1)[:, :32].contiguous()  # (N, K) = (12, 32): any values
@@ -65,7 +60,6 @@ def onednn_int8_available() -> bool:
             got = int8_product(q, weight)
         want = (q.to(torch.int32) @ weight.to(torch.int32).t()).float()
         exact = torch.equal(got, want)
-        del op
     except (AttributeError, RuntimeError, NotImplementedError) as error:
         log.info("int8: oneDNN's quantised linear op does not run here: %s", error)
         return False
@@ -91,19 +85,28 @@ def int8_product(q: Tensor, weight: Tensor) -> Tensor:
 
 
 def _packed_copy(weight: Tensor) -> _Packed:
+    if weight.is_inference():
+        # An inference tensor (made under inference_mode) has no version counter, so an
+        # in-place change of it could not be noticed: its copy is made for this call only, as
+        # clearformer.packed_weights reads such a float weight as it is.
+        return _pack(weight, version=-1)
     copy = _packed.get(weight)
     if copy is not None and copy.matches(weight):
         return copy
     with _lock:
         copy = _packed.get(weight)
         if copy is None or not copy.matches(weight):
-            N = weight.shape[0]
-            copy = _Packed(
-                version=_version(weight),
-                storage=weight.data_ptr(),
-                packed=torch.ops.onednn.qlinear_prepack(weight, None),
-                ones=torch.ones(N),
-                zero_points=torch.zeros(N, dtype=torch.int64),
-            )
+            copy = _pack(weight, version=weight._version)
             _packed[weight] = copy
     return copy
+
+
+def _pack(weight: Tensor, version: int) -> _Packed:
+    N = weight.shape[0]
+    return _Packed(
+        version=version,
+        storage=weight.data_ptr(),
+        packed=torch.ops.onednn.qlinear_prepack(weight, None),
+        ones=torch.ones(N),
+        zero_points=torch.zeros(N, dtype=torch.int64),
+    )
