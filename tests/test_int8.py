@@ -370,7 +370,9 @@ def test_fused_steps_let_other_threads_run():
                 shares[name] = min(longest_gap(call) for _ in range(3)) / solo
     finally:
         sys.setswitchinterval(interval)
-    stopped = {name: round(share, 3) for name, share in shares.items() if share >= 0.25}
+    # A step that held the GIL would stop the watcher for all of it (a share near 1); half is
+    # the line, as a machine busy with other work can keep the watcher off a core for a while.
+    stopped = {name: round(share, 3) for name, share in shares.items() if share >= 0.5}
     assert not stopped, f"the other thread was stopped for these shares of a step: {stopped}"
 
 

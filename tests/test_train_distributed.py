@@ -199,22 +199,32 @@ def test_fsdp_resume_after_a_kill_is_bitwise(tmp_path, fsdp_run):
     assert (fsdp_run / "metrics.jsonl").read_text() == (run / "metrics.jsonl").read_text()
 
 
-@pytest.mark.parametrize("nproc", [1, 3])
-def test_a_two_process_checkpoint_resumes_with_another_world_size(tmp_path, fsdp_run, nproc):
-    reference = script(
-        2, RESHARD, tmp_path, config_json(**FSDP), str(fsdp_run), str(tmp_path / "two")
-    )
+@pytest.fixture(scope="module")
+def two_process_state(tmp_path_factory, fsdp_run):
+    """The model and optimizer state that 2 processes reassemble from the run's newest
+    checkpoint: ``PREFIX.model.safetensors`` and ``PREFIX.optim.safetensors``."""
+    folder = tmp_path_factory.mktemp("reshard")
+    reference = script(2, RESHARD, folder, config_json(**FSDP), str(fsdp_run), str(folder / "two"))
     assert reference.returncode == 0, tail(reference)
+    return folder / "two"
+
+
+@pytest.mark.parametrize("nproc", [1, 3])
+def test_a_two_process_checkpoint_resumes_with_another_world_size(
+    tmp_path, fsdp_run, two_process_state, nproc
+):
     loaded = script(
         nproc, RESHARD, tmp_path, config_json(**FSDP), str(fsdp_run), str(tmp_path / "other")
     )
     assert loaded.returncode == 0, tail(loaded)
     for part in ("model", "optim"):
-        a = load_file(tmp_path / f"two.{part}.safetensors")
+        a = load_file(f"{two_process_state}.{part}.safetensors")
         b = load_file(tmp_path / f"other.{part}.safetensors")
         assert a and same_weights(a, b), part
     # the step-30 weights are the run's final export
-    assert same_weights(load_file(tmp_path / "two.model.safetensors"), final_weights(fsdp_run))
+    assert same_weights(
+        load_file(f"{two_process_state}.model.safetensors"), final_weights(fsdp_run)
+    )
     # and training goes on with nproc processes
     run = tmp_path / "run"
     shutil.copytree(fsdp_run, run)
