@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import sys
 import threading
@@ -306,6 +307,12 @@ def test_fused_activation_and_residual_agree_with_the_eager_steps(activation):
         assert (got - want).norm() / want.norm() < 1e-4
 
 
+# A step that held the GIL would stop the watcher for all of it (a share of 1 or more, as a
+# busy machine only lengthens the step); a released GIL leaves gaps of scheduling only, which
+# on a busy machine reached half a step in single tries.
+LINE = 0.8
+
+
 @needs_int8
 def test_fused_steps_let_other_threads_run():
     """The compiled steps release the GIL while they run: ``encode`` runs two batches side by
@@ -314,7 +321,8 @@ def test_fused_steps_let_other_threads_run():
     held it can note nothing while the compiled kernel runs, so the longest gap between its
     notes is about as long as the step takes alone. One intra-op thread, as each ``encode``
     worker has, and a short switch interval, so that the watcher gets the GIL back at once;
-    three tries each, because a busy machine may deschedule the watcher for a while."""
+    up to ten tries each, because a busy machine (the suite's other process) may deschedule
+    the watcher for a while."""
     steps = fused_steps()
     if steps is None:
         pytest.skip("torch.compile does not work here")
@@ -367,12 +375,14 @@ def test_fused_steps_let_other_threads_run():
         with intra_op_threads(1):
             for name, call in calls.items():
                 solo = alone(call)
-                shares[name] = min(longest_gap(call) for _ in range(3)) / solo
+                shares[name] = math.inf
+                for _ in range(10):
+                    shares[name] = min(shares[name], longest_gap(call) / solo)
+                    if shares[name] < LINE:
+                        break
     finally:
         sys.setswitchinterval(interval)
-    # A step that held the GIL would stop the watcher for all of it (a share near 1); half is
-    # the line, as a machine busy with other work can keep the watcher off a core for a while.
-    stopped = {name: round(share, 3) for name, share in shares.items() if share >= 0.5}
+    stopped = {name: round(share, 3) for name, share in shares.items() if share >= LINE}
     assert not stopped, f"the other thread was stopped for these shares of a step: {stopped}"
 
 
