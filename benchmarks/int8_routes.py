@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from encode_throughput import CORPORA, make_corpus
+from route_comparison import compare_routes
 
 
 def main() -> None:
@@ -54,20 +55,8 @@ def main() -> None:
         return time.perf_counter() - start, vectors
 
     routes = {"oneDNN op": True, "torch._int_mm": False}
-    vectors = {name: encode(onednn)[1] for name, onednn in routes.items()}  # warm-up
-    times: dict[str, list[float]] = {name: [] for name in routes}
-    for r in range(args.rounds):
-        for name in list(routes) if r % 2 == 0 else list(routes)[::-1]:
-            times[name].append(encode(routes[name])[0])
-    best = {name: min(t) for name, t in times.items()}
-    cosine = (vectors["oneDNN op"] * vectors["torch._int_mm"]).sum(1)
     print(f"{args.corpus}, {args.texts} texts, workers {args.workers or 'default'}:")
-    for name, seconds in best.items():
-        print(f"  {name}: {seconds:.3f} s (best of {args.rounds})")
-    print(f"  speed-up of the oneDNN op: {best['torch._int_mm'] / best['oneDNN op']:.2f}x")
-    rounds = [b / a for a, b in zip(times["oneDNN op"], times["torch._int_mm"], strict=True)]
-    print("  each round: " + ", ".join(f"{r:.2f}" for r in rounds))
-    print(f"  min cosine between the routes' embeddings: {cosine.min():.7f}")
+    compare_routes(lambda name: encode(routes[name]), "oneDNN op", "torch._int_mm", args.rounds)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from encode_throughput import CORPORA, make_corpus
+from route_comparison import compare_routes
 
 
 def mkl_linear_for(original):
@@ -94,21 +95,9 @@ def main() -> None:
             for module in callers:
                 module.linear = original
 
-    vectors = {route: encode(route)[1] for route in routes}  # warm-up (and packing)
-    times: dict[str, list[float]] = {route: [] for route in routes}
-    for r in range(args.rounds):
-        for route in list(routes) if r % 2 == 0 else list(routes)[::-1]:
-            times[route].append(encode(route)[0])
-    best = {route: min(t) for route, t in times.items()}
-    cosine = (vectors["oneDNN"] * vectors["MKL packed"]).sum(1)
     print(f"{args.corpus}, {args.texts} texts, workers {args.workers}, threads {args.threads}:")
     print(f"  modules whose fused linear was swapped: {[m.__name__ for m in callers]}")
-    for route, seconds in best.items():
-        print(f"  {route}: {seconds:.3f} s (best of {args.rounds})")
-    print(f"  speed-up of MKL packed: {best['oneDNN'] / best['MKL packed']:.3f}x")
-    rounds = [a / b for a, b in zip(times["oneDNN"], times["MKL packed"], strict=True)]
-    print("  each round: " + ", ".join(f"{r:.2f}" for r in rounds))
-    print(f"  min cosine between the routes' embeddings: {cosine.min():.7f}")
+    compare_routes(encode, "MKL packed", "oneDNN", args.rounds)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
