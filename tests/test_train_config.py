@@ -14,15 +14,19 @@ from .train_helpers import run_train, tiny_flags
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"lr": -1e-3}, "lr must be a number > 0.0, got -0.001"),
-        ({"lr": 0}, "lr must be a number > 0.0, got 0.0"),
+        ({"lr": -1e-3}, "lr must be a finite number > 0.0, got -0.001"),
+        ({"lr": 0}, "lr must be a finite number > 0.0, got 0.0"),
+        ({"lr": float("inf")}, "lr must be a finite number > 0.0, got inf"),
+        ({"lr": float("nan")}, "lr must be a finite number > 0.0, got nan"),
+        ({"eps": float("inf")}, "eps must be a finite number > 0.0, got inf"),
         ({"accumulation": 0}, "accumulation must be a positive int, got 0"),
         ({"batch_size": 0}, "batch_size must be a positive int, got 0"),
         ({"steps": 1.5}, "steps must be an int, got 1.5"),
         ({"checkpointing": "yes"}, "checkpointing must be a bool (true or false), got 'yes'"),
         ({"decay": "exp"}, "decay must be one of ('cosine', 'linear', 'constant'), got 'exp'"),
         ({"beta2": 1.0}, "beta2 must be a number in [0.0, 1.0), got 1.0"),
-        ({"clip_norm": -1}, "clip_norm must be a number >= 0.0, got -1.0"),
+        ({"clip_norm": -1}, "clip_norm must be a finite number >= 0.0, got -1.0"),
+        ({"weight_decay": float("inf")}, "weight_decay must be a finite number >= 0.0"),
         ({"dropout": 1.0}, "dropout must be a number in [0.0, 1.0), got 1.0"),
         ({"d_model": 30, "n_heads": 4}, "d_model must be divisible by n_heads=4, got 30"),
         ({"accumulation": 5, "batch_size": 4}, "accumulation must be at most batch_size=4"),
@@ -113,7 +117,7 @@ def test_cli_records_the_resolved_config_and_the_overrides(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
-        (["--lr", "-0.1"], "lr must be a number > 0.0, got -0.1"),
+        (["--lr", "-0.1"], "--lr: lr must be a finite number > 0.0, got -0.1"),
         (["--accumulation", "0"], "accumulation must be a positive int, got 0"),
         (
             ["--batch-size", "5000"],

@@ -33,7 +33,7 @@ from .checks import (
 )
 from .feedforward import FeedForward
 from .options import ACTIVATIONS, BACKENDS, NORMS
-from .plan import ForwardPlan, plan_attention
+from .plan import ForwardPlan, check_rows_dtype, plan_attention
 from .tracing import record
 
 
@@ -217,6 +217,7 @@ class EncoderBlock(nn.Module):
     def _check_input(self, x: Tensor) -> None:
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        check_rows_dtype(x, "x", self)
         if x.dim() != 3:
             raise ValueError(
                 f"x must be 3-D (B, T, D) with D={self.d_model}, got shape {tuple(x.shape)}"

@@ -41,7 +41,7 @@ from .feedforward import FeedForward
 from .fused_linear import fusion_decision
 from .layer_plans import with_linear
 from .options import ACTIVATIONS, BACKENDS, NORMS
-from .plan import ForwardPlan, plan_attention
+from .plan import ForwardPlan, check_rows_dtype, plan_attention
 from .tracing import record
 
 
@@ -245,6 +245,7 @@ class DecoderBlock(nn.Module):
     def _check_rows(self, t: Tensor, name: str, batch: int | None = None) -> None:
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check_rows_dtype(t, name, self)
         if t.dim() != 3 or t.shape[-1] != self.d_model:
             raise ValueError(
                 f"{name} must have shape (B, T, d_model={self.d_model}), got {tuple(t.shape)}"

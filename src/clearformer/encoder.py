@@ -22,7 +22,7 @@ from .fused_linear import fusion_decision
 from .layer_plans import check_contiguous, with_linear, with_score_bias
 from .options import Decision
 from .padding import layout_from_cu_seqlens, repad
-from .plan import ForwardPlan, plan_stack
+from .plan import ForwardPlan, check_rows_dtype, plan_stack
 from .relative_bias import RelativePositionBias
 from .tracing import record
 
@@ -111,6 +111,8 @@ class Encoder(nn.Module):
         ``checkpointing`` (recompute activations in backward) defaults to the config's.
         """
         check_bool(checkpointing, "checkpointing", optional=True)
+        check_bool(output_attentions, "output_attentions")
+        check_bool(output_hidden_states, "output_hidden_states")
         packing = None
         if cu_seqlens is not None:
             packing = layout_from_cu_seqlens(cu_seqlens)
@@ -195,6 +197,7 @@ class Encoder(nn.Module):
         """
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        check_rows_dtype(x, "x", self)
         if cu_seqlens is not None:
             if plan is not None:
                 raise ValueError("give either a plan or cu_seqlens, not both: the plan holds it")

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .checks import check_int, check_positive_int
+from .checks import check_bool, check_int, check_positive_int
 from .packed_weights import PackedWeights, use_packed_weights
 
 EARLY_STOPPING = (True, False, "never")
@@ -94,8 +94,13 @@ def generate(
         and not isinstance(early_stopping, bool)
     ):
         raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
-    if not isinstance(length_penalty, (int, float)) or not math.isfinite(length_penalty):
+    if (
+        not isinstance(length_penalty, (int, float))
+        or isinstance(length_penalty, bool)
+        or not math.isfinite(length_penalty)
+    ):
         raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
+    check_bool(use_cache, "use_cache")
     if max_new_tokens + 1 > cfg.max_positions:
         raise ValueError(
             f"max_new_tokens={max_new_tokens} needs {max_new_tokens + 1} target positions "
@@ -220,8 +225,10 @@ class _Search:
                     next_rows.append(row)
                     next_tokens.append(tok)
                     next_sums.append(total_score)
-            picked = torch.tensor(next_rows, device=device)  # (R,)
-            new_tokens = torch.tensor(next_tokens, device=device)
+            # Explicit dtypes: with no live row (an empty batch) the lists are empty, and an
+            # empty tensor would default to float, which cannot index.
+            picked = torch.tensor(next_rows, dtype=torch.long, device=device)  # (R,)
+            new_tokens = torch.tensor(next_tokens, dtype=torch.long, device=device)
             history = torch.cat([history[picked], new_tokens[:, None]], dim=1)
             history_logp = torch.cat(
                 [history_logp[picked], logp[picked, new_tokens][:, None]], dim=1

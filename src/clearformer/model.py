@@ -132,6 +132,10 @@ class EncoderModel(nn.Module):
             got = getattr(token_type_ids, "shape", type(token_type_ids).__name__)
             form = "(B, T)" if len(shape) == 2 else "(N,)"
             raise ValueError(f"token_type_ids must have shape {form} = {shape}, got {got}")
+        dtype = token_type_ids.dtype
+        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            # An embedding lookup would fail deep inside, naming neither the argument nor why.
+            raise TypeError(f"token_type_ids must be integer segment ids, got dtype {dtype}")
         if not token_type_ids.numel():
             return
         low, high = int(token_type_ids.min()), int(token_type_ids.max())

@@ -28,7 +28,14 @@ from .layer_plans import positions_of, with_layers
 from .options import BACKENDS, KERNEL_NAMES, LAYOUTS, Decision
 from .padding import PackedLayout, pack_layout
 
-__all__ = ["Decision", "ForwardPlan", "plan_attention", "plan_stack", "PACK_MIN_PADDING"]
+__all__ = [
+    "Decision",
+    "ForwardPlan",
+    "check_rows_dtype",
+    "plan_attention",
+    "plan_stack",
+    "PACK_MIN_PADDING",
+]
 
 # Packing costs one gather and one scatter of (N, D), and attention then needs one call per run
 # of equally long sequences or a gather to a padded copy: below this fraction of padding the
@@ -165,15 +172,34 @@ class ForwardPlan:
         return "\n".join(lines)
 
 
+def _autocast_on(device: torch.device) -> bool:
+    try:
+        return torch.is_autocast_enabled(device.type)
+    except RuntimeError:  # a device type autocast does not know (meta): no autocast there
+        return False
+
+
 def _compute_dtype(device: torch.device, dtype: torch.dtype | None) -> torch.dtype:
     """The dtype attention will see: autocast's when it is on, else the rows' own."""
-    try:
-        autocast = torch.is_autocast_enabled(device.type)
-    except RuntimeError:  # a device type autocast does not know (meta): no autocast there
-        autocast = False
-    if autocast:
+    if _autocast_on(device):
         return torch.get_autocast_dtype(device.type)
     return torch.float32 if dtype is None else dtype
+
+
+def check_rows_dtype(rows: Tensor, name: str, module: torch.nn.Module) -> None:
+    """Raise TypeError unless ``rows`` are floating point in the dtype of ``module``'s floating
+    parameters, before any work: otherwise the first matrix product or norm fails deep inside
+    with a message that names neither the argument nor the fix. Under autocast the layers cast
+    their inputs themselves, and a module without floating parameters (int8) is not checked."""
+    if not rows.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {rows.dtype}")
+    want = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+    if want is None or rows.dtype == want or _autocast_on(rows.device):
+        return
+    raise TypeError(
+        f"{name} must have the dtype of the model's parameters, {want}, got {rows.dtype}; "
+        f"convert the input ({name}.to({want})) or the model (.to({rows.dtype}))"
+    )
 
 
 def _weights_decision(requested: str) -> Decision:

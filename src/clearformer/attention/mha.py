@@ -13,12 +13,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checks import check_choice, check_divisible, check_positive_int, check_probability
+from ..checks import (
+    check_bool,
+    check_choice,
+    check_divisible,
+    check_positive_int,
+    check_probability,
+)
 from ..fused_linear import linear
 from ..kernels import KERNELS
 from ..options import BACKENDS
 from ..padding import PackedLayout
-from ..plan import ForwardPlan, plan_attention
+from ..plan import ForwardPlan, check_rows_dtype, plan_attention
 from ..positions import apply_rotary
 from ..tracing import record
 
@@ -101,6 +107,9 @@ class MultiHeadAttention(nn.Module):
         layout: PackedLayout | None = None,
     ) -> ForwardPlan:
         """The plan of a lone call with these inputs: validated mask, kernel and why."""
+        # Real bools: is_causal="no" would read as True and silently mask the future.
+        check_bool(is_causal, "is_causal")
+        check_bool(need_weights, "need_weights")
         key = query if key is None else key
         if layout is not None:
             self._check_packed_query(query, layout)
@@ -356,6 +365,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 f"packed query must have shape (N, in_dim) = (N, {self.in_dim}), got {shape}"
             )
+        check_rows_dtype(query, "query", self)
         if query.shape[0] != layout.num_tokens:
             raise ValueError(
                 f"packed query has {query.shape[0]} rows but the layout holds "
@@ -370,6 +380,7 @@ class MultiHeadAttention(nn.Module):
         ):
             if not isinstance(t, Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            check_rows_dtype(t, name, self)
             if t.dim() != 3:
                 raise ValueError(
                     f"{name} must be 3-D (B, T, {width_name}={width}), got shape {tuple(t.shape)}"

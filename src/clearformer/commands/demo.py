@@ -4,6 +4,27 @@ from __future__ import annotations
 
 import argparse
 
+# The demo is a tour of a few seconds, not a benchmark: its encoder is built in memory, so a
+# size that cannot be allocated (or takes minutes to build) is refused before torch loads.
+MAX_PARAMETERS = 2**28  # 1 GiB of float32
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.manual_seed accepts
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    from ..cli import CliError
+
+    low, high = SEED_RANGE
+    if not low <= args.seed <= high:
+        raise CliError(f"--seed must be an int in [{low}, {high}], got {args.seed}")
+    # Per layer: 4 D^2 in attention and 8 D^2 in the MLP (dim_mlp = 4 D). A size below 1 is
+    # left to EncoderConfig, whose message names it.
+    parameters = 12 * max(args.n_layers, 0) * max(args.d_model, 0) ** 2
+    if parameters > MAX_PARAMETERS:
+        raise CliError(
+            f"--d-model {args.d_model} and --n-layers {args.n_layers} make about "
+            f"{parameters:,} parameters; the demo builds at most {MAX_PARAMETERS:,}"
+        )
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run a small encoder on a random ragged batch")
@@ -15,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_arguments(args)
     import torch
 
     from .. import Encoder, EncoderConfig

@@ -89,6 +89,25 @@ def check_model(value: str | None) -> None:
         raise CliError(f"--model: checkpoint directory not found: {value}")
 
 
+def check_apart(target: Path, model: str | None) -> None:
+    """--force replaces the --onnx directory, and the export copies the checkpoint's configs
+    but not its weights: the directory must neither be the checkpoint nor hold it."""
+    from ..cli import CliError
+    from ..interop.hf.bundled import bundled_model_dir
+
+    try:
+        checkpoint = Path(model).expanduser() if model else bundled_model_dir()
+    except FileNotFoundError:
+        return  # no bundled model to replace; loading it reports the missing package
+    where, source = target.resolve(), checkpoint.resolve()
+    if where == source or where in source.parents:
+        named = f"--model {model}" if model else "the bundled model"
+        raise CliError(
+            f"--onnx: {target} holds the checkpoint it exports ({named}), which the export "
+            "would replace; give another directory"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from ..cli import CliError
     from ..export.onnx import (
@@ -103,10 +122,19 @@ def run(args: argparse.Namespace) -> int:
         require_packages()
     except ModuleNotFoundError as exc:
         raise CliError(str(exc)) from None
+    from onnx.defs import onnx_opset_version
+
     if args.opset is not None and args.opset < MIN_OPSET:
         raise CliError(f"--opset must be at least {MIN_OPSET}, got {args.opset}")
+    # Above the newest opset the installed onnx defines, torch.onnx fails only after the trace.
+    newest = onnx_opset_version()
+    if args.opset is not None and args.opset > newest:
+        raise CliError(
+            f"--opset must be at most {newest} (the newest of the installed onnx), got {args.opset}"
+        )
     check_model(args.model)
     target = check_target(args.onnx, args.force)
+    check_apart(target, args.model)
 
     def progress(message: str) -> None:
         print(f"export: {message}", file=sys.stderr, flush=True)

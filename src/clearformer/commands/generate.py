@@ -9,6 +9,7 @@ best checkpoint's).
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,12 +26,10 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..cli import CliError
+    from .runs import WEIGHTS, load_weights, require_files
 
     folder = Path(args.run)
-    config_file, weights = folder / "config.toml", folder / "model.safetensors"
-    for path in (config_file, weights):
-        if not path.is_file():
-            raise CliError(f"--run {folder}: {path.name} is missing (is it a finished run?)")
+    require_files(folder, ("config.toml", WEIGHTS))
     sources = []
     for text in args.sequences:
         try:
@@ -41,14 +40,19 @@ def run(args: argparse.Namespace) -> int:
             raise CliError("SEQUENCE must hold at least one token id, got an empty one")
     if args.num_beams < 1:
         raise CliError(f"--num-beams must be a positive int, got {args.num_beams}")
+    # 0 must not fall back to the default (`0 or default`), and all of these are checked
+    # before the run is read, not by generate() after the model is loaded.
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise CliError(f"--max-new-tokens must be a positive int, got {args.max_new_tokens}")
+    if not math.isfinite(args.length_penalty):
+        raise CliError(f"--length-penalty must be a finite number, got {args.length_penalty}")
 
     import torch
-    from safetensors.torch import load_file
 
     from ..generation import generate
     from ..train.tomlfile import load_config
 
-    config = load_config(config_file)
+    config = load_config(folder / "config.toml")
     if config.task == "translate":
         raise CliError(
             f"--run {folder}: a 'translate' run reads words, not token ids: use "
@@ -59,8 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from ..train.tasks.reverse import FIRST, PAD, build_model
 
     model = build_model(config)
-    model.load_state_dict(load_file(str(weights)))
-    seq2seq = model.model.eval()
+    seq2seq = model.model
     vocab = seq2seq.config.src_vocab_size
     for s in sources:
         bad = [t for t in s if not FIRST <= t < vocab]
@@ -70,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
     limit = seq2seq.config.max_positions - 1
     if longest > limit:
         raise CliError(f"a SEQUENCE has {longest} tokens; this run takes at most {limit}")
+    # The ids are checked against the built model's sizes before its weights are read.
+    load_weights(folder, model, "its config.toml")
+    seq2seq.eval()
+    wanted = longest + 1 if args.max_new_tokens is None else args.max_new_tokens
     src = torch.full((len(sources), longest), PAD, dtype=torch.long)
     for row, s in enumerate(sources):
         src[row, : len(s)] = torch.tensor(s)
@@ -77,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         seq2seq,
         src,
         src != PAD,
-        max_new_tokens=min(args.max_new_tokens or longest + 1, limit),
+        max_new_tokens=min(wanted, limit),
         num_beams=args.num_beams,
         length_penalty=args.length_penalty,
     )

@@ -65,13 +65,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def resolve(args: argparse.Namespace):
     """The config: defaults < --config file < flags; and the flags given."""
+    from ..cli import CliError
     from ..train.config import TrainConfig
     from ..train.tomlfile import read_toml
 
     overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("set_")}
     base = read_toml(args.config) if args.config else {}
     source = args.config or "the command line"
-    return TrainConfig.from_dict({**base, **overrides}, source=source), overrides
+    try:
+        config = TrainConfig.from_dict({**base, **overrides}, source=source)
+    except (TypeError, ValueError) as exc:
+        # A field's own message starts with its name: say where the bad value came from.
+        name = str(exc).split(" ", 1)[0]
+        if name in overrides:
+            raise CliError(f"--{name.replace('_', '-')}: {exc}") from None
+        if name in base:
+            raise CliError(f"{args.config}: {exc}") from None
+        raise
+    return config, overrides
 
 
 def run(args: argparse.Namespace) -> int:

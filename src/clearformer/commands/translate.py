@@ -50,40 +50,43 @@ def _check_arguments(args: argparse.Namespace):
     return check_destination("--out", args.out) if args.out else None
 
 
-def _load_run(folder):
-    """The run's config, vocabularies and model; CliError naming --run for anything missing."""
+def _load_config(folder):
+    """The run's config; CliError naming --run for a missing file or another task's run."""
     from ..cli import CliError
     from ..train.tasks.translate import VOCABULARY_FILE
-
-    needed = [folder / "config.toml", folder / "model.safetensors"]
-    for path in needed:
-        if not path.is_file():
-            raise CliError(f"--run {folder}: {path.name} is missing (is it a finished run?)")
-    from safetensors.torch import load_file
-
-    from ..train.tasks.translate import build_model
-    from ..train.tasks.words import load_vocabularies
     from ..train.tomlfile import load_config
+    from .runs import WEIGHTS, require_files
 
+    require_files(folder, ("config.toml", WEIGHTS))
     config = load_config(folder / "config.toml")
     if config.task != "translate":
         raise CliError(
             f"--run {folder}: a {config.task!r} run, not a translation one "
             "(train one with --task translate)"
         )
-    vocab_file = folder / VOCABULARY_FILE
-    if not vocab_file.is_file():
+    if not (folder / VOCABULARY_FILE).is_file():
         raise CliError(f"--run {folder}: {VOCABULARY_FILE} is missing")
-    source, target = load_vocabularies(vocab_file.read_text(encoding="utf-8"), str(vocab_file))
-    model = build_model(config, len(source), len(target))
+    return config
+
+
+def _load_model(folder, config):
+    """The run's vocabularies and model; CliError naming the file for anything damaged."""
+    from ..cli import CliError
+    from ..train.tasks.translate import VOCABULARY_FILE, build_model
+    from ..train.tasks.words import load_vocabularies
+    from .runs import load_weights
+
+    vocab_file = folder / VOCABULARY_FILE
     try:
-        model.load_state_dict(load_file(str(folder / "model.safetensors")))
-    except RuntimeError as exc:
+        text = vocab_file.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:  # its own message names no file
         raise CliError(
-            f"--run {folder}: model.safetensors does not fit its config and {VOCABULARY_FILE}: "
-            f"{str(exc).splitlines()[0]}"
+            f"--run {folder}: {VOCABULARY_FILE} is not UTF-8 text (byte offset {exc.start})"
         ) from None
-    return config, source, target, model.model.eval()
+    source, target = load_vocabularies(text, str(vocab_file))
+    model = build_model(config, len(source), len(target))
+    load_weights(folder, model, f"its config and {VOCABULARY_FILE}")
+    return source, target, model.model.eval()
 
 
 def _read_sentences(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -115,15 +118,15 @@ def run(args: argparse.Namespace) -> int:
 
     out = _check_arguments(args)
     folder = Path(args.run)
-    config, source, target, model = _load_run(folder)
+    config = _load_config(folder)
     from ..train.tasks.translate import held_out_bleu, translate_ids
     from ..train.tasks.words import join_words, split_words
 
-    if args.bleu:
-        texts = _bleu(args, config, source, target, model, held_out_bleu)
-    else:
+    # The sentences are read and checked before the model is loaded: a bad --file or an
+    # over-long sentence fails at once.
+    sentences = []
+    if not args.bleu:
         limit = config.translate_max_length
-        ids, unknown = [], []
         for where, sentence in _read_sentences(args):
             words = split_words(sentence)
             if not words:
@@ -133,8 +136,14 @@ def run(args: argparse.Namespace) -> int:
                     f"{where} has {len(words)} words; this run takes at most {limit} "
                     f"(its translate_max_length)"
                 )
+            sentences.append(words)
+    source, target, model = _load_model(folder, config)
+    if args.bleu:
+        texts = _bleu(args, config, source, target, model, held_out_bleu)
+    else:
+        unknown = []
+        for words in sentences:
             unknown += [w for w in source.unknown(words) if w not in unknown]
-            ids.append(source.encode(words))
         if unknown:
             shown = ", ".join(repr(w) for w in unknown[:10])
             more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
@@ -144,7 +153,11 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         decoded = translate_ids(
-            model, ids, max_new_tokens=limit + 1, num_beams=args.beams, batch_size=args.batch_size
+            model,
+            [source.encode(words) for words in sentences],
+            max_new_tokens=config.translate_max_length + 1,
+            num_beams=args.beams,
+            batch_size=args.batch_size,
         )
         texts = [join_words(target.decode(t)) for t in decoded]
     if out is not None:

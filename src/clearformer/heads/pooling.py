@@ -28,7 +28,9 @@ def pool(hidden: Tensor, attention_mask: Tensor, mode: str = "mean", *, skip: in
             sentence-transformers does.
 
     Returns:
-        (B, D); a row without tokens pools to zeros (``max``: -inf).
+        (B, D); a row without tokens pools to zeros (``max``: -inf). What a padded position
+        holds (NaN included) never reaches the result: ``cls`` on a padded first position
+        gives zeros too.
     """
     if mode not in POOLING_MODES:
         raise ValueError(f"mode must be one of {POOLING_MODES}, got {mode!r}")
@@ -48,25 +50,27 @@ def pool(hidden: Tensor, attention_mask: Tensor, mode: str = "mean", *, skip: in
     if skip:
         positions = torch.arange(T, device=hidden.device)
         attention_mask = attention_mask & (positions >= skip)  # (B, T)
-    if mode == "cls":
-        if not skip:
-            return hidden[:, 0]
-        first = attention_mask.int().argmax(dim=1)  # (B,) first kept token; 0 in an empty row
-        return hidden[torch.arange(B, device=hidden.device), first]
     keep = attention_mask.unsqueeze(-1)  # (B, T, 1)
     if mode == "max":
         return hidden.masked_fill(~keep, float("-inf")).amax(dim=1)
-    if mode == "lasttoken":
-        # The last True of each row, found from the right so left padding works too; an empty
-        # row picks any position, zeroed by the mask below.
+    rows = torch.arange(B, device=hidden.device)
+    if mode in ("cls", "lasttoken"):
         if T == 0:
             return hidden.new_zeros(B, hidden.shape[-1])
-        from_end = attention_mask.flip(1).int().argmax(dim=1)  # (B,)
-        last = T - 1 - from_end
-        return (hidden * keep)[torch.arange(B, device=hidden.device), last]
+        if mode == "cls":
+            # The first position (sentence-transformers'), or the first kept one after a prompt.
+            at = attention_mask.int().argmax(dim=1) if skip else torch.zeros_like(rows)  # (B,)
+        else:
+            # The last True of each row, found from the right so left padding works too.
+            at = T - 1 - attention_mask.flip(1).int().argmax(dim=1)  # (B,)
+        # A position left out (an empty row's) gives zeros, whatever it holds (NaN included).
+        return torch.where(attention_mask[rows, at, None], hidden[rows, at], 0.0)  # (B, D)
+    # Left-out positions become zeros, not states times 0: 0 * NaN is NaN, and whatever a
+    # padded position holds must not reach the pooled vector.
+    hidden = torch.where(keep, hidden, 0.0)  # (B, T, D)
     if mode == "weightedmean":
         return _weighted_mean(hidden, given, attention_mask)
-    total = (hidden * keep).sum(dim=1)  # (B, D)
+    total = hidden.sum(dim=1)  # (B, D)
     # A row without tokens divides by a tiny count instead of zero (sentence-transformers' 1e-9).
     count = keep.sum(dim=1).to(hidden.dtype).clamp(min=1e-9)  # (B, 1)
     return total / (count if mode == "mean" else count.sqrt())
@@ -89,6 +93,6 @@ def _weighted_mean(hidden: Tensor, given: Tensor, kept: Tensor) -> Tensor:
     position = torch.arange(1, T + 1, device=hidden.device)  # (T,) 1-based
     weights = (position - first.unsqueeze(1)) * kept  # (B, T), 0 where not kept
     weights = weights.to(work).unsqueeze(-1)  # (B, T, 1)
-    total = (hidden.to(work) * weights).sum(dim=1)  # (B, D)
+    total = (hidden.to(work) * weights).sum(dim=1)  # (B, D); left-out states are zeros already
     # A row without tokens divides by a tiny total instead of zero (sentence-transformers' 1e-9).
     return (total / weights.sum(dim=1).clamp(min=1e-9)).to(hidden.dtype)

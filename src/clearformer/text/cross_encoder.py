@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..checks import check_positive_int
+from ..checks import check_bool, check_choice, check_positive_int
 from ..heads import SequenceClassifier
 from ..interop.hf import LoadReport, TextTokenizer, find_checkpoint
 from ..interop.hf.heads import LoadedClassifier, load_classifier
@@ -131,9 +131,9 @@ class CrossEncoder:
         """
         pairs = check_pairs(pairs)
         check_batch_limits(batch_size, max_tokens)
+        check_bool(apply_softmax, "apply_softmax")
         name = self.activation if activation is None else activation
-        if name not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {name!r}")
+        check_choice(name, tuple(ACTIVATIONS), "activation")  # TypeError for a non-str
         n, L = len(pairs), self.num_labels
         out = np.empty((n, L), dtype=np.float32)
         encodings = self.tokenizer.encode_pairs(pairs) if n else []

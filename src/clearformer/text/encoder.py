@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..checks import check_choice, check_positive_int, check_unicode
+from ..checks import check_bool, check_choice, check_positive_int, check_unicode
 from ..config import EncoderConfig
 from ..heads import POOLING_MODES, pool
 from ..interop.hf import (
@@ -231,6 +231,13 @@ class TextEncoder:
         calls: as much memory again as those weights, until :meth:`drop_packed_weights`.
         """
         texts = check_texts(texts)
+        # Flags are real bools: normalize="no" would read as True and silently normalise.
+        check_bool(normalize, "normalize", optional=True)
+        check_bool(fuse_int8, "fuse_int8", optional=True)
+        if not (progress is None or isinstance(progress, bool) or callable(progress)):
+            raise TypeError(
+                f"progress must be None, True, False or a callable (done, total), got {progress!r}"
+            )
         prompt = self._resolve_prompt(prompt, prompt_name)
         skip = 0
         if prompt is not None:
@@ -238,7 +245,7 @@ class TextEncoder:
                 raise TypeError(f"prompt must be a str or None, got {type(prompt).__name__}")
             skip = 0 if self.include_prompt else self.prompt_length(prompt)
             texts = [prompt + text for text in texts]
-        normalize = self.normalize if normalize is None else bool(normalize)
+        normalize = self.normalize if normalize is None else normalize
         n = len(texts)
         out = np.empty((n, self.dim), dtype=np.float32)
         check_choice(precision, PRECISIONS, "precision")  # before any work
@@ -260,7 +267,7 @@ class TextEncoder:
         tokens = sum(lengths)  # sets the int8 fusion, the kernel build and the weight packing
         if precision == "int8":
             auto = tokens >= FUSED_INT8_MIN_TOKENS
-            model = self.int8_model(fused=auto if fuse_int8 is None else bool(fuse_int8))
+            model = self.int8_model(fused=auto if fuse_int8 is None else fuse_int8)
         else:
             model = self.model
         _attention_kernel_for(tokens, next(model.parameters()).device)
@@ -358,6 +365,8 @@ class TextEncoder:
 
     def _resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
         named = self.prompts.prompts
+        if prompt_name is not None and not isinstance(prompt_name, str):
+            raise TypeError(f"prompt_name must be a str or None, got {prompt_name!r}")
         if prompt_name is not None and prompt_name not in named:
             raise ValueError(
                 f"prompt_name must be one of the checkpoint's prompts {sorted(named)}, got "

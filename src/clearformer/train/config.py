@@ -12,6 +12,7 @@ has loaded it, still before the first step.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -283,14 +284,16 @@ def _check_range(
 ) -> None:
     left = "(" if low_open else "["
     right = ")" if high_open else "]"
-    ok = value > low if low_open else value >= low
+    # Without an upper end an infinity passes the comparisons (a NaN fails them): lr=inf
+    # would train a model of NaN weights to the end.
+    ok = math.isfinite(value) and (value > low if low_open else value >= low)
     if high is not None:
         ok = ok and (value < high if high_open else value <= high)
     if not ok:
         expected = (
             f"a number in {left}{low}, {high}{right}"
             if high is not None
-            else f"a number {'>' if low_open else '>='} {low}"
+            else f"a finite number {'>' if low_open else '>='} {low}"
         )
         raise ValueError(f"{name} must be {expected}, got {value!r}")
 
