@@ -5,9 +5,9 @@ processors MKL runs its AVX2 code, so attention there ran at a quarter to a thir
 oneDNN's AVX-512 linear products reach on the same core; ``avx512_attention.cpp`` (beside this
 file) computes each sequence's attention in AVX-512 registers instead, 1.35-2.3x faster than
 the flash kernel at 8-256 tokens on such a CPU (docs/performance.md, "Attention on AMD
-processors"). On an Intel Xeon, where MKL runs AVX-512, it was 1.07-2.68x faster up to 128
-tokens and 0.86-0.89x at 192-256 on one thread, and whole ``encode`` calls 1.04-1.07x faster
-with it ("On an Intel Xeon machine").
+processors"). On an Intel Xeon, where MKL runs AVX-512, it is 1.06-2.5x faster at 8-256 tokens
+on one thread, and whole ``encode`` calls were 1.04-1.07x faster with it ("On an Intel Xeon
+machine").
 
 It is C++, so it is compiled here, by the system's C++ compiler (``$CXX``, else ``g++``), once
 per source, PyTorch version and compiler, into ``$CLEARFORMER_CACHE`` (default

@@ -6,8 +6,11 @@
 // tokens) it reached 6-68 GFLOP/s against oneDNN's 215 for the linear layers on the same core
 // (docs/performance.md, "Attention on AMD processors"). Here every (sequence, head) pair is
 // one task: its keys are transposed once into a (Dh, T) buffer, then eight queries at a time
-// get their scores in eight AVX-512 accumulators, a softmax with a vectorised exponential, and
-// the weighted sum of the values in eight more. Exact semantics of softmax(q k^T * scale) v
+// get their scores 32 keys at a time in sixteen AVX-512 accumulators, a softmax with a
+// vectorised exponential, and the weighted sum of the values 32 columns at a time in sixteen
+// more; while one head computes, the next head's rows are prefetched (prefetch_rows). The
+// order of every sum is fixed by the task alone, so the blocking and the threads' cuts never
+// change a bit of the result. Exact semantics of softmax(q k^T * scale) v
 // within each sequence; no other mask, no dropout, bias or gradient (the Python side sends
 // every other call to PyTorch's kernels). Built by clearformer.kernels.avx512 with the
 // system's C++ compiler, once per source and PyTorch version.
@@ -16,6 +19,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <immintrin.h>
+#include <initializer_list>
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -25,7 +29,7 @@
 namespace {
 
 constexpr int64_t LANES = 16;  // one AVX-512 vector of float32
-constexpr int ROWS = 8;        // queries per register block: 8 independent accumulators
+constexpr int ROWS = 8;        // queries per register block: 2 x 8 accumulators
 
 // exp(x) for x <= 0, 16 lanes (scores minus their row's maximum; below -87 it returns
 // exp(-87), about 1.6e-38, where the exact value would be smaller still): Cephes' single-precision polynomial after a reduction by ln 2.
@@ -81,8 +85,28 @@ void attend_head(const float* q, const float* k, const float* v, float* out, int
         _mm512_storeu_ps(qs + r * d + c,
                          _mm512_mul_ps(_mm512_loadu_ps(q + i * in_stride + c), vscale));
     }
-    // Scores, 16 keys at a time for all ROWS queries.
-    for (int64_t j0 = 0; j0 < Tp; j0 += LANES) {
+    // Scores, 32 keys at a time for all ROWS queries (16 accumulators: two key vectors per
+    // ROWS broadcasts keeps the loop on the FMA units rather than the load ports), then a
+    // last block of 16 where Tp is an odd number of vectors.
+    int64_t j0 = 0;
+    for (; j0 + 2 * LANES <= Tp; j0 += 2 * LANES) {
+      __m512 lo[ROWS], hi[ROWS];
+      for (int r = 0; r < ROWS; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+      for (int64_t dd = 0; dd < d; ++dd) {
+        const __m512 k0 = _mm512_loadu_ps(kt + dd * Tp + j0);
+        const __m512 k1 = _mm512_loadu_ps(kt + dd * Tp + j0 + LANES);
+        for (int r = 0; r < ROWS; ++r) {
+          const __m512 qv = _mm512_set1_ps(qs[r * d + dd]);
+          lo[r] = _mm512_fmadd_ps(qv, k0, lo[r]);
+          hi[r] = _mm512_fmadd_ps(qv, k1, hi[r]);
+        }
+      }
+      for (int r = 0; r < ROWS; ++r) {
+        _mm512_storeu_ps(s + r * Tp + j0, lo[r]);
+        _mm512_storeu_ps(s + r * Tp + j0 + LANES, hi[r]);
+      }
+    }
+    if (j0 < Tp) {
       __m512 acc[ROWS];
       for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
       for (int64_t dd = 0; dd < d; ++dd) {
@@ -110,8 +134,28 @@ void attend_head(const float* q, const float* k, const float* v, float* out, int
       }
       inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
     }
-    // Weighted sum of the values, 16 columns at a time, normalised at the end.
-    for (int64_t c0 = 0; c0 < d; c0 += LANES) {
+    // Weighted sum of the values, 32 columns at a time (16 accumulators, as for the scores),
+    // then 16 where d is an odd number of vectors; normalised at the end.
+    int64_t c0 = 0;
+    for (; c0 + 2 * LANES <= d; c0 += 2 * LANES) {
+      __m512 lo[ROWS], hi[ROWS];
+      for (int r = 0; r < ROWS; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < Tk; ++j) {
+        const __m512 v0 = _mm512_loadu_ps(vb + j * d + c0);
+        const __m512 v1 = _mm512_loadu_ps(vb + j * d + c0 + LANES);
+        for (int r = 0; r < ROWS; ++r) {
+          const __m512 p = _mm512_set1_ps(s[r * Tp + j]);
+          lo[r] = _mm512_fmadd_ps(p, v0, lo[r]);
+          hi[r] = _mm512_fmadd_ps(p, v1, hi[r]);
+        }
+      }
+      for (int r = 0; r < rows; ++r) {
+        const __m512 norm = _mm512_set1_ps(inv[r]);
+        _mm512_storeu_ps(out + (i0 + r) * out_stride + c0, _mm512_mul_ps(lo[r], norm));
+        _mm512_storeu_ps(out + (i0 + r) * out_stride + c0 + LANES, _mm512_mul_ps(hi[r], norm));
+      }
+    }
+    if (c0 < d) {
       __m512 acc[ROWS];
       for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
       for (int64_t j = 0; j < Tk; ++j) {
@@ -124,6 +168,16 @@ void attend_head(const float* q, const float* k, const float* v, float* out, int
                          _mm512_mul_ps(acc[r], _mm512_set1_ps(inv[r])));
     }
   }
+}
+
+// Asks for `rows` rows (`stride` floats apart, d wide) to be brought into cache. The rows of
+// one head are a fused QKV row apart (kilobytes: past what the hardware prefetchers follow),
+// so each is a demand miss when first read; asking for the next head's rows while this one
+// computes hides those misses.
+inline void prefetch_rows(const float* p, int64_t rows, int64_t d, int64_t stride) {
+  for (int64_t j = 0; j < rows; ++j)
+    for (int64_t c = 0; c < d; c += LANES)
+      _mm_prefetch(reinterpret_cast<const char*>(p + j * stride + c), _MM_HINT_T0);
 }
 
 // Runs task(item, scratch) for every item in [0, B * H): item b * H + h is sequence b's head h.
@@ -204,6 +258,12 @@ at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::
     const int64_t start = bounds[b], T = lengths[b];
     if (T == 0) return;
     const int64_t off = start * row_stride + h * head_stride;
+    if (item + 1 < B * H) {  // the next head: this sequence's next, or the next one's first
+      const int64_t nb = (item + 1) / H, nh = (item + 1) % H;
+      const int64_t noff = bounds[nb] * row_stride + nh * head_stride;
+      for (const float* p : {qp + noff, kp + noff, vp + noff})
+        prefetch_rows(p, lengths[nb], d, row_stride);
+    }
     attend_head(qp + off, kp + off, vp + off, op + start * H * d + h * d, T, T, d, row_stride,
                 H * d, static_cast<float>(scale), w);
   });
@@ -238,6 +298,14 @@ at::Tensor padded_attention(const at::Tensor& q, const at::Tensor& k, const at::
       const int64_t b = item / H, h = item % H;
       const int64_t base = b * batch_stride + h * head_stride;
       const int64_t keys = base + first[b] * row_stride;
+      if (item + 1 < end) {  // the next head's queries, keys and values (see prefetch_rows)
+        const int64_t nb = (item + 1) / H, nh = (item + 1) % H;
+        const int64_t nbase = nb * batch_stride + nh * head_stride;
+        const int64_t nkeys = nbase + first[nb] * row_stride;
+        prefetch_rows(qp + nbase, T, d, row_stride);
+        prefetch_rows(kp + nkeys, count[nb], d, row_stride);
+        prefetch_rows(vp + nkeys, count[nb], d, row_stride);
+      }
       attend_head(qp + base, kp + keys, vp + keys, op + (b * T * H + h) * d, T, count[b], d,
                   row_stride, H * d, static_cast<float>(scale), w);
     }
