@@ -42,7 +42,10 @@ machine's float32 GEMM rate at MiniLM's layer shapes (:func:`clearformer.bench.g
 the fastest of the readings before and after the corpus, of ``torch.matmul`` and oneDNN's
 linear op). "of bound" is a configuration's pieces/s over that bound's (int8 products can beat
 it); "of matmul bound" is the same against ``torch.matmul``'s rate alone, the GEMM rate most
-utilisation figures use (oneDNN's op is faster on this CPU, so that bound is lower). Every
+utilisation figures use (oneDNN's op is faster on this CPU, so that bound is lower). The GEMM
+rate is read again after every repeat, and each whole repeat is also held against the faster
+reading on either side of it ("of the bound repeat by repeat"): on a host whose rate swings
+within a run, that spread says how far the whole-run figure can be trusted. Every
 result records the load average before and after and whether the run was quiet
 (:mod:`clearformer.bench.load`).
 
@@ -101,6 +104,7 @@ def measure(kind: str, args, ours, theirs, onnx: dict) -> dict:
     lengths = [len(e.ids) for e in ours.tokenizer.encode(texts)]
     tokens = sum(lengths)
     readings = [gemm_rates(SIZES["minilm"])]  # GFLOP/s, before the corpus (again after it)
+    between: list[dict[str, float]] = []  # after each repeat; the last is the "after" reading
     runners = {
         REFERENCE: lambda chunk: theirs.encode(
             chunk, normalize_embeddings=True, convert_to_numpy=True
@@ -157,12 +161,17 @@ def measure(kind: str, args, ours, theirs, onnx: dict) -> dict:
                 best[name][c] = min(best[name][c], elapsed)
                 per_repeat[name][repeat] += elapsed
                 results[name][rows] = vectors
+        # A reading after every repeat: on a host whose GEMM rate swings, each repeat is held
+        # against the rate of its own moment as well as against the run's before/after bound.
+        between.append(gemm_rates(SIZES["minilm"]))
     seconds = {name: sum(best[name]) for name in names}
-    readings.append(gemm_rates(SIZES["minilm"]))
+    readings.append(between[-1])
     rates = [max(r.values()) for r in readings]
     matmul_rate = max(r["matmul"] for r in readings)
     flops = forward_flops(SIZES["minilm"], lengths)
     bound_seconds = flops / (max(rates) * 1e9)
+    moments = [max(r.values()) for r in [readings[0], *between]]  # before, after each repeat
+    per_repeat_bound = fraction_per_repeat(flops, moments, per_repeat)
     matmul_bound_seconds = flops / (matmul_rate * 1e9)
     float32 = results["clearformer"].astype(np.float64)
     cosine_to_float32 = {
@@ -202,8 +211,25 @@ def measure(kind: str, args, ours, theirs, onnx: dict) -> dict:
         "gemm_gflops_readings": readings,
         "bound_tokens_per_second": tokens / bound_seconds,
         "fraction_of_bound": {name: bound_seconds / s for name, s in seconds.items()},
+        "gemm_gflops_after_each_repeat": [max(r.values()) for r in between],
+        "fraction_of_bound_per_repeat": per_repeat_bound,
         "matmul_bound_tokens_per_second": tokens / matmul_bound_seconds,
         "fraction_of_matmul_bound": {name: matmul_bound_seconds / s for name, s in seconds.items()},
+    }
+
+
+def fraction_per_repeat(
+    flops: float, moments: list[float], per_repeat: dict[str, list[float]]
+) -> dict[str, list[float]]:
+    """Each configuration's fraction of the float32 bound in each whole repeat: ``flops`` at
+    the faster of the GEMM readings (GFLOP/s) taken just before and just after that repeat
+    (``moments``: one before the first repeat, then one after each), over the repeat's
+    seconds."""
+    if any(len(times) != len(moments) - 1 for times in per_repeat.values()):
+        raise ValueError(f"expected one reading more than repeats, got {len(moments)} readings")
+    return {
+        name: [flops / (max(moments[r], moments[r + 1]) * 1e9) / t for r, t in enumerate(times)]
+        for name, times in per_repeat.items()
     }
 
 
@@ -291,6 +317,19 @@ def to_markdown(report: dict) -> str:
                 f"{run['top1_neighbour_agreement'][name]:.1%} |"
             )
         lines.append("")
+        local = run.get("fraction_of_bound_per_repeat")  # absent from older results
+        if local:
+            after = ", ".join(f"{g:.0f}" for g in run["gemm_gflops_after_each_repeat"])
+            lines += [
+                f"Of the bound repeat by repeat, each whole repeat against the faster GEMM "
+                f"reading on either side of it (readings after each repeat: {after} GFLOP/s):",
+                "",
+            ]
+            for name in ("clearformer", "clearformer workers 1", REFERENCE):
+                if name in local:
+                    each = ", ".join(f"{f:.0%}" for f in local[name])
+                    lines.append(f"- {name}: {each}")
+            lines.append("")
         pairs = run.get("paired_ratios")  # absent from results saved before it was recorded
         if pairs:
             lines += [

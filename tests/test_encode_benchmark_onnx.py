@@ -104,3 +104,12 @@ def test_paired_ratios_compare_each_repeat_and_skip_missing_rows():
         ("clearformer int8 fused", "sentence-transformers"): [4.0, 3.0],
         ("clearformer int8 fused", "onnxruntime int8"): [0.8, 1.5],
     }
+
+
+def test_each_repeat_is_held_against_the_faster_reading_beside_it():
+    # 2e11 FLOPs: 1 s at 200 GFLOP/s. Repeat 0 sits between 200 and 100 (held at 200), repeat 1
+    # between 100 and 250 (held at 250): a swing of the host's rate moves each repeat's bound.
+    got = encode_throughput.fraction_per_repeat(2e11, [200.0, 100.0, 250.0], {"a": [2.0, 1.0]})
+    assert got["a"] == pytest.approx([0.5, 0.8])
+    with pytest.raises(ValueError, match="one reading more than repeats"):
+        encode_throughput.fraction_per_repeat(2e11, [200.0, 100.0], {"a": [2.0, 1.0]})
