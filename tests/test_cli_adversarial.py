@@ -188,6 +188,12 @@ def test_translate_checks_the_sentences_before_loading_the_model(
     assert not out.exists()
 
 
+def test_translate_says_a_file_argument_is_a_directory(damaged_translate_run, tmp_path, capsys):
+    # Was: "--file not found: ." for a folder that plainly exists.
+    argv = ["translate", "--run", str(damaged_translate_run), "--file", str(tmp_path)]
+    _one_line_error(capsys, argv, "translate", f"--file: {tmp_path} is a directory")
+
+
 # -- train ---------------------------------------------------------------------------------------
 REVERSE = [
     "--task", "reverse", "--steps", "2", "--batch-size", "8", "--warmup-steps", "1",

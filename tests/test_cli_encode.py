@@ -122,6 +122,8 @@ def test_search_ranks_by_meaning(tmp_path, capsys):
         (["encode", "-i", "{tmp}/latin1.txt"], "not valid UTF-8 text: byte 0xe9"),
         (["encode", "-i", "{tmp}/empty.txt"], "empty input"),
         (["encode", "-i", "{tmp}/nothere.txt"], "--input file not found"),
+        (["encode", "-i", "{tmp}"], "--input: {tmp} is a directory, expected a file"),
+        (["search", "q", "--corpus", "{tmp}"], "--corpus: {tmp} is a directory, expected a file"),
         (["encode", "x", "-o", "{tmp}/out.csv"], "--output must end in .npy or .jsonl"),
         (["encode", "x", "-o", "{tmp}/no/dir/out.npy"], "--output directory does not exist"),
         (["encode", "x", "-i", "{tmp}/empty.txt"], "not both"),
@@ -133,6 +135,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, argv, message):
     (tmp_path / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
     (tmp_path / "empty.txt").write_bytes(b"")
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{oops\n', encoding="utf-8")
+    message = message.replace("{tmp}", str(tmp_path))
     code, out, err = _run(capsys, *(a.replace("{tmp}", str(tmp_path)) for a in argv))
     assert code == 2
     assert out == ""

@@ -140,9 +140,9 @@ def read_input(texts: list[str], input_path: str | None, field: str | None) -> l
             raise CliError("no input texts: pass texts as arguments, --input FILE, or pipe stdin")
         data, source = sys.stdin.buffer.read(), "stdin"
     else:
-        path = Path(input_path)
-        if not path.is_file():
-            raise CliError(f"--input file not found: {path}")
+        from .inputs import require_input_file
+
+        path = require_input_file(input_path, "--input")
         data, source = path.read_bytes(), str(path)
         if field is None and path.suffix == ".jsonl":
             field = "text"

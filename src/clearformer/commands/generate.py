@@ -2,8 +2,8 @@
 run (``clearformer train --task reverse``).
 
 Each SEQUENCE is space-separated token ids (``"3 7 5"``); the output is one line per input,
-the decoded ids and the sequence's score. The run's final weights are used (``--best`` for the
-best checkpoint's).
+the decoded ids and the sequence's score. The run's final weights (``model.safetensors``) are
+used.
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from .encode import add_model_arguments, load_encoder, positive_int, progress_for
 
@@ -65,10 +64,9 @@ def read_corpus(args: argparse.Namespace) -> list[tuple[int, str]]:
     from ..checks import check_unicode
     from ..cli import CliError
     from ..io import read_texts
+    from .inputs import require_input_file
 
-    path = Path(args.corpus)
-    if not path.is_file():
-        raise CliError(f"--corpus file not found: {path}")
+    path = require_input_file(args.corpus, "--corpus")
     if not args.query.strip():
         raise CliError("QUERY is empty")
     check_unicode(args.query, "QUERY")

@@ -91,7 +91,6 @@ def _load_model(folder, config):
 
 def _read_sentences(args: argparse.Namespace) -> list[tuple[str, str]]:
     """(where, sentence) for each sentence, from the arguments or --file."""
-    from pathlib import Path
 
     from ..checks import check_unicode
     from ..cli import CliError
@@ -101,9 +100,9 @@ def _read_sentences(args: argparse.Namespace) -> list[tuple[str, str]]:
         for i, text in enumerate(args.sentences, start=1):
             check_unicode(text, f"SENTENCE {i}")
         return [(f"SENTENCE {i}", s) for i, s in enumerate(args.sentences, start=1)]
-    path = Path(args.file)
-    if not path.is_file():
-        raise CliError(f"--file not found: {path}")
+    from .inputs import require_input_file
+
+    path = require_input_file(args.file, "--file")
     lines = read_lines(path.read_bytes(), f"--file {path}")
     if not lines:
         raise CliError(f"--file {path} is empty: no sentences to translate")
