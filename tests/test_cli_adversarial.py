@@ -10,10 +10,11 @@ import shutil
 import pytest
 
 from clearformer.cli import main
-from clearformer.train import TrainConfig, train
+from clearformer.train import train
 
 from .faults.conftest import WORDS
 from .helpers import write_tiny_bert
+from .test_train_reverse import _config
 from .test_train_translate import TINY, _tsv
 
 
@@ -31,8 +32,13 @@ def _one_line_error(capsys, argv: list[str], command: str, *fragments: str) -> s
     return err
 
 
-def _truncate(path, size: int = 100) -> None:
-    path.write_bytes(path.read_bytes()[:size])
+def _damaged_copy(run, tmp_path):
+    """A copy of ``run`` whose final weights are cut short."""
+    copy = tmp_path / "damaged"
+    shutil.copytree(run, copy)
+    weights = copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    return copy
 
 
 # -- generate ------------------------------------------------------------------------------------
@@ -40,33 +46,14 @@ def _truncate(path, size: int = 100) -> None:
 def reverse_run(tmp_path_factory):
     """A reversal run of 4 steps (a second or two)."""
     run = tmp_path_factory.mktemp("reverse") / "run"
-    config = TrainConfig(
-        task="reverse",
-        steps=4,
-        batch_size=16,
-        warmup_steps=1,
-        eval_every=4,
-        checkpoint_every=4,
-        log_every=2,
-        d_model=32,
-        dim_mlp=64,
-        dropout=0.0,
-        reverse_vocab=6,
-        reverse_min_length=1,
-        reverse_max_length=6,
-        reverse_examples=400,
-    )
+    config = _config(steps=4, warmup_steps=1, eval_every=4, checkpoint_every=4, log_every=2)
     train(config, run)
     return run
 
 
 @pytest.fixture
 def damaged_reverse_run(reverse_run, tmp_path):
-    """A copy of the run whose final weights are cut short."""
-    run = tmp_path / "damaged"
-    shutil.copytree(reverse_run, run)
-    _truncate(run / "model.safetensors")
-    return run
+    return _damaged_copy(reverse_run, tmp_path)
 
 
 def test_generate_names_a_damaged_weights_file(damaged_reverse_run, capsys):
@@ -137,10 +124,7 @@ def translate_run(tmp_path_factory):
 
 @pytest.fixture
 def damaged_translate_run(translate_run, tmp_path):
-    run = tmp_path / "damaged"
-    shutil.copytree(translate_run, run)
-    _truncate(run / "model.safetensors")
-    return run
+    return _damaged_copy(translate_run, tmp_path)
 
 
 def test_translate_names_a_damaged_weights_file(damaged_translate_run, capsys):
