@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clearformer import TextEncoder
-from clearformer.text.batching import plan_batches
+from clearformer.text.batching import balance_batches, plan_batches, text_cost
 from clearformer.text.workers import map_in_workers
 
 from .helpers import intra_op_threads
@@ -45,6 +45,85 @@ def test_token_budget_puts_short_texts_in_large_batches():
     lengths = [200] * 4 + [10] * 90
     batches = plan_batches(lengths, None, 900)
     assert [len(b) for b in batches] == [4, 90]
+
+
+@given(
+    lengths=st.lists(st.integers(0, 300), max_size=80),
+    max_tokens=st.integers(1, 3000),
+    workers=st.integers(1, 4),
+)
+def test_balanced_plan_keeps_the_order_and_the_budget_in_a_multiple_of_the_workers(
+    lengths, max_tokens, workers
+):
+    greedy = plan_batches(lengths, None, max_tokens)
+    balanced = balance_batches(lengths, greedy, workers, d_model=64, max_tokens=max_tokens)
+    # The same texts in the same longest-first order, only cut elsewhere.
+    assert [i for b in balanced for i in b] == [i for b in greedy for i in b]
+    assert all(balanced)
+    for batch in balanced:
+        padded = len(batch) * max(lengths[i] for i in batch)
+        assert padded <= max_tokens or len(batch) == 1
+    if balanced is not greedy:
+        assert len(balanced) % workers == 0
+        assert len(greedy) <= len(balanced) <= max(2 * len(greedy), workers)
+
+
+def _costs(lengths, batches, d_model=384):
+    return [sum(text_cost(lengths[i], d_model) for i in batch) for batch in batches]
+
+
+def test_balanced_plan_gives_two_workers_equal_work():
+    # Sentence-like lengths: the budget-bound plan has three batches (two full, one short),
+    # so a second worker would idle through the third.
+    rng = np.random.default_rng(0)
+    lengths = [int(n) for n in rng.integers(12, 40, size=300)]
+    greedy = plan_batches(lengths, None, 4096)
+    assert len(greedy) == 3
+    balanced = balance_batches(lengths, greedy, 2, d_model=384)
+    assert len(balanced) == 4
+    costs = _costs(lengths, balanced)
+    assert max(costs) / min(costs) < 1.03  # equal within about one text
+    greedy_costs = _costs(lengths, greedy)
+    assert max(greedy_costs) / min(greedy_costs) > 1.5  # what it replaces was far from it
+
+
+def test_balanced_plan_counts_attention_in_long_texts():
+    # 20 texts of 100 tokens and 100 of 20 carry the same real tokens (2,000 each), but the
+    # long ones attend over five times the keys: they cost more, so an equal-cost cut gives
+    # the long half fewer texts than an equal-token cut would.
+    lengths = [100] * 20 + [20] * 100
+    greedy = plan_batches(lengths, None, 20_000)
+    assert len(greedy) == 1
+    first, second = balance_batches(lengths, greedy, 2, d_model=384, max_tokens=20_000)
+    assert len(first) < 20 and set(first) <= set(range(20))
+    costs = _costs(lengths, [first, second])
+    assert max(costs) / min(costs) < 1.06
+    assert text_cost(100, 384) / text_cost(20, 384) > 100 / 20
+
+
+def test_balanced_plan_leaves_a_plan_alone_when_there_is_nothing_to_balance():
+    lengths = [10, 9, 8]
+    greedy = plan_batches(lengths, None, 100)
+    assert balance_batches(lengths, greedy, 1, d_model=384) is greedy  # one worker
+    assert balance_batches(lengths, greedy, 4, d_model=384) is greedy  # fewer texts than workers
+    # Texts that fill the budget one by one cannot be cut into fewer or cheaper batches.
+    lengths = [100] * 3
+    greedy = plan_batches(lengths, None, 100)
+    assert balance_batches(lengths, greedy, 2, d_model=384, max_tokens=100) is greedy
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"workers": 0}, "workers must be a positive int, got 0"),
+        ({"d_model": -1}, "d_model must be a positive int, got -1"),
+        ({"max_tokens": 1.5}, "max_tokens must be a positive int, got 1.5"),
+    ],
+)
+def test_balanced_plan_names_bad_arguments(kwargs, match):
+    args = {"workers": 2, "d_model": 384, "max_tokens": 4096} | kwargs
+    with pytest.raises(ValueError, match=match):
+        balance_batches([3, 4], [[1, 0]], **args)
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,11 @@ sentence-transformers convention) or, by default, by its padded size in tokens
 travel in large batches (large matrix products run closer to the machine's peak) and long
 texts in small ones (the memory peak stays bounded whatever the lengths).
 
+When several forward passes run side by side (``encode``'s workers), :func:`balance_batches`
+cuts the same longest-first order again into a multiple of the worker count of batches of about
+equal estimated cost, so the workers finish together instead of one idling while the other
+runs the call's last batch.
+
 The plan changes only which texts share a forward pass. A text's embedding does not depend on
 its batch-mates (equal within float rounding, tested to 1e-6), so the plan changes speed and
 memory, not results.
@@ -76,3 +81,74 @@ def plan_batches(
     if current:
         batches.append(current)
     return batches
+
+
+def text_cost(length: int, d_model: int) -> float:
+    """The estimated cost of one text of ``length`` tokens in a packed forward pass, in units
+    of one token's linear layers.
+
+    Per layer a token costs about ``24 * D**2`` FLOPs of weight products and ``4 * L * D`` of
+    attention (scores and weighted values over its ``L`` keys), and attention at narrow heads
+    runs at roughly half the products' rate, hence ``L * (1 + L / (3 * D))``. Packed passes
+    compute real tokens only, so padding costs nothing here.
+    """
+    return length * (1.0 + length / (3.0 * d_model))
+
+
+def balance_batches(
+    lengths: Sequence[int],
+    batches: list[list[int]],
+    workers: int,
+    d_model: int,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> list[list[int]]:
+    """``batches`` (from :func:`plan_batches`, longest first) cut again for ``workers`` forward
+    passes side by side: the same order, in a multiple of ``workers`` batches of about equal
+    :func:`text_cost`, none over ``max_tokens`` padded tokens (a single longer text still gets a
+    batch alone).
+
+    A budget-bound plan fills every batch but the last, so with two workers a call of three
+    batches runs its third on one worker while the other waits, and batches of long, unequal
+    texts carry fewer real tokens than batches of short ones. Equal costs let the workers
+    finish together. Returns ``batches`` unchanged when ``workers`` is 1, when there are fewer
+    texts than ``workers``, or when no cut of up to twice the batches fits the budget.
+    """
+    check_positive_int(workers, "workers")
+    check_positive_int(d_model, "d_model")
+    check_positive_int(max_tokens, "max_tokens")
+    order = [index for batch in batches for index in batch]
+    if workers == 1 or len(order) < workers:
+        return batches
+    prefix = [0.0]  # prefix[k]: the cost of order[:k]
+    for index in order:
+        prefix.append(prefix[-1] + text_cost(lengths[index], d_model))
+    count = -(-len(batches) // workers) * workers  # the next multiple of workers
+    while count <= max(2 * len(batches), workers) and count <= len(order):
+        cut = _equal_cost_cut(order, prefix, count)
+        if all(_fits(batch, lengths, max_tokens) for batch in cut):
+            return cut
+        count += workers
+    return batches
+
+
+def _equal_cost_cut(order: list[int], prefix: list[float], count: int) -> list[list[int]]:
+    """``order`` in ``count`` non-empty contiguous runs, each ending where the running cost is
+    nearest to its share of the total."""
+    total = prefix[-1]
+    bounds = [0]
+    for part in range(1, count):
+        target = total * part / count
+        end = bounds[-1] + 1  # at least one text in every run ...
+        while end < len(order) - (count - part) and prefix[end + 1] <= target:
+            end += 1  # ... and at least one left for each run after it
+        # Step one further when that lands nearer the target.
+        if end < len(order) - (count - part) and (prefix[end + 1] - target < target - prefix[end]):
+            end += 1
+        bounds.append(end)
+    bounds.append(len(order))
+    return [order[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _fits(batch: list[int], lengths: Sequence[int], max_tokens: int) -> bool:
+    longest = max(lengths[i] for i in batch)
+    return len(batch) == 1 or len(batch) * max(longest, 1) <= max_tokens

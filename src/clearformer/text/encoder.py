@@ -41,7 +41,7 @@ from ..model import EncoderModel
 from ..packed_weights import KeptPacking, use_packed_weights
 from ..quant import PRECISIONS
 from ..tracing import is_recording
-from .batching import check_batch_limits, default_max_tokens, plan_batches
+from .batching import balance_batches, check_batch_limits, default_max_tokens, plan_batches
 from .workers import auto_workers, map_in_workers, run_at_worker_shares
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,11 @@ class TextEncoder:
             workers: forward passes run side by side on a CPU, its threads split between
                 them; 1 = one at a time; None = :func:`~clearformer.text.workers.auto_workers`
                 (two on a CPU with at least two threads when there are two batches or more,
-                and none while a trace records; see :mod:`clearformer.text.workers`).
+                and none while a trace records; see :mod:`clearformer.text.workers`). With
+                more than one worker and no ``batch_size``, the batches are cut again into a
+                multiple of the workers of about equal cost, within ``max_tokens``
+                (:func:`~clearformer.text.batching.balance_batches`), so the workers finish
+                together.
             prompt: text put before every text (``"query: "``), as sentence-transformers'
                 ``encode(prompt=...)``; with :attr:`include_prompt` false its tokens are left
                 out of the pooling.
@@ -276,6 +280,8 @@ class TextEncoder:
         batches = plan_batches(lengths, batch_size, max_tokens)
         if workers is None:
             workers = auto_workers(len(batches), next(model.parameters()).device)
+        if batch_size is None:  # a batch size the caller named is kept as it is
+            batches = balance_batches(lengths, batches, workers, self.config.d_model, max_tokens)
         report = _progress_reporter(progress, n)
         # Each fused linear call would reorder its weight into oneDNN's layout again: reorder
         # each weight once and keep it for later calls, once the calls are large enough to repay it.
