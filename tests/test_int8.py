@@ -32,6 +32,7 @@ from clearformer.quant import (
     quantize_rows,
 )
 from clearformer.quant import int8 as int8_module
+from clearformer.quant import onednn as onednn_module
 from clearformer.quant import quantize as quantize_module
 from clearformer.quant.fused import fused_steps
 from clearformer.quant.onednn import accumulator_dtype, int8_product, onednn_int8_available
@@ -177,6 +178,43 @@ def test_float_route_gives_the_int8_route_result():
     b = _routed(a, onednn=False, int_mm=False)
     with torch.inference_mode():
         torch.testing.assert_close(a(x), b(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.fixture
+def fresh_probe():
+    """The oneDNN probe's cached answer is dropped before and after the test."""
+    onednn_module.onednn_int8_available.cache_clear()
+    yield
+    onednn_module.onednn_int8_available.cache_clear()
+
+
+def test_onednn_route_needs_amx(monkeypatch, fresh_probe):
+    """Without AMX oneDNN's quantised linear op computes signed int8 in its reference code
+    (seconds for a product ``torch._int_mm`` does in a millisecond): such a CPU keeps
+    ``_int_mm``, whatever the op would give, and int8 calls take _int_mm's token budget."""
+    from clearformer.text.batching import INT_MM_MAX_TOKENS, default_max_tokens
+
+    called = []
+    real = onednn_module.int8_product
+    monkeypatch.setattr(onednn_module, "int8_product", lambda *a: called.append(1) or real(*a))
+    monkeypatch.setattr(onednn_module, "has_amx", lambda: False)
+    assert not onednn_module.onednn_int8_available()
+    assert called == []  # decided before the op is tried
+    assert accumulator_dtype() == torch.int32
+    assert default_max_tokens("int8") == INT_MM_MAX_TOKENS
+    layer = Int8Linear.from_linear(_linear(64, 32))
+    assert not layer._use_onednn
+    onednn_module.onednn_int8_available.cache_clear()
+    monkeypatch.setattr(onednn_module, "has_amx", lambda: True)
+    # With AMX the op is still tried and kept only where it runs and is exact.
+    assert onednn_module.onednn_int8_available() == (called == [1])
+
+
+def test_has_amx_follows_torch_and_survives_its_absence(monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert onednn_module.has_amx() is True
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported", raising=False)
+    assert onednn_module.has_amx() is False
 
 
 @pytest.mark.skipif(not onednn_int8_available(), reason="oneDNN's quantised linear op not here")

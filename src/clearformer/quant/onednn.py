@@ -4,9 +4,11 @@ On CPU ``torch._int_mm`` calls oneDNN's older GEMM interface (``gemm_s8s8s32``, 
 ``ONEDNN_VERBOSE``), which reorders its operands on every call and, at the widths of an
 encoder layer with K = 384, runs several times below the rate of oneDNN's matmul primitive on
 the same integers (docs/int8.md, "The product", has the table). The quantised-linear op that
-PyTorch's own int8 compiler path uses, ``onednn::qlinear_pointwise``, runs that primitive
-(AMX tiles where the CPU has them, VNNI otherwise) on a weight reordered once into its blocked
-layout (``onednn::qlinear_prepack``).
+PyTorch's own int8 compiler path uses, ``onednn::qlinear_pointwise``, runs that primitive on
+AMX tiles, on a weight reordered once into its blocked layout (``onednn::qlinear_prepack``). It
+is taken only on CPUs with AMX: without them it computes signed int8 activations in oneDNN's
+reference code, thousands of times slower than ``torch._int_mm``
+(:func:`onednn_int8_available`).
 
 It is asked for the plain integer product: activation scale 1 and zero point 0, weight scales
 1, output float32. oneDNN accumulates the int8 products in int32 and converts the sums to
@@ -48,10 +50,28 @@ _lock = threading.Lock()
 _packed: WeakIdKeyDictionary = WeakIdKeyDictionary()  # int8 weight -> _Packed
 
 
+def has_amx() -> bool:
+    """This CPU has AMX tiles (Intel Xeon from Sapphire Rapids on), as PyTorch detects them."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    try:
+        return bool(probe()) if probe is not None else False
+    except RuntimeError:
+        return False
+
+
 @functools.cache
 def onednn_int8_available() -> bool:
-    """Probe once per process: does this build's ``onednn::qlinear_pointwise`` run here and give
-    the exact integer product (against an int32 product of the same integers)?"""
+    """Probe once per process: is this a CPU where ``onednn::qlinear_pointwise`` is fast (one
+    with AMX, :func:`has_amx`), and does this build's op run here and give the exact integer
+    product (against an int32 product of the same integers)?
+
+    Without AMX the op gives the exact product of signed int8 activations, but through
+    oneDNN's reference code: on an AMD EPYC with AVX-512 VNNI (Zen 4), 4.9 s for a
+    512 x 384 x 1,152 product that ``torch._int_mm`` computes in 1.1 ms (docs/int8.md).
+    There ``torch._int_mm`` runs the products."""
+    if not has_amx():
+        log.info("int8: no AMX on this CPU, so the products run through torch._int_mm")
+        return False
     try:
         q = (torch.arange(-96, 96, dtype=torch.int16) % 255 - 127).to(torch.int8)
         q = q.reshape(6, 32)  # (M, K)
