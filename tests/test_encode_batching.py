@@ -65,7 +65,8 @@ def test_balanced_plan_keeps_the_order_and_the_budget_in_a_multiple_of_the_worke
         assert padded <= max_tokens or len(batch) == 1
     if balanced is not greedy:
         assert len(balanced) % workers == 0
-        assert len(greedy) <= len(balanced) <= max(2 * len(greedy), workers)
+        assert len(greedy) <= len(balanced)
+        assert len(balanced) <= max(5 * len(greedy) // 4, -(-len(greedy) // workers) * workers)
 
 
 def _costs(lengths, batches, d_model=384):

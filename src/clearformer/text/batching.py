@@ -83,6 +83,10 @@ def plan_batches(
     return batches
 
 
+# The most cuts balance_batches tries before it keeps the budget-bound plan.
+BALANCE_TRIES = 8
+
+
 def text_cost(length: int, d_model: int) -> float:
     """The estimated cost of one text of ``length`` tokens in a packed forward pass, in units
     of one token's linear layers.
@@ -104,14 +108,15 @@ def balance_batches(
 ) -> list[list[int]]:
     """``batches`` (from :func:`plan_batches`, longest first) cut again for ``workers`` forward
     passes side by side: the same order, in a multiple of ``workers`` batches of about equal
-    :func:`text_cost`, none over ``max_tokens`` padded tokens (a single longer text still gets a
-    batch alone).
+    :func:`text_cost` where the budget allows, none over ``max_tokens`` padded tokens (a single
+    longer text still gets a batch alone).
 
     A budget-bound plan fills every batch but the last, so with two workers a call of three
     batches runs its third on one worker while the other waits, and batches of long, unequal
     texts carry fewer real tokens than batches of short ones. Equal costs let the workers
     finish together. Returns ``batches`` unchanged when ``workers`` is 1, when there are fewer
-    texts than ``workers``, or when no cut of up to twice the batches fits the budget.
+    texts than ``workers``, or when none of the cuts tried (:data:`BALANCE_TRIES` of them, one
+    more batch per worker each time, up to a quarter more than ``batches``) fits the budget.
     """
     check_positive_int(workers, "workers")
     check_positive_int(d_model, "d_model")
@@ -123,30 +128,49 @@ def balance_batches(
     for index in order:
         prefix.append(prefix[-1] + text_cost(lengths[index], d_model))
     count = -(-len(batches) // workers) * workers  # the next multiple of workers
-    while count <= max(2 * len(batches), workers) and count <= len(order):
-        cut = _equal_cost_cut(order, prefix, count)
-        if all(_fits(batch, lengths, max_tokens) for batch in cut):
+    # At most a quarter more batches than the budget needs: smaller batches run their products
+    # slower (budgets of 2,048 against 4,096: 0.94-0.97x in docs/performance.md), which would
+    # cost more than the balance gains. Each try is a pass over the texts, so there are at most
+    # BALANCE_TRIES of them: a call whose cuts keep missing the budget stays linear in its
+    # texts, and one of many batches loses little to its last round anyway.
+    most = min(max(count, 5 * len(batches) // 4), len(order))
+    for _ in range(BALANCE_TRIES):
+        if count > most:
+            break
+        cut = _equal_cost_cut(order, lengths, prefix, count, max_tokens)
+        if cut is not None:
             return cut
         count += workers
     return batches
 
 
-def _equal_cost_cut(order: list[int], prefix: list[float], count: int) -> list[list[int]]:
-    """``order`` in ``count`` non-empty contiguous runs, each ending where the running cost is
-    nearest to its share of the total."""
-    total = prefix[-1]
+def _equal_cost_cut(
+    order: list[int], lengths: Sequence[int], prefix: list[float], count: int, max_tokens: int
+) -> list[list[int]] | None:
+    """``order`` in ``count`` non-empty contiguous runs within ``max_tokens``, each ending where
+    its cost is nearest to an equal share of what is left; None when the last run does not fit.
+
+    A run the budget stops early (long texts: ``max_tokens`` // its first length of them) costs
+    less than its share, and the runs after it share the rest equally. Cutting at equal shares
+    of the whole instead would need as many runs everywhere as the long texts need."""
     bounds = [0]
     for part in range(1, count):
-        target = total * part / count
-        end = bounds[-1] + 1  # at least one text in every run ...
-        while end < len(order) - (count - part) and prefix[end + 1] <= target:
-            end += 1  # ... and at least one left for each run after it
+        start = bounds[-1]
+        target = prefix[start] + (prefix[-1] - prefix[start]) / (count - part + 1)
+        # Sorted longest first: the run's first text sets its padded length.
+        most_texts = max(1, max_tokens // max(lengths[order[start]], 1))
+        # At most the budget's texts, and at least one left for each run after this one.
+        limit = min(start + most_texts, len(order) - (count - part))
+        end = start + 1
+        while end < limit and prefix[end + 1] <= target:
+            end += 1
         # Step one further when that lands nearer the target.
-        if end < len(order) - (count - part) and (prefix[end + 1] - target < target - prefix[end]):
+        if end < limit and prefix[end + 1] - target < target - prefix[end]:
             end += 1
         bounds.append(end)
     bounds.append(len(order))
-    return [order[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    runs = [order[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return runs if _fits(runs[-1], lengths, max_tokens) else None
 
 
 def _fits(batch: list[int], lengths: Sequence[int], max_tokens: int) -> bool:
