@@ -103,6 +103,21 @@ def test_generate_checks_its_options_before_reading_the_run(
     )
 
 
+def test_generate_refuses_more_new_tokens_than_the_run_has_positions(reverse_run, capsys):
+    # Was: clamped to the run's limit without a word, so the output could stop short.
+    from clearformer.train.tasks.reverse import build_model
+    from clearformer.train.tomlfile import load_config
+
+    limit = build_model(load_config(reverse_run / "config.toml")).model.config.max_positions - 1
+    _one_line_error(
+        capsys,
+        ["generate", "--run", str(reverse_run), "--max-new-tokens", str(limit + 1), "3 4"],
+        "generate",
+        f"--max-new-tokens must be at most {limit} for this run (its positions), got {limit + 1}",
+    )
+    assert main(["generate", "--run", str(reverse_run), "--max-new-tokens", str(limit), "3 4"]) == 0
+
+
 def test_generate_checks_token_ids_before_reading_the_weights(damaged_reverse_run, capsys):
     _one_line_error(
         capsys,

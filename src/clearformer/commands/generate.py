@@ -18,7 +18,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", required=True, metavar="RUN", help="a clearformer train output folder")
     p.add_argument("--num-beams", type=int, default=1)
     p.add_argument("--length-penalty", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=None, help="default: source length + 1")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="default: source length + 1 (at most the run's positions - 1)",
+    )
     p.set_defaults(func=run)
 
 
@@ -73,6 +78,12 @@ def run(args: argparse.Namespace) -> int:
     limit = seq2seq.config.max_positions - 1
     if longest > limit:
         raise CliError(f"a SEQUENCE has {longest} tokens; this run takes at most {limit}")
+    # A larger request is refused, not clamped: the output would be cut short without a word.
+    if args.max_new_tokens is not None and args.max_new_tokens > limit:
+        raise CliError(
+            f"--max-new-tokens must be at most {limit} for this run (its positions), "
+            f"got {args.max_new_tokens}"
+        )
     # The ids are checked against the built model's sizes before its weights are read.
     load_weights(folder, model, "its config.toml")
     seq2seq.eval()
