@@ -5,6 +5,7 @@ it names as they were."""
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -116,6 +117,30 @@ def test_generate_refuses_more_new_tokens_than_the_run_has_positions(reverse_run
         f"--max-new-tokens must be at most {limit} for this run (its positions), got {limit + 1}",
     )
     assert main(["generate", "--run", str(reverse_run), "--max-new-tokens", str(limit), "3 4"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("steps = 1.5", "steps must be an int, got 1.5"),
+        ('lr = "x"', "lr must be a number, got 'x'"),
+    ],
+    ids=["int-field", "float-field"],
+)
+def test_generate_names_the_config_file_of_a_bad_field(
+    reverse_run, tmp_path, capsys, line, message
+):
+    # Was: the field's message alone, which does not say that it came from the run's config.toml.
+    run = tmp_path / "bad-config"
+    shutil.copytree(reverse_run, run)
+    config = run / "config.toml"
+    field = line.split(" ", 1)[0]
+    text = re.sub(rf"^{field} = .*$", line, config.read_text(), count=1, flags=re.MULTILINE)
+    assert line in text
+    config.write_text(text)
+    _one_line_error(
+        capsys, ["generate", "--run", str(run), "3 4"], "generate", f"{config}: {message}"
+    )
 
 
 def test_generate_checks_token_ids_before_reading_the_weights(damaged_reverse_run, capsys):

@@ -119,3 +119,27 @@ def test_weights_load_into_a_plain_model(tmp_path):
     model = build_task(tiny()).build_model()
     model.load_state_dict(final_weights(tmp_path / "run"), strict=True)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            b'{"step": 1}\n\xff\xfe{"step": 2}\n',
+            r"metrics.jsonl is not UTF-8 text \(byte offset 12\)",
+        ),
+        (b'{"step": 1}\n{"step": \n', r"metrics.jsonl line 2 is not JSON: Expecting value"),
+        (b'{"step": 1}\n[1, 2]\n', r"metrics.jsonl line 2 is not a JSON object: '\[1, 2\]'"),
+    ],
+    ids=["not-utf8", "not-json", "not-an-object"],
+)
+def test_a_damaged_metrics_log_is_named_with_its_line(tmp_path, content, message):
+    # Was: UnicodeDecodeError or JSONDecodeError naming neither the file nor the line.
+    from clearformer.train.run_folder import MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    content += b'{"step": 3}\n'
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        MetricsLog(path, keep=2)  # the third record would be cut: it is not, on an error
+    assert path.read_bytes() == content

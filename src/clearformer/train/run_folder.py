@@ -96,15 +96,20 @@ class MetricsLog:
             return
         lines = []
         if path.is_file():
-            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)[:keep]
+            try:
+                text = path.read_bytes().decode("utf-8")
+            except UnicodeDecodeError as exc:  # its own message names no file
+                raise ValueError(f"{path} is not UTF-8 text (byte offset {exc.start})") from None
+            lines = text.splitlines(keepends=True)[:keep]
         if len(lines) < keep:
             raise ValueError(
                 f"{path} has {len(lines)} records, fewer than the {keep} the checkpoint was "
                 "written after: the log was cut or replaced since"
             )
+        # Read before the file is cut back, so a damaged log is left as it was.
+        self.records = [_record(line, path, number) for number, line in enumerate(lines, 1)]
         with atomic_write(path) as handle:  # cut back to the checkpoint's records
             handle.writelines(lines)
-        self.records = [json.loads(line) for line in lines]
         self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 -- closed in close()
 
     def write(self, record: dict[str, Any]) -> None:
@@ -123,3 +128,14 @@ class MetricsLog:
     def close(self) -> None:
         if self._handle is not None:
             self._handle.close()
+
+
+def _record(line: str, path: Path, number: int) -> dict[str, Any]:
+    """One line of ``metrics.jsonl`` as a dict; ValueError naming the file and line if not."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} line {number} is not JSON: {exc.msg}") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} line {number} is not a JSON object: {line.strip()[:40]!r}")
+    return record

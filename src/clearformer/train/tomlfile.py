@@ -10,6 +10,7 @@ import json
 import math
 import os
 import sys
+from argparse import ArgumentTypeError
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,13 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
 def load_config(path: str | os.PathLike, **overrides: Any) -> TrainConfig:
     """A :class:`TrainConfig` from a TOML file, with ``overrides`` on top."""
     data = read_toml(path)
-    return TrainConfig.from_dict({**data, **overrides}, source=str(path))
+    try:
+        return TrainConfig.from_dict({**data, **overrides}, source=str(path))
+    except (TypeError, ValueError, ArgumentTypeError) as exc:
+        if str(exc).startswith(str(path)):
+            raise
+        # A field's own message names the field, not the file it came from.
+        raise type(exc)(f"{path}: {exc}") from None
 
 
 def _value(value: Any) -> str:
