@@ -8,7 +8,9 @@
 // one task: its keys are transposed once into a (Dh, T) buffer, then eight queries at a time
 // get their scores 32 keys at a time in sixteen AVX-512 accumulators, a softmax with a
 // vectorised exponential, and the weighted sum of the values 32 columns at a time in sixteen
-// more; while one head computes, the next head's rows are prefetched (prefetch_rows). The
+// more; while one head computes, the next head's rows are prefetched (prefetch_rows), and so is
+// the next sequence's whole block of rows, spread over the current sequence's heads
+// (prefetch_block). The
 // order of every sum is fixed by the task alone, so the blocking and the threads' cuts never
 // change a bit of the result. Exact semantics of softmax(q k^T * scale) v
 // within each sequence; no other mask, no dropout, bias or gradient (the Python side sends
@@ -180,6 +182,26 @@ inline void prefetch_rows(const float* p, int64_t rows, int64_t d, int64_t strid
       _mm_prefetch(reinterpret_cast<const char*>(p + j * stride + c), _MM_HINT_T0);
 }
 
+// The largest block of rows prefetch_block asks for: a third of a 1 MB L2, so that the next
+// sequence's rows do not push out the current one's.
+constexpr int64_t BLOCK_PREFETCH_BYTES = 384 * 1024;
+
+// Asks for part `part` of `parts` of a block of `rows` rows (`stride` floats apart) to be
+// brought into L2. A packed sequence's q, k and v rows are one contiguous block, and each of
+// its heads is called in turn: spreading the next sequence's block over the current one's heads
+// brings it in while they compute. prefetch_rows alone, one head ahead, left half of the time
+// of short sequences on an AMD EPYC (Zen 4) waiting for their rows (1.8 us per head with the
+// rows in cache, 3.4-3.7 out of it); all of a block asked for at once fared worse than spread
+// (docs/performance.md, "On an AMD EPYC machine (Zen 4)").
+inline void prefetch_block(const float* p, int64_t rows, int64_t stride, int64_t part,
+                           int64_t parts) {
+  const int64_t lines = (rows * stride * static_cast<int64_t>(sizeof(float)) + 63) / 64;
+  if (lines * 64 > BLOCK_PREFETCH_BYTES) return;  // long sequences: prefetch_rows suffices
+  const char* c = reinterpret_cast<const char*>(p);
+  const int64_t first = lines * part / parts, last = lines * (part + 1) / parts;
+  for (int64_t line = first; line < last; ++line) _mm_prefetch(c + line * 64, _MM_HINT_T1);
+}
+
 // Runs task(item, scratch) for every item in [0, B * H): item b * H + h is sequence b's head h.
 // Each thread takes one contiguous run of items (a sequence's heads share its rows in cache),
 // cut where the runs' costs are equal: a head of a T-token sequence costs about T * (T + 16)
@@ -258,6 +280,9 @@ at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::
     const int64_t start = bounds[b], T = lengths[b];
     if (T == 0) return;
     const int64_t off = start * row_stride + h * head_stride;
+    // The next sequence's whole block, 1 / H of it per head of this one.
+    if (b + 1 < B)
+      prefetch_block(qp + bounds[b + 1] * row_stride, lengths[b + 1], row_stride, h, H);
     if (item + 1 < B * H) {  // the next head: this sequence's next, or the next one's first
       const int64_t nb = (item + 1) / H, nh = (item + 1) % H;
       const int64_t noff = bounds[nb] * row_stride + nh * head_stride;
