@@ -128,8 +128,8 @@ def test_weights_load_into_a_plain_model(tmp_path):
             b'{"step": 1}\n\xff\xfe{"step": 2}\n',
             r"metrics.jsonl is not UTF-8 text \(byte offset 12\)",
         ),
-        (b'{"step": 1}\n{"step": \n', r"metrics.jsonl line 2 is not JSON: Expecting value"),
-        (b'{"step": 1}\n[1, 2]\n', r"metrics.jsonl line 2 is not a JSON object: '\[1, 2\]'"),
+        (b'{"step": 1}\n{"step": \n', r"metrics.jsonl line 2: not valid JSON \(Expecting value"),
+        (b'{"step": 1}\n[1, 2]\n', r"metrics.jsonl line 2: expected a JSON object, got list"),
     ],
     ids=["not-utf8", "not-json", "not-an-object"],
 )

@@ -91,6 +91,18 @@ def read_lines(data: bytes, source: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
+def parse_json_object(line: str, where: str) -> dict:
+    """One line of a JSONL file as a dict; ValueError starting with ``where`` (the file and
+    line) when it is not JSON or not an object."""
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
+    if not isinstance(item, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(item).__name__}")
+    return item
+
+
 def read_jsonl_field(data: bytes, source: str, field: str) -> list[str]:
     """The string ``field`` of each JSON object, one object per non-blank line."""
     texts = []

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..io import atomic_write
+from ..io import atomic_write, parse_json_object
 from .config import TrainConfig
 from .tomlfile import dump_toml
 
@@ -107,7 +107,10 @@ class MetricsLog:
                 "written after: the log was cut or replaced since"
             )
         # Read before the file is cut back, so a damaged log is left as it was.
-        self.records = [_record(line, path, number) for number, line in enumerate(lines, 1)]
+        self.records = [
+            parse_json_object(line, f"{path} line {number}")
+            for number, line in enumerate(lines, start=1)
+        ]
         with atomic_write(path) as handle:  # cut back to the checkpoint's records
             handle.writelines(lines)
         self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 -- closed in close()
@@ -128,14 +131,3 @@ class MetricsLog:
     def close(self) -> None:
         if self._handle is not None:
             self._handle.close()
-
-
-def _record(line: str, path: Path, number: int) -> dict[str, Any]:
-    """One line of ``metrics.jsonl`` as a dict; ValueError naming the file and line if not."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} line {number} is not JSON: {exc.msg}") from None
-    if not isinstance(record, dict):
-        raise ValueError(f"{path} line {number} is not a JSON object: {line.strip()[:40]!r}")
-    return record

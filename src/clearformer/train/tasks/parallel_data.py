@@ -12,7 +12,6 @@ sees: two spellings that tokenise alike are one sentence, for deduplication and 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ...checks import check_unicode
-from ...io import read_lines
+from ...io import parse_json_object, read_lines
 from .words import split_words
 
 
@@ -103,12 +102,7 @@ def _jsonl(lines: list[str], file: Path, fields: tuple[str, str]) -> list[Pair]:
         if not line.strip():
             continue
         where = f"{file} line {number}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
-        if not isinstance(item, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(item).__name__}")
+        item = parse_json_object(line, where)
         for name in fields:
             if name not in item:
                 raise ValueError(

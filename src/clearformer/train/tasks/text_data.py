@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...checks import check_unicode
+from ...io import parse_json_object
 
 
 @dataclass(frozen=True)
@@ -155,14 +155,7 @@ def _jsonl_rows(text: str, file: Path, text_field: str, label_field) -> list[Lab
     for line, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
-        try:
-            item = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{file} line {line}: not valid JSON ({exc.msg})") from None
-        if not isinstance(item, dict):
-            raise ValueError(
-                f"{file} line {line}: expected a JSON object, got {type(item).__name__}"
-            )
+        item = parse_json_object(raw, f"{file} line {line}")
         for name in (f for f in (text_field, label_field) if f is not None):
             if name not in item:
                 raise ValueError(
