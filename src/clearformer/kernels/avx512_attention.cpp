@@ -54,11 +54,38 @@ inline __m512 exp_nonpositive(__m512 x) {
 }
 
 struct Scratch {
-  std::vector<float> kt, vb, s, qs;
+  std::vector<float> kt, s, qs;
   Scratch(int64_t d, int64_t keys)
-      : kt(d * padded(keys)), vb(padded(keys) * d), s(ROWS * padded(keys)), qs(ROWS * d) {}
+      : kt(d * padded(keys)), s(ROWS * padded(keys)), qs(ROWS * d) {}
   static int64_t padded(int64_t keys) { return (keys + LANES - 1) / LANES * LANES; }
 };
+
+// Transposes a 16 x 16 block in registers: r[i] holds row i on entry, column i on return.
+// Three rounds of shuffles (pairs within 128-bit lanes, quads, then whole lanes): 64 shuffles
+// where a scalar transposition made 256 single-float stores.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);  // columns 0, 1 | 4, 5 | 8, 9 | 12, 13
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);  // columns 2, 3 | 6, 7 | ...
+  }
+  for (int i = 0; i < 16; i += 4) {  // u[i + c]: column c, c + 4, c + 8, c + 12 of rows i..i+3
+    u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int c = 0; c < 4; ++c) {  // gather lane l of u[c], u[4 + c], u[8 + c], u[12 + c]
+    const __m512 a = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);   // lanes 0, 2 | 0, 2
+    const __m512 b = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);   // lanes 1, 3 | 1, 3
+    const __m512 e = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+    const __m512 f = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+    r[c] = _mm512_shuffle_f32x4(a, e, 0x88);       // column c
+    r[c + 8] = _mm512_shuffle_f32x4(a, e, 0xDD);   // column c + 8
+    r[c + 4] = _mm512_shuffle_f32x4(b, f, 0x88);   // column c + 4
+    r[c + 12] = _mm512_shuffle_f32x4(b, f, 0xDD);  // column c + 12
+  }
+}
 
 // One head: Tq query rows attend Tk key rows (rows `in_stride` floats apart in q, k and v,
 // `out_stride` apart in out), d (a multiple of 16) wide.
@@ -67,16 +94,19 @@ void attend_head(const float* q, const float* k, const float* v, float* out, int
                  Scratch& w) {
   const int64_t Tp = Scratch::padded(Tk);
   float* kt = w.kt.data();  // (d, Tp): keys transposed, zero past Tk
-  float* vb = w.vb.data();  // (Tk, d)
   float* s = w.s.data();    // (ROWS, Tp)
   float* qs = w.qs.data();  // (ROWS, d), scaled
-  for (int64_t j = 0; j < Tk; ++j) {
-    const float* kr = k + j * in_stride;
-    for (int64_t dd = 0; dd < d; ++dd) kt[dd * Tp + j] = kr[dd];
-    std::memcpy(vb + j * d, v + j * in_stride, d * sizeof(float));
+  // The keys, transposed 16 x 16 at a time in registers; rows past Tk are zeros.
+  for (int64_t j0 = 0; j0 < Tp; j0 += LANES) {
+    const int64_t keys = std::min<int64_t>(LANES, Tk - j0);
+    for (int64_t c0 = 0; c0 < d; c0 += LANES) {
+      __m512 block[16];
+      for (int64_t j = 0; j < LANES; ++j)
+        block[j] = j < keys ? _mm512_loadu_ps(k + (j0 + j) * in_stride + c0) : _mm512_setzero_ps();
+      transpose16(block);
+      for (int64_t c = 0; c < LANES; ++c) _mm512_storeu_ps(kt + (c0 + c) * Tp + j0, block[c]);
+    }
   }
-  for (int64_t dd = 0; dd < d; ++dd)
-    for (int64_t j = Tk; j < Tp; ++j) kt[dd * Tp + j] = 0.0f;
   const __mmask16 tail = static_cast<__mmask16>((1u << (Tk - (Tp - LANES))) - 1u);
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t i0 = 0; i0 < Tq; i0 += ROWS) {
@@ -143,8 +173,8 @@ void attend_head(const float* q, const float* k, const float* v, float* out, int
       __m512 lo[ROWS], hi[ROWS];
       for (int r = 0; r < ROWS; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
       for (int64_t j = 0; j < Tk; ++j) {
-        const __m512 v0 = _mm512_loadu_ps(vb + j * d + c0);
-        const __m512 v1 = _mm512_loadu_ps(vb + j * d + c0 + LANES);
+        const __m512 v0 = _mm512_loadu_ps(v + j * in_stride + c0);
+        const __m512 v1 = _mm512_loadu_ps(v + j * in_stride + c0 + LANES);
         for (int r = 0; r < ROWS; ++r) {
           const __m512 p = _mm512_set1_ps(s[r * Tp + j]);
           lo[r] = _mm512_fmadd_ps(p, v0, lo[r]);
@@ -161,7 +191,7 @@ void attend_head(const float* q, const float* k, const float* v, float* out, int
       __m512 acc[ROWS];
       for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
       for (int64_t j = 0; j < Tk; ++j) {
-        const __m512 vv = _mm512_loadu_ps(vb + j * d + c0);
+        const __m512 vv = _mm512_loadu_ps(v + j * in_stride + c0);
         for (int r = 0; r < ROWS; ++r)
           acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(s[r * Tp + j]), vv, acc[r]);
       }
