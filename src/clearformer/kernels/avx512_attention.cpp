@@ -5,17 +5,17 @@
 // which on AMD processors runs MKL's AVX2 code: at MiniLM's shapes (32-wide heads, 8 to 256
 // tokens) it reached 6-68 GFLOP/s against oneDNN's 215 for the linear layers on the same core
 // (docs/performance.md, "Attention on AMD processors"). Here every (sequence, head) pair is
-// one task: its keys are transposed once into a (Dh, T) buffer, then eight queries at a time
-// get their scores 32 keys at a time in sixteen AVX-512 accumulators, a softmax with a
-// vectorised exponential, and the weighted sum of the values 32 columns at a time in sixteen
-// more; while one head computes, the next head's rows are prefetched (prefetch_rows), and so is
-// the next sequence's whole block of rows, spread over the current sequence's heads
-// (prefetch_block). The
-// order of every sum is fixed by the task alone, so the blocking and the threads' cuts never
-// change a bit of the result. Exact semantics of softmax(q k^T * scale) v
-// within each sequence; no other mask, no dropout, bias or gradient (the Python side sends
-// every other call to PyTorch's kernels). Built by clearformer.kernels.avx512 with the
-// system's C++ compiler, once per source and PyTorch version.
+// one task: its keys are transposed once into a (Dh, T) buffer (16 x 16 blocks in registers),
+// then eight queries at a time (four for a last block of four or fewer) get their scores 32
+// keys at a time in sixteen AVX-512 accumulators, a softmax with a vectorised exponential, and
+// the weighted sum of the values (read in place) 32 columns at a time in sixteen more. While
+// one head computes, the next head's rows are prefetched (prefetch_rows), and so is the next
+// sequence's whole block of rows, spread over the current sequence's heads (prefetch_block).
+// The order of every sum is fixed by the task alone, so the blocking and the threads' cuts
+// never change a bit of the result. Exact semantics of softmax(q k^T * scale) v within each
+// sequence; no other mask, no dropout, bias or gradient (the Python side sends every other
+// call to PyTorch's kernels). Built by clearformer.kernels.avx512 with the system's C++
+// compiler, once per source and PyTorch version.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -87,6 +87,106 @@ inline void transpose16(__m512 r[16]) {
   }
 }
 
+// Queries i0 .. i0 + rows - 1 (rows <= R) of one head against its keys, transposed in kt
+// (d, Tp), R rows at a time in registers: 2R accumulators for the scores and for the values.
+// Spare rows repeat the last real one and are not stored. Each row's sums run in the same order
+// whatever R, so the block size never changes a bit of the result.
+template <int R>
+void attend_block(const float* q, const float* v, float* out, int64_t i0, int rows, int64_t Tk,
+                  int64_t d, int64_t in_stride, int64_t out_stride, __m512 vscale,
+                  const float* kt, float* s, float* qs) {
+  const int64_t Tp = Scratch::padded(Tk);
+  const __mmask16 tail = static_cast<__mmask16>((1u << (Tk - (Tp - LANES))) - 1u);
+  for (int r = 0; r < R; ++r) {
+    const int64_t i = i0 + std::min(r, rows - 1);  // spare rows repeat the last real one
+    for (int64_t c = 0; c < d; c += LANES)
+      _mm512_storeu_ps(qs + r * d + c,
+                       _mm512_mul_ps(_mm512_loadu_ps(q + i * in_stride + c), vscale));
+  }
+  // Scores, 32 keys at a time for all R queries (2R accumulators: two key vectors per R
+  // broadcasts keeps the loop on the FMA units rather than the load ports), then a last
+  // block of 16 where Tp is an odd number of vectors.
+  int64_t j0 = 0;
+  for (; j0 + 2 * LANES <= Tp; j0 += 2 * LANES) {
+    __m512 lo[R], hi[R];
+    for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+    for (int64_t dd = 0; dd < d; ++dd) {
+      const __m512 k0 = _mm512_loadu_ps(kt + dd * Tp + j0);
+      const __m512 k1 = _mm512_loadu_ps(kt + dd * Tp + j0 + LANES);
+      for (int r = 0; r < R; ++r) {
+        const __m512 qv = _mm512_set1_ps(qs[r * d + dd]);
+        lo[r] = _mm512_fmadd_ps(qv, k0, lo[r]);
+        hi[r] = _mm512_fmadd_ps(qv, k1, hi[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm512_storeu_ps(s + r * Tp + j0, lo[r]);
+      _mm512_storeu_ps(s + r * Tp + j0 + LANES, hi[r]);
+    }
+  }
+  if (j0 < Tp) {
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t dd = 0; dd < d; ++dd) {
+      const __m512 kv = _mm512_loadu_ps(kt + dd * Tp + j0);
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qs[r * d + dd]), kv, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * Tp + j0, acc[r]);
+  }
+  // Softmax numerators over the Tk real keys; the padded lanes are set to zero.
+  float inv[R];
+  for (int r = 0; r < rows; ++r) {
+    float* sr = s + r * Tp;
+    __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t j0 = 0; j0 + LANES < Tp; j0 += LANES)
+      m = _mm512_max_ps(m, _mm512_loadu_ps(sr + j0));
+    m = _mm512_mask_max_ps(m, tail, m, _mm512_loadu_ps(sr + Tp - LANES));
+    const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j0 = 0; j0 < Tp; j0 += LANES) {
+      __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(sr + j0), vmax));
+      if (j0 + LANES == Tp) e = _mm512_maskz_mov_ps(tail, e);
+      _mm512_storeu_ps(sr + j0, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
+  }
+  // Weighted sum of the values, 32 columns at a time (2R accumulators, as for the scores),
+  // then 16 where d is an odd number of vectors; normalised at the end.
+  int64_t c0 = 0;
+  for (; c0 + 2 * LANES <= d; c0 += 2 * LANES) {
+    __m512 lo[R], hi[R];
+    for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < Tk; ++j) {
+      const __m512 v0 = _mm512_loadu_ps(v + j * in_stride + c0);
+      const __m512 v1 = _mm512_loadu_ps(v + j * in_stride + c0 + LANES);
+      for (int r = 0; r < R; ++r) {
+        const __m512 p = _mm512_set1_ps(s[r * Tp + j]);
+        lo[r] = _mm512_fmadd_ps(p, v0, lo[r]);
+        hi[r] = _mm512_fmadd_ps(p, v1, hi[r]);
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      const __m512 norm = _mm512_set1_ps(inv[r]);
+      _mm512_storeu_ps(out + (i0 + r) * out_stride + c0, _mm512_mul_ps(lo[r], norm));
+      _mm512_storeu_ps(out + (i0 + r) * out_stride + c0 + LANES, _mm512_mul_ps(hi[r], norm));
+    }
+  }
+  if (c0 < d) {
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < Tk; ++j) {
+      const __m512 vv = _mm512_loadu_ps(v + j * in_stride + c0);
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(s[r * Tp + j]), vv, acc[r]);
+    }
+    for (int r = 0; r < rows; ++r)
+      _mm512_storeu_ps(out + (i0 + r) * out_stride + c0,
+                       _mm512_mul_ps(acc[r], _mm512_set1_ps(inv[r])));
+  }
+}
+
 // One head: Tq query rows attend Tk key rows (rows `in_stride` floats apart in q, k and v,
 // `out_stride` apart in out), d (a multiple of 16) wide.
 void attend_head(const float* q, const float* k, const float* v, float* out, int64_t Tq,
@@ -107,98 +207,15 @@ void attend_head(const float* q, const float* k, const float* v, float* out, int
       for (int64_t c = 0; c < LANES; ++c) _mm512_storeu_ps(kt + (c0 + c) * Tp + j0, block[c]);
     }
   }
-  const __mmask16 tail = static_cast<__mmask16>((1u << (Tk - (Tp - LANES))) - 1u);
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t i0 = 0; i0 < Tq; i0 += ROWS) {
+    // The last block of a head takes half as many registers' rows when half suffice.
     const int rows = static_cast<int>(std::min<int64_t>(ROWS, Tq - i0));
-    for (int r = 0; r < ROWS; ++r) {
-      const int64_t i = i0 + std::min(r, rows - 1);  // spare rows repeat the last real one
-      for (int64_t c = 0; c < d; c += LANES)
-        _mm512_storeu_ps(qs + r * d + c,
-                         _mm512_mul_ps(_mm512_loadu_ps(q + i * in_stride + c), vscale));
-    }
-    // Scores, 32 keys at a time for all ROWS queries (16 accumulators: two key vectors per
-    // ROWS broadcasts keeps the loop on the FMA units rather than the load ports), then a
-    // last block of 16 where Tp is an odd number of vectors.
-    int64_t j0 = 0;
-    for (; j0 + 2 * LANES <= Tp; j0 += 2 * LANES) {
-      __m512 lo[ROWS], hi[ROWS];
-      for (int r = 0; r < ROWS; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
-      for (int64_t dd = 0; dd < d; ++dd) {
-        const __m512 k0 = _mm512_loadu_ps(kt + dd * Tp + j0);
-        const __m512 k1 = _mm512_loadu_ps(kt + dd * Tp + j0 + LANES);
-        for (int r = 0; r < ROWS; ++r) {
-          const __m512 qv = _mm512_set1_ps(qs[r * d + dd]);
-          lo[r] = _mm512_fmadd_ps(qv, k0, lo[r]);
-          hi[r] = _mm512_fmadd_ps(qv, k1, hi[r]);
-        }
-      }
-      for (int r = 0; r < ROWS; ++r) {
-        _mm512_storeu_ps(s + r * Tp + j0, lo[r]);
-        _mm512_storeu_ps(s + r * Tp + j0 + LANES, hi[r]);
-      }
-    }
-    if (j0 < Tp) {
-      __m512 acc[ROWS];
-      for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
-      for (int64_t dd = 0; dd < d; ++dd) {
-        const __m512 kv = _mm512_loadu_ps(kt + dd * Tp + j0);
-        for (int r = 0; r < ROWS; ++r)
-          acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qs[r * d + dd]), kv, acc[r]);
-      }
-      for (int r = 0; r < ROWS; ++r) _mm512_storeu_ps(s + r * Tp + j0, acc[r]);
-    }
-    // Softmax numerators over the Tk real keys; the padded lanes are set to zero.
-    float inv[ROWS];
-    for (int r = 0; r < rows; ++r) {
-      float* sr = s + r * Tp;
-      __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      for (int64_t j0 = 0; j0 + LANES < Tp; j0 += LANES)
-        m = _mm512_max_ps(m, _mm512_loadu_ps(sr + j0));
-      m = _mm512_mask_max_ps(m, tail, m, _mm512_loadu_ps(sr + Tp - LANES));
-      const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(m));
-      __m512 sum = _mm512_setzero_ps();
-      for (int64_t j0 = 0; j0 < Tp; j0 += LANES) {
-        __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(sr + j0), vmax));
-        if (j0 + LANES == Tp) e = _mm512_maskz_mov_ps(tail, e);
-        _mm512_storeu_ps(sr + j0, e);
-        sum = _mm512_add_ps(sum, e);
-      }
-      inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
-    }
-    // Weighted sum of the values, 32 columns at a time (16 accumulators, as for the scores),
-    // then 16 where d is an odd number of vectors; normalised at the end.
-    int64_t c0 = 0;
-    for (; c0 + 2 * LANES <= d; c0 += 2 * LANES) {
-      __m512 lo[ROWS], hi[ROWS];
-      for (int r = 0; r < ROWS; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < Tk; ++j) {
-        const __m512 v0 = _mm512_loadu_ps(v + j * in_stride + c0);
-        const __m512 v1 = _mm512_loadu_ps(v + j * in_stride + c0 + LANES);
-        for (int r = 0; r < ROWS; ++r) {
-          const __m512 p = _mm512_set1_ps(s[r * Tp + j]);
-          lo[r] = _mm512_fmadd_ps(p, v0, lo[r]);
-          hi[r] = _mm512_fmadd_ps(p, v1, hi[r]);
-        }
-      }
-      for (int r = 0; r < rows; ++r) {
-        const __m512 norm = _mm512_set1_ps(inv[r]);
-        _mm512_storeu_ps(out + (i0 + r) * out_stride + c0, _mm512_mul_ps(lo[r], norm));
-        _mm512_storeu_ps(out + (i0 + r) * out_stride + c0 + LANES, _mm512_mul_ps(hi[r], norm));
-      }
-    }
-    if (c0 < d) {
-      __m512 acc[ROWS];
-      for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < Tk; ++j) {
-        const __m512 vv = _mm512_loadu_ps(v + j * in_stride + c0);
-        for (int r = 0; r < ROWS; ++r)
-          acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(s[r * Tp + j]), vv, acc[r]);
-      }
-      for (int r = 0; r < rows; ++r)
-        _mm512_storeu_ps(out + (i0 + r) * out_stride + c0,
-                         _mm512_mul_ps(acc[r], _mm512_set1_ps(inv[r])));
-    }
+    if (rows > ROWS / 2)
+      attend_block<ROWS>(q, v, out, i0, rows, Tk, d, in_stride, out_stride, vscale, kt, s, qs);
+    else
+      attend_block<ROWS / 2>(q, v, out, i0, rows, Tk, d, in_stride, out_stride, vscale, kt, s,
+                             qs);
   }
 }
 
