@@ -67,10 +67,11 @@ def reference(q, k, v, cu, scale):
 
 @pytest.mark.parametrize("head_dim", [16, 32, 48, 64])
 def test_every_length_matches_the_reference_formula(head_dim):
-    # Lengths on both sides of the 16-key vectors, the 32-key blocks and the 8-query blocks, an
+    # Lengths on both sides of the 16-key vectors, the 32-key blocks and the 8-query blocks (and
+    # last blocks of four queries or fewer, which take a four-row block), an
     # empty sequence, and one longer than the 256 rows a BERT sequence can have; head widths of
     # an odd and an even number of vectors (the values' 32-column blocks and their tail).
-    lengths = [1, 7, 8, 9, 15, 16, 17, 31, 33, 0, 64, 130, 300]
+    lengths = [1, 4, 7, 8, 9, 12, 15, 16, 17, 20, 31, 33, 0, 64, 130, 300]
     q, k, v, cu = packed_qkv(lengths, heads=3, head_dim=head_dim)
     scale = head_dim**-0.5
     got = avx512.attention(q, k, v, cu, scale)
