@@ -124,6 +124,11 @@ def test_block_converts_from_torch_in_either_batch_layout():
             "mask must be None with a cache",
         ),
         (lambda d, x, m: d(x, m, cache=("k", "v")), TypeError, "cache must be a DecoderCache"),
+        (
+            lambda d, x, m: d(x, m, cache=d.start_cache(m)),
+            ValueError,
+            "memory must be None with a cache",
+        ),
         (lambda d, x, m: d(x, m, torch.ones(3, 5, dtype=torch.bool)), ValueError, "mask"),
     ],
 )

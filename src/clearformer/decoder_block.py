@@ -176,8 +176,8 @@ class DecoderBlock(nn.Module):
 
         Args:
             x: (B, T, D) target rows (with a cache: the new rows only).
-            memory: (B, S, D) the encoder's output; may be None when ``cache`` holds its keys
-                and values.
+            memory: (B, S, D) the encoder's output; None with a ``cache``, which holds its
+                keys and values (a memory given with a cache is refused: it would be ignored).
             mask: (B, T) bool, True = real target token; None = all real. With a cache, the
                 new rows are all real (None).
             memory_mask: (B, S) bool, True = real source token; None = all real.
@@ -279,6 +279,14 @@ def prepare_call(owner, x, memory, mask, memory_mask, cache, *, cache_type, head
     else:
         if not isinstance(cache, cache_type):
             raise TypeError(f"cache must be a {cache_type.__name__}, got {type(cache).__name__}")
+        if memory is not None:
+            # The cache holds the memory's keys and values, projected when it was started: a
+            # memory given here as well would be ignored, silently, even if it were another one.
+            raise ValueError(
+                "memory must be None with a cache (the cache holds the keys and values of the "
+                "memory it was started on, start_cache(memory)), got a tensor of shape "
+                f"{tuple(memory.shape)}"
+            )
         if mask is not None:
             raise ValueError("mask must be None with a cache: decoded rows are all real tokens")
         if cache.batch != x.shape[0]:
