@@ -166,7 +166,8 @@ class Seq2SeqTransformer(nn.Module):
         cache: DecoderCache | None = None,
     ) -> Tensor | tuple[Tensor, DecoderCache]:
         """Target ids (B, T) (with a cache: the new ids only) -> logits (B, T, V_tgt) (and the
-        cache). Positions continue after the cached tokens."""
+        cache). Positions continue after the cached tokens. ``memory``: the encoder's output,
+        or None with a cache, which holds its keys and values."""
         check_token_ids(tgt, self.target_embeddings.config, "tgt")
         past = 0 if cache is None else cache.length
         if past + tgt.shape[1] > self.config.max_positions:
