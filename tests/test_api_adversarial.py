@@ -259,3 +259,37 @@ def test_token_types_of_the_wrong_dtype_name_the_argument():
         a = model(ids, None, torch.zeros(2, 5, dtype=torch.long))
         b = model(ids, None, torch.ones(2, 5, dtype=torch.long))
     assert not torch.allclose(a, b)
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rotary"])
+@given(
+    lengths=st.lists(st.integers(1, 7), min_size=1, max_size=4),
+    left=st.lists(st.booleans(), min_size=4, max_size=4),
+    seed=st.integers(0, 2**16),
+)
+def test_a_text_gives_the_same_rows_whatever_its_padding_and_layout(positions, lengths, left, seed):
+    # Positions count a sequence's real tokens, on every layout: a text padded on the left, on
+    # the right or not at all gives the same rows, and the padded and the packed layout agree.
+    # (Learned and sinusoidal positions once counted the left pads on the padded layout only.)
+    torch.manual_seed(seed)
+    config = EncoderConfig(
+        d_model=D, n_heads=H, n_layers=2, dim_mlp=32, vocab_size=20, positions=positions
+    )
+    model = EncoderModel(config).eval()
+    T = max(lengths) + 2
+    ids = torch.randint(1, 20, (len(lengths), T))
+    steps = torch.arange(T)
+    mask = torch.stack(
+        [
+            (steps >= T - n) if on_left else (steps < n)
+            for n, on_left in zip(lengths, left, strict=False)
+        ]
+    )  # (B, T), each row one run of real tokens at its left or right end
+    with torch.no_grad():
+        rows = {backend: model(ids, mask.long(), backend=backend) for backend in ("sdpa", "varlen")}
+        for b in range(len(lengths)):
+            alone = model(ids[b][mask[b]][None])[0]  # (n, D): the text without padding
+            for backend, out in rows.items():
+                torch.testing.assert_close(
+                    out[b][mask[b]], alone, atol=1e-5, rtol=0, msg=f"{backend}, row {b}"
+                )

@@ -50,13 +50,14 @@ class Embeddings(nn.Module):
         positions: Tensor | None = None,
     ) -> Tensor:
         """``(B, T)`` ids -> ``(B, T, D)``; or ``(N,)`` packed ids with their ``positions``
-        (N,) within their own sequences -> ``(N, D)``."""
+        (N,) within their own sequences -> ``(N, D)``. Padded ids take ``positions`` (B, T)
+        (each token's index among its sequence's real tokens) or, when None, 0 .. T-1."""
         x = self.word(input_ids)  # (B, T, D) or (N, D)
         if positions is None:
             positions = torch.arange(input_ids.shape[-1], device=input_ids.device)  # (T,)
         positions = positions + self.config.position_offset
         if self.position is not None:
-            x = x + self.position(positions)  # (T, D) broadcast over B, or (N, D)
+            x = x + self.position(positions)  # (T, D) broadcast over B, (B, T, D) or (N, D)
         elif self.position_table is not None:
             x = x + self.position_table[positions].to(x.dtype)
         if self.token_type is not None:

@@ -84,7 +84,13 @@ def positions_of(plan: ForwardPlan) -> Tensor:
         return plan.packing.positions
     if plan.token_mask is None:
         return torch.arange(plan.tq, device=plan.device)[None].expand(plan.batch, plan.tq)
-    return (plan.token_mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
+    return padded_positions(plan.token_mask)
+
+
+def padded_positions(token_mask: Tensor) -> Tensor:
+    """(B, T) bool mask, True = real token -> (B, T) int64: each token's index among its row's
+    real tokens (a padded position takes its real neighbour's; its row is zeroed anyway)."""
+    return (token_mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
 
 
 def layer_plan(

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from .config import EncoderConfig
 from .embeddings import Embeddings
 from .encoder import Encoder, EncoderOutput
+from .layer_plans import padded_positions
 from .masks import from_attention_mask
 
 
@@ -88,7 +89,11 @@ class EncoderModel(nn.Module):
             dtype=self.embeddings.word.weight.dtype,
             mask_name="attention_mask",
         )
-        x = self.embeddings(input_ids, token_type_ids)  # (B, T, D)
+        # Positions count each sequence's real tokens, as on the packed layout and for rotary
+        # tables: a text padded on the left gets the positions it has alone. Without a mask,
+        # the plain 0 .. T-1.
+        positions = None if plan.token_mask is None else padded_positions(plan.token_mask)
+        x = self.embeddings(input_ids, token_type_ids, positions)  # (B, T, D)
         return self.encoder.run(x, plan)
 
     def _forward_packed(
