@@ -216,9 +216,9 @@ def test_encode_builds_it_only_for_large_calls(monkeypatch, preferred):
     calls = []
     monkeypatch.setattr(avx512, "_state", {})
     monkeypatch.setattr(avx512, "load", lambda build=True: calls.append(build))
-    text_encoder._attention_kernel_for(1_000, torch.device("cpu"))
-    text_encoder._attention_kernel_for(avx512.BUILD_MIN_TOKENS, torch.device("cpu"))
-    text_encoder._attention_kernel_for(avx512.BUILD_MIN_TOKENS, torch.device("meta"))
+    text_encoder.attention_kernel_for(1_000, torch.device("cpu"))
+    text_encoder.attention_kernel_for(avx512.BUILD_MIN_TOKENS, torch.device("cpu"))
+    text_encoder.attention_kernel_for(avx512.BUILD_MIN_TOKENS, torch.device("meta"))
     assert calls == [True]  # built only for a call that repays it
 
 

@@ -58,6 +58,23 @@ def test_ranks_lines_by_the_cross_encoders_score(reranker, corpus):
     assert [r["rank"] for r in rows] == [1, 2, 3]
     np.testing.assert_allclose([r["score"] for r in rows], scores[best], atol=2e-6, rtol=0)
     assert [r["line"] for r in rows] == [LINES.index(texts[i]) + 1 for i in best]  # blanks count
+    one = run_cli(
+        "rerank",
+        QUERY,
+        "--corpus",
+        str(corpus),
+        "--model",
+        str(reranker),
+        "-k",
+        "3",
+        "--json",
+        "--workers",
+        "1",
+    )  # one batch at a time: the same ranking, the same scores to float32 rounding
+    assert one.returncode == 0, one.stderr
+    alone = [json.loads(line) for line in one.stdout.splitlines()]
+    assert [r["line"] for r in alone] == [r["line"] for r in rows]
+    np.testing.assert_allclose([r["score"] for r in alone], [r["score"] for r in rows], atol=1e-6)
 
     plain = run_cli("rerank", QUERY, "--corpus", str(corpus), "--model", str(reranker), "-k", "1")
     assert plain.returncode == 0, plain.stderr
@@ -108,6 +125,10 @@ def test_bad_inputs_are_one_line_errors(reranker, corpus, tmp_path):
     _one_line_error(
         run_cli("rerank", " ", "--corpus", str(corpus), "--model", str(reranker)), "QUERY is empty"
     )
+    workers = run_cli(
+        "rerank", QUERY, "--corpus", str(corpus), "--model", str(reranker), "--workers", "0"
+    )  # refused by the parser, before the model loads
+    assert workers.returncode == 2 and "argument --workers" in workers.stderr, workers.stderr
     usage = run_cli("rerank", QUERY, "--corpus", str(corpus))  # --model is required
     assert usage.returncode == 2 and "--model" in usage.stderr
 

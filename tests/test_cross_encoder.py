@@ -104,6 +104,40 @@ def test_xlm_roberta_cross_encoder_passes_no_token_types(tmp_path):
     np.testing.assert_allclose(got, reference.predict(pairs), atol=1e-5, rtol=0)
 
 
+def test_predict_runs_two_workers_on_balanced_batches_and_scores_the_same(checkpoint, monkeypatch):
+    import clearformer.text.cross_encoder as module
+
+    path, _ = checkpoint
+    ours = CrossEncoder.from_pretrained(path)
+    pairs = PAIRS * 5  # 30 pairs of mixed lengths
+    one = ours.predict(pairs, max_tokens=64, workers=1)
+    calls = []
+    real = module.map_in_workers
+
+    def spy(fn, batches, workers):
+        calls.append((len(batches), workers))
+        return real(fn, batches, workers)
+
+    monkeypatch.setattr(module, "map_in_workers", spy)
+    monkeypatch.setattr(module.torch, "get_num_threads", lambda: 2)  # as on a two-core CPU
+    # workers=None: two; the budget's three batches are cut again into four, two per worker.
+    two = ours.predict(pairs, max_tokens=256)
+    ((batches, workers),) = calls
+    assert (batches, workers) == (4, 2)
+    np.testing.assert_allclose(two, one, atol=1e-6, rtol=0)
+    named = ours.predict(pairs, batch_size=7, workers=2)  # a named batch size is kept
+    assert calls[-1] == (5, 2)
+    np.testing.assert_allclose(named, one, atol=1e-6, rtol=0)
+
+
+def test_predict_refuses_a_bad_worker_count(checkpoint):
+    ours = CrossEncoder.from_pretrained(checkpoint[0])
+    with pytest.raises(ValueError, match="workers must be a positive int, got 0"):
+        ours.predict(PAIRS, workers=0)
+    with pytest.raises(TypeError, match="workers must be a positive int, got '2'"):
+        ours.predict(PAIRS, workers="2")
+
+
 def test_empty_input_and_bad_pairs(checkpoint):
     path, labels = checkpoint
     ours = CrossEncoder.from_pretrained(path)

@@ -61,6 +61,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"padded tokens per forward pass without --batch-size (default {DEFAULT_MAX_TOKENS})",
     )
     p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="batches run side by side, the CPU threads split between them (default: 2 on a "
+        "CPU with 2 or more threads and 2 or more batches, else 1)",
+    )
+    p.add_argument(
         "--backend",
         choices=BACKENDS,
         default="auto",
@@ -103,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         [(args.query, text) for _, text in entries],
         batch_size=args.batch_size,
         max_tokens=args.max_tokens,
+        workers=args.workers,
     )  # (n,)
     bad = np.flatnonzero(~np.isfinite(scores))
     if len(bad):

@@ -28,7 +28,10 @@ from ..interop.hf.sentence_transformers import score_activation
 from ..interop.hf.tokenizer import check_pairs, check_texts, max_length_for
 from ..model import EncoderModel
 from ..packed_weights import KeptPacking, use_packed_weights
-from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
+from ..tracing import is_recording
+from .batching import DEFAULT_MAX_TOKENS, balance_batches, check_batch_limits, plan_batches
+from .encoder import attention_kernel_for
+from .workers import auto_workers, map_in_workers
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +117,7 @@ class CrossEncoder:
         activation: str | None = None,
         apply_softmax: bool = False,
         max_tokens: int = DEFAULT_MAX_TOKENS,
+        workers: int | None = None,
     ) -> np.ndarray:
         """Scores of (first, second) text pairs, as ``sentence_transformers.CrossEncoder``
         ``.predict`` gives them.
@@ -125,6 +129,14 @@ class CrossEncoder:
                 :attr:`activation` (the checkpoint's default).
             apply_softmax: with several labels, softmax over them after the activation.
             max_tokens: padded tokens per forward pass when ``batch_size`` is None.
+            workers: forward passes run side by side on a CPU, its threads split between
+                them, as ``TextEncoder.encode`` does (:mod:`clearformer.text.workers`); 1 = one
+                at a time; None = two on a CPU with at least two threads and two batches or
+                more. With more than one worker and no ``batch_size``, the batches are cut
+                again into a multiple of the workers of about equal cost
+                (:func:`~clearformer.text.batching.balance_batches`). A pair's score does not
+                depend on its batch-mates, so the scores are the same either way (to float32
+                rounding: a thread count can change how a kernel splits its sums).
 
         Returns:
             float32 (n,) with one label, (n, L) with L labels; row i for ``pairs[i]``.
@@ -134,21 +146,42 @@ class CrossEncoder:
         check_bool(apply_softmax, "apply_softmax")
         name = self.activation if activation is None else activation
         check_choice(name, tuple(ACTIVATIONS), "activation")  # TypeError for a non-str
+        if workers is not None:
+            check_positive_int(workers, "workers")
+            if workers > 1 and is_recording():
+                # A recorder sees its own thread's steps only (as for TextEncoder.encode).
+                raise ValueError(
+                    f"workers must be 1 while a trace is recording (explain), got {workers}"
+                )
         n, L = len(pairs), self.num_labels
         out = np.empty((n, L), dtype=np.float32)
         encodings = self.tokenizer.encode_pairs(pairs) if n else []
         lengths = [len(e.ids) for e in encodings]
+        tokens = sum(lengths)
+        device = next(self.model.parameters()).device
+        attention_kernel_for(tokens, device)
+        batches = plan_batches(lengths, batch_size, max_tokens)
+        if workers is None:
+            workers = auto_workers(len(batches), device)
+        if batch_size is None:  # a batch size the caller named is kept as it is
+            d_model = self.model.config.d_model
+            batches = balance_batches(lengths, batches, workers, d_model, max_tokens)
         # Each weight reordered for oneDNN once and kept for later calls, once calls repay it.
-        packed = self._packing.for_call(sum(lengths))
-        for rows in plan_batches(lengths, batch_size, max_tokens):
+        packed = self._packing.for_call(tokens)
+
+        def score(rows: list[int]) -> tuple[list[int], np.ndarray]:
             batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
+            # Grad mode and the packed weights are per thread: each worker enters both itself.
             with torch.inference_mode(), use_packed_weights(packed):
                 scores = ACTIVATIONS[name](
                     self.logits(batch.input_ids, batch.attention_mask, batch.token_type_ids)
                 )  # (B, L)
                 if apply_softmax and L > 1:
                     scores = torch.softmax(scores, dim=-1)
-            out[rows] = scores.float().numpy()
+            return rows, scores.float().numpy()
+
+        for rows, scores in map_in_workers(score, batches, workers):
+            out[rows] = scores
         return out[:, 0] if L == 1 else out
 
     def drop_packed_weights(self) -> None:

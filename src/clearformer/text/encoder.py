@@ -274,7 +274,7 @@ class TextEncoder:
             model = self.int8_model(fused=auto if fuse_int8 is None else fuse_int8)
         else:
             model = self.model
-        _attention_kernel_for(tokens, next(model.parameters()).device)
+        attention_kernel_for(tokens, next(model.parameters()).device)
         # Longest first: texts of similar length share a batch, and the longest batch (the peak
         # of memory) comes first, so a memory problem shows at once.
         batches = plan_batches(lengths, batch_size, max_tokens)
@@ -417,7 +417,7 @@ class TextEncoder:
         )
 
 
-def _attention_kernel_for(tokens: int, device: torch.device) -> None:
+def attention_kernel_for(tokens: int, device: torch.device) -> None:
     """On a CPU where clearformer's AVX-512 attention kernel is faster than PyTorch's
     (:func:`clearformer.kernels.avx512.preferred`), build it for a call of at least
     ``BUILD_MIN_TOKENS`` tokens, which repays the build; the forward plan takes it once built
