@@ -37,11 +37,12 @@ from .checks import (
     check_positive_int,
     check_probability,
 )
+from .dtypes import check_rows_dtype
 from .feedforward import FeedForward
 from .fused_linear import fusion_decision
 from .layer_plans import with_linear
 from .options import ACTIVATIONS, BACKENDS, NORMS
-from .plan import ForwardPlan, check_rows_dtype, plan_attention
+from .plan import ForwardPlan, plan_attention
 from .tracing import record
 
 

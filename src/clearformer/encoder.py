@@ -18,11 +18,12 @@ from torch.utils.checkpoint import checkpoint
 from .blocks import EncoderBlock
 from .checks import check_bool
 from .config import EncoderConfig
+from .dtypes import check_rows_dtype
 from .fused_linear import fusion_decision
 from .layer_plans import check_contiguous, with_linear, with_score_bias
 from .options import Decision
 from .padding import layout_from_cu_seqlens, repad
-from .plan import ForwardPlan, check_rows_dtype, plan_stack
+from .plan import ForwardPlan, plan_stack
 from .relative_bias import RelativePositionBias
 from .tracing import record
 

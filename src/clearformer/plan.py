@@ -23,6 +23,7 @@ from torch import Tensor
 
 from . import masks
 from .checks import check_choice
+from .dtypes import check_rows_dtype, compute_dtype
 from .kernels.varlen import resolve_method
 from .layer_plans import positions_of, with_layers
 from .options import BACKENDS, KERNEL_NAMES, LAYOUTS, Decision
@@ -172,36 +173,6 @@ class ForwardPlan:
         return "\n".join(lines)
 
 
-def _autocast_on(device: torch.device) -> bool:
-    try:
-        return torch.is_autocast_enabled(device.type)
-    except RuntimeError:  # a device type autocast does not know (meta): no autocast there
-        return False
-
-
-def _compute_dtype(device: torch.device, dtype: torch.dtype | None) -> torch.dtype:
-    """The dtype attention will see: autocast's when it is on, else the rows' own."""
-    if _autocast_on(device):
-        return torch.get_autocast_dtype(device.type)
-    return torch.float32 if dtype is None else dtype
-
-
-def check_rows_dtype(rows: Tensor, name: str, module: torch.nn.Module) -> None:
-    """Raise TypeError unless ``rows`` are floating point in the dtype of ``module``'s floating
-    parameters, before any work: otherwise the first matrix product or norm fails deep inside
-    with a message that names neither the argument nor the fix. Under autocast the layers cast
-    their inputs themselves, and a module without floating parameters (int8) is not checked."""
-    if not rows.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {rows.dtype}")
-    want = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
-    if want is None or rows.dtype == want or _autocast_on(rows.device):
-        return
-    raise TypeError(
-        f"{name} must have the dtype of the model's parameters, {want}, got {rows.dtype}; "
-        f"convert the input ({name}.to({want})) or the model (.to({rows.dtype}))"
-    )
-
-
 def _weights_decision(requested: str) -> Decision:
     if requested in ("auto", "math"):
         return Decision("math", "attention weights requested; only the math kernel returns them")
@@ -253,7 +224,7 @@ def plan_stack(
         TypeError, ValueError: a bad mask or backend, or a backend that cannot serve the call.
     """
     check_choice(backend, BACKENDS, "backend")
-    dtype = _compute_dtype(device, dtype)
+    dtype = compute_dtype(device, dtype)
     if packing is not None:
         return _plan_packed_rows(
             packing,
@@ -463,7 +434,7 @@ def plan_attention(
                 "auto",
                 packing,
                 device=device,
-                dtype=_compute_dtype(device, dtype),
+                dtype=compute_dtype(device, dtype),
                 head_dim=head_dim,
                 is_causal=is_causal,
             )

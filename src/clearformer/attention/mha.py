@@ -20,11 +20,12 @@ from ..checks import (
     check_positive_int,
     check_probability,
 )
+from ..dtypes import check_rows_dtype
 from ..fused_linear import linear
 from ..kernels import KERNELS
 from ..options import BACKENDS
 from ..padding import PackedLayout
-from ..plan import ForwardPlan, check_rows_dtype, plan_attention
+from ..plan import ForwardPlan, plan_attention
 from ..positions import apply_rotary
 from ..tracing import record
 
