@@ -131,7 +131,18 @@ def test_predict_runs_two_workers_on_balanced_batches_and_scores_the_same(checkp
 
 
 def test_predict_refuses_a_bad_worker_count(checkpoint):
+    from clearformer.tracing import recording
+
     ours = CrossEncoder.from_pretrained(checkpoint[0])
+    steps = []
+
+    class Steps:
+        def on_step(self, name, value, meta, file, line):
+            steps.append(name)
+
+    with recording(Steps()), pytest.raises(ValueError, match="workers must be 1 while a trace"):
+        ours.predict(PAIRS, workers=2)
+    assert steps == []  # refused before any forward pass
     with pytest.raises(ValueError, match="workers must be a positive int, got 0"):
         ours.predict(PAIRS, workers=0)
     with pytest.raises(TypeError, match="workers must be a positive int, got '2'"):

@@ -28,10 +28,9 @@ from ..interop.hf.sentence_transformers import score_activation
 from ..interop.hf.tokenizer import check_pairs, check_texts, max_length_for
 from ..model import EncoderModel
 from ..packed_weights import KeptPacking, use_packed_weights
-from ..tracing import is_recording
 from .batching import DEFAULT_MAX_TOKENS, balance_batches, check_batch_limits, plan_batches
 from .encoder import attention_kernel_for
-from .workers import auto_workers, map_in_workers
+from .workers import auto_workers, check_workers, map_in_workers
 
 log = logging.getLogger(__name__)
 
@@ -146,13 +145,7 @@ class CrossEncoder:
         check_bool(apply_softmax, "apply_softmax")
         name = self.activation if activation is None else activation
         check_choice(name, tuple(ACTIVATIONS), "activation")  # TypeError for a non-str
-        if workers is not None:
-            check_positive_int(workers, "workers")
-            if workers > 1 and is_recording():
-                # A recorder sees its own thread's steps only (as for TextEncoder.encode).
-                raise ValueError(
-                    f"workers must be 1 while a trace is recording (explain), got {workers}"
-                )
+        check_workers(workers)
         n, L = len(pairs), self.num_labels
         out = np.empty((n, L), dtype=np.float32)
         encodings = self.tokenizer.encode_pairs(pairs) if n else []

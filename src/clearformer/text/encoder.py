@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..checks import check_bool, check_choice, check_positive_int, check_unicode
+from ..checks import check_bool, check_choice, check_unicode
 from ..config import EncoderConfig
 from ..heads import POOLING_MODES, pool
 from ..interop.hf import (
@@ -40,9 +40,8 @@ from ..io import atomic_write
 from ..model import EncoderModel
 from ..packed_weights import KeptPacking, use_packed_weights
 from ..quant import PRECISIONS
-from ..tracing import is_recording
 from .batching import balance_batches, check_batch_limits, default_max_tokens, plan_batches
-from .workers import auto_workers, map_in_workers, run_at_worker_shares
+from .workers import auto_workers, check_workers, map_in_workers, run_at_worker_shares
 
 log = logging.getLogger(__name__)
 
@@ -256,14 +255,7 @@ class TextEncoder:
         if max_tokens is None:
             max_tokens = default_max_tokens(precision)
         check_batch_limits(batch_size, max_tokens)
-        if workers is not None:
-            check_positive_int(workers, "workers")
-        if workers is not None and workers > 1 and is_recording():
-            # A recorder sees its own thread's steps only: batches run on worker threads would
-            # be missing from the trace, and the calling thread's share would be out of order.
-            raise ValueError(
-                f"workers must be 1 while a trace is recording (explain), got {workers}"
-            )
+        check_workers(workers)
         if n == 0:
             return out
         encodings = self.tokenizer.encode(texts)

@@ -27,6 +27,7 @@ from typing import TypeVar
 
 import torch
 
+from ..checks import check_positive_int
 from ..runtime import set_own_thread_count
 from ..tracing import is_recording
 
@@ -42,6 +43,17 @@ def auto_workers(batches: int, device: torch.device) -> int:
     if device.type != "cpu" or batches < 2 or torch.get_num_threads() < 2 or is_recording():
         return 1
     return 2
+
+
+def check_workers(workers: int | None) -> None:
+    """Raise unless ``workers`` is None or a positive int, and 1 while a trace records: a
+    recorder sees its own thread's steps only, so batches run on worker threads would be
+    missing from the trace, and the calling thread's share would be out of order."""
+    if workers is None:
+        return
+    check_positive_int(workers, "workers")
+    if workers > 1 and is_recording():
+        raise ValueError(f"workers must be 1 while a trace is recording (explain), got {workers}")
 
 
 def map_in_workers(
