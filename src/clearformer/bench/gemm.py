@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 
 import torch
 
@@ -18,50 +19,13 @@ def gemm_rate(size: ModelSize, tokens: int = 4096, repeats: int = 10) -> float:
     return max(gemm_rates(size, tokens, repeats).values())
 
 
-def sustained_gemm_rate(size: ModelSize, tokens: int = 4096, rounds: int = 40) -> dict[str, float]:
-    """The same products as :func:`gemm_rates` (oneDNN's op where this build has it, else
-    ``torch.matmul``) run ``rounds`` times in a row: ``{"best": ..., "median": ...}`` GFLOP/s.
-
-    The bound takes the best round, a rate the machine can reach. A whole ``encode`` call runs
-    its products one after another at whatever rate each moment gives, so on a host whose rate
-    varies from call to call even a pure matrix-product workload stays below the best round:
-    the median says by how much (the "sustained" rate).
-    """
-    D, F = size.d_model, size.dim_mlp
-    gen = torch.Generator().manual_seed(0)
-    shapes = [(D, 3 * D), (D, D), (D, F), (F, D)]
-    xs = [torch.randn(tokens, i, generator=gen) for i, _ in shapes]
-    flops = sum(2.0 * tokens * i * o for i, o in shapes)
-    if onednn_available():
-        weights = [torch.randn(o, i, generator=gen) for i, o in shapes]  # (out, in)
-        op = torch.ops.mkldnn._linear_pointwise.default
-
-        def products() -> None:
-            for x, w in zip(xs, weights, strict=True):
-                op(x, w, None, "none", [], "")
-
-    else:
-        weights = [torch.randn(i, o, generator=gen) for i, o in shapes]
-
-        def products() -> None:
-            for x, w in zip(xs, weights, strict=True):
-                torch.matmul(x, w)
-
-    with torch.inference_mode():
-        seconds = interleaved({"products": products}, warmup=1, repeats=rounds)["products"]
-    return {"best": flops / min(seconds) / 1e9, "median": flops / statistics.median(seconds) / 1e9}
-
-
-def gemm_rates(size: ModelSize, tokens: int = 4096, repeats: int = 10) -> dict[str, float]:
-    """GFLOP/s of ``torch.matmul`` (key ``"matmul"``) and, where this build has it, of oneDNN's
-    linear op (``"onednn"``, the one clearformer's fused CPU inference uses, often faster) on
-    the shapes of one encoder layer, float32.
-
-    Runs the layer's four products (fused QKV, output, feed-forward in and out) on
-    ``(tokens, D)`` rows, without bias, and keeps the fastest of ``repeats`` rounds: a ceiling,
-    so a moment of load on a shared machine cannot lower it (which would flatter every
-    utilisation figure measured against it).
-    """
+def layer_products(
+    size: ModelSize, tokens: int = 4096
+) -> tuple[float, dict[str, Callable[[], None]]]:
+    """The four products of one encoder layer (fused QKV, output, feed-forward in and out) on
+    ``(tokens, D)`` rows, float32, without bias: their FLOPs, and a function running them
+    through ``torch.matmul`` (key ``"matmul"``) and, where this build has it, through oneDNN's
+    linear op (``"onednn"``, the one clearformer's fused CPU inference uses, often faster)."""
     D, F = size.d_model, size.dim_mlp
     gen = torch.Generator().manual_seed(0)
     shapes = [(D, 3 * D), (D, D), (D, F), (F, D)]
@@ -69,20 +33,49 @@ def gemm_rates(size: ModelSize, tokens: int = 4096, repeats: int = 10) -> dict[s
     ws = [torch.randn(i, o, generator=gen) for i, o in shapes]
     flops = sum(2.0 * tokens * i * o for i, o in shapes)
 
-    def products() -> None:
+    def matmul_products() -> None:
         for x, w in zip(xs, ws, strict=True):
             torch.matmul(x, w)
 
-    rates = {}
+    runs = {"matmul": matmul_products}
+    if onednn_available():
+        rows_out = [w.t().contiguous() for w in ws]  # (out, in), as nn.Linear stores it
+        op = torch.ops.mkldnn._linear_pointwise.default
+
+        def onednn_products() -> None:
+            for x, w in zip(xs, rows_out, strict=True):
+                op(x, w, None, "none", [], "")
+
+        runs["onednn"] = onednn_products
+    return flops, runs
+
+
+def gemm_rates(size: ModelSize, tokens: int = 4096, repeats: int = 10) -> dict[str, float]:
+    """GFLOP/s of :func:`layer_products` through each route it has (``"matmul"``, and
+    ``"onednn"`` where this build has it).
+
+    Keeps the fastest of ``repeats`` rounds: a ceiling, so a moment of load on a shared machine
+    cannot lower it (which would flatter every utilisation figure measured against it).
+    """
+    flops, runs = layer_products(size, tokens)
     with torch.inference_mode():
-        rates["matmul"] = flops / best_seconds(products, warmup=1, repeats=repeats) / 1e9
-        if onednn_available():
-            rows_out = [w.t().contiguous() for w in ws]  # (out, in), as nn.Linear stores it
-            op = torch.ops.mkldnn._linear_pointwise.default
+        return {
+            name: flops / best_seconds(run, warmup=1, repeats=repeats) / 1e9
+            for name, run in runs.items()
+        }
 
-            def onednn_products() -> None:
-                for x, w in zip(xs, rows_out, strict=True):
-                    op(x, w, None, "none", [], "")
 
-            rates["onednn"] = flops / best_seconds(onednn_products, warmup=1, repeats=repeats) / 1e9
-    return rates
+def sustained_gemm_rate(size: ModelSize, tokens: int = 4096, rounds: int = 40) -> dict[str, float]:
+    """:func:`layer_products` through oneDNN's op where this build has it (else
+    ``torch.matmul``) run ``rounds`` times in a row: ``{"best": ..., "median": ...}`` GFLOP/s.
+
+    The bound takes the best round, a rate the machine can reach. A whole ``encode`` call runs
+    its products one after another at whatever rate each moment gives, so on a host whose rate
+    varies from call to call even a pure matrix-product workload stays below the best round:
+    the median says by how much (the "sustained" rate).
+    """
+    flops, runs = layer_products(size, tokens)
+    run = runs.get("onednn", runs["matmul"])
+    with torch.inference_mode():
+        seconds = interleaved({"products": run}, warmup=1, repeats=rounds)["products"]
+    return {"best": flops / min(seconds) / 1e9, "median": flops / statistics.median(seconds) / 1e9}
