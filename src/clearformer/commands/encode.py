@@ -30,6 +30,18 @@ def positive_int(value: str) -> int:
     return number
 
 
+def add_workers_argument(p: argparse.ArgumentParser) -> None:
+    """``--workers N``: forward passes side by side (encode, search and rerank)."""
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="batches run side by side, the CPU threads split between them (default: 2 on a "
+        "CPU with 2 or more threads and 2 or more batches, else 1)",
+    )
+
+
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """The options encode and search share: model, batching, workers, backend, progress."""
     p.add_argument(
@@ -54,14 +66,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         f"; {INT_MM_MAX_TOKENS} with --precision int8 where the int8 products run through "
         "torch._int_mm)",
     )
-    p.add_argument(
-        "--workers",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="batches run side by side, the CPU threads split between them (default: 2 on a "
-        "CPU with 2 or more threads and 2 or more batches, else 1)",
-    )
+    add_workers_argument(p)
     p.add_argument(
         "--backend",
         choices=BACKENDS,

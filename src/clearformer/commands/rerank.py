@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..options import BACKENDS
 from ..text.batching import DEFAULT_MAX_TOKENS
-from .encode import positive_int
+from .encode import add_workers_argument, positive_int
 from .search import DISPLAY_WIDTH, non_negative_int, read_corpus, shorten
 
 
@@ -60,14 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help=f"padded tokens per forward pass without --batch-size (default {DEFAULT_MAX_TOKENS})",
     )
-    p.add_argument(
-        "--workers",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="batches run side by side, the CPU threads split between them (default: 2 on a "
-        "CPU with 2 or more threads and 2 or more batches, else 1)",
-    )
+    add_workers_argument(p)
     p.add_argument(
         "--backend",
         choices=BACKENDS,
