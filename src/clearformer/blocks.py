@@ -187,9 +187,10 @@ class EncoderBlock(nn.Module):
                 h, weights = self._attend(self.attn_norm(x), plan, residual=x)
                 x = self.mlp(self.mlp_norm(h), fused=True, residual=h)
             else:
-                h, weights = self._attend(x, plan, residual=x)
-                h = self.attn_norm(h)
-                x = self.mlp_norm(self.mlp(h, fused=True, residual=h))
+                # Each norm goes into the product before it, which normalises its rows while
+                # they are in cache where a kernel can (clearformer.kernels.avx512_linear).
+                h, weights = self._attend(x, plan, residual=x, norm=self.attn_norm)
+                x = self.mlp(h, fused=True, residual=h, norm=self.mlp_norm)
             return BlockOutput(x, weights)
         if self.norm == "pre":
             h, weights = self._attend(self.attn_norm(x), plan)
@@ -206,10 +207,14 @@ class EncoderBlock(nn.Module):
         return BlockOutput(x, weights)
 
     def _attend(
-        self, h: Tensor, plan: ForwardPlan, residual: Tensor | None = None
+        self,
+        h: Tensor,
+        plan: ForwardPlan,
+        residual: Tensor | None = None,
+        norm: nn.Module | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         record("block.attn_input", h)
-        return self.attn.attend(h, h, h, plan, residual=residual)
+        return self.attn.attend(h, h, h, plan, residual=residual, norm=norm)
 
     def _feed_forward(self, h: Tensor) -> Tensor:
         record("block.mlp_input", h)

@@ -37,8 +37,16 @@ class FeedForward(nn.Module):
         self.fc_in = nn.Linear(d_model, 2 * dim_mlp if self.gated else dim_mlp, bias=bias)
         self.fc_out = nn.Linear(dim_mlp, d_model, bias=bias)
 
-    def forward(self, x: Tensor, *, fused: bool = False, residual: Tensor | None = None) -> Tensor:
-        """(..., D) -> (..., D), plus ``residual`` when given.
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        fused: bool = False,
+        residual: Tensor | None = None,
+        norm: nn.Module | None = None,
+    ) -> Tensor:
+        """(..., D) -> (..., D), plus ``residual`` when given, then ``norm`` when given (a
+        post-norm block's LayerNorm, fused into the second product where a kernel can).
 
         ``fused``: run the linear layers with their bias, activation and the residual add
         fused into the matrix products (:mod:`clearformer.fused_linear`; CPU inference only,
@@ -50,7 +58,7 @@ class FeedForward(nn.Module):
                 h = self.act(gate) * value  # (..., dim_mlp)
             else:
                 h = linear(x, self.fc_in, fused=True, activation=self.activation)
-            return linear(h, self.fc_out, fused=True, residual=residual)
+            return linear(h, self.fc_out, fused=True, residual=residual, norm=norm)
         h = self.fc_in(x)  # (..., dim_mlp) or (..., 2 * dim_mlp) when gated
         record("ffn.hidden", h)
         if self.gated:
@@ -61,7 +69,9 @@ class FeedForward(nn.Module):
         record("ffn.activation", h)
         out = self.fc_out(h)  # (..., D)
         record("ffn.output", out)
-        return out if residual is None else residual + out
+        if residual is not None:
+            out = residual + out
+        return out if norm is None else norm(out)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"

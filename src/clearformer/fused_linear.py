@@ -24,8 +24,9 @@ import torch
 from torch import Tensor, nn
 
 from .activations import activation_fn
+from .kernels import avx512_linear
 from .options import Decision
-from .packed_weights import packed_weight
+from .packed_weights import active_packing, packed_weight
 from .tracing import is_recording
 
 # Activation name -> oneDNN post-op (attribute, algorithm).
@@ -83,20 +84,24 @@ def linear(
     fused: bool,
     activation: str | None = None,
     residual: Tensor | None = None,
+    norm: nn.Module | None = None,
 ) -> Tensor:
     """``layer(x)``, then ``activation`` (a name from ``ONEDNN_ACTIVATIONS``), then
-    ``+ residual``: fused into one oneDNN call when ``fused`` and ``layer`` is a plain
-    ``nn.Linear`` without forward hooks; into the epilogue of an int8 layer's compiled steps
-    when ``fused`` and the layer runs them (``Int8Linear.fused_call``); other replacement
-    layers, and layers with hooks, run eagerly. ``x`` is (..., in),
-    ``residual`` (..., out); the result (..., out)."""
+    ``+ residual``, then ``norm`` (a post-norm block's LayerNorm): fused into one oneDNN call
+    when ``fused`` and ``layer`` is a plain ``nn.Linear`` without forward hooks, with the norm
+    after it; into one call of clearformer's AVX-512 linear kernel, norm included, where that
+    kernel serves the call (:mod:`clearformer.kernels.avx512_linear`: a GELU or a LayerNorm,
+    weights packed by the caller); into the epilogue of an int8 layer's compiled steps when
+    ``fused`` and the layer runs them (``Int8Linear.fused_call``); other replacement layers,
+    and layers with hooks, run eagerly. ``x`` is (..., in), ``residual`` (..., out); the
+    result (..., out)."""
     if activation is not None and residual is not None:
         raise ValueError("linear fuses an activation or a residual add, not both")
     fused_call = getattr(layer, "fused_call", None)  # an int8 layer's compiled steps
     if fused and fused_call is not None and x.numel() > 0 and not _has_hooks(layer):
         out = fused_call(x, activation=activation, residual=residual)
         if out is not None:
-            return out
+            return _normed(out, norm)
     if (
         not fused
         or type(layer) is not nn.Linear
@@ -107,22 +112,37 @@ def linear(
         out = layer(x)
         if activation is not None:
             out = activation_fn(activation)(out)
-        return out if residual is None else residual + out
+        return _normed(out if residual is None else residual + out, norm)
+    rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (M, in)
+    other = None if residual is None else residual.reshape(rows.shape[0], layer.out_features)
+    packing = active_packing()
+    if (
+        packing is not None
+        and packing.has_own_copy(layer)
+        and avx512_linear.serves(rows, layer, activation, norm)
+    ):
+        weight = packing.weight_for(layer, "avx512")
+        out = avx512_linear.linear(
+            rows, weight, layer, activation=activation, residual=other, norm=norm
+        )
+        return out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
     # The overloads are named: called through the packet, a binary call would first be
     # matched against the unary schema, and the failed match formats every argument
     # (weights included) into an error message that is then thrown away.
     op = torch.ops.mkldnn._linear_pointwise
-    rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (M, in)
     weight = packed_weight(layer)  # reordered once per call where the caller packed it
-    if residual is not None:
-        other = residual.reshape(rows.shape[0], layer.out_features)  # (..., out) -> (M, out)
+    if other is not None:
         out = op.binary(rows, other, weight, layer.bias, "add")
     elif activation is not None:
         attr, algorithm = ONEDNN_ACTIVATIONS[activation]
         out = op.default(rows, weight, layer.bias, attr, [], algorithm)
     else:
         out = op.default(rows, weight, layer.bias, "none", [], "")
-    return out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
+    return _normed(out.view(*x.shape[:-1], out.shape[-1]), norm)  # (M, out) -> (..., out)
+
+
+def _normed(out: Tensor, norm: nn.Module | None) -> Tensor:
+    return out if norm is None else norm(out)
 
 
 def has_inner_hooks(module: nn.Module) -> bool:

@@ -73,33 +73,52 @@ def reorder_available() -> bool:
 
 class PackedWeights:
     """Reordered copies of the weights of the layers called while it is in use, made on each
-    layer's first fused call. They take as much memory as those weights, for as long as the
-    holder keeps this object. Safe to share between threads: two threads that reorder the same
-    weight at once make equal copies, and either is kept."""
+    layer's first fused call, in the layout of the kernel that reads them: oneDNN's
+    (``"onednn"``) or clearformer's AVX-512 linear kernel's panels (``"avx512"``,
+    :mod:`clearformer.kernels.avx512_linear`). They take as much memory as those weights, for
+    as long as the holder keeps this object. Safe to share between threads: two threads that
+    reorder the same weight at once make equal copies, and either is kept."""
 
     def __init__(self) -> None:
-        self._copies: dict[int, _Copy] = {}
+        self._copies: dict[tuple[int, str], _Copy] = {}
 
     def __len__(self) -> int:
         return len(self._copies)
 
-    def weight_for(self, layer: nn.Linear) -> Tensor:
-        """``layer``'s weight in oneDNN's layout (a float32 weight on the CPU with a version
-        counter, where this build can reorder), else its own."""
+    def weight_for(self, layer: nn.Linear, layout: str = "onednn") -> Tensor:
+        """``layer``'s weight in ``layout`` (a float32 weight on the CPU with a version
+        counter, where this build can reorder it), else its own."""
         weight = layer.weight
-        copy = self._copies.get(id(layer))
+        copy = self._copies.get((id(layer), layout))
         if copy is not None and copy.matches(weight):
             return copy.packed
         if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.is_inference():
             # An inference tensor (made under inference_mode) has no version counter, so an
             # in-place change of it could not be noticed: such a weight is read as it is.
             return weight
-        if not reorder_available():
-            return weight
         with torch.no_grad():
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-        self._copies[id(layer)] = _Copy(weight, weight._version, weight.data_ptr(), packed)
+            if layout == "avx512":
+                from .kernels import avx512_linear
+
+                packed = avx512_linear.pack(weight)
+            elif reorder_available():
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            else:
+                return weight
+        self._copies[(id(layer), layout)] = _Copy(
+            weight, weight._version, weight.data_ptr(), packed
+        )
         return packed
+
+    def has_own_copy(self, layer: nn.Linear) -> bool:
+        """Whether :meth:`weight_for` can give ``layer``'s weight in a layout of its own (a
+        float32 CPU weight with a version counter): else it hands back the weight itself."""
+        weight = layer.weight
+        return (
+            weight.device.type == "cpu"
+            and weight.dtype == torch.float32
+            and not weight.is_inference()
+        )
 
 
 # The PackedWeights of the calls inside use_packed_weights. A context variable, so that a
@@ -158,3 +177,8 @@ def packed_weight(layer: nn.Linear) -> Tensor:
     or the layer's own outside :func:`use_packed_weights`."""
     packed = _active.get()
     return layer.weight if packed is None else packed.weight_for(layer)
+
+
+def active_packing() -> PackedWeights | None:
+    """The :class:`PackedWeights` this thread's calls run under, if any."""
+    return _active.get()

@@ -239,17 +239,20 @@ class MultiHeadAttention(nn.Module):
         plan: ForwardPlan,
         *,
         residual: Tensor | None = None,
+        norm: nn.Module | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """The one attention path, whatever the layout: project, split heads, (positions),
         kernel, merge heads, project out (``+ residual`` when given: the block's residual
-        add, fused into the output projection when the plan fuses linear layers)."""
+        add, fused into the output projection when the plan fuses linear layers; then
+        ``norm``, a post-norm block's LayerNorm, which only a plan that fuses linear layers
+        takes here)."""
         q, k, v = self.project(query, key, value, fused=plan.fused_linear)
         record("attn.q_proj", q)
         record("attn.k_proj", k)
         record("attn.v_proj", v)
         q, k, v = (self._split_heads(t, plan) for t in (q, k, v))
         record("attn.split_heads", q)
-        return self.attend_heads(q, k, v, plan, residual=residual)
+        return self.attend_heads(q, k, v, plan, residual=residual, norm=norm)
 
     def attend_cached(
         self,
@@ -318,9 +321,10 @@ class MultiHeadAttention(nn.Module):
         plan: ForwardPlan,
         *,
         residual: Tensor | None = None,
+        norm: nn.Module | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """From split heads on: (positions), kernel, merge heads, project out
-        (``+ residual`` when given)."""
+        (``+ residual`` when given, then ``norm`` when given)."""
         if plan.key_in_use is not None:
             # A key no query may see gets weight 0, but 0 * NaN is NaN: whatever a padded
             # position holds must not reach a real one, so its key and value become zeros.
@@ -339,10 +343,13 @@ class MultiHeadAttention(nn.Module):
         record("attn.merge_heads", out)
         if plan.fused_linear:
             # The block's residual add happens inside the product (clearformer.fused_linear).
-            return linear(out, self.out_proj, fused=True, residual=residual), weights
+            out = linear(out, self.out_proj, fused=True, residual=residual, norm=norm)
+            return out, weights
         out = self.out_proj(out)  # (B, Tq, out_dim) or (N, out_dim)
         record("attn.out_proj", out)
-        return (out if residual is None else residual + out), weights
+        if residual is not None:
+            out = residual + out
+        return (out if norm is None else norm(out)), weights
 
     def _split_heads(self, t: Tensor, plan: ForwardPlan) -> Tensor:
         H = self.n_heads

@@ -9,6 +9,9 @@ processors"). On an Intel Xeon, where MKL runs AVX-512, it is 1.06-2.5x faster a
 on one thread, and whole ``encode`` calls were 1.04-1.07x faster with it ("On an Intel Xeon
 machine").
 
+The same library carries clearformer's AVX-512 linear kernel (``avx512_linear.cpp``, which
+:mod:`clearformer.kernels.avx512_linear` routes calls to): one build, one load.
+
 It is C++, so it is compiled here, by the system's C++ compiler (``$CXX``, else ``g++``), once
 per source, PyTorch version and compiler, into ``$CLEARFORMER_CACHE`` (default
 ``~/.cache/clearformer``)/kernels; later processes load the built library in milliseconds.
@@ -45,7 +48,11 @@ from ..options import Decision
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("avx512_attention.cpp")
+# Built into one library: the attention kernel and the linear layers with their epilogue
+# (clearformer.kernels.avx512_linear says which calls take those).
+SOURCES = tuple(
+    Path(__file__).with_name(name) for name in ("avx512_attention.cpp", "avx512_linear.cpp")
+)
 REQUIRED_FLAGS = ("avx512f", "avx512dq", "fma")
 # -fopenmp: ATen's parallel_for is a header template that splits work across threads only where
 # the including file is compiled with OpenMP; without it every call ran on one thread. The
@@ -60,8 +67,8 @@ COMPILE_FLAGS = (
     "-mavx512dq",
     "-mfma",
 )
-# A cold build takes about 8 s: an encode call is worth building for from this many tokens
-# (about 20,000 sentence-length texts), where the kernel saves more than that.
+# A cold build takes about 10 s on two cores: an encode call is worth building for from this
+# many tokens (about 20,000 sentence-length texts), where the kernels save more than that.
 BUILD_MIN_TOKENS = 500_000
 
 _lock = threading.Lock()
@@ -200,7 +207,8 @@ def library_path() -> Path:
     """Where the built library lives: its name hashes the source, the PyTorch version and
     the compiler, so a change of any of them builds anew instead of loading a stale one."""
     key = hashlib.sha256()
-    key.update(SOURCE.read_bytes())
+    for source in SOURCES:
+        key.update(source.read_bytes())
     key.update(torch.__version__.encode())
     key.update(" ".join((_compiler() or "", *COMPILE_FLAGS)).encode())
     return cache_dir() / f"avx512_attention-{key.hexdigest()[:16]}.so"
@@ -211,28 +219,44 @@ def _compiler() -> str | None:
 
 
 def _build(library: Path) -> None:
-    """Compile ``SOURCE`` against this PyTorch into ``library``, atomically (a killed build
-    leaves no half-written library behind)."""
+    """Compile ``SOURCES`` against this PyTorch into ``library``, atomically (a killed build
+    leaves no half-written library behind). The sources compile side by side, one compiler
+    process each, then link."""
     from torch.utils import cpp_extension
 
     library.parent.mkdir(parents=True, exist_ok=True)
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    command = [_compiler() or "g++", *COMPILE_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
-    command += [f"-I{path}" for path in cpp_extension.include_paths()]
-    command += [str(SOURCE)]
-    command += [f"-L{path}" for path in cpp_extension.library_paths()]
-    command += ["-lc10", "-ltorch_cpu", "-ltorch"]
-    log.info("building clearformer's AVX-512 attention kernel into %s (once)", library)
+    compiler = _compiler() or "g++"
+    flags = [*COMPILE_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+    includes = [f"-I{path}" for path in cpp_extension.include_paths()]
+    libraries = [f"-L{path}" for path in cpp_extension.library_paths()]
+    libraries += ["-lc10", "-ltorch_cpu", "-ltorch"]
+    log.info("building clearformer's AVX-512 kernels into %s (once)", library)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
+        objects = [Path(scratch) / f"{source.stem}.o" for source in SOURCES]
+        compiles = [
+            subprocess.Popen(
+                [compiler, *flags, "-c", *includes, str(source), "-o", str(obj)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for source, obj in zip(SOURCES, objects, strict=True)
+        ]
+        for process in compiles:
+            _, stderr = process.communicate()
+            if process.returncode:
+                raise subprocess.CalledProcessError(process.returncode, process.args, stderr=stderr)
         partial = Path(scratch) / library.name
-        subprocess.run([*command, "-o", str(partial)], check=True, capture_output=True, text=True)
+        link = [compiler, *flags, *map(str, objects), *libraries, "-o", str(partial)]
+        subprocess.run(link, check=True, capture_output=True, text=True)
         os.replace(partial, library)
-    log.info("built the AVX-512 attention kernel in %.1fs", time.perf_counter() - started)
+    log.info("built the AVX-512 kernels in %.1fs", time.perf_counter() - started)
 
 
 def _remember(outcome: Decision) -> Decision:
     _state["load"] = outcome
     if outcome.choice != "loaded":
-        log.info("clearformer's AVX-512 attention kernel is not used: %s", outcome.reason)
+        log.info("clearformer's AVX-512 kernels are not used: %s", outcome.reason)
     return outcome

@@ -1,0 +1,107 @@
+"""clearformer's own linear layers for AVX-512 CPUs, with their epilogue in registers.
+
+oneDNN's fused linear op (:mod:`clearformer.fused_linear`) serves the CPU's float32 inference
+products, with the bias, activation or residual add as post-operations. Two things stay
+outside its product at a BERT-style layer's shapes: the exact GELU's ``erf``, which its
+post-op evaluates through an exponential and a division, and a post-norm block's LayerNorm,
+a separate pass over the rows after each residual add. ``avx512_linear.cpp`` (beside this
+file, built into the AVX-512 library with the attention kernel) computes the product in
+register tiles whose rows are whole output rows, then the bias, a table-based exact GELU or
+the residual add and the LayerNorm while the rows are still in cache.
+
+Its plain product is slower than oneDNN's on products with few inputs (384), so it serves only
+the calls that carry such an epilogue: a GELU or ReLU, or a LayerNorm after the product
+(:func:`serves`); the others stay with oneDNN. It runs on weights packed once per caller (a
+:class:`~clearformer.packed_weights.PackedWeights` in use: ``encode``, ``predict``,
+``generate``), never per call. Each output element is one sum in a fixed order, so results
+do not depend on the thread count; against oneDNN they differ by float32 rounding (tests hold
+both to the float64 reference). What it saves is measured in docs/performance.md ("Products
+with their epilogue").
+
+``CLEARFORMER_AVX512_LINEAR=off`` keeps every product on oneDNN (the A/B switch).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor, nn
+
+from . import avx512
+
+PREFERENCE_VARIABLE = "CLEARFORMER_AVX512_LINEAR"
+PANEL = 64  # output columns per packed panel: out_features must be a multiple
+ACTIVATIONS = {"relu": 1, "gelu": 2}  # name -> the kernel's activation code (gelu: exact)
+
+
+def preferred() -> bool:
+    """Whether calls may take the kernel once it is loaded: yes unless
+    ``CLEARFORMER_AVX512_LINEAR`` says ``off``."""
+    setting = os.environ.get(PREFERENCE_VARIABLE, "").strip().lower()
+    if setting in ("0", "off", "false", "no"):
+        return False
+    if setting not in ("", "1", "on", "true", "yes"):
+        raise ValueError(f"{PREFERENCE_VARIABLE}: expected 'on' or 'off', got {setting!r}")
+    return True
+
+
+def fusable_norm(norm: nn.Module | None, width: int) -> bool:
+    """``norm`` is a plain ``nn.LayerNorm`` over the last ``width`` features, with weight and
+    bias, which the kernel computes as torch does."""
+    return (
+        type(norm) is nn.LayerNorm
+        and norm.normalized_shape == (width,)
+        and norm.weight is not None
+        and norm.bias is not None
+        and not (norm._forward_hooks or norm._forward_pre_hooks)
+    )
+
+
+def serves(rows: Tensor, layer: nn.Linear, activation: str | None, norm: nn.Module | None) -> bool:
+    """Whether the kernel takes this fused call: ``rows`` (M, in) float32 on a CPU whose
+    AVX-512 library is loaded, ``layer``'s outputs a multiple of 64, and an epilogue it wins
+    on (a GELU or ReLU, or a fusable LayerNorm after the product)."""
+    if activation is None and norm is None:
+        return False
+    if activation is not None and activation not in ACTIVATIONS:
+        return False
+    if norm is not None and not fusable_norm(norm, layer.out_features):
+        return False
+    return (
+        layer.out_features % PANEL == 0
+        and rows.device.type == "cpu"
+        and rows.dtype == layer.weight.dtype == torch.float32
+        and rows.stride(-1) == 1
+        and avx512.is_loaded()
+        and preferred()
+    )
+
+
+def pack(weight: Tensor) -> Tensor:
+    """``weight`` (out, in) in the kernel's panels: (out / 64, in, 64)."""
+    return torch.ops.clearformer_avx512.pack_linear_weight(weight.detach())
+
+
+def linear(
+    rows: Tensor,
+    packed: Tensor,
+    layer: nn.Linear,
+    *,
+    activation: str | None = None,
+    residual: Tensor | None = None,
+    norm: nn.LayerNorm | None = None,
+) -> Tensor:
+    """``norm(act(rows @ layer.weight^T + layer.bias) + residual)``, each step optional:
+    ``rows`` (M, in), ``packed`` from :func:`pack`, ``residual`` (M, out); returns (M, out).
+    The caller checked :func:`serves`."""
+    return torch.ops.clearformer_avx512.linear(
+        rows,
+        packed,
+        layer.bias,
+        ACTIVATIONS[activation] if activation is not None else 0,
+        residual,
+        norm.weight if norm is not None else None,
+        norm.bias if norm is not None else None,
+        norm.eps if norm is not None else 0.0,
+    )
