@@ -242,7 +242,7 @@ def test_a_second_process_loads_the_built_library_without_compiling(tmp_path):
     )
     first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert first.stdout.split() == ["not", "built", "loaded", "True"], first.stderr
-    (library,) = (tmp_path / "kernels").glob("avx512_attention-*.so")
+    (library,) = (tmp_path / "kernels").glob("avx512_kernels-*.so")
     assert library.stat().st_size > 0 and not list((tmp_path / "kernels").glob("tmp*"))
     again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert again.stdout.split() == ["loaded", "loaded", "False"], again.stderr

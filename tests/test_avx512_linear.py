@@ -288,17 +288,49 @@ def test_calls_without_packing_or_switched_off_or_odd_widths_stay_with_onednn(
     kernel_calls, monkeypatch
 ):
     up, odd, norm = make_layer(384, 1536), make_layer(384, 100), make_norm(100)
-    x = torch.randn(7, 384)
+    x = torch.randn(40, 384)
     fused_call(up, x, activation="gelu")  # no packing: packing per call would cost more
     with use_packed_weights(PackedWeights()):
+        fused_call(up, x[:5], activation="gelu")  # a decoding step's rows: one thread's tile
+        fused_call(up, x, activation="relu")  # oneDNN's ReLU costs next to nothing
         fused_call(odd, x, activation="gelu")  # 100 outputs: not whole panels
-        fused_call(odd, x, residual=torch.randn(7, 100), norm=norm)
+        fused_call(odd, x, residual=torch.randn(40, 100), norm=norm)
         fused_call(up, x, activation="gelu_tanh")  # an activation it does not compute
         no_bias = nn.LayerNorm(1536, bias=False)
         fused_call(up, x, norm=no_bias)
         monkeypatch.setenv(avx512_linear.PREFERENCE_VARIABLE, "off")
         fused_call(up, x, activation="gelu")
     assert kernel_calls == []
+
+
+def test_the_norm_epsilon_counts_as_torch_counts_it():
+    # A zero product and small residuals: the variance (1e-4) is far below eps, so an eps
+    # dropped, or added outside the square root, would change every output.
+    layer = make_layer(16, 64)
+    with torch.no_grad():
+        layer.weight.zero_()
+        layer.bias.zero_()
+    norm = make_norm(64)
+    norm.eps = 0.1
+    residual = torch.randn(12, 64) * 0.01
+    out = kernel(torch.randn(12, 16), layer, residual=residual, norm=norm)
+    with torch.no_grad():
+        expected = norm(residual)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
+    assert (out - norm.bias).abs().max() > 1e-2  # the rows are not flattened to the bias
+
+
+def test_a_trainable_norm_or_residual_keeps_its_gradient():
+    # The kernel has no autograd formula: with a gradient to compute, the eager layers run.
+    layer = make_layer(384, 384).requires_grad_(False)
+    norm = make_norm(384)
+    x = torch.randn(40, 384)
+    residual = torch.randn(40, 384, requires_grad=True)
+    with use_packed_weights(PackedWeights()):
+        out = linear(x, layer, fused=True, residual=residual, norm=norm)
+    out.square().sum().backward()
+    assert norm.weight.grad is not None and norm.weight.grad.abs().sum() > 0
+    assert residual.grad is not None and residual.grad.abs().sum() > 0
 
 
 def test_a_bad_switch_value_is_refused(monkeypatch):
@@ -308,7 +340,7 @@ def test_a_bad_switch_value_is_refused(monkeypatch):
 
 
 def test_a_weight_changed_in_place_is_packed_again(kernel_calls):
-    layer, x = make_layer(64, 128), torch.randn(5, 64)
+    layer, x = make_layer(64, 128), torch.randn(30, 64)
     packing = PackedWeights()
     with use_packed_weights(packing):
         first = fused_call(layer, x, activation="gelu")

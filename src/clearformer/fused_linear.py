@@ -90,11 +90,11 @@ def linear(
     ``+ residual``, then ``norm`` (a post-norm block's LayerNorm): fused into one oneDNN call
     when ``fused`` and ``layer`` is a plain ``nn.Linear`` without forward hooks, with the norm
     after it; into one call of clearformer's AVX-512 linear kernel, norm included, where that
-    kernel serves the call (:mod:`clearformer.kernels.avx512_linear`: a GELU or a LayerNorm,
-    weights packed by the caller); into the epilogue of an int8 layer's compiled steps when
-    ``fused`` and the layer runs them (``Int8Linear.fused_call``); other replacement layers,
-    and layers with hooks, run eagerly. ``x`` is (..., in), ``residual`` (..., out); the
-    result (..., out)."""
+    kernel serves the call (:mod:`clearformer.kernels.avx512_linear`: an exact GELU or a
+    LayerNorm, weights packed by the caller); into the epilogue of an int8 layer's compiled
+    steps when ``fused`` and the layer runs them (``Int8Linear.fused_call``); other
+    replacement layers, and layers with hooks, run eagerly. ``x`` is (..., in), ``residual``
+    (..., out); the result (..., out)."""
     if activation is not None and residual is not None:
         raise ValueError("linear fuses an activation or a residual add, not both")
     fused_call = getattr(layer, "fused_call", None)  # an int8 layer's compiled steps
@@ -107,7 +107,7 @@ def linear(
         or type(layer) is not nn.Linear
         or x.numel() == 0
         or _has_hooks(layer)
-        or _needs_grad(x, layer)
+        or _needs_grad(x, layer, residual, norm)
     ):
         out = layer(x)
         if activation is not None:
@@ -119,7 +119,7 @@ def linear(
     if (
         packing is not None
         and packing.has_own_copy(layer)
-        and avx512_linear.serves(rows, layer, activation, norm)
+        and avx512_linear.serves(rows, layer, activation, other, norm)
     ):
         weight = packing.weight_for(layer, "avx512")
         out = avx512_linear.linear(
@@ -171,8 +171,16 @@ def _global_hooks() -> bool:
     return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
 
 
-def _needs_grad(x: Tensor, layer: nn.Module) -> bool:
-    """The op has no autograd formula: with a gradient to compute it would give none, silently."""
-    return torch.is_grad_enabled() and (
-        x.requires_grad or any(p.requires_grad for p in layer.parameters())
+def _needs_grad(
+    x: Tensor, layer: nn.Module, residual: Tensor | None = None, norm: nn.Module | None = None
+) -> bool:
+    """The fused ops have no autograd formula: with a gradient to compute (through the input,
+    the layer, the residual or the norm) they would give none, silently."""
+    if not torch.is_grad_enabled():
+        return False
+    modules = (layer,) if norm is None else (layer, norm)
+    return (
+        x.requires_grad
+        or (residual is not None and residual.requires_grad)
+        or any(p.requires_grad for module in modules for p in module.parameters())
     )

@@ -75,9 +75,11 @@ class PackedWeights:
     """Reordered copies of the weights of the layers called while it is in use, made on each
     layer's first fused call, in the layout of the kernel that reads them: oneDNN's
     (``"onednn"``) or clearformer's AVX-512 linear kernel's panels (``"avx512"``,
-    :mod:`clearformer.kernels.avx512_linear`). They take as much memory as those weights, for
-    as long as the holder keeps this object. Safe to share between threads: two threads that
-    reorder the same weight at once make equal copies, and either is kept."""
+    :mod:`clearformer.kernels.avx512_linear`). They take as much memory as those weights (a
+    layer whose calls take both kernels, large calls one and small ones the other, has a copy
+    in each layout), for as long as the holder keeps this object. Safe to share between
+    threads: two threads that reorder the same weight at once make equal copies, and either is
+    kept."""
 
     def __init__(self) -> None:
         self._copies: dict[tuple[int, str], _Copy] = {}

@@ -211,7 +211,7 @@ def library_path() -> Path:
         key.update(source.read_bytes())
     key.update(torch.__version__.encode())
     key.update(" ".join((_compiler() or "", *COMPILE_FLAGS)).encode())
-    return cache_dir() / f"avx512_attention-{key.hexdigest()[:16]}.so"
+    return cache_dir() / f"avx512_kernels-{key.hexdigest()[:16]}.so"
 
 
 def _compiler() -> str | None:
@@ -244,10 +244,16 @@ def _build(library: Path) -> None:
             )
             for source, obj in zip(SOURCES, objects, strict=True)
         ]
-        for process in compiles:
-            _, stderr = process.communicate()
-            if process.returncode:
-                raise subprocess.CalledProcessError(process.returncode, process.args, stderr=stderr)
+        # Every compiler is waited for before any failure is raised: one still writing into
+        # the scratch folder as it is removed would replace the compiler's message.
+        failures = [
+            subprocess.CalledProcessError(process.returncode, process.args, stderr=stderr)
+            for process in compiles
+            for _, stderr in [process.communicate()]
+            if process.returncode
+        ]
+        if failures:
+            raise failures[0]
         partial = Path(scratch) / library.name
         link = [compiler, *flags, *map(str, objects), *libraries, "-o", str(partial)]
         subprocess.run(link, check=True, capture_output=True, text=True)

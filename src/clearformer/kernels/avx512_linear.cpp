@@ -110,7 +110,10 @@ void tile(const float* x, int64_t lda, const float* panel, int64_t K, const floa
     __m512 wv[VECTORS];
     for (int v = 0; v < VECTORS; ++v) {
       wv[v] = _mm512_loadu_ps(w + 16 * v);
-      _mm_prefetch(reinterpret_cast<const char*>(w + PREFETCH * PANEL + 16 * v), _MM_HINT_T0);
+      // An address, not a pointer: past the last panel it points outside the weight, which
+      // a prefetch may (it never faults) but pointer arithmetic may not.
+      const auto ahead = reinterpret_cast<std::uintptr_t>(w) + (PREFETCH * PANEL + 16 * v) * sizeof(float);
+      _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
     }
     w += PANEL;
     for (int r = 0; r < R; ++r) {

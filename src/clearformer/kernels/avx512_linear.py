@@ -10,8 +10,12 @@ register tiles whose rows are whole output rows, then the bias, a table-based ex
 the residual add and the LayerNorm while the rows are still in cache.
 
 Its plain product is slower than oneDNN's on products with few inputs (384), so it serves only
-the calls that carry such an epilogue: a GELU or ReLU, or a LayerNorm after the product
-(:func:`serves`); the others stay with oneDNN. It runs on weights packed once per caller (a
+the calls that carry such an epilogue: the exact GELU, or a LayerNorm after the product
+(:func:`serves`); the others stay with oneDNN. Whether a call takes it depends on whether the
+library is loaded in the process (a large ``encode`` call builds it on a CPU that prefers
+it; once built, the attention planning loads it), so two equal calls may differ by float32
+rounding before and after that; a layer whose calls go both ways keeps a packed copy in each
+kernel's layout. It runs on weights packed once per caller (a
 :class:`~clearformer.packed_weights.PackedWeights` in use: ``encode``, ``predict``,
 ``generate``), never per call. Each output element is one sum in a fixed order, so results
 do not depend on the thread count; against oneDNN they differ by float32 rounding (tests hold
@@ -33,6 +37,11 @@ from . import avx512
 PREFERENCE_VARIABLE = "CLEARFORMER_AVX512_LINEAR"
 PANEL = 64  # output columns per packed panel: out_features must be a multiple
 ACTIVATIONS = {"relu": 1, "gelu": 2}  # name -> the kernel's activation code (gelu: exact)
+# The activations calls bring here: the exact GELU, whose erf oneDNN's post-op pays for. The
+# kernel computes ReLU too (tested), but oneDNN's ReLU costs next to nothing, and oneDNN's
+# plain product is the faster one.
+ROUTED_ACTIVATIONS = ("gelu",)
+TILE_ROWS = 6  # rows per register tile: threads split the rows tile by tile
 
 
 def preferred() -> bool:
@@ -47,32 +56,47 @@ def preferred() -> bool:
 
 
 def fusable_norm(norm: nn.Module | None, width: int) -> bool:
-    """``norm`` is a plain ``nn.LayerNorm`` over the last ``width`` features, with weight and
-    bias, which the kernel computes as torch does."""
+    """``norm`` is a plain ``nn.LayerNorm`` over the last ``width`` features, with float32
+    weight and bias, which the kernel computes as torch does."""
     return (
         type(norm) is nn.LayerNorm
         and norm.normalized_shape == (width,)
         and norm.weight is not None
         and norm.bias is not None
+        and norm.weight.dtype == norm.bias.dtype == torch.float32
+        and norm.weight.is_contiguous()
+        and norm.bias.is_contiguous()
         and not (norm._forward_hooks or norm._forward_pre_hooks)
     )
 
 
-def serves(rows: Tensor, layer: nn.Linear, activation: str | None, norm: nn.Module | None) -> bool:
+def serves(
+    rows: Tensor,
+    layer: nn.Linear,
+    activation: str | None,
+    residual: Tensor | None,
+    norm: nn.Module | None,
+) -> bool:
     """Whether the kernel takes this fused call: ``rows`` (M, in) float32 on a CPU whose
-    AVX-512 library is loaded, ``layer``'s outputs a multiple of 64, and an epilogue it wins
-    on (a GELU or ReLU, or a fusable LayerNorm after the product)."""
+    AVX-512 library is loaded, at least one 6-row tile per thread (the kernel splits rows
+    between threads, so a decoding step's few rows would run on one), ``layer``'s outputs a
+    multiple of 64, and an epilogue it wins on (the exact GELU, or a fusable LayerNorm after
+    the product)."""
     if activation is None and norm is None:
         return False
-    if activation is not None and activation not in ACTIVATIONS:
+    if activation is not None and activation not in ROUTED_ACTIVATIONS:
         return False
     if norm is not None and not fusable_norm(norm, layer.out_features):
         return False
+    if residual is not None and (residual.dtype != torch.float32 or residual.stride(-1) != 1):
+        return False
     return (
         layer.out_features % PANEL == 0
+        and rows.shape[0] >= TILE_ROWS * torch.get_num_threads()
         and rows.device.type == "cpu"
         and rows.dtype == layer.weight.dtype == torch.float32
         and rows.stride(-1) == 1
+        and (layer.bias is None or layer.bias.is_contiguous())
         and avx512.is_loaded()
         and preferred()
     )
