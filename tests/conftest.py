@@ -29,3 +29,16 @@ def _seed() -> None:
 # An environment variable rather than a patch, so that module-scoped fixtures and the
 # subprocesses the CLI tests start see the same setting.
 os.environ["CLEARFORMER_AVX512"] = "off"
+
+
+@pytest.fixture(scope="module")
+def avx512_library():
+    """clearformer's AVX-512 library, built if need be and loaded for one module of tests
+    (``helpers.needs_avx512_library``); afterwards the other modules see a process without
+    it, as their expectations assume."""
+    from clearformer.kernels import avx512
+
+    outcome = avx512.load(build=True)
+    assert outcome.choice == "loaded", outcome.reason
+    yield outcome
+    avx512._state.pop("load", None)

@@ -6,11 +6,25 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import pytest
 import torch
 
 from clearformer import EncoderConfig, EncoderModel
 from clearformer.interop.hf import save_model
+from clearformer.kernels import avx512
 from clearformer.packed_weights import PackedWeights
+
+AVX512_SUPPORT = avx512.support()
+# For a module of tests of clearformer's AVX-512 library: skipped, with the reason, where this
+# machine cannot build it; else the library is loaded for the module (conftest's
+# ``avx512_library``).
+needs_avx512_library = [
+    pytest.mark.skipif(
+        AVX512_SUPPORT.choice != "available",
+        reason=f"the AVX-512 library cannot build here: {AVX512_SUPPORT.reason}",
+    ),
+    pytest.mark.usefixtures("avx512_library"),
+]
 
 
 def lengths_mask(lengths: list[int], T: int | None = None) -> torch.Tensor:

@@ -20,19 +20,9 @@ from clearformer.kernels import avx512
 from clearformer.kernels.varlen import resolve_method, varlen_attention
 from clearformer.padding import layout_from_cu_seqlens
 
-SUPPORT = avx512.support()
-pytestmark = pytest.mark.skipif(
-    SUPPORT.choice != "available", reason=f"the AVX-512 kernel cannot build here: {SUPPORT.reason}"
-)
+from .helpers import needs_avx512_library
 
-
-@pytest.fixture(scope="module", autouse=True)
-def loaded():
-    outcome = avx512.load(build=True)
-    assert outcome.choice == "loaded", outcome.reason
-    yield outcome
-    # The other test modules see a process without it, as their expectations assume.
-    avx512._state.pop("load", None)
+pytestmark = needs_avx512_library
 
 
 @pytest.fixture

@@ -18,21 +18,12 @@ from torch import nn
 from clearformer import TextEncoder
 from clearformer.fused_linear import linear
 from clearformer.interop.hf import bundled_model_dir
-from clearformer.kernels import avx512, avx512_linear
+from clearformer.kernels import avx512_linear
 from clearformer.packed_weights import PackedWeights, use_packed_weights
 
-SUPPORT = avx512.support()
-pytestmark = pytest.mark.skipif(
-    SUPPORT.choice != "available", reason=f"the AVX-512 library cannot build here: {SUPPORT.reason}"
-)
+from .helpers import intra_op_threads, needs_avx512_library
 
-
-@pytest.fixture(scope="module", autouse=True)
-def loaded():
-    outcome = avx512.load(build=True)
-    assert outcome.choice == "loaded", outcome.reason
-    yield outcome
-    avx512._state.pop("load", None)  # the other modules see a process without it
+pytestmark = needs_avx512_library
 
 
 @pytest.fixture
@@ -204,15 +195,11 @@ def test_the_same_bits_at_any_thread_count():
     layer, norm = make_layer(384, 1536), make_norm(384)
     second = make_layer(1536, 384, seed=3)
     x = torch.randn(301, 384)
-    threads = torch.get_num_threads()
     outs = []
     for count in (1, 2, 3):
-        torch.set_num_threads(count)
-        try:
+        with intra_op_threads(count):
             h = kernel(x, layer, activation="gelu")
             outs.append(kernel(h, second, residual=x, norm=norm))
-        finally:
-            torch.set_num_threads(threads)
     assert all(torch.equal(outs[0], other) for other in outs[1:])
 
 

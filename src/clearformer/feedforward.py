@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from .activations import activation_fn
 from .checks import check_choice, check_positive_int
-from .fused_linear import linear
+from .fused_linear import linear, residual_then_norm
 from .options import ACTIVATIONS, GATED_ACTIVATIONS
 from .tracing import record
 
@@ -69,9 +69,7 @@ class FeedForward(nn.Module):
         record("ffn.activation", h)
         out = self.fc_out(h)  # (..., D)
         record("ffn.output", out)
-        if residual is not None:
-            out = residual + out
-        return out if norm is None else norm(out)
+        return residual_then_norm(out, residual, norm)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"

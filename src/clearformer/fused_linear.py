@@ -101,7 +101,7 @@ def linear(
     if fused and fused_call is not None and x.numel() > 0 and not _has_hooks(layer):
         out = fused_call(x, activation=activation, residual=residual)
         if out is not None:
-            return _normed(out, norm)
+            return residual_then_norm(out, None, norm)
     if (
         not fused
         or type(layer) is not nn.Linear
@@ -112,7 +112,7 @@ def linear(
         out = layer(x)
         if activation is not None:
             out = activation_fn(activation)(out)
-        return _normed(out if residual is None else residual + out, norm)
+        return residual_then_norm(out, residual, norm)
     rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (M, in)
     other = None if residual is None else residual.reshape(rows.shape[0], layer.out_features)
     packing = active_packing()
@@ -138,10 +138,15 @@ def linear(
         out = op.default(rows, weight, layer.bias, attr, [], algorithm)
     else:
         out = op.default(rows, weight, layer.bias, "none", [], "")
-    return _normed(out.view(*x.shape[:-1], out.shape[-1]), norm)  # (M, out) -> (..., out)
+    out = out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
+    return residual_then_norm(out, None, norm)
 
 
-def _normed(out: Tensor, norm: nn.Module | None) -> Tensor:
+def residual_then_norm(out: Tensor, residual: Tensor | None, norm: nn.Module | None) -> Tensor:
+    """The eager epilogue of a branch: ``residual + out`` when given, then ``norm`` when given
+    (a post-norm block's LayerNorm)."""
+    if residual is not None:
+        out = residual + out
     return out if norm is None else norm(out)
 
 

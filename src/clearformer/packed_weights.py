@@ -94,9 +94,7 @@ class PackedWeights:
         copy = self._copies.get((id(layer), layout))
         if copy is not None and copy.matches(weight):
             return copy.packed
-        if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.is_inference():
-            # An inference tensor (made under inference_mode) has no version counter, so an
-            # in-place change of it could not be noticed: such a weight is read as it is.
+        if not self.has_own_copy(layer):
             return weight
         with torch.no_grad():
             if layout == "avx512":
@@ -114,7 +112,9 @@ class PackedWeights:
 
     def has_own_copy(self, layer: nn.Linear) -> bool:
         """Whether :meth:`weight_for` can give ``layer``'s weight in a layout of its own (a
-        float32 CPU weight with a version counter): else it hands back the weight itself."""
+        float32 CPU weight with a version counter): else it hands back the weight itself. An
+        inference tensor (made under inference_mode) has no version counter, so an in-place
+        change of it could not be noticed: such a weight is read as it is."""
         weight = layer.weight
         return (
             weight.device.type == "cpu"

@@ -21,7 +21,7 @@ from ..checks import (
     check_probability,
 )
 from ..dtypes import check_rows_dtype
-from ..fused_linear import linear
+from ..fused_linear import linear, residual_then_norm
 from ..kernels import KERNELS
 from ..options import BACKENDS
 from ..padding import PackedLayout
@@ -347,9 +347,7 @@ class MultiHeadAttention(nn.Module):
             return out, weights
         out = self.out_proj(out)  # (B, Tq, out_dim) or (N, out_dim)
         record("attn.out_proj", out)
-        if residual is not None:
-            out = residual + out
-        return (out if norm is None else norm(out)), weights
+        return residual_then_norm(out, residual, norm), weights
 
     def _split_heads(self, t: Tensor, plan: ForwardPlan) -> Tensor:
         H = self.n_heads
