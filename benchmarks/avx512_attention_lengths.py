@@ -30,7 +30,7 @@ def main() -> None:
 
     from clearformer.bench.load import judge, load_average
     from clearformer.bench.timing import best_seconds
-    from clearformer.kernels import avx512
+    from clearformer.fast import avx512
 
     before = load_average()
     torch.set_num_threads(args.threads)

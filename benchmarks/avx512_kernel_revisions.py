@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCE = "src/clearformer/kernels/avx512_attention.cpp"
+SOURCE = "src/clearformer/fast/avx512_attention.cpp"
 LENGTHS = (8, 16, 24, 32, 48, 64, 100, 128, 192, 256)
 
 
@@ -37,7 +37,7 @@ def build_revision(rev: str, scratch: Path) -> str:
     import torch
     from torch.utils import cpp_extension
 
-    from clearformer.kernels import avx512
+    from clearformer.fast import avx512
 
     text = subprocess.run(
         ["git", "show", f"{rev}:{SOURCE}"],
@@ -92,7 +92,7 @@ def in_encode(base, head, corpus: str, texts: int, rounds: int) -> dict:
     import numpy as np
 
     from clearformer import TextEncoder
-    from clearformer.kernels import avx512
+    from clearformer.fast import avx512
     from encode_throughput import make_corpus
 
     original = (avx512.attention, avx512.padded_attention)
@@ -149,7 +149,7 @@ def main() -> None:
     import torch
 
     from clearformer.bench.load import judge, load_average
-    from clearformer.kernels import avx512
+    from clearformer.fast import avx512
 
     before = load_average()
     torch.set_num_threads(1)

@@ -29,8 +29,8 @@ def products_alone(rounds: int) -> None:
     import torch
     from torch import nn
 
-    from clearformer.fused_linear import linear
-    from clearformer.packed_weights import PackedWeights, use_packed_weights
+    from clearformer.fast.fused_linear import linear
+    from clearformer.fast.packed_weights import PackedWeights, use_packed_weights
 
     torch.manual_seed(0)
     threads = torch.get_num_threads()
@@ -106,7 +106,7 @@ def main() -> None:
     import torch
 
     from clearformer.interop.hf import bundled_model_dir
-    from clearformer.kernels import avx512
+    from clearformer.fast import avx512
     from clearformer.text import TextEncoder
     from encode_throughput import make_corpus
 

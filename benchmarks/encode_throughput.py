@@ -495,7 +495,7 @@ def main() -> None:
     import sentence_transformers
     import torch
 
-    from clearformer.kernels import avx512
+    from clearformer.fast import avx512
 
     # Where encode would build clearformer's AVX-512 attention kernel for a large call (AMD
     # CPUs), build it before timing, so every clearformer row runs what a large call runs.

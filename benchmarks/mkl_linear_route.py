@@ -2,7 +2,7 @@
 clearformer runs them) against MKL's packed sgemm, side by side in one process: a measured
 alternative, not a route of the package.
 
-The MKL route replaces :func:`clearformer.fused_linear.linear` where its callers look it up
+The MKL route replaces :func:`clearformer.fast.fused_linear.linear` where its callers look it up
 (the attention's and feed-forward's modules) with ``torch.ops.mkl._mkl_linear`` on a weight
 packed once by ``torch.ops.mkl._mkl_reorder_linear_weight``: the bias inside the call, the GELU
 and the residual add as passes of their own (MKL has no post-operations). Both routes run on

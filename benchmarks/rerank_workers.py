@@ -72,7 +72,7 @@ def main() -> None:
     import torch
 
     from clearformer import CrossEncoder
-    from clearformer.kernels import avx512
+    from clearformer.fast import avx512
     from encode_throughput import make_corpus
 
     avx512.load(build=avx512.preferred())  # as a large predict call would

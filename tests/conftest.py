@@ -36,7 +36,7 @@ def avx512_library():
     """clearformer's AVX-512 library, built if need be and loaded for one module of tests
     (``helpers.needs_avx512_library``); afterwards the other modules see a process without
     it, as their expectations assume."""
-    from clearformer.kernels import avx512
+    from clearformer.fast import avx512
 
     outcome = avx512.load(build=True)
     assert outcome.choice == "loaded", outcome.reason

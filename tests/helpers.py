@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from clearformer import EncoderConfig, EncoderModel
+from clearformer.fast import avx512
+from clearformer.fast.packed_weights import PackedWeights
 from clearformer.interop.hf import save_model
-from clearformer.kernels import avx512
-from clearformer.packed_weights import PackedWeights
 
 AVX512_SUPPORT = avx512.support()
 # For a module of tests of clearformer's AVX-512 library: skipped, with the reason, where this

@@ -1,4 +1,4 @@
-"""clearformer's AVX-512 packed-attention kernel (clearformer.kernels.avx512): the same values
+"""clearformer's AVX-512 packed-attention kernel (clearformer.fast.avx512): the same values
 as the reference formula on every sequence, the plan's rules for when it runs, and its build
 cache. Skipped, with the reason, where this machine cannot build it."""
 
@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clearformer import Encoder, EncoderConfig
-from clearformer.kernels import avx512
-from clearformer.kernels.varlen import resolve_method, varlen_attention
+from clearformer.fast import avx512
+from clearformer.fast.varlen import resolve_method, varlen_attention
 from clearformer.padding import layout_from_cu_seqlens
 
 from .helpers import needs_avx512_library
@@ -225,7 +225,7 @@ def test_a_built_kernel_is_taken_without_asking(preferred, monkeypatch):
 def test_a_second_process_loads_the_built_library_without_compiling(tmp_path):
     env = {**os.environ, "CLEARFORMER_CACHE": str(tmp_path)}
     script = (
-        "import sys, time; from clearformer.kernels import avx512; "
+        "import sys, time; from clearformer.fast import avx512; "
         "print(avx512.load(build=False).choice); "
         "t = time.perf_counter(); print(avx512.load(build=True).choice); "
         "print(time.perf_counter() - t > 0.5)"

@@ -1,4 +1,4 @@
-"""clearformer's AVX-512 linear kernel (clearformer.kernels.avx512_linear): its GELU against
+"""clearformer's AVX-512 linear kernel (clearformer.fast.avx512_linear): its GELU against
 float64 erf, its products with bias, activation, residual and LayerNorm against float64 and
 against the eager layers, the same bits at any thread count, and the rules for which fused
 calls take it. Skipped, with the reason, where this machine cannot build the library."""
@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from torch import nn
 
 from clearformer import TextEncoder
-from clearformer.fused_linear import linear
+from clearformer.fast import avx512_linear
+from clearformer.fast.fused_linear import linear
+from clearformer.fast.packed_weights import PackedWeights, use_packed_weights
 from clearformer.interop.hf import bundled_model_dir
-from clearformer.kernels import avx512_linear
-from clearformer.packed_weights import PackedWeights, use_packed_weights
 
 from .helpers import intra_op_threads, needs_avx512_library
 

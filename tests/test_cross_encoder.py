@@ -61,7 +61,7 @@ def test_predict_equals_sentence_transformers(checkpoint):
 
 
 def test_predict_reads_packed_weights_and_scores_the_same(checkpoint, monkeypatch):
-    import clearformer.packed_weights as packed_weights_module
+    import clearformer.fast.packed_weights as packed_weights_module
 
     path, _ = checkpoint
     ours = CrossEncoder.from_pretrained(path)

@@ -37,7 +37,7 @@ def test_listing_fits_100_columns_and_shows_code_formula_and_stats(trace):
     assert max(len(line) for line in text.splitlines()) <= WIDTH
     assert "scores = torch.matmul(q * scale, k.transpose(-2, -1))" in text
     assert "S = Q Kᵀ / √Dh" in text
-    assert "clearformer/kernels/math.py:" in text
+    assert "clearformer/reference.py:" in text
     assert "(B=2, H=4, Tq=6, Tk=6)" in text
     assert "== layer 0" in text and "== layer 1" in text and "== embeddings" in text
 

@@ -9,8 +9,9 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from clearformer import Encoder, EncoderConfig
+from clearformer.fast import fused_blocks
+from clearformer.fast.fused_linear import fusion_decision, linear, onednn_available
 from clearformer.feedforward import FeedForward, activation_fn
-from clearformer.fused_linear import fusion_decision, linear, onednn_available
 
 pytestmark = pytest.mark.skipif(
     not onednn_available(), reason="this PyTorch build has no oneDNN fused linear op"
@@ -61,7 +62,7 @@ def test_feed_forward_fused_equals_eager(activation):
     x, residual = torch.randn(4, 6, 32), torch.randn(4, 6, 32)
     with torch.inference_mode():
         want = residual + ff(x)
-        got = ff(x, fused=True, residual=residual)
+        got = fused_blocks.feed_forward(ff, x, residual=residual)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 

@@ -63,7 +63,7 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
     An import names its target explicitly (``from . import masks``: ``clearformer.masks``;
     ``from clearformer import explain``: the package root, whose ``__init__`` runs everything)
-    and implies its parent packages (``clearformer.kernels.varlen`` runs ``clearformer.kernels``
+    and implies its parent packages (``clearformer.fast.varlen`` runs ``clearformer.fast``
     first). Explicit targets always count; implied parents that are ``name``'s own ancestors do
     not (they are already running when ``name`` is imported).
     """

@@ -318,7 +318,7 @@ def test_fused_activation_and_residual_agree_with_the_eager_steps(activation):
     """The activation and the residual add joined to the compiled epilogue give what the eager
     layer followed by the two gives; the linear helper routes an int8 layer's fused calls
     there, and refuses both at once as it does for float layers."""
-    from clearformer.fused_linear import linear
+    from clearformer.fast.fused_linear import linear
 
     if fused_steps() is None:
         pytest.skip("torch.compile does not work here")

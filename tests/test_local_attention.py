@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from clearformer import Encoder, EncoderConfig
-from clearformer.kernels.local import banded_attention, use_banded
+from clearformer.fast.local import banded_attention, use_banded
 from clearformer.kernels.math import math_attention
 from clearformer.masks import band_mask
 
@@ -158,7 +158,7 @@ def test_causal_local_layers_agree_across_kernels_and_layouts(is_causal):
 
 def test_many_long_sequences_through_the_padded_varlen_method():
     """More than MAX_SEQUENCE_CALLS lengths: varlen attends on a padded copy, slab by slab."""
-    from clearformer.kernels.varlen import varlen_attention
+    from clearformer.fast.varlen import varlen_attention
     from clearformer.padding import unpad
 
     from .helpers import intra_op_threads

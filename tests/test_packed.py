@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from clearformer import Encoder, EncoderConfig, MultiHeadAttention
 from clearformer.bench.varlen_methods import bench_varlen_attention, length_buckets
-from clearformer.kernels.varlen import varlen_attention
+from clearformer.fast.varlen import varlen_attention
 from clearformer.padding import pack_layout, repad, unpad
 from clearformer.plan import PACK_MIN_PADDING
 
@@ -209,7 +209,7 @@ def test_packed_matches_padded_for_any_lengths(lengths, extra, norm):
 
 
 def test_equal_length_runs_merge_only_neighbours():
-    from clearformer.kernels.varlen import equal_length_runs
+    from clearformer.fast.varlen import equal_length_runs
 
     # lengths 3, 3, 0, 3, 5, 5, 3: an empty sequence has no rows, so it does not split a run
     offsets = (0, 3, 6, 6, 9, 14, 19, 22)
@@ -224,7 +224,7 @@ def test_runs_of_equal_lengths_match_reference():
 
 
 def test_auto_method_bounds_the_number_of_calls():
-    from clearformer.kernels.varlen import MAX_SEQUENCE_CALLS, resolve_method
+    from clearformer.fast.varlen import MAX_SEQUENCE_CALLS, resolve_method
 
     q, _, _, few = packed_qkv([5, 5, 5, 5, 3])  # two runs: two calls
     lengths = [2 + (i % 2) for i in range(MAX_SEQUENCE_CALLS + 1)]  # no two neighbours equal

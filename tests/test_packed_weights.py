@@ -1,4 +1,4 @@
-"""Weights reordered once per call (clearformer.packed_weights): the fused layers give the same
+"""Weights reordered once per call (clearformer.fast.packed_weights): the fused layers give the same
 numbers from a packed copy as from the layer's own weight, notice a weight changed after
 packing, never reach past their scope or thread, and ``encode`` uses them."""
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-import clearformer.packed_weights as packed_weights_module
-from clearformer.fused_linear import linear, onednn_available
-from clearformer.packed_weights import PackedWeights, packed_weight, use_packed_weights
+import clearformer.fast.packed_weights as packed_weights_module
+from clearformer.fast.fused_linear import linear, onednn_available
+from clearformer.fast.packed_weights import PackedWeights, packed_weight, use_packed_weights
 from clearformer.text import TextEncoder
 
 from .helpers import record_packings
@@ -94,7 +94,7 @@ def test_outside_its_block_and_on_other_threads_the_layers_own_weight_is_read():
 
 
 def test_where_weights_cannot_be_reordered_the_layers_own_are_read(monkeypatch):
-    import clearformer.packed_weights as packed_weights
+    import clearformer.fast.packed_weights as packed_weights
 
     layer = _layer()
     monkeypatch.setattr(packed_weights, "reorder_available", lambda: False)

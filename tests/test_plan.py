@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -222,32 +223,32 @@ class _ListRecorder:
     def __init__(self) -> None:
         self.steps: list[tuple[str, torch.Tensor]] = []
 
+        self.files: set[str] = set()
+
     def on_step(self, name, value, meta, file, line) -> None:
         self.steps.append((name, value.detach().clone()))
+        self.files.add(file)
 
 
-def test_record_points_are_the_same_on_the_packed_path():
-    """One attention path: the packed run passes every record point the padded run passes,
-    in the same order, with the same values at the real tokens."""
+def test_record_points_live_in_the_reference_only():
+    """The reference encoder is what ``explain`` records: the math run passes every record
+    point of every layer, from clearformer/reference.py; the fast paths record nothing."""
     from clearformer.tracing import recording
 
     encoder = Encoder(small_config(n_layers=2)).eval()
     mask = lengths_mask(LENGTHS)
     x = torch.randn(len(LENGTHS), 6, D)
     runs = {}
-    for backend in ("sdpa", "varlen"):
+    for backend in ("math", "sdpa", "varlen"):
         recorder = _ListRecorder()
         with torch.no_grad(), recording(recorder):
             encoder(x, mask, backend=backend)
-        runs[backend] = recorder.steps
-    padded, packed = runs["sdpa"], runs["varlen"]
-    assert [n for n, _ in packed] == [n for n, _ in padded]
-    assert sum(n == "attn.q_proj" for n, _ in packed) == 2  # every layer, packed too
-    for (name, p), (_, q) in zip(padded, packed, strict=True):
-        if p.dim() == 4:  # (B, H, T, Dh) -> (B, T, H, Dh): rows of real tokens
-            p = p.transpose(1, 2)
-        assert q.shape[0] == int(mask.sum()), name
-        torch.testing.assert_close(q, p[mask], atol=1e-5, rtol=1e-5, msg=name)
+        runs[backend] = recorder
+    assert runs["sdpa"].steps == [] and runs["varlen"].steps == []
+    names = [n for n, _ in runs["math"].steps]
+    assert sum(n == "attn.q_proj" for n in names) == 2  # every layer
+    assert {"attn.scores", "attn.masked_scores", "attn.weights", "encoder.output"} <= set(names)
+    assert {Path(f).name for f in runs["math"].files} == {"reference.py"}
 
 
 def test_an_explicit_plan_is_checked_against_what_it_is_given():
@@ -280,7 +281,7 @@ def test_packed_rows_refuse_a_padded_kernel():
 
 def test_the_printed_plan_is_the_plan_that_runs_for_half_precision(monkeypatch):
     """plan_for without an input takes the dtype and head width from the model itself."""
-    from clearformer.kernels import varlen
+    from clearformer.fast import varlen
 
     asked = []
     monkeypatch.setattr(

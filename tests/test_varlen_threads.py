@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clearformer.kernels.varlen import varlen_attention
-from clearformer.kernels.varlen_threads import balanced_groups
+from clearformer.fast.varlen import varlen_attention
+from clearformer.fast.varlen_threads import balanced_groups
 from clearformer.padding import pack_layout
 
 from .helpers import intra_op_threads, lengths_mask
@@ -107,7 +107,7 @@ def test_new_worker_threads_leave_the_count_later_threads_start_with():
     # process starts with; the caller restores it, as encode's batch workers do.
     import threading
 
-    from clearformer.kernels import varlen_threads
+    from clearformer.fast import varlen_threads
 
     q, k, v, layout = _packed([5, 9, 3, 7])
     with varlen_threads._LOCK:

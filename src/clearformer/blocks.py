@@ -35,7 +35,6 @@ from .dtypes import check_rows_dtype
 from .feedforward import FeedForward
 from .options import ACTIVATIONS, BACKENDS, NORMS
 from .plan import ForwardPlan, plan_attention
-from .tracing import record
 
 
 class BlockOutput(NamedTuple):
@@ -179,46 +178,20 @@ class EncoderBlock(nn.Module):
 
     def run(self, x: Tensor, plan: ForwardPlan) -> BlockOutput:
         """One block on rows laid out as ``plan`` says; the plan is trusted as it is."""
-        record("block.input", x)
         if plan.fused_linear:
-            # Inference: the residual dropouts are identities, and each residual add happens
-            # inside the matrix product that produces the branch (clearformer.fused_linear).
-            if self.norm == "pre":
-                h, weights = self._attend(self.attn_norm(x), plan, residual=x)
-                x = self.mlp(self.mlp_norm(h), fused=True, residual=h)
-            else:
-                # Each norm goes into the product before it, which normalises its rows while
-                # they are in cache where a kernel can (clearformer.kernels.avx512_linear).
-                h, weights = self._attend(x, plan, residual=x, norm=self.attn_norm)
-                x = self.mlp(h, fused=True, residual=h, norm=self.mlp_norm)
-            return BlockOutput(x, weights)
+            # A fast route the plan chose (clearformer.fast) runs the whole block on this
+            # block's own parameters: each residual add and norm fused into a matrix product.
+            return BlockOutput(*plan.linear.impl.encoder_block(self, x, plan))
         if self.norm == "pre":
-            h, weights = self._attend(self.attn_norm(x), plan)
+            h = self.attn_norm(x)
+            h, weights = self.attn.attend(h, h, h, plan)
             x = x + self.attn_residual_dropout(h)
-            record("block.attn_residual", x)
-            x = x + self.mlp_residual_dropout(self._feed_forward(self.mlp_norm(x)))
-            record("block.mlp_residual", x)
+            x = x + self.mlp_residual_dropout(self.mlp(self.mlp_norm(x)))
         else:
-            h, weights = self._attend(x, plan)
+            h, weights = self.attn.attend(x, x, x, plan)
             x = self.attn_norm(x + self.attn_residual_dropout(h))
-            record("block.attn_residual", x)
-            x = self.mlp_norm(x + self.mlp_residual_dropout(self._feed_forward(x)))
-            record("block.mlp_residual", x)
+            x = self.mlp_norm(x + self.mlp_residual_dropout(self.mlp(x)))
         return BlockOutput(x, weights)
-
-    def _attend(
-        self,
-        h: Tensor,
-        plan: ForwardPlan,
-        residual: Tensor | None = None,
-        norm: nn.Module | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        record("block.attn_input", h)
-        return self.attn.attend(h, h, h, plan, residual=residual, norm=norm)
-
-    def _feed_forward(self, h: Tensor) -> Tensor:
-        record("block.mlp_input", h)
-        return self.mlp(h)
 
     def _check_input(self, x: Tensor) -> None:
         if not isinstance(x, Tensor):

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
@@ -39,11 +40,10 @@ from .checks import (
 )
 from .dtypes import check_rows_dtype
 from .feedforward import FeedForward
-from .fused_linear import fusion_decision
 from .layer_plans import with_linear
 from .options import ACTIVATIONS, BACKENDS, NORMS
 from .plan import ForwardPlan, plan_attention
-from .tracing import record
+from .routes import linear_route
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,7 @@ class DecoderBlock(nn.Module):
     def start_cache(self, memory: Tensor) -> LayerCache:
         """An empty cache for decoding against ``memory`` (B, S, D): its keys and values are
         projected here, once."""
-        mk, mv = self.cross_attn.memory_kv(memory)  # (B, H, S, Dh)
+        mk, mv = memory_kv(self.cross_attn, memory)  # (B, H, S, Dh)
         B, H = memory.shape[0], self.self_attn.n_heads
         empty = memory.new_zeros(B, H, 0, self.d_model // H)
         return LayerCache(empty, empty, mk, mv)
@@ -210,37 +210,28 @@ class DecoderBlock(nn.Module):
     ) -> tuple[Tensor, LayerCache]:
         """One block as the plans say (trusted as they are); returns the rows and the cache
         with the new rows' keys and values appended."""
-        record("decoder.block_input", x)
         past = (cache.keys, cache.values) if cache.length else None
-        memory_kv = (cache.memory_keys, cache.memory_values)
+        memory = (cache.memory_keys, cache.memory_values)
         if self_plan.fused_linear:
-            # Inference: the residual dropouts are identities, and each residual add happens
-            # inside the matrix product that produces the branch (clearformer.fused_linear).
-            attn, cross = self.self_attn, self.cross_attn
-            if self.norm == "pre":
-                x, _, (k, v) = attn.attend_cached(self.self_attn_norm(x), self_plan, past, x)
-                x, _ = cross.attend_memory(self.cross_attn_norm(x), memory_kv, cross_plan, x)
-                x = self.mlp(self.mlp_norm(x), fused=True, residual=x)
-            else:
-                h, _, (k, v) = attn.attend_cached(x, self_plan, past, residual=x)
-                x = self.self_attn_norm(h)
-                h, _ = cross.attend_memory(x, memory_kv, cross_plan, residual=x)
-                x = self.cross_attn_norm(h)
-                x = self.mlp_norm(self.mlp(x, fused=True, residual=x))
+            # A fast route the plan chose (clearformer.fast) runs the whole block on this
+            # block's own parameters: each residual add fused into a matrix product.
+            x, (k, v) = self_plan.linear.impl.decoder_block(
+                self, x, past, memory, self_plan, cross_plan
+            )
             return x, LayerCache(k, v, cache.memory_keys, cache.memory_values)
         if self.norm == "pre":
-            h, _, (k, v) = self.self_attn.attend_cached(self.self_attn_norm(x), self_plan, past)
+            h = self.self_attn_norm(x)
+            h, (k, v) = cached_self_attention(self.self_attn, h, self_plan, past)
             x = x + self.self_attn_dropout(h)
-            h, _ = self.cross_attn.attend_memory(self.cross_attn_norm(x), memory_kv, cross_plan)
+            h = memory_attention(self.cross_attn, self.cross_attn_norm(x), memory, cross_plan)
             x = x + self.cross_attn_dropout(h)
             x = x + self.mlp_dropout(self.mlp(self.mlp_norm(x)))
         else:
-            h, _, (k, v) = self.self_attn.attend_cached(x, self_plan, past)
+            h, (k, v) = cached_self_attention(self.self_attn, x, self_plan, past)
             x = self.self_attn_norm(x + self.self_attn_dropout(h))
-            h, _ = self.cross_attn.attend_memory(x, memory_kv, cross_plan)
+            h = memory_attention(self.cross_attn, x, memory, cross_plan)
             x = self.cross_attn_norm(x + self.cross_attn_dropout(h))
             x = self.mlp_norm(x + self.mlp_dropout(self.mlp(x)))
-        record("decoder.block_output", x)
         return x, LayerCache(k, v, cache.memory_keys, cache.memory_values)
 
     def _check_rows(self, t: Tensor, name: str, batch: int | None = None) -> None:
@@ -258,6 +249,51 @@ class DecoderBlock(nn.Module):
         return f"d_model={self.d_model}, norm={self.norm!r}"
 
 
+def memory_kv(attn: MultiHeadAttention, memory: Tensor) -> tuple[Tensor, Tensor]:
+    """Keys and values of a memory (B, S, kv_dim) for cross-attention ``attn``, split into
+    heads: (B, H, S, Dh) and (B, H, S, Dv). Computed once per source, then reused by every
+    decoding step."""
+    B, S, H = memory.shape[0], memory.shape[1], attn.n_heads
+    if attn.kv_proj is not None:
+        k, v = attn.kv_proj(memory).split([attn.qk_dim, attn.v_dim], dim=-1)
+    else:
+        _, (wk, bk), (wv, bv) = attn.projection_weights()
+        k, v = F.linear(memory, wk, bk), F.linear(memory, wv, bv)
+    # (B, S, H * Dh) -> (B, S, H, Dh) -> (B, H, S, Dh)
+    k = k.view(B, S, H, attn.qk_dim // H).transpose(1, 2)
+    v = v.view(B, S, H, attn.v_dim // H).transpose(1, 2)
+    return k, v
+
+
+def cached_self_attention(
+    attn: MultiHeadAttention,
+    x: Tensor,
+    plan: ForwardPlan,
+    past: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """Self-attention of new rows ``x`` (B, t, in_dim) over the keys and values of earlier rows
+    (``past``: (B, H, T_past, Dh) and (B, H, T_past, Dv)) and their own; ``plan`` is made for
+    t queries and T_past + t keys. Returns out (B, t, out_dim) and the keys and values of all
+    T_past + t rows (the cache to pass next time)."""
+    q, k, v = (attn.split_heads(t, plan) for t in attn.project(x, x, x))  # (B, H, t, Dh)
+    if past is not None:
+        k = torch.cat([past[0], k], dim=2)  # (B, H, T_past + t, Dh)
+        v = torch.cat([past[1], v], dim=2)
+    out, _ = attn.context(q, k, v, plan)
+    return attn.out_proj(out), (k, v)
+
+
+def memory_attention(
+    attn: MultiHeadAttention, x: Tensor, memory: tuple[Tensor, Tensor], plan: ForwardPlan
+) -> Tensor:
+    """Cross-attention from ``x`` (B, t, in_dim) to a memory's keys and values from
+    :func:`memory_kv`; ``plan`` is made for t queries and S keys. (B, t, out_dim)."""
+    (wq, bq), _, _ = attn.projection_weights()
+    q = attn.split_heads(F.linear(x, wq, bq), plan)  # (B, H, t, Dh)
+    out, _ = attn.context(q, *memory, plan)
+    return attn.out_proj(out)
+
+
 def prepare_call(owner, x, memory, mask, memory_mask, cache, *, cache_type, heads, backend):
     """What a decoder call (one block or a stack) does before any layer runs: check the rows,
     the memory or the cache, plan self- and cross-attention once, zero padded target rows.
@@ -271,7 +307,7 @@ def prepare_call(owner, x, memory, mask, memory_mask, cache, *, cache_type, head
     check_rows(x, "x")
     fusion = None
     if backend != "math":  # the math backend is the reference: always the eager layers
-        fusion = fusion_decision(x.device, x.dtype, owner.training, owner)
+        fusion = linear_route(x.device, x.dtype, owner.training, owner)
     if cache is None:
         if memory is None:
             raise ValueError("memory must be a (B, S, D) tensor unless a cache holds it")

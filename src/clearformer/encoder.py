@@ -15,17 +15,16 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from . import reference
 from .blocks import EncoderBlock
 from .checks import check_bool
 from .config import EncoderConfig
 from .dtypes import check_rows_dtype
-from .fused_linear import fusion_decision
 from .layer_plans import check_contiguous, with_linear, with_score_bias
-from .options import Decision
 from .padding import layout_from_cu_seqlens, repad
 from .plan import ForwardPlan, plan_stack
 from .relative_bias import RelativePositionBias
-from .tracing import record
+from .routes import linear_route
 
 
 @dataclass(frozen=True)
@@ -142,17 +141,19 @@ class Encoder(nn.Module):
             layers=self._layer_kinds(),
             mask_name=mask_name,
             packing=packing,
+            score_bias=self.relative_bias is not None,
         )
         if self.relative_bias is not None and plan.token_mask is not None:
             # Distances are read off the row index on the padded layout: one run per row.
             check_contiguous(plan.token_mask, "a relative position bias")
-        if backend != "math" and not (backend is None and self.config.backend == "math"):
-            # The math backend is the reference: always the eager layers.
-            fusion = fusion_decision(
-                plan.device, self._dtype() if dtype is None else dtype, self.training, self
-            )
-            plan = with_linear(plan, fusion)
-        return plan
+        return self._route_linear(plan, self._dtype() if dtype is None else dtype)
+
+    def _route_linear(self, plan: ForwardPlan, dtype: torch.dtype) -> ForwardPlan:
+        """``plan`` with its linear layers' route: the one place the stack decides it."""
+        if plan.kernel.choice == "math":
+            # The math kernel is the reference: always the eager layers.
+            return plan
+        return with_linear(plan, linear_route(plan.device, dtype, self.training, self))
 
     def _layer_kinds(self) -> tuple[tuple[int | None, float | None], ...]:
         """(window, rotary base) of every layer, for the plan."""
@@ -246,20 +247,20 @@ class Encoder(nn.Module):
                     f"plan was made for a batch of (B, T) = ({plan.batch}, {plan.tq}) on "
                     f"{plan.device}, got x of shape {tuple(x.shape)} on {x.device}"
                 )
+            if plan.fused_linear:
+                # A plan made earlier, for another mode maybe (inference, then a training call
+                # with gradients; hooks added since): the linear layers' route is this call's.
+                plan = self._route_linear(plan, x.dtype)
         return self.run(x, plan)
 
     def run(self, x: Tensor, plan: ForwardPlan) -> Tensor | EncoderOutput:
-        """The stack on a (B, T, D) batch as ``plan`` says; the plan is trusted as it is."""
+        """The stack on a (B, T, D) batch (or (N, D) packed rows) as ``plan`` says; the plan is
+        trusted as it is."""
+        recompute = plan.checkpointing and self.training and torch.is_grad_enabled()
+        if plan.kernel.choice == "math" and not plan.packed and not recompute:
+            return self._run_reference(x, plan)
         hidden: list[Tensor] = []
         attentions: list[Tensor] = []
-        if (
-            plan.fused_linear
-            and fusion_decision(x.device, x.dtype, self.training, self).choice != "fused"
-        ):
-            # A plan made for inference, run with gradients, in training mode, while a trace
-            # records or with hooks added since: the fused op has no autograd formula, records
-            # nothing and runs past the hooks.
-            plan = with_linear(plan, Decision("eager", "this call needs the eager layers"))
         if self.relative_bias is not None:
             # The bias is a parameter: computed once per call, shared by every layer.
             longest = plan.packing.max_seqlen if plan.packed else plan.tq
@@ -272,9 +273,7 @@ class Encoder(nn.Module):
             x = torch.where(plan.token_mask[..., None], x, 0.0)
         if plan.output_hidden_states:
             hidden.append(_padded_output(x, plan))
-        recompute = plan.checkpointing and self.training and torch.is_grad_enabled()
         for index, block in enumerate(self.layers):
-            record("encoder.layer", x, layer=index)
             layer_plan = plan.layer(index)
             # Through the module's __call__ (not block.run), so that hooks fire per block.
             if recompute:
@@ -287,16 +286,26 @@ class Encoder(nn.Module):
                 hidden.append(_padded_output(x, plan))
             if plan.need_weights:
                 attentions.append(out.attention)
-        x = self.final_norm(x)
-        record("encoder.output", x)
-        last = _padded_output(x, plan)
-        if not (plan.output_hidden_states or plan.need_weights):
-            return last
-        return EncoderOutput(
-            last,
-            tuple(hidden) if plan.output_hidden_states else None,
-            tuple(attentions) if plan.need_weights else None,
-        )
+        last = _padded_output(self.final_norm(x), plan)
+        return _outputs(last, hidden, attentions, plan)
+
+    def _run_reference(self, x: Tensor, plan: ForwardPlan) -> Tensor | EncoderOutput:
+        """The ``math`` kernel on the padded layout: the reference encoder
+        (:func:`clearformer.reference.encoder`), which ``explain`` records."""
+        last, hidden, attentions = reference.encoder(self, x, plan.token_mask)
+        return _outputs(last, list(hidden), list(attentions), plan)
+
+
+def _outputs(
+    last: Tensor, hidden: list[Tensor], attentions: list[Tensor], plan: ForwardPlan
+) -> Tensor | EncoderOutput:
+    if not (plan.output_hidden_states or plan.need_weights):
+        return last
+    return EncoderOutput(
+        last,
+        tuple(hidden) if plan.output_hidden_states else None,
+        tuple(attentions) if plan.need_weights else None,
+    )
 
 
 def _check_packed_rows(x: Tensor, plan: ForwardPlan, width: int) -> None:

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from .checks import check_bool, check_int, check_positive_int
-from .packed_weights import PackedWeights, use_packed_weights
+from .fast.packed_weights import PackedWeights, use_packed_weights
 
 EARLY_STOPPING = (True, False, "never")
 
@@ -77,7 +77,7 @@ def generate(
     ``num_beams`` 1 is greedy search. ``use_cache=False`` recomputes every step from the whole
     prefix (the reference the cache is tested against). Ids default to the model's config.
     On a CPU in float32 the call holds a copy of every linear weight in oneDNN's layout
-    (:mod:`clearformer.packed_weights`) until it returns.
+    (:mod:`clearformer.fast.packed_weights`) until it returns.
     """
     cfg = model.config
     bos = cfg.bos_id if bos_id is None else bos_id

@@ -10,20 +10,17 @@ long ones, per sequence on packed rows) and the rotary tables of each rotary bas
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from . import masks
-from .kernels.local import use_banded
+from .forward_plan import ForwardPlan, positions_of
 from .options import Decision
 from .positions import rotary_tables
+from .routes import slab_by_slab, varlen_method
 
-if TYPE_CHECKING:  # the plan module imports this one; this one only reads plans
-    from .plan import ForwardPlan
-
-__all__ = ["check_contiguous", "layer_plan", "positions_of", "with_layers", "with_score_bias"]
+__all__ = ["check_contiguous", "layer_plan", "with_layers", "with_score_bias"]
 
 
 def with_layers(
@@ -31,8 +28,11 @@ def with_layers(
     layers: tuple[tuple[int | None, float | None], ...],
     head_dim: int | None,
     is_causal: bool,
+    dtype: torch.dtype = torch.float32,
+    score_bias: bool = False,
 ) -> ForwardPlan:
-    """``base`` with one plan per distinct layer type (window, rotary base), built once each."""
+    """``base`` with one plan per distinct layer type (window, rotary base), built once each.
+    ``dtype`` and ``score_bias`` tell the routes what a local layer's varlen method must take."""
     if all(window is None and theta is None for window, theta in layers):
         return base
     if base.token_mask is not None and any(window is not None for window, _ in layers):
@@ -41,22 +41,21 @@ def with_layers(
     built: dict[tuple[int | None, float | None], ForwardPlan] = {}
     for kind in layers:
         if kind not in built:
-            built[kind] = layer_plan(base, *kind, positions, head_dim, is_causal)
+            built[kind] = layer_plan(
+                base, *kind, positions, head_dim, is_causal, dtype=dtype, score_bias=score_bias
+            )
     return dataclasses.replace(base, per_layer=tuple(built[kind] for kind in layers))
 
 
 def with_score_bias(plan: ForwardPlan, bias: Tensor) -> ForwardPlan:
     """``plan`` (and each of its layers' plans) adding ``bias`` (H, L, L) to every score.
 
-    The stack that owns the bias attaches it per call (it is a parameter); its planning has
-    checked that the mask is contiguous (:func:`check_contiguous`).
+    The stack that owns the bias attaches it per call (it is a parameter); its planning chose
+    varlen methods that take a bias (``plan_stack(score_bias=True)``) and checked that the mask
+    is contiguous (:func:`check_contiguous`).
     """
-    method = plan.method
-    if method is not None and method.choice in ("flash", "avx512"):
-        # flash_attn_varlen_func and the AVX-512 kernel take no additive bias: say what runs.
-        method = Decision("sequence", "a relative position bias: one fused call per run")
-    layers = tuple(dataclasses.replace(p, score_bias=bias, method=method) for p in plan.per_layer)
-    return dataclasses.replace(plan, score_bias=bias, method=method, per_layer=layers)
+    layers = tuple(dataclasses.replace(p, score_bias=bias) for p in plan.per_layer)
+    return dataclasses.replace(plan, score_bias=bias, per_layer=layers)
 
 
 def check_contiguous(token_mask: Tensor, what: str = "local (windowed) attention") -> None:
@@ -74,25 +73,6 @@ def check_contiguous(token_mask: Tensor, what: str = "local (windowed) attention
         )
 
 
-def positions_of(plan: ForwardPlan) -> Tensor:
-    """Each row's position within its own sequence: (N,) packed, (B, T) padded.
-
-    Counted over real tokens only, so that a padded row and the same row packed get the same
-    position (with right padding, as tokenizers pad, that is simply 0, 1, 2, ...).
-    """
-    if plan.packing is not None:
-        return plan.packing.positions
-    if plan.token_mask is None:
-        return torch.arange(plan.tq, device=plan.device)[None].expand(plan.batch, plan.tq)
-    return padded_positions(plan.token_mask)
-
-
-def padded_positions(token_mask: Tensor) -> Tensor:
-    """(B, T) bool mask, True = real token -> (B, T) int64: each token's index among its row's
-    real tokens (a padded position takes its real neighbour's; its row is zeroed anyway)."""
-    return (token_mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
-
-
 def layer_plan(
     base: ForwardPlan,
     window: int | None,
@@ -100,6 +80,9 @@ def layer_plan(
     positions: Tensor,
     head_dim: int | None,
     is_causal: bool,
+    *,
+    dtype: torch.dtype = torch.float32,
+    score_bias: bool = False,
 ) -> ForwardPlan:
     rotary = None
     if theta is not None:
@@ -119,12 +102,19 @@ def layer_plan(
         return dataclasses.replace(base, rotary=rotary)
     if base.packed:
         method = base.method
-        if method is not None and method.choice in ("flash", "avx512"):
-            # flash_attn's own window is not wired in, nor a band in the AVX-512 kernel: say
-            # what really runs.
-            method = Decision("sequence", "a local layer: a band per sequence")
+        if method is not None and method.choice != "math":
+            # The routes ask each method whether it takes a window (one rule, in each method).
+            method = varlen_method(
+                base.packing,
+                device=base.device,
+                dtype=dtype,
+                head_dim=head_dim,
+                is_causal=is_causal,
+                window=window,
+                bias=score_bias,
+            )
         return dataclasses.replace(base, window=window, rotary=rotary, method=method)
-    if base.kernel.choice == "sdpa" and use_banded(base.tq, window):
+    if base.kernel.choice == "sdpa" and slab_by_slab(base.tq, window):
         # Long rows: the kernel goes slab by slab, so no (T, T) band is ever built here. It
         # reads the key-padding mask alone and applies the causal flag itself.
         keys = None if base.token_mask is None else base.token_mask[:, None, None, :]
@@ -156,6 +146,6 @@ def layer_plan(
 
 def with_linear(plan: ForwardPlan, linear: Decision) -> ForwardPlan:
     """``plan`` (and each of its layers' plans) running the linear layers as ``linear`` says
-    (:func:`clearformer.fused_linear.fusion_decision`)."""
+    (:func:`clearformer.routes.linear_route`)."""
     layers = tuple(dataclasses.replace(p, linear=linear) for p in plan.per_layer)
     return dataclasses.replace(plan, linear=linear, per_layer=layers)

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from .config import EncoderConfig
 from .embeddings import Embeddings
 from .encoder import Encoder, EncoderOutput
-from .layer_plans import padded_positions
+from .forward_plan import padded_positions
 from .masks import from_attention_mask
 
 

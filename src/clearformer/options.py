@@ -6,7 +6,8 @@ converters can all name the same choices without importing each other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 NORMS = ("pre", "post")  # where a block's LayerNorm sits (see clearformer.blocks)
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")  # feed-forward activations
@@ -22,7 +23,7 @@ KERNEL_NAMES = ("math", "sdpa", "varlen")
 # What a configuration or a call may ask for: a kernel by name, or ``auto`` (the plan decides).
 BACKENDS = ("auto", *KERNEL_NAMES)
 LAYOUTS = ("padded", "packed")  # (B, T, D) with a mask, or (N, D) real rows with cu_seqlens
-# How the varlen kernel attends within packed sequences (see clearformer.kernels.varlen).
+# How the varlen kernel attends within packed sequences (see clearformer.fast.varlen).
 VARLEN_METHODS = ("auto", "sequence", "padded", "threads", "flash", "avx512")
 
 
@@ -32,6 +33,9 @@ class Decision:
 
     choice: str
     reason: str
+    # The implementation the choice names, where the layers call it without importing it
+    # (a route of clearformer.fast); None where the choice is a name the layers look up.
+    impl: Any = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"{self.choice} ({self.reason})"

@@ -16,22 +16,22 @@ key/value cache (one more layout, planned and returned explicitly).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from . import masks
 from .checks import check_choice
 from .dtypes import check_rows_dtype, compute_dtype
-from .kernels.varlen import resolve_method
-from .layer_plans import positions_of, with_layers
-from .options import BACKENDS, KERNEL_NAMES, LAYOUTS, Decision
+from .forward_plan import ForwardPlan, Route
+from .layer_plans import with_layers
+from .options import BACKENDS, Decision
 from .padding import PackedLayout, pack_layout
+from .routes import varlen_method
 
 __all__ = [
     "Decision",
     "ForwardPlan",
+    "Route",
     "check_rows_dtype",
     "plan_attention",
     "plan_stack",
@@ -42,135 +42,6 @@ __all__ = [
 # of equally long sequences or a gather to a padded copy: below this fraction of padding the
 # padded layout is as fast (measured break-even between 5 and 8.5 %, docs/performance.md).
 PACK_MIN_PADDING = 0.06
-
-
-@dataclass(frozen=True, eq=False)
-class ForwardPlan:
-    """Everything the layers of one call need to know besides their input rows.
-
-    Attributes:
-        layout: ``padded`` ((B, T, D) rows, ``mask`` applies) or ``packed`` ((N, D) rows).
-        kernel: ``math``, ``sdpa`` or ``varlen``.
-        method: on packed rows, how ``varlen`` attends (see clearformer.kernels.varlen).
-        scope: ``stack`` (made by :func:`plan_stack` for a whole stack) or ``layer`` (made by
-            :func:`plan_attention` for one lone layer); a stack accepts only its own kind.
-        batch, tq, tk: the padded shape of the call (queries and keys).
-        device: where the call's rows live.
-        token_mask: (B, T) bool key-padding mask of a stack call, True = real token; None when
-            every position is real. The stack zeroes its padded output rows with it.
-        mask: padded layout: bool, broadcastable to (B, H, Tq, Tk), True = may attend, causal
-            constraint folded in; None = attend everywhere.
-        query_has_key: (B, H|1, Tq|1, 1) bool, whether a query row has any key; None when
-            every row has one (known without looking at the device) or no mask is given.
-        key_in_use: (B, H|1, Tk, 1) bool, whether any query may attend a key, for a lone layer
-            whose mask leaves some key unused (its key and value are zeroed, so that a NaN
-            there cannot reach a real query); None otherwise. A stack needs none: it zeroes
-            padded rows once at its entry.
-        packing: packed layout: where each sequence's rows are (``cu_seqlens``, offsets).
-        is_causal: the kernel still has to apply the causal constraint itself (packed rows,
-            or a padded call whose causal triangle was not folded into ``mask``).
-        need_weights: return attention probabilities (``math`` only).
-        output_hidden_states: return every layer's hidden states.
-        checkpointing: recompute each block's activations in the backward pass instead of
-            keeping them (memory for time; a training call's choice). The stack applies it only
-            in training mode with gradients enabled.
-        window: local attention: query i sees keys j of its sequence with |i - j| <= window;
-            None = global attention.
-        band_in_mask: the window is folded into ``mask`` (padded, short sequences or the
-            ``math`` kernel); otherwise the kernel applies it itself: slab by slab on long
-            padded rows (:mod:`clearformer.kernels.local`), per sequence on packed rows.
-        rotary: (cos, sin) float32 tables for rotary positions, shaped to broadcast over the
-            heads of split queries and keys ((N, 1, Dh) packed, (B, 1, T, Dh) padded).
-        score_bias: (H, L, L) float added to every layer's scores (a relative position bias,
-            :mod:`clearformer.relative_bias`), L the padded length or the longest packed
-            sequence; a sequence of length l starting at position 0 reads its top-left
-            (H, l, l) corner. Attached by the stack that owns the bias; None: no bias.
-        packed_input: the caller gave packed rows and their ``cu_seqlens``: the stack returns
-            packed rows too, and never sees a padded grid.
-        linear: how the linear layers run: ``fused`` (bias, activation and residual add inside
-            oneDNN's matrix product, :mod:`clearformer.fused_linear`: CPU inference in
-            float32) or ``eager``; None: eager (a plan no stack decided it for).
-        per_layer: a stack whose layers differ (local and global layers, rotary bases): the
-            plan of each layer, derived from this one and built once per layer type. Empty when
-            every layer runs this plan.
-    """
-
-    layout: Decision
-    kernel: Decision
-    method: Decision | None
-    scope: str
-    batch: int
-    tq: int
-    tk: int
-    device: torch.device
-    token_mask: Tensor | None = None
-    mask: Tensor | None = None
-    query_has_key: Tensor | None = None
-    key_in_use: Tensor | None = None
-    packing: PackedLayout | None = None
-    is_causal: bool = False
-    need_weights: bool = False
-    output_hidden_states: bool = False
-    checkpointing: bool = False
-    window: int | None = None
-    band_in_mask: bool = False
-    rotary: tuple[Tensor, Tensor] | None = None
-    score_bias: Tensor | None = None
-    packed_input: bool = False
-    linear: Decision | None = None
-    per_layer: tuple[ForwardPlan, ...] = ()
-
-    def layer(self, index: int) -> ForwardPlan:
-        """The plan layer ``index`` of a stack runs."""
-        return self.per_layer[index] if self.per_layer else self
-
-    def __post_init__(self) -> None:
-        # Decisions speak the vocabulary of clearformer.options, nothing else.
-        assert self.layout.choice in LAYOUTS and self.kernel.choice in KERNEL_NAMES, self
-
-    @property
-    def packed(self) -> bool:
-        return self.packing is not None
-
-    @property
-    def fused_linear(self) -> bool:
-        """The linear layers run fused (see ``linear``)."""
-        return self.linear is not None and self.linear.choice == "fused"
-
-    @property
-    def positions(self) -> Tensor:
-        """Each row's position within its own sequence, counted over its real tokens: (N,)
-        when packed, (B, T) when padded (what rotary tables are built from)."""
-        return positions_of(self)
-
-    def check_rows(self, rows: Tensor, name: str = "x") -> None:
-        """Raise unless ``rows`` are laid out as this plan says (shape and device)."""
-        if self.packing is not None:
-            want, form = (self.packing.num_tokens,), "(N,) packed rows"
-        else:
-            want, form = (self.batch, self.tq), "(B, T)"
-        if tuple(rows.shape[: len(want)]) != want or rows.dim() != len(want) + 1:
-            raise ValueError(
-                f"plan was made for {form} = {want}, got {name} of shape {tuple(rows.shape)}"
-            )
-        if rows.device != self.device:
-            raise ValueError(f"plan was made for device {self.device}, got {name} on {rows.device}")
-
-    def __str__(self) -> str:
-        lines = [f"layout: {self.layout}", f"kernel: {self.kernel}"]
-        if self.method is not None:
-            lines.append(f"varlen method: {self.method}")
-        if self.linear is not None:
-            lines.append(f"linear layers: {self.linear}")
-        kinds: dict[str, list[int]] = {}
-        for i, plan in enumerate(self.per_layer):
-            what = "global" if plan.window is None else f"local |i - j| <= {plan.window}"
-            if plan.rotary is not None:
-                what += ", rotary"
-            kinds.setdefault(what, []).append(i)
-        for what, layers in kinds.items():
-            lines.append(f"layers {layers}: {what}")
-        return "\n".join(lines)
 
 
 def _weights_decision(requested: str) -> Decision:
@@ -198,6 +69,7 @@ def plan_stack(
     head_dim: int | None = None,
     layers: tuple[tuple[int | None, float | None], ...] = (),
     packing: PackedLayout | None = None,
+    score_bias: bool = False,
 ) -> ForwardPlan:
     """Plan one call of a stack on a (B, T) batch with an optional (B, T) key-padding mask,
     or on rows the caller packed already (``packing``).
@@ -238,6 +110,7 @@ def plan_stack(
             need_weights,
             output_hidden_states,
             checkpointing,
+            score_bias,
         )
     B, T = shape
     masks.prepare_attention_mask(
@@ -287,8 +160,13 @@ def plan_stack(
     if layout.choice == "packed":
         keep = mask if mask is not None else torch.ones(B, T, dtype=torch.bool, device=device)
         packing = pack_layout(keep)
-        method = resolve_method(
-            "auto", packing, device=device, dtype=dtype, head_dim=head_dim, is_causal=is_causal
+        method = varlen_method(
+            packing,
+            device=device,
+            dtype=dtype,
+            head_dim=head_dim,
+            is_causal=is_causal,
+            bias=score_bias,
         )
         base = ForwardPlan(
             layout,
@@ -304,7 +182,7 @@ def plan_stack(
             is_causal=is_causal,
             **flags,
         )
-        return with_layers(base, layers, head_dim, is_causal)
+        return with_layers(base, layers, head_dim, is_causal, dtype, score_bias)
     # Padded: fold the key-padding and causal constraints into one mask, once for all layers.
     # An unmasked causal call keeps the flag instead: sdpa has a fast causal path.
     fold = is_causal and mask is not None
@@ -326,7 +204,7 @@ def plan_stack(
         is_causal=is_causal and not fold,
         **flags,
     )
-    return with_layers(base, layers, head_dim, is_causal)
+    return with_layers(base, layers, head_dim, is_causal, dtype, score_bias)
 
 
 def _plan_packed_rows(
@@ -341,6 +219,7 @@ def _plan_packed_rows(
     need_weights: bool,
     output_hidden_states: bool,
     checkpointing: bool,
+    score_bias: bool,
 ) -> ForwardPlan:
     if mask is not None:
         raise ValueError(
@@ -362,8 +241,13 @@ def _plan_packed_rows(
         kernel, method = Decision("math", "requested by name: reference formula per sequence"), None
     else:
         kernel = Decision("varlen", "packed rows: only varlen attention reads cu_seqlens")
-        method = resolve_method(
-            "auto", packing, device=device, dtype=dtype, head_dim=head_dim, is_causal=is_causal
+        method = varlen_method(
+            packing,
+            device=device,
+            dtype=dtype,
+            head_dim=head_dim,
+            is_causal=is_causal,
+            bias=score_bias,
         )
     base = ForwardPlan(
         layout,
@@ -380,7 +264,7 @@ def _plan_packed_rows(
         checkpointing=checkpointing,
         packed_input=True,
     )
-    return with_layers(base, layers, head_dim, is_causal)
+    return with_layers(base, layers, head_dim, is_causal, dtype, score_bias)
 
 
 def plan_attention(
@@ -430,8 +314,7 @@ def plan_attention(
             method = None
         else:
             kernel = Decision("varlen", "rows are packed; only varlen attention reads cu_seqlens")
-            method = resolve_method(
-                "auto",
+            method = varlen_method(
                 packing,
                 device=device,
                 dtype=compute_dtype(device, dtype),

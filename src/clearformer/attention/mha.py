@@ -21,13 +21,11 @@ from ..checks import (
     check_probability,
 )
 from ..dtypes import check_rows_dtype
-from ..fused_linear import linear, residual_then_norm
 from ..kernels import KERNELS
 from ..options import BACKENDS
 from ..padding import PackedLayout
 from ..plan import ForwardPlan, plan_attention
 from ..positions import apply_rotary
-from ..tracing import record
 
 
 class MultiHeadAttention(nn.Module):
@@ -148,17 +146,13 @@ class MultiHeadAttention(nn.Module):
             bs = (self.q_proj.bias, bk, bv)
         return tuple(zip(ws, bs, strict=True))
 
-    def project(
-        self, query: Tensor, key: Tensor, value: Tensor, *, fused: bool = False
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values, ``(..., qk_dim)``, ``(..., qk_dim)``, ``(..., v_dim)``.
-        ``fused``: the self-attention product through :func:`clearformer.fused_linear.linear`."""
+    def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values, ``(..., qk_dim)``, ``(..., qk_dim)``, ``(..., v_dim)``."""
         sizes = [self.qk_dim, self.qk_dim, self.v_dim]
         if self.in_proj is not None:
             if key is query and value is query:
-                # Self-attention: one fused matrix product for all three.
-                qkv = linear(query, self.in_proj, fused=fused)  # (..., 2 * qk_dim + v_dim)
-                return qkv.split(sizes, dim=-1)
+                # Self-attention: one matrix product for all three.
+                return self.in_proj(query).split(sizes, dim=-1)  # (..., 2 * qk_dim + v_dim)
             (wq, bq), (wk, bk), (wv, bv) = self.projection_weights()
             return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
         q = self.q_proj(query)
@@ -232,99 +226,20 @@ class MultiHeadAttention(nn.Module):
         return self.attend(query, key, value, plan)
 
     def attend(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        plan: ForwardPlan,
-        *,
-        residual: Tensor | None = None,
-        norm: nn.Module | None = None,
+        self, query: Tensor, key: Tensor, value: Tensor, plan: ForwardPlan
     ) -> tuple[Tensor, Tensor | None]:
-        """The one attention path, whatever the layout: project, split heads, (positions),
-        kernel, merge heads, project out (``+ residual`` when given: the block's residual
-        add, fused into the output projection when the plan fuses linear layers; then
-        ``norm``, a post-norm block's LayerNorm, which only a plan that fuses linear layers
-        takes here)."""
-        q, k, v = self.project(query, key, value, fused=plan.fused_linear)
-        record("attn.q_proj", q)
-        record("attn.k_proj", k)
-        record("attn.v_proj", v)
-        q, k, v = (self._split_heads(t, plan) for t in (q, k, v))
-        record("attn.split_heads", q)
-        return self.attend_heads(q, k, v, plan, residual=residual, norm=norm)
+        """The one attention path, whatever the layout: project, split heads, attend with the
+        plan's kernel, merge heads, project out."""
+        q, k, v = (self.split_heads(t, plan) for t in self.project(query, key, value))
+        out, weights = self.context(q, k, v, plan)
+        return self.out_proj(out), weights  # (B, Tq, out_dim) or (N, out_dim)
 
-    def attend_cached(
-        self,
-        query: Tensor,
-        plan: ForwardPlan,
-        past: tuple[Tensor, Tensor] | None = None,
-        residual: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None, tuple[Tensor, Tensor]]:
-        """Self-attention of new rows ``query`` (B, t, in_dim) over the keys and values of
-        earlier rows (``past``: (B, H, T_past, Dh) and (B, H, T_past, Dv)) and their own.
-
-        The same path as :meth:`attend`, with the new keys and values appended after the head
-        split. ``plan`` is made for t queries and T_past + t keys. ``residual`` (B, t, out_dim)
-        is added to the output (inside the output projection when the plan fuses linear
-        layers).
-
-        Returns:
-            out (B, t, out_dim), weights or None, and the keys and values of all T_past + t rows
-            (the cache to pass next time).
-        """
-        q, k, v = self.project(query, query, query, fused=plan.fused_linear)
-        q, k, v = (self._split_heads(t, plan) for t in (q, k, v))  # (B, H, t, Dh)
-        if past is not None:
-            k = torch.cat([past[0], k], dim=2)  # (B, H, T_past + t, Dh)
-            v = torch.cat([past[1], v], dim=2)
-        out, weights = self.attend_heads(q, k, v, plan, residual=residual)
-        return out, weights, (k, v)
-
-    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values of a memory (B, S, kv_dim), split into heads: (B, H, S, Dh) and
-        (B, H, S, Dv). Computed once per source, then reused by every decoding step."""
-        (_, _), (wk, bk), (wv, bv) = self.projection_weights()
-        if self.kv_proj is not None:
-            k, v = self.kv_proj(memory).split([self.qk_dim, self.v_dim], dim=-1)
-        else:
-            k, v = F.linear(memory, wk, bk), F.linear(memory, wv, bv)
-        B, S, H = memory.shape[0], memory.shape[1], self.n_heads
-        # (B, S, H*Dh) -> (B, S, H, Dh) -> (B, H, S, Dh)
-        k = k.view(B, S, H, self.qk_dim // H).transpose(1, 2)
-        v = v.view(B, S, H, self.v_dim // H).transpose(1, 2)
-        return k, v
-
-    def attend_memory(
-        self,
-        query: Tensor,
-        memory_kv: tuple[Tensor, Tensor],
-        plan: ForwardPlan,
-        residual: Tensor | None = None,
+    def context(
+        self, q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan
     ) -> tuple[Tensor, Tensor | None]:
-        """Cross-attention from ``query`` (B, t, in_dim) to keys and values from
-        :meth:`memory_kv`; ``plan`` is made for t queries and S keys. ``residual``
-        (B, t, out_dim) is added to the output, as in :meth:`attend_cached`."""
-        if plan.fused_linear and self.q_proj is not None:
-            q = linear(query, self.q_proj, fused=True)
-        else:
-            (wq, bq), _, _ = self.projection_weights()
-            q = F.linear(query, wq, bq)
-        q = self._split_heads(q, plan)  # (B, H, t, Dh)
-        return self.attend_heads(q, *memory_kv, plan, residual=residual)
-
-    def attend_heads(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        plan: ForwardPlan,
-        *,
-        residual: Tensor | None = None,
-        norm: nn.Module | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """From split heads on: (positions), kernel, merge heads, project out
-        (``+ residual`` when given, then ``norm`` when given)."""
+        """Split heads in, merged context out (before ``out_proj``): (positions), the plan's
+        kernel, merge heads. ``q``/``k``/``v``: (B, H, T, Dh) padded or (N, H, Dh) packed;
+        the result (B, Tq, v_dim) or (N, v_dim), and the weights or None."""
         if plan.key_in_use is not None:
             # A key no query may see gets weight 0, but 0 * NaN is NaN: whatever a padded
             # position holds must not reach a real one, so its key and value become zeros.
@@ -335,21 +250,12 @@ class MultiHeadAttention(nn.Module):
             # position within its own sequence (packed rows restart at 0 in every sequence).
             cos, sin = plan.rotary
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-            record("attn.rotary", q)
-        kernel = KERNELS[plan.kernel.choice]
         dropout_p = self.attn_dropout if self.training else 0.0
-        out, weights = kernel(q, k, v, plan, dropout_p)
-        out = self._merge_heads(out, plan)
-        record("attn.merge_heads", out)
-        if plan.fused_linear:
-            # The block's residual add happens inside the product (clearformer.fused_linear).
-            out = linear(out, self.out_proj, fused=True, residual=residual, norm=norm)
-            return out, weights
-        out = self.out_proj(out)  # (B, Tq, out_dim) or (N, out_dim)
-        record("attn.out_proj", out)
-        return residual_then_norm(out, residual, norm), weights
+        out, weights = KERNELS[plan.kernel.choice](q, k, v, plan, dropout_p)
+        return self._merge_heads(out, plan), weights
 
-    def _split_heads(self, t: Tensor, plan: ForwardPlan) -> Tensor:
+    def split_heads(self, t: Tensor, plan: ForwardPlan) -> Tensor:
+        """(B, T, H * Dh) -> (B, H, T, Dh) padded, (N, H * Dh) -> (N, H, Dh) packed."""
         H = self.n_heads
         if plan.packed:
             # (N, H*Dh) -> (N, H, Dh); explicit widths, so that a batch of no tokens (N = 0) works.

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..fused_linear import onednn_available
+from ..fast.fused_linear import onednn_available
 from .timing import best_seconds, interleaved
 from .workloads import ModelSize
 

@@ -260,7 +260,7 @@ def _attention_calls(size: ModelSize, batch: Batch, seed: int) -> dict[str, Call
     """Attention alone on one ragged batch: each varlen method and padded, masked SDPA."""
     import torch.nn.functional as F
 
-    from ..kernels.varlen import varlen_attention
+    from ..fast.varlen import varlen_attention
     from ..padding import unpad
     from .varlen_methods import BENCH_METHODS, bench_varlen_attention
 
@@ -271,7 +271,7 @@ def _attention_calls(size: ModelSize, batch: Batch, seed: int) -> dict[str, Call
     q, k, v = rows.view(-1, 3, H, Dh).unbind(1)  # (N, H, Dh) each
     pq, pk, pv = (t.transpose(1, 2) for t in padded.unbind(2))  # (B, H, T, Dh) each
     key_mask = batch.mask[:, None, None, :]  # (B, 1, 1, T)
-    from ..kernels import avx512
+    from ..fast import avx512
 
     methods = ["sequence", "padded", "threads"]
     if avx512.in_use():  # built, on a CPU where auto takes it

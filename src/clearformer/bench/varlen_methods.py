@@ -7,7 +7,7 @@
             batch and runs the unfused math kernel.
 
 ``clearformer bench --sections kernels`` times them against the methods of
-:mod:`clearformer.kernels.varlen`; the figures are in ``docs/performance.md``.
+:mod:`clearformer.fast.varlen`; the figures are in ``docs/performance.md``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def bench_varlen_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
 ) -> Tensor:
-    """Same contract as :func:`clearformer.kernels.varlen.varlen_attention`: (N, H, Dv)."""
+    """Same contract as :func:`clearformer.fast.varlen.varlen_attention`: (N, H, Dv)."""
     if method == "bucket":
         return _bucketed(q, k, v, layout, is_causal, dropout_p, scale)
     if method == "nested":

@@ -114,7 +114,7 @@ def _table(f: ModelFacts) -> dict[str, StepInfo]:
             r"x^{(\ell)}",
             "Every block reads and writes this one stream of D numbers per token.",
             ("B", "T", "D"),
-            anchor="def forward(",
+            anchor="def encoder_block(",
         ),
         StepInfo(
             "block.attn_input",
@@ -125,7 +125,7 @@ def _table(f: ModelFacts) -> dict[str, StepInfo]:
             if pre
             else "Post-norm normalises after the residual sum instead.",
             ("B", "T", "D"),
-            anchor="self._attend(self.attn_norm(x)" if pre else "self._attend(x, mask",
+            anchor="h = block.attn_norm(x)" if pre else "attention(block.attn, x, mask",
         ),
         StepInfo(
             "attn.q_proj",
@@ -238,7 +238,7 @@ def _table(f: ModelFacts) -> dict[str, StepInfo]:
             if pre
             else "Post-norm: the stream was normalised by the step before.",
             ("B", "T", "D"),
-            anchor="self._feed_forward(self.mlp_norm(x))" if pre else "self._feed_forward(x)",
+            anchor="h = block.mlp_norm(x)" if pre else "x = block.attn_norm(x + ",
         ),
         StepInfo(
             "ffn.hidden",
@@ -255,7 +255,7 @@ def _table(f: ModelFacts) -> dict[str, StepInfo]:
             f"a = {act_latex}",
             "The non-linearity: without it the two linear maps would collapse into one.",
             ("B", "T", "Dff"),
-            anchor="h = self.act(gate) * value" if f.gated else "h = self.act(h)",
+            anchor="h = mlp.act(gate) * value" if f.gated else "h = mlp.act(h)",
         ),
         StepInfo(
             "ffn.output",

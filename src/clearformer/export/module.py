@@ -29,8 +29,8 @@ from torch import Tensor, nn
 
 from ..checks import check_choice
 from ..config import EncoderConfig
+from ..fast.local import BANDED_MIN_LENGTH, use_banded
 from ..heads import POOLING_MODES, pool
-from ..kernels.local import BANDED_MIN_LENGTH, use_banded
 from ..model import EncoderModel
 
 __all__ = [
@@ -53,7 +53,7 @@ def export_backend(config: EncoderConfig, backend: str | None = None) -> str:
     bias (MPNet), which torch.onnx translates on math only.
 
     On sdpa a local layer runs long rows slab by slab and short rows with the band folded into
-    the mask (:func:`clearformer.kernels.local.use_banded`): a branch on T that one graph with
+    the mask (:func:`clearformer.fast.local.use_banded`): a branch on T that one graph with
     a dynamic T cannot hold. On math the band is always folded into the mask.
 
     Raises:

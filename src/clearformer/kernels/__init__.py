@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from ..fast.local import banded_attention
+from ..fast.varlen import varlen_attention
 from ..options import KERNEL_NAMES
-from .local import banded_attention
 from .math import math_attention
 from .sdpa import sdpa_attention
-from .varlen import varlen_attention
 
 if TYPE_CHECKING:  # the plan imports the kernels' rules; the kernels only read the plan
     from ..plan import ForwardPlan

@@ -3,7 +3,8 @@
 PyTorch picks a fused kernel (flash attention on CPU and CUDA, memory-efficient attention on
 CUDA) that never materialises the (Tq, Tk) score matrix, so memory stays linear in T. Unmasked
 float32 self-attention on a CPU where clearformer's AVX-512 kernel is loaded and preferred
-(:mod:`.avx512`) runs that kernel instead, as the packed rows would, and so does attention
+(:mod:`clearformer.fast.avx512`) runs that kernel instead, as the packed rows would, and so
+does attention
 under a key-padding mask whose keys are one run per sequence.
 """
 
@@ -13,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..fast import avx512
 from ..masks import fold_causal, rows_with_key
-from . import avx512
 
 _UNKNOWN = object()  # query_has_key not computed by the caller: work it out here
 
@@ -95,7 +96,8 @@ def _scale(scale: float | None, head_dim: int) -> float:
 
 def _avx512_unmasked(q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor | None:
     """Unmasked self-attention through clearformer's AVX-512 kernel where ``auto`` would take
-    it on packed rows (:mod:`.avx512`: loaded, on a CPU it is preferred on), every sequence as
+    it on packed rows (:mod:`clearformer.fast.avx512`: loaded, on a CPU it is preferred on),
+    every sequence as
     long as the next; None where it does not serve these rows."""
     if not _avx512_may_run(q):
         return None

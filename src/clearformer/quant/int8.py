@@ -238,7 +238,7 @@ class Int8Linear(nn.Module):
     ) -> Tensor | None:
         """``self(x)``, ``activation(self(x))`` or ``self(x) + residual`` through the compiled
         steps, the activation or the residual add inside the epilogue's loop
-        (:func:`clearformer.fused_linear.linear` calls it); None where this layer does not run
+        (:func:`clearformer.fast.fused_linear.linear` calls it); None where this layer does not run
         compiled steps (not :attr:`fused`, a single row, no compiler here): the caller then
         runs the eager layer and applies the two itself. x (..., K), residual (..., N)."""
         if activation is not None and residual is not None:

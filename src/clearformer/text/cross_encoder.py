@@ -21,13 +21,13 @@ import torch
 from torch import Tensor
 
 from ..checks import check_bool, check_choice, check_positive_int
+from ..fast.packed_weights import KeptPacking, use_packed_weights
 from ..heads import SequenceClassifier
 from ..interop.hf import LoadReport, TextTokenizer, find_checkpoint
 from ..interop.hf.heads import LoadedClassifier, load_classifier
 from ..interop.hf.sentence_transformers import score_activation
 from ..interop.hf.tokenizer import check_pairs, check_texts, max_length_for
 from ..model import EncoderModel
-from ..packed_weights import KeptPacking, use_packed_weights
 from .batching import DEFAULT_MAX_TOKENS, balance_batches, check_batch_limits, plan_batches
 from .encoder import attention_kernel_for
 from .workers import auto_workers, check_workers, map_in_workers
@@ -179,7 +179,7 @@ class CrossEncoder:
 
     def drop_packed_weights(self) -> None:
         """Free the copies of the linear weights that ``predict`` keeps in oneDNN's layout
-        (:class:`~clearformer.packed_weights.KeptPacking`)."""
+        (:class:`~clearformer.fast.packed_weights.KeptPacking`)."""
         self._packing.drop()
 
     def rank(

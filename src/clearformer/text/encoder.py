@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..checks import check_bool, check_choice, check_unicode
 from ..config import EncoderConfig
+from ..fast.packed_weights import KeptPacking, use_packed_weights
 from ..heads import POOLING_MODES, pool
 from ..interop.hf import (
     LoadedModel,
@@ -38,7 +39,6 @@ from ..interop.hf.sentence_transformers import Prompts, prompts_from_files
 from ..interop.hf.tokenizer import check_texts, max_length_for
 from ..io import atomic_write
 from ..model import EncoderModel
-from ..packed_weights import KeptPacking, use_packed_weights
 from ..quant import PRECISIONS
 from .batching import balance_batches, check_batch_limits, default_max_tokens, plan_batches
 from .workers import auto_workers, check_workers, map_in_workers, run_at_worker_shares
@@ -229,9 +229,9 @@ class TextEncoder:
             the result: a text's embedding does not depend on its batch-mates.
 
         On a CPU in float32, once this encoder's calls have carried
-        :data:`~clearformer.packed_weights.PACK_MIN_TOKENS` tokens in all, it keeps a copy of
-        every linear weight in oneDNN's layout (:mod:`clearformer.packed_weights`) for its later
-        calls: as much memory again as those weights, until :meth:`drop_packed_weights`.
+        :data:`~clearformer.fast.packed_weights.PACK_MIN_TOKENS` tokens in all, it keeps a copy
+        of every linear weight in oneDNN's layout (:mod:`clearformer.fast.packed_weights`) for its
+        later calls: as much memory again as those weights, until :meth:`drop_packed_weights`.
         """
         texts = check_texts(texts)
         # Flags are real bools: normalize="no" would read as True and silently normalise.
@@ -300,7 +300,7 @@ class TextEncoder:
 
     def drop_packed_weights(self) -> None:
         """Free the copies of the linear weights that ``encode`` keeps in oneDNN's layout
-        (:class:`~clearformer.packed_weights.KeptPacking`); later calls make them again once
+        (:class:`~clearformer.fast.packed_weights.KeptPacking`); later calls make them again once
         they have carried enough tokens to repay it."""
         self._packing.drop()
 
@@ -411,10 +411,10 @@ class TextEncoder:
 
 def attention_kernel_for(tokens: int, device: torch.device) -> None:
     """On a CPU where clearformer's AVX-512 attention kernel is faster than PyTorch's
-    (:func:`clearformer.kernels.avx512.preferred`), build it for a call of at least
+    (:func:`clearformer.fast.avx512.preferred`), build it for a call of at least
     ``BUILD_MIN_TOKENS`` tokens, which repays the build; the forward plan takes it once built
     (varlen method ``avx512``)."""
-    from ..kernels import avx512
+    from ..fast import avx512
 
     if device.type == "cpu" and tokens >= avx512.BUILD_MIN_TOKENS and avx512.preferred():
         avx512.load(build=True)  # a built one is loaded by the plan without asking

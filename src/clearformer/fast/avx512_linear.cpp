@@ -19,11 +19,11 @@
 // software prefetch 24 k ahead. Of 12 x 32, 8 x 48, 7 x 64 and 6 x 64 tiles, 6 x 64 was the
 // fastest on MiniLM's shapes on an AMD EPYC (Zen 4) core; it matches oneDNN on the second
 // feed-forward product and is slower on plain products with 384 inputs, which therefore stay
-// with oneDNN (clearformer.kernels.avx512_linear says which calls come here).
+// with oneDNN (clearformer.fast.avx512_linear says which calls come here).
 //
 // Each output element is one sum over k in order, whatever the tiling and the threads' cuts
 // (threads take runs of 6-row tiles, and a row's LayerNorm runs on the thread that made the
-// row), so the result is the same for any thread count. Built by clearformer.kernels.avx512
+// row), so the result is the same for any thread count. Built by clearformer.fast.avx512
 // with avx512_attention.cpp into one library.
 
 #include <ATen/ATen.h>

@@ -30,6 +30,8 @@ benchmark, in :mod:`clearformer.bench.varlen_methods`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -38,12 +40,20 @@ from ..checks import check_choice
 from ..masks import band_mask, fold_causal
 from ..options import VARLEN_METHODS, Decision
 from ..padding import PackedLayout, equal_length_runs
+from ..reference import scaled_dot_product as reference_attention
 from . import avx512
 from .local import banded_attention, use_banded
 from .varlen_threads import threaded_attention
 
-__all__ = ["MAX_SEQUENCE_CALLS", "equal_length_runs", "resolve_method", "varlen_attention"]
-from .math import math_attention
+__all__ = [
+    "MAX_SEQUENCE_CALLS",
+    "VarlenCall",
+    "avx512_serves",
+    "equal_length_runs",
+    "flash_serves",
+    "resolve_method",
+    "varlen_attention",
+]
 
 # Above this many attention calls per layer, ``auto`` takes ``padded`` over ``sequence``.
 MAX_SEQUENCE_CALLS = 8
@@ -68,39 +78,82 @@ def flash_available(device: torch.device, dtype: torch.dtype, head_dim: int | No
     )
 
 
-def _avx512_fits(device: torch.device, dtype: torch.dtype, head_dim: int | None) -> bool:
-    return (
-        device.type == "cpu" and dtype == torch.float32 and (head_dim is None or head_dim % 16 == 0)
-    )
+@dataclass(frozen=True)
+class VarlenCall:
+    """What one layer's packed attention asks of a method: the facts each method serves or not.
+
+    Attributes:
+        device, dtype: where the rows are and their dtype.
+        head_dim: the heads' width (None: not known, not checked).
+        is_causal: token i sees tokens j <= i of its sequence.
+        window: a local window applies.
+        bias: an additive score bias applies (a relative position bias).
+        dropout: dropout on the attention probabilities.
+        grad: gradients flow through the call.
+    """
+
+    device: torch.device
+    dtype: torch.dtype = torch.float32
+    head_dim: int | None = None
+    is_causal: bool = False
+    window: bool = False
+    bias: bool = False
+    dropout: bool = False
+    grad: bool = False
+
+
+def flash_serves(call: VarlenCall) -> Decision:
+    """``serves`` or ``declines`` the call, and why (``flash_attn_varlen_func``)."""
+    if call.window or call.bias:
+        # flash_attn's own window is not wired in, and it takes no additive bias.
+        return Decision("declines", "flash_attn takes no window or bias here")
+    if not flash_available(call.device, call.dtype, call.head_dim):
+        return Decision("declines", "needs CUDA half precision and the flash_attn package")
+    return Decision("serves", "CUDA half precision with flash_attn installed")
+
+
+def avx512_serves(call: VarlenCall) -> Decision:
+    """``serves`` or ``declines`` the call, and why (clearformer's AVX-512 kernel: float32 CPU
+    rows, heads a multiple of 16 wide, plain bidirectional attention without gradients)."""
+    if call.window or call.bias or call.is_causal or call.dropout:
+        return Decision("declines", "the AVX-512 kernel takes no window, bias, causal or dropout")
+    if call.grad:
+        return Decision("declines", "the AVX-512 kernel has no backward")
+    if not (
+        call.device.type == "cpu"
+        and call.dtype == torch.float32
+        and (call.head_dim is None or call.head_dim % 16 == 0)
+    ):
+        return Decision("declines", "the AVX-512 kernel needs float32 CPU rows, heads of 16k")
+    return Decision("serves", "clearformer's AVX-512 kernel (built, on an AVX-512 CPU)")
 
 
 def resolve_method(
     method: str,
     layout: PackedLayout,
     *,
-    device: torch.device,
+    call: VarlenCall | None = None,
+    device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     head_dim: int | None = None,
     is_causal: bool = False,
-    kernel: bool = True,
 ) -> Decision:
-    """The implementation ``method`` runs on for rows on ``device`` in ``dtype`` with heads
-    ``head_dim`` wide, causal or not, and why; ``kernel=False`` leaves ``avx512`` out of
-    ``auto`` (for a layer it cannot serve)."""
+    """The implementation ``method`` runs on for ``call`` (or the call these keywords
+    describe), and why. ``auto`` takes the first method that serves the call: ``flash``, then
+    ``avx512`` once built, then the CPU or CUDA rule among ``threads``, ``sequence``, ``padded``
+    (which serve every call). A method named explicitly that cannot serve raises."""
     check_choice(method, VARLEN_METHODS, "method")
+    if call is None:
+        if device is None:
+            raise ValueError("resolve_method needs a call or a device")
+        call = VarlenCall(device, dtype, head_dim, is_causal, grad=torch.is_grad_enabled())
     if method == "auto":
-        if flash_available(device, dtype, head_dim):
-            return Decision("flash", "CUDA half precision with flash_attn installed")
-        if (
-            kernel
-            and not is_causal
-            and not torch.is_grad_enabled()  # it has no backward
-            and _avx512_fits(device, dtype, head_dim)
-            and avx512.in_use()
-        ):
-            return Decision("avx512", "clearformer's AVX-512 kernel (built, on an AVX-512 CPU)")
+        if flash_serves(call).choice == "serves":
+            return Decision("flash", flash_serves(call).reason)
+        if avx512_serves(call).choice == "serves" and avx512.in_use():
+            return Decision("avx512", avx512_serves(call).reason)
         calls = len(layout.runs)
-        if device.type == "cpu":
+        if call.device.type == "cpu":
             if torch.get_num_threads() == 1:
                 # No parallel region, nothing to wait for: one call per run is the fastest.
                 return Decision("sequence", "a single-threaded caller: one call per run")
@@ -119,16 +172,17 @@ def resolve_method(
         loaded = avx512.load(build=True)
         if loaded.choice != "loaded":
             raise ValueError(f"method='avx512' cannot run here: {loaded.reason}")
-        if not _avx512_fits(device, dtype, head_dim):
+        served = avx512_serves(call)
+        if served.choice != "serves":
             raise ValueError(
-                "method='avx512' needs float32 CPU rows with heads a multiple of 16 wide, got "
-                f"device={device}, dtype={dtype}, head_dim={head_dim}"
+                f"method='avx512' cannot serve this call ({served.reason}): device="
+                f"{call.device}, dtype={call.dtype}, head_dim={call.head_dim}"
             )
-    if method == "flash" and not flash_available(device, dtype, head_dim):
+    if method == "flash" and flash_serves(call).choice != "serves":
         raise ValueError(
             "method='flash' needs CUDA tensors in float16/bfloat16, heads at most 256 wide in "
-            f"multiples of 8 and the flash_attn package, got device={device}, dtype={dtype}, "
-            f"head_dim={head_dim}"
+            f"multiples of 8 and the flash_attn package, and no window or bias, got "
+            f"device={call.device}, dtype={call.dtype}, head_dim={call.head_dim}"
         )
     return Decision(method, "requested by name")
 
@@ -165,6 +219,7 @@ def varlen_attention(
     Returns:
         (N, H, Dv). Rows of an empty sequence do not exist, so nothing needs zeroing.
     """
+    check_choice(method, VARLEN_METHODS, "method")
     if window is not None and bias is not None:
         raise ValueError("a relative position bias with a local window is not supported")
     if layout.num_tokens == 0:  # no rows: nothing to attend, whatever the method
@@ -173,30 +228,26 @@ def varlen_attention(
         return _per_sequence(
             q, k, v, layout, is_causal, dropout_p, scale, window, bias, reference=True
         )
-    if (window is not None or bias is not None) and method in ("auto", "flash", "avx512"):
-        # The band is a mask per run and a bias an additive mask; flash_attn's own window is
-        # not wired in and it takes no bias, nor does the AVX-512 kernel (the plan says so in
-        # its per-layer method).
-        method = "sequence"
-    if method == "avx512" and (is_causal or dropout_p > 0.0):
+    call = VarlenCall(
+        q.device,
+        q.dtype,
+        q.shape[-1],
+        is_causal,
+        window is not None,
+        bias is not None,
+        dropout_p > 0.0,
+        torch.is_grad_enabled() and q.requires_grad,
+    )
+    if method == "avx512" and avx512_serves(call).choice != "serves":
         method = "auto"  # a call the kernel does not serve: what auto takes without it
-    if method not in ("sequence", "padded", "threads"):
-        method = resolve_method(
-            method,
-            layout,
-            device=q.device,
-            dtype=q.dtype,
-            head_dim=q.shape[-1],
-            is_causal=is_causal,
-            kernel=dropout_p == 0.0,
-        ).choice
+    if method in ("auto", "flash"):
+        # A named flash call it cannot serve raises, naming what it needs.
+        method = resolve_method(method, layout, call=call).choice
     if method == "avx512":
         if avx512.serves(q, k, v):
             scale = q.shape[-1] ** -0.5 if scale is None else scale
             return avx512.attention(q, k, v, layout.cu_seqlens, scale)
-        method = resolve_method(
-            "auto", layout, device=q.device, dtype=q.dtype, head_dim=q.shape[-1], kernel=False
-        ).choice
+        method = "sequence"  # rows the kernel cannot read as they are laid out
     if method == "flash":
         return _flash_attn_varlen()(
             q,
@@ -268,15 +319,9 @@ def _per_sequence(
         band = band_mask(length, window, q.device) if needs_band else None
         corner = None if bias is None else bias[:, :length, :length]  # (H, L, L)
         if reference:
-            out, _ = math_attention(
-                qs,
-                ks,
-                vs,
-                band,
-                is_causal=is_causal,
-                dropout_p=dropout_p,
-                scale=scale,
-                bias=corner,
+            allowed = fold_causal(band, length, length, q.device) if is_causal else band
+            out, _ = reference_attention(
+                qs, ks, vs, allowed, bias=corner, dropout_p=dropout_p, scale=scale
             )
         elif corner is not None:
             allowed = band

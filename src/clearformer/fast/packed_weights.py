@@ -10,7 +10,7 @@ A caller that makes many forward passes holds a :class:`PackedWeights`: ``genera
 length of its own call, ``TextEncoder`` and ``CrossEncoder`` across their calls
 (:class:`KeptPacking`: made once their calls have carried :data:`PACK_MIN_TOKENS` tokens, below
 which reordering costs more than it saves), and runs its passes inside
-:func:`use_packed_weights`; there :func:`clearformer.fused_linear.linear` takes a layer's
+:func:`use_packed_weights`; there :func:`clearformer.fast.fused_linear.linear` takes a layer's
 reordered copy in place of its weight, reordering it on the layer's first call, which costs
 what the plain call's own reordering would have. Nothing is stored on the modules. A weight
 replaced or changed in place after its copy was made (another tensor, other storage, a moved
@@ -75,7 +75,7 @@ class PackedWeights:
     """Reordered copies of the weights of the layers called while it is in use, made on each
     layer's first fused call, in the layout of the kernel that reads them: oneDNN's
     (``"onednn"``) or clearformer's AVX-512 linear kernel's panels (``"avx512"``,
-    :mod:`clearformer.kernels.avx512_linear`). They take as much memory as those weights (a
+    :mod:`clearformer.fast.avx512_linear`). They take as much memory as those weights (a
     layer whose calls take both kernels, large calls one and small ones the other, has a copy
     in each layout), for as long as the holder keeps this object. Safe to share between
     threads: two threads that reorder the same weight at once make equal copies, and either is
@@ -98,7 +98,7 @@ class PackedWeights:
             return weight
         with torch.no_grad():
             if layout == "avx512":
-                from .kernels import avx512_linear
+                from . import avx512_linear
 
                 packed = avx512_linear.pack(weight)
             elif reorder_available():

@@ -1,6 +1,6 @@
 """clearformer's own linear layers for AVX-512 CPUs, with their epilogue in registers.
 
-oneDNN's fused linear op (:mod:`clearformer.fused_linear`) serves the CPU's float32 inference
+oneDNN's fused linear op (:mod:`clearformer.fast.fused_linear`) serves the CPU's float32 inference
 products, with the bias, activation or residual add as post-operations. Two things stay
 outside its product at a BERT-style layer's shapes: the exact GELU's ``erf``, which its
 post-op evaluates through an exponential and a division, and a post-norm block's LayerNorm,
@@ -16,7 +16,7 @@ library is loaded in the process (a large ``encode`` call builds it on a CPU tha
 it; once built, the attention planning loads it), so two equal calls may differ by float32
 rounding before and after that; a layer whose calls go both ways keeps a packed copy in each
 kernel's layout. It runs on weights packed once per caller (a
-:class:`~clearformer.packed_weights.PackedWeights` in use: ``encode``, ``predict``,
+:class:`~clearformer.fast.packed_weights.PackedWeights` in use: ``encode``, ``predict``,
 ``generate``), never per call. Each output element is one sum in a fixed order, so results
 do not depend on the thread count; against oneDNN they differ by float32 rounding (tests hold
 both to the float64 reference). What it saves is measured in docs/performance.md ("Products

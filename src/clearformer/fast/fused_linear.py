@@ -9,7 +9,7 @@ matrix-product kernel, while each output tile is still in cache: one pass instea
 three. The arithmetic is the same, summed in another order (tests hold it to float32 rounding
 against the eager layers); what it saves is measured in docs/performance.md. A caller that
 makes many calls (``encode``, ``generate``) can have the weights reordered into oneDNN's own
-layout once for all of them (:mod:`clearformer.packed_weights`).
+layout once for all of them (:mod:`clearformer.fast.packed_weights`).
 
 The op has no autograd formula, so it serves calls without gradients only, and it skips what
 the eager path records for ``clearformer explain``: :func:`fusion_decision` says when a call
@@ -23,11 +23,11 @@ import functools
 import torch
 from torch import Tensor, nn
 
-from .activations import activation_fn
-from .kernels import avx512_linear
-from .options import Decision
+from ..activations import activation_fn
+from ..options import Decision
+from ..tracing import is_recording
+from . import avx512_linear
 from .packed_weights import active_packing, packed_weight
-from .tracing import is_recording
 
 # Activation name -> oneDNN post-op (attribute, algorithm).
 ONEDNN_ACTIVATIONS = {
@@ -90,7 +90,7 @@ def linear(
     ``+ residual``, then ``norm`` (a post-norm block's LayerNorm): fused into one oneDNN call
     when ``fused`` and ``layer`` is a plain ``nn.Linear`` without forward hooks, with the norm
     after it; into one call of clearformer's AVX-512 linear kernel, norm included, where that
-    kernel serves the call (:mod:`clearformer.kernels.avx512_linear`: an exact GELU or a
+    kernel serves the call (:mod:`clearformer.fast.avx512_linear`: an exact GELU or a
     LayerNorm, weights packed by the caller); into the epilogue of an int8 layer's compiled
     steps when ``fused`` and the layer runs them (``Int8Linear.fused_call``); other
     replacement layers, and layers with hooks, run eagerly. ``x`` is (..., in), ``residual``

@@ -10,7 +10,7 @@ on one thread, and whole ``encode`` calls were 1.04-1.07x faster with it ("On an
 machine").
 
 The same library carries clearformer's AVX-512 linear kernel (``avx512_linear.cpp``, which
-:mod:`clearformer.kernels.avx512_linear` routes calls to): one build, one load.
+:mod:`clearformer.fast.avx512_linear` routes calls to): one build, one load.
 
 It is C++, so it is compiled here, by the system's C++ compiler (``$CXX``, else ``g++``), once
 per source, PyTorch version and compiler, into ``$CLEARFORMER_CACHE`` (default
@@ -49,7 +49,7 @@ from ..options import Decision
 log = logging.getLogger(__name__)
 
 # Built into one library: the attention kernel and the linear layers with their epilogue
-# (clearformer.kernels.avx512_linear says which calls take those).
+# (clearformer.fast.avx512_linear says which calls take those).
 SOURCES = tuple(
     Path(__file__).with_name(name) for name in ("avx512_attention.cpp", "avx512_linear.cpp")
 )

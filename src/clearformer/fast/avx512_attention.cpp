@@ -14,7 +14,7 @@
 // The order of every sum is fixed by the task alone, so the blocking and the threads' cuts
 // never change a bit of the result. Exact semantics of softmax(q k^T * scale) v within each
 // sequence; no other mask, no dropout, bias or gradient (the Python side sends every other
-// call to PyTorch's kernels). Built by clearformer.kernels.avx512 with the system's C++
+// call to PyTorch's kernels). Built by clearformer.fast.avx512 with the system's C++
 // compiler, once per source and PyTorch version.
 
 #include <ATen/ATen.h>
