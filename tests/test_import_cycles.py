@@ -1,8 +1,13 @@
 """The package's imports form no cycle: the core never imports what is built on it.
 
 Read from the source with ``ast``, so a deferred import inside a function counts too (it only
-hides a cycle until the function runs). Imports under ``if TYPE_CHECKING:`` are annotations,
-never executed, and are left out.
+hides a cycle until the function runs), and so does an import under ``if TYPE_CHECKING:``: a
+cycle of annotations is still two modules that each need the other to be read.
+
+The readable core (the reference, attention, blocks, feed-forward, encoder, decoder) never
+imports the fast paths (:mod:`clearformer.fast`); only the two seams that name implementations
+do: :mod:`clearformer.routes` (the route choices) and :mod:`clearformer.kernels` (the table of
+attention kernels a plan names).
 """
 
 from __future__ import annotations
@@ -34,13 +39,10 @@ def _is_type_checking(node: ast.If) -> bool:
 
 
 def _import_nodes(tree: ast.AST):
-    """Every import statement, at any depth, except those only for type checkers."""
+    """Every import statement, at any depth, those only for type checkers included."""
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            stack.extend(node.orelse)
-            continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
         stack.extend(ast.iter_child_nodes(node))
@@ -180,6 +182,48 @@ def test_the_core_never_imports_converters_or_applications(core):
     assert not bad, f"{core} imports {bad}"
 
 
+CORE = [
+    "clearformer.reference",
+    "clearformer.attention",
+    "clearformer.attention.mha",
+    "clearformer.blocks",
+    "clearformer.feedforward",
+    "clearformer.encoder",
+    "clearformer.decoder_block",
+    "clearformer.decoder",
+]
+SEAMS = ("clearformer.routes", "clearformer.kernels")  # where the plan names fast routes
+
+
+@pytest.mark.parametrize("core", CORE)
+def test_the_core_never_imports_the_fast_package(core):
+    graph = import_graph()
+    direct = sorted(m for m in graph[core] if m.split(".")[:2] == ["clearformer", "fast"])
+    assert not direct, f"{core} imports {direct}"
+    # Nor through any module but the two seams that name fast implementations.
+    reached, todo = set(), [core]
+    while todo:
+        for nxt in graph[todo.pop()]:
+            if nxt not in reached and nxt not in SEAMS:
+                reached.add(nxt)
+                todo.append(nxt)
+    bad = sorted(m for m in reached if m.split(".")[:2] == ["clearformer", "fast"])
+    assert not bad, f"{core} reaches {bad} other than through {SEAMS}"
+
+
+def test_the_reference_imports_nothing_but_the_recorder():
+    assert import_graph()["clearformer.reference"] == {"clearformer.tracing"}
+
+
+def test_the_fast_paths_never_import_the_core_modules_they_serve():
+    graph = import_graph()
+    layers = {*CORE, *SEAMS, "clearformer.plan", "clearformer.forward_plan", "clearformer.model"}
+    for name in graph:
+        if name.split(".")[:2] == ["clearformer", "fast"]:
+            bad = sorted((graph[name] & layers) - {"clearformer.reference"})
+            assert not bad, f"{name} imports {bad}"
+
+
 def test_options_import_nothing_from_the_package():
     assert import_graph()["clearformer.options"] == set()
 
@@ -212,3 +256,29 @@ def test_the_checker_sees_an_import_back_into_the_package(module, line, tmp_path
     path.write_text(text)
     monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", copy)
     assert cycles(import_graph())
+
+
+@pytest.mark.parametrize(
+    "module,line",
+    [
+        ("blocks.py", "from .fast import fused_blocks"),
+        ("attention/mha.py", "    from ..fast.fused_linear import linear"),  # deferred
+        ("reference.py", "if TYPE_CHECKING:\n    from .fast.varlen import VarlenCall"),
+    ],
+)
+def test_the_checker_sees_the_core_importing_the_fast_package(module, line, tmp_path, monkeypatch):
+    import shutil
+
+    copy = tmp_path / "clearformer"
+    shutil.copytree(PACKAGE, copy)
+    path = copy / module
+    text = path.read_text()
+    if line.startswith(" "):
+        text += f"\n\ndef _probe():\n{line}\n"
+    else:
+        text += f"\n{line}\n"
+    path.write_text(text)
+    monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", copy)
+    core = "clearformer." + module.removesuffix(".py").replace("/", ".")
+    with pytest.raises(AssertionError, match="imports"):
+        test_the_core_never_imports_the_fast_package(core)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from .version import __version__
+
 # The public names and the modules that define them. They are imported on first use (PEP 562),
 # so that ``import clearformer.cli`` -- which every ``clearformer`` command runs, ``--help``
 # included -- does not import torch and the model code before it has parsed its arguments.
@@ -67,8 +69,6 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted({*globals(), *_EXPORTS})
 
-
-__version__ = "0.1.0"
 
 __all__ = [
     "CrossEncoder",

@@ -22,20 +22,11 @@ Dimensions: B batch, T positions, D model width, H heads, Dh head width, Tq / Tk
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from .tracing import record
-
-if TYPE_CHECKING:  # the modules whose parameters the reference reads
-    from .attention import MultiHeadAttention
-    from .blocks import EncoderBlock
-    from .decoder_block import DecoderBlock
-    from .encoder import Encoder
-    from .feedforward import FeedForward
 
 __all__ = [
     "attention",
@@ -115,7 +106,7 @@ def rotate(x: Tensor, positions: Tensor, theta: float) -> Tensor:
 
 
 def attention(
-    attn: MultiHeadAttention,
+    attn: nn.Module,  # a MultiHeadAttention
     x: Tensor,
     mask: Tensor | None,
     *,
@@ -165,7 +156,7 @@ def attention(
 
 
 # -- feed-forward -----------------------------------------------------------------------------
-def feed_forward(mlp: FeedForward, x: Tensor) -> Tensor:
+def feed_forward(mlp: nn.Module, x: Tensor) -> Tensor:  # mlp: a FeedForward
     """Position-wise: ``fc_out(act(fc_in(x)))``; gated (SwiGLU, GeGLU): ``fc_in`` gives a gate
     and a value, ``fc_out(act(gate) * value)``. (..., D) -> (..., D)."""
     h = mlp.fc_in(x)  # (..., dim_mlp), or (..., 2 * dim_mlp) when gated
@@ -183,7 +174,7 @@ def feed_forward(mlp: FeedForward, x: Tensor) -> Tensor:
 
 # -- the block --------------------------------------------------------------------------------
 def encoder_block(
-    block: EncoderBlock,
+    block: nn.Module,  # an EncoderBlock
     x: Tensor,
     mask: Tensor | None,
     *,
@@ -221,7 +212,7 @@ def encoder_block(
 
 # -- the stack --------------------------------------------------------------------------------
 def encoder(
-    stack: Encoder, x: Tensor, mask: Tensor | None = None
+    stack: nn.Module, x: Tensor, mask: Tensor | None = None  # stack: an Encoder
 ) -> tuple[Tensor, tuple[Tensor, ...], tuple[Tensor, ...]]:
     """The stack on ``x`` (B, T, D) with the (B, T) ``mask`` (True = real token; None: all real).
 
@@ -269,7 +260,7 @@ def encoder(
 
 # -- the decoder block ------------------------------------------------------------------------
 def decoder_block(
-    block: DecoderBlock,
+    block: nn.Module,  # a DecoderBlock
     x: Tensor,
     memory: Tensor,
     mask: Tensor | None = None,

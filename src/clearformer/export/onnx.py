@@ -436,7 +436,7 @@ def _reference(module: ExportableEncoder, model: EncoderModel, inputs) -> list[T
 
 
 def _write_metadata(staging: Path, result: OnnxExport, text, backend: str) -> None:
-    from .. import __version__
+    from ..version import __version__
 
     info = {
         "format": 1,

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .. import __version__
+from ..version import __version__
 from . import checkpoint as ckpt
 from . import distributed
 from .config import TrainConfig, check_against_data, resolve_mode
