@@ -30,10 +30,24 @@ def spin() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", choices=("minilm", "bert-base"), default="minilm")
-    parser.add_argument("--spinners", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--size",
+        choices=("minilm", "bert-base"),
+        default="minilm",
+        help="width and depth of the stack (default %(default)s)",
+    )
+    parser.add_argument(
+        "--spinners",
+        type=int,
+        default=0,
+        help="busy processes started for the duration, as competing jobs (default %(default)s)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="rounds; medians reported (default %(default)s)"
+    )
     args = parser.parse_args()
     from clearformer.runtime import retain_freed_memory
 
