@@ -18,11 +18,22 @@ LENGTHS = (8, 16, 20, 24, 32, 48, 64, 100, 128, 192, 256)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--head-dim", type=int, default=32)
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--repeats", type=int, default=10)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (default %(default)s)"
+    )
+    parser.add_argument(
+        "--head-dim", type=int, default=32, help="head width Dh (default %(default)s)"
+    )
+    parser.add_argument("--heads", type=int, default=12, help="heads H (default %(default)s)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=10,
+        help="calls of each; the best counts (default %(default)s)",
+    )
     args = parser.parse_args()
 
     import torch

@@ -96,13 +96,39 @@ def run(src: Path, repeats: int, threads: int | None) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", type=Path, required=True, help="src/ of the reference checkout")
-    parser.add_argument("--head", type=Path, default=Path("src"), help="src/ of this checkout")
-    parser.add_argument("--rounds", type=int, default=4, help="process pairs (default 4)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per workload")
-    parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS")
-    parser.add_argument("--out", type=Path, default=None, help="write OUT.json")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--base", type=Path, required=True, help="src/ folder of the reference checkout (required)"
+    )
+    parser.add_argument(
+        "--head",
+        type=Path,
+        default=Path("src"),
+        help="src/ folder of the checkout under test (default %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="process pairs, taking turns (default %(default)s)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="timed calls per workload in each process (default %(default)s)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS of each process (default: inherited)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write the medians and every run to OUT.json (default: print only)",
+    )
     args = parser.parse_args()
     runs: dict[str, list[dict[str, float]]] = {"base": [], "head": []}
     for i in range(args.rounds):

@@ -101,17 +101,49 @@ def run_theirs(model, src, mask, length, beams, cache):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=3)
-    parser.add_argument("--vocab", type=int, default=8000)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--source", type=int, default=24)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[32, 64, 128])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--no-uncached", action="store_true", help="skip the runs without cache")
-    parser.add_argument("--out", type=Path, default=None)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--width", type=int, default=256, help="model width D (default %(default)s)"
+    )
+    parser.add_argument(
+        "--heads", type=int, default=4, help="attention heads (default %(default)s)"
+    )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=3,
+        help="encoder layers and decoder layers, each (default %(default)s)",
+    )
+    parser.add_argument(
+        "--vocab", type=int, default=8000, help="vocabulary size (default %(default)s)"
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=4,
+        help="source sequences per generate call (default %(default)s)",
+    )
+    parser.add_argument(
+        "--source", type=int, default=24, help="tokens per source sequence (default %(default)s)"
+    )
+    parser.add_argument(
+        "--lengths",
+        type=int,
+        nargs="+",
+        default=[32, 64, 128],
+        help="generated lengths L, each forced exactly (default 32 64 128)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="rounds; medians reported (default %(default)s)"
+    )
+    parser.add_argument(
+        "--no-uncached", action="store_true", help="skip the runs without the key/value cache"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="write OUT.json and OUT.md (default: print only)"
+    )
     args = parser.parse_args()
 
     from clearformer.cpu import cpu_description, cpu_info

@@ -460,12 +460,34 @@ def write_report(report: dict, out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--texts", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=4)
-    parser.add_argument("--chunk", type=int, default=500, help="texts per timed encode call")
-    parser.add_argument("--corpus", choices=(*CORPORA, "both"), default="both")
-    parser.add_argument("--out", type=Path, default=None, help="write OUT.json, OUT.md and OUT.png")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--texts", type=int, default=2000, help="texts per corpus (default %(default)s)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=4,
+        help="timed passes over each corpus; each chunk's best time counts (default %(default)s)",
+    )
+    parser.add_argument(
+        "--chunk", type=int, default=500, help="texts per timed encode call (default %(default)s)"
+    )
+    parser.add_argument(
+        "--corpus",
+        choices=(*CORPORA, "both"),
+        default="both",
+        help="synthetic corpus to encode: sentence-like texts, texts up to paragraphs, or both "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write OUT.json, OUT.md and OUT.png (default: print only)",
+    )
     parser.add_argument(
         "--no-int8", dest="int8", action="store_false", help="leave out the int8 rows"
     )

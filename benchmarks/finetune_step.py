@@ -18,10 +18,18 @@ import torch
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--examples", type=int, default=1024)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--steps", type=int, default=5, help="timed steps of each batching (default %(default)s)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="texts per step (default %(default)s)"
+    )
+    parser.add_argument(
+        "--examples", type=int, default=1024, help="synthetic texts to batch (default %(default)s)"
+    )
     args = parser.parse_args()
 
     from clearformer.interop.hf import load_model

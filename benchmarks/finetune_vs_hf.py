@@ -84,14 +84,33 @@ def build(num_labels: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8, help="timed steps of each")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps of each first")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--min-length", type=int, default=16)
-    parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--steps", type=int, default=8, help="timed steps of each (default %(default)s)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="untimed steps of each first (default %(default)s)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="sequences per step (default %(default)s)"
+    )
+    parser.add_argument(
+        "--min-length", type=int, default=16, help="shortest sequence, tokens (default %(default)s)"
+    )
+    parser.add_argument(
+        "--max-length", type=int, default=256, help="longest sequence, tokens (default %(default)s)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=torch.get_num_threads(),
+        help="torch threads (default: torch's, here %(default)s)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="write OUT.json and OUT.md (default: print only)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 

@@ -17,6 +17,7 @@ pattern).
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -27,6 +28,17 @@ sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "patterns",
+        nargs="*",
+        metavar="PATTERN",
+        help="measure only the policies whose name contains one of these (default: every policy)",
+    )
+    patterns = parser.parse_args().patterns
+
     import numpy as np
 
     from clearformer import TextEncoder
@@ -76,7 +88,6 @@ def main() -> None:
         "8 float channels per layer": {"outliers": outliers(8)},
         "2 float channels, in_proj and fc_in only": {"outliers": outliers(2, "in_proj", "fc_in")},
     }
-    patterns = sys.argv[1:]
     print(f"load average at start {os.getloadavg()[0]:.2f}")
     print("| policy | sentences min / mean | mixed min / mean | top-1 | top-10 overlap |")
     print("| --- | --- | --- | ---: | ---: |")

@@ -109,13 +109,27 @@ def peak_memory(directory: Path, impl: str, length: int) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--long", default="2048,8192")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--no-memory", action="store_true")
-    parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--layers", type=int, default=6, help="ModernBERT layers (default %(default)s)"
+    )
+    parser.add_argument(
+        "--batch", type=int, default=16, help="sequences in the ragged batch (default %(default)s)"
+    )
+    parser.add_argument(
+        "--long",
+        default="2048,8192",
+        help="comma-separated lengths of the single long sequences (default %(default)s)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="turns; medians reported (default %(default)s)"
+    )
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="write OUT.json and OUT.md (default: print only)"
+    )
     args = parser.parse_args()
     from clearformer.bench.load import judge, load_average
     from clearformer.runtime import retain_freed_memory

@@ -39,6 +39,7 @@ slow ONNX Runtime itself.
 
 from __future__ import annotations
 
+import argparse
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,3 +176,37 @@ class OnnxEncoder:
             mean = (hidden * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)  # (B, D)
             out[rows] = mean / np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12)
         return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description="Build the ONNX Runtime models the encode benchmark compares against, "
+        "without timing anything: the export, the optimised graph and the three int8 graphs, "
+        "written to --out, with what the transformer optimiser fused. "
+        "(benchmarks/encode_throughput.py builds them itself, in a scratch folder.)"
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="Hugging Face BERT checkpoint directory (default: the bundled all-MiniLM-L6-v2)",
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder for the .onnx files (created if missing)"
+    )
+    args = parser.parse_args()
+    if not available():
+        parser.error("needs onnx and onnxruntime: pip install 'clearformer[onnx]'")
+    if args.model is None:
+        from clearformer.interop.hf import bundled_model_dir
+
+        args.model = bundled_model_dir()
+    args.out.mkdir(parents=True, exist_ok=True)
+    paths, fused = build_models(args.model, args.out)
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    print("fused: " + ", ".join(f"{op} {n}" for op, n in fused.items()))
+
+
+if __name__ == "__main__":
+    main()

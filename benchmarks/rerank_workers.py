@@ -55,10 +55,27 @@ def build_checkpoint(directory: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=600)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--passages", choices=("mixed", "sentences"), default="mixed")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=600,
+        help="(query, passage) pairs scored per call (default %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="rounds; each figure is the best round (default %(default)s)",
+    )
+    parser.add_argument(
+        "--passages",
+        choices=("mixed", "sentences"),
+        default="mixed",
+        help="corpus of the passages: texts up to paragraphs, or sentences (default %(default)s)",
+    )
     args = parser.parse_args()
 
     from clearformer.bench.load import judge, load_average

@@ -6,7 +6,7 @@ committed results is explicit. Examples::
 
     python benchmarks/run.py --quick
     python benchmarks/run.py                      # full run (about 15 minutes on 2 cores)
-    python benchmarks/run.py --out benchmarks/results --force   # refresh the committed ones
+    python benchmarks/run.py --out benchmarks/results --force   # replace files of the same name
 """
 
 import sys

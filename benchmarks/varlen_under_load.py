@@ -30,10 +30,24 @@ def spin() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", choices=("minilm", "bert-base"), default="minilm")
-    parser.add_argument("--spinners", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--size",
+        choices=("minilm", "bert-base"),
+        default="minilm",
+        help="width and depth of the stack (default %(default)s)",
+    )
+    parser.add_argument(
+        "--spinners",
+        type=int,
+        default=0,
+        help="busy processes started for the duration, as competing jobs (default %(default)s)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="rounds; medians reported (default %(default)s)"
+    )
     args = parser.parse_args()
     from clearformer.runtime import retain_freed_memory
 
@@ -56,15 +70,15 @@ def main() -> None:
     layer = nn.TransformerEncoderLayer(D, H, F, 0.0, "gelu", batch_first=True)
     theirs = nn.TransformerEncoder(layer, L, enable_nested_tensor=True).eval()
 
-    original = plan_module.resolve_method
+    original = plan_module.varlen_method
     forced: dict[str, str | None] = {"method": None}
 
-    def resolve(method, layout, **kwargs):
+    def resolve(layout, **kwargs):
         if forced["method"] is None:
-            return original(method, layout, **kwargs)
+            return original(layout, **kwargs)
         return Decision(forced["method"], "forced by the benchmark")
 
-    plan_module.resolve_method = resolve
+    plan_module.varlen_method = resolve
     runs = {
         "torch.nn nested": lambda: theirs(x, src_key_padding_mask=~mask),
         "auto": lambda: ours(x, mask),
