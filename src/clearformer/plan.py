@@ -26,7 +26,7 @@ from .forward_plan import ForwardPlan, Route
 from .layer_plans import with_layers
 from .options import BACKENDS, Decision
 from .padding import PackedLayout, pack_layout
-from .routes import varlen_method
+from .routes import PACK_MIN_PADDING, stack_layout, varlen_method, weights_kernel
 
 __all__ = [
     "Decision",
@@ -37,21 +37,6 @@ __all__ = [
     "plan_stack",
     "PACK_MIN_PADDING",
 ]
-
-# Packing costs one gather and one scatter of (N, D), and attention then needs one call per run
-# of equally long sequences or a gather to a padded copy: below this fraction of padding the
-# padded layout is as fast (measured break-even between 5 and 8.5 %, docs/performance.md).
-PACK_MIN_PADDING = 0.06
-
-
-def _weights_decision(requested: str) -> Decision:
-    if requested in ("auto", "math"):
-        return Decision("math", "attention weights requested; only the math kernel returns them")
-    raise ValueError(
-        f"attention weights requested (need_weights / output_attentions): the {requested!r} "
-        "backend cannot return attention weights; use backend='math' (or 'auto', which picks "
-        "'math' when weights are requested)"
-    )
 
 
 def plan_stack(
@@ -127,35 +112,7 @@ def plan_stack(
         checkpointing=checkpointing,
     )
 
-    if need_weights:
-        kernel = _weights_decision(backend)
-        layout = Decision("padded", "attention weights are (B, H, T, T) on the padded layout")
-    elif backend in ("math", "sdpa"):
-        kernel = Decision(backend, "requested by name")
-        layout = Decision("padded", f"the {backend!r} kernel runs on the padded layout")
-    elif backend == "varlen":
-        if compiling:
-            raise ValueError(
-                "backend='varlen' packs rows by their data-dependent lengths, which "
-                "torch.compile(fullgraph=True) cannot trace; compile with backend='auto' or "
-                "'sdpa' (the padded path has static shapes)"
-            )
-        kernel = Decision("varlen", "requested by name")
-        layout = Decision("packed", "the 'varlen' kernel runs on packed rows")
-    elif mask is None:
-        kernel = Decision("sdpa", "fused kernel, padded layout")
-        layout = Decision("padded", "no padding: nothing to unpad")
-    elif compiling:
-        kernel = Decision("sdpa", "fused kernel, padded layout")
-        layout = Decision("padded", "under torch.compile the padded path has static shapes")
-    else:
-        padding = 1.0 - float(mask.sum()) / max(mask.numel(), 1)
-        if padding >= PACK_MIN_PADDING:
-            kernel = Decision("varlen", "packed rows: only varlen attention reads cu_seqlens")
-            layout = Decision("packed", f"{padding:.0%} of positions are padding")
-        else:
-            kernel = Decision("sdpa", "fused kernel, padded layout")
-            layout = Decision("padded", f"only {padding:.0%} padding: packing would not pay")
+    layout, kernel = stack_layout(mask, backend, need_weights=need_weights, compiling=compiling)
 
     if layout.choice == "packed":
         keep = mask if mask is not None else torch.ones(B, T, dtype=torch.bool, device=device)
@@ -335,7 +292,7 @@ def plan_attention(
             is_causal=is_causal,
         )
     if need_weights:
-        kernel = _weights_decision(backend)
+        kernel = weights_kernel(backend)
     elif backend == "varlen":
         raise ValueError(
             "backend='varlen' runs on packed rows: pass (N, in_dim) rows with a layout from "

@@ -212,7 +212,9 @@ def encoder_block(
 
 # -- the stack --------------------------------------------------------------------------------
 def encoder(
-    stack: nn.Module, x: Tensor, mask: Tensor | None = None  # stack: an Encoder
+    stack: nn.Module,
+    x: Tensor,
+    mask: Tensor | None = None,  # stack: an Encoder
 ) -> tuple[Tensor, tuple[Tensor, ...], tuple[Tensor, ...]]:
     """The stack on ``x`` (B, T, D) with the (B, T) ``mask`` (True = real token; None: all real).
 

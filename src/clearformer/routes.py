@@ -4,6 +4,7 @@
 bias, the outputs asked for); this module chooses, for that meaning, the implementation that
 runs it on this machine, each choice with its reason:
 
+* the layout (padded rows with a mask, or packed rows) and the attention kernel of a stack call;
 * the linear layers: the eager ``nn.Linear`` calls, or whole blocks with their residual adds and
   norms fused into the matrix products (:mod:`clearformer.fast.fused_blocks`);
 * on packed rows, the varlen method (:mod:`clearformer.fast.varlen`), asking each method whether
@@ -16,7 +17,7 @@ The layers never import :mod:`clearformer.fast`: they run the implementation the
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from .fast import fused_blocks
 from .fast.fused_linear import fusion_decision
@@ -25,7 +26,14 @@ from .fast.varlen import VarlenCall, resolve_method
 from .options import Decision
 from .padding import PackedLayout
 
-__all__ = ["linear_route", "slab_by_slab", "varlen_method"]
+__all__ = [
+    "PACK_MIN_PADDING",
+    "linear_route",
+    "slab_by_slab",
+    "stack_layout",
+    "varlen_method",
+    "weights_kernel",
+]
 
 
 def linear_route(
@@ -66,3 +74,57 @@ def varlen_method(
 def slab_by_slab(length: int, window: int) -> bool:
     """Whether a padded local layer of ``length`` rows runs slab by slab (no (T, T) band)."""
     return use_banded(length, window)
+
+
+# Packing costs one gather and one scatter of (N, D), and attention then needs one call per run
+# of equally long sequences or a gather to a padded copy: below this fraction of padding the
+# padded layout is as fast (measured break-even between 5 and 8.5 %, docs/performance.md).
+PACK_MIN_PADDING = 0.06
+
+
+def weights_kernel(backend: str) -> Decision:
+    """The kernel of a call that asks for attention weights: only ``math`` returns them."""
+    if backend in ("auto", "math"):
+        return Decision("math", "attention weights requested; only the math kernel returns them")
+    raise ValueError(
+        f"attention weights requested (need_weights / output_attentions): the {backend!r} "
+        "backend cannot return attention weights; use backend='math' (or 'auto', which picks "
+        "'math' when weights are requested)"
+    )
+
+
+def stack_layout(
+    mask: Tensor | None, backend: str, *, need_weights: bool, compiling: bool
+) -> tuple[Decision, Decision]:
+    """The layout and the attention kernel of a stack call on a (B, T) batch with this key
+    mask (None: no padding) and ``backend``, each with its reason."""
+    if need_weights:
+        kernel = weights_kernel(backend)
+        layout = Decision("padded", "attention weights are (B, H, T, T) on the padded layout")
+    elif backend in ("math", "sdpa"):
+        kernel = Decision(backend, "requested by name")
+        layout = Decision("padded", f"the {backend!r} kernel runs on the padded layout")
+    elif backend == "varlen":
+        if compiling:
+            raise ValueError(
+                "backend='varlen' packs rows by their data-dependent lengths, which "
+                "torch.compile(fullgraph=True) cannot trace; compile with backend='auto' or "
+                "'sdpa' (the padded path has static shapes)"
+            )
+        kernel = Decision("varlen", "requested by name")
+        layout = Decision("packed", "the 'varlen' kernel runs on packed rows")
+    elif mask is None:
+        kernel = Decision("sdpa", "fused kernel, padded layout")
+        layout = Decision("padded", "no padding: nothing to unpad")
+    elif compiling:
+        kernel = Decision("sdpa", "fused kernel, padded layout")
+        layout = Decision("padded", "under torch.compile the padded path has static shapes")
+    else:
+        padding = 1.0 - float(mask.sum()) / max(mask.numel(), 1)
+        if padding >= PACK_MIN_PADDING:
+            kernel = Decision("varlen", "packed rows: only varlen attention reads cu_seqlens")
+            layout = Decision("packed", f"{padding:.0%} of positions are padding")
+        else:
+            kernel = Decision("sdpa", "fused kernel, padded layout")
+            layout = Decision("padded", f"only {padding:.0%} padding: packing would not pay")
+    return layout, kernel
