@@ -370,3 +370,27 @@ def test_a_post_norm_encoder_under_packing_matches_its_eager_layers(backend, ker
     assert kernel_calls, "the post-norm blocks should take the kernel"
     torch.testing.assert_close(fused[mask], eager.detach()[mask], atol=2e-5, rtol=1e-5)
     assert not fused[mask].isnan().any()
+
+
+def test_the_library_switch_turns_the_linear_kernel_off_too(monkeypatch):
+    """``CLEARFORMER_AVX512=off`` switches off every kernel of the library, the linear one
+    included, even while the library is loaded."""
+    torch.manual_seed(0)
+    layer, norm = nn.Linear(64, 64), nn.LayerNorm(64)
+    x, residual = torch.randn(48, 64), torch.randn(48, 64)
+    original, calls = avx512_linear.linear, []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(avx512_linear, "linear", counting)
+    outs = []
+    for setting in ("on", "off"):
+        monkeypatch.setenv("CLEARFORMER_AVX512", setting)
+        with torch.inference_mode(), use_packed_weights(PackedWeights()):
+            outs.append(linear(x, layer, fused=True, residual=residual, norm=norm))
+        if setting == "on":
+            assert calls == [1]  # the kernel serves this call while the switch is on
+    assert calls == [1] and not avx512_linear.preferred()
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)

@@ -46,13 +46,14 @@ TILE_ROWS = 6  # rows per register tile: threads split the rows tile by tile
 
 def preferred() -> bool:
     """Whether calls may take the kernel once it is loaded: yes unless
-    ``CLEARFORMER_AVX512_LINEAR`` says ``off``."""
+    ``CLEARFORMER_AVX512_LINEAR`` says ``off``, or ``CLEARFORMER_AVX512`` does (the one switch
+    of every kernel in the library: a library already built and loaded stays unused)."""
     setting = os.environ.get(PREFERENCE_VARIABLE, "").strip().lower()
     if setting in ("0", "off", "false", "no"):
         return False
     if setting not in ("", "1", "on", "true", "yes"):
         raise ValueError(f"{PREFERENCE_VARIABLE}: expected 'on' or 'off', got {setting!r}")
-    return True
+    return avx512.preferred()
 
 
 def fusable_norm(norm: nn.Module | None, width: int) -> bool:
