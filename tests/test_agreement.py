@@ -206,16 +206,33 @@ def test_int8_agrees_with_the_reference_by_cosine(family):
 class TestWithTheAVX512Kernels:
     pytestmark = needs_avx512_library
 
-    def test_the_avx512_routes_agree_with_the_reference(self, family, backend):
+    def test_the_avx512_routes_agree_with_the_reference(self, family, backend, monkeypatch):
+        from clearformer.fast import avx512_linear
         from clearformer.fast.packed_weights import PackedWeights, use_packed_weights
 
+        # The suite switches the library off (conftest); here both of its kernels run.
+        monkeypatch.setenv("CLEARFORMER_AVX512", "on")
         encoder = encoder_of(family)
         x, mask = batch(holes=False)
         want = reference_of(encoder, x, mask)
+        linear_calls = []
+        original = avx512_linear.linear
+
+        def counting(*args, **kwargs):
+            linear_calls.append(1)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(avx512_linear, "linear", counting)
         # Packed weights let the AVX-512 linear kernel take the GELU and LayerNorm epilogues.
         with use_packed_weights(PackedWeights()):
             out = production(encoder, x, mask, backend=backend)
+            with torch.no_grad():
+                plan = encoder.plan_for(mask, backend=backend)
         assert_agrees(out, want, mask, f"{family} {backend} avx512")
+        if backend == "varlen" and FAMILIES[family].get("local_window") is None:
+            assert plan.method.choice == "avx512", str(plan)
+        if FAMILIES[family]["activation"] == "gelu" or FAMILIES[family]["norm"] == "post":
+            assert linear_calls, "the AVX-512 linear kernel was not taken"
 
 
 def test_the_agreement_check_fails_on_a_fast_path_that_drops_its_residual(monkeypatch):

@@ -26,6 +26,13 @@ from .helpers import intra_op_threads, needs_avx512_library
 pytestmark = needs_avx512_library
 
 
+@pytest.fixture(autouse=True)
+def _library_switched_on(monkeypatch):
+    """The suite runs with ``CLEARFORMER_AVX512=off`` (conftest), which switches off every
+    kernel of the library; this module tests its linear kernel."""
+    monkeypatch.setenv("CLEARFORMER_AVX512", "on")
+
+
 @pytest.fixture
 def kernel_calls(monkeypatch):
     """Counts the fused calls that reach the kernel."""
