@@ -1,11 +1,14 @@
 """Benchmarks flag a run taken while other processes were busy, and time CPU work beside
-wall time."""
+wall time (checked with the test's own clocks)."""
 
 from __future__ import annotations
 
 import math
-import time
+import types
 
+import pytest
+
+from clearformer.bench import timing
 from clearformer.bench.load import judge
 from clearformer.bench.timing import interleaved
 
@@ -21,15 +24,34 @@ def test_a_quiet_run_and_the_two_kinds_of_load():
     assert unknown.loaded and "LOADED" in unknown.describe()
 
 
-def test_cpu_time_counts_work_not_waiting():
-    def busy():
-        end = time.process_time() + 0.02
-        while time.process_time() < end:
-            pass
+def test_cpu_time_counts_work_not_waiting(monkeypatch):
+    """``interleaved`` reads the wall clock and the process CPU clock around each call: a call
+    that waits adds wall time only, one that works adds both. The clocks are the test's own,
+    moved by each call by a set amount, so the test checks the bookkeeping and not how busy
+    the machine was (two calls that really slept and worked gave CPU times that other
+    threads of the process could push over the limit)."""
+    clock = {"wall": 0.0, "cpu": 0.0}
+    fake_time = types.SimpleNamespace(
+        perf_counter=lambda: clock["wall"], process_time=lambda: clock["cpu"]
+    )
+    monkeypatch.setattr(timing, "time", fake_time)
+    calls = []
 
-    times = interleaved({"sleep": lambda: time.sleep(0.02), "busy": busy}, warmup=0, repeats=2)
-    assert all(t >= 0.02 for t in times["sleep"]) and all(t < 0.01 for t in times.cpu["sleep"])
-    assert all(c >= 0.02 for c in times.cpu["busy"])
+    def sleep():
+        calls.append("sleep")
+        clock["wall"] += 0.02
+
+    def busy():
+        calls.append("busy")
+        clock["wall"] += 0.03
+        clock["cpu"] += 0.03
+
+    times = interleaved({"sleep": sleep, "busy": busy}, warmup=1, repeats=3)
+    assert times["sleep"] == pytest.approx([0.02] * 3) and times.cpu["sleep"] == [0.0] * 3
+    assert times["busy"] == pytest.approx([0.03] * 3)
+    assert times.cpu["busy"] == pytest.approx([0.03] * 3)
+    # one warm-up round, then rounds that take turns at going first
+    assert calls == ["sleep", "busy", "sleep", "busy", "busy", "sleep", "sleep", "busy"]
 
 
 def test_every_load_record_names_the_cpu():

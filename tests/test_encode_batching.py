@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -186,10 +185,15 @@ def test_map_in_workers_keeps_order_splits_threads_and_restores_the_count():
 
 def test_map_in_workers_gives_each_worker_its_share_of_an_uneven_split():
     counts = {}
+    # Each worker waits at its first item until the other has started too, so that both
+    # take items (without it one worker could take all eight before the other starts).
+    both_started = threading.Barrier(2, timeout=60)  # a timeout only so a hang fails
 
     def work(_):
-        time.sleep(0.05)  # let both workers start before either reads its count
-        counts[threading.current_thread().name] = torch.get_num_threads()
+        name = threading.current_thread().name
+        if name not in counts:
+            counts[name] = torch.get_num_threads()
+            both_started.wait()
 
     with intra_op_threads(5):
         list(map_in_workers(work, range(8), workers=2))

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import os
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -345,83 +343,100 @@ def test_fused_activation_and_residual_agree_with_the_eager_steps(activation):
         assert (got - want).norm() / want.norm() < 1e-4
 
 
-# A step that held the GIL would stop the watcher for all of it (a call that holds the GIL,
-# `sum(range(n))`, measured 0.94-1.03 of itself); a released GIL leaves gaps of scheduling
-# only, which beside the suite's other process reached 0.56 of a step in single tries.
-LINE = 0.8
+def _read_between_two_statements(step, marked: torch.Tensor, read_back, calls: int) -> bool:
+    """Whether this thread ran Python while ``step``, called on a worker thread up to
+    ``calls`` times, was reading its input ``marked``.
+
+    While the worker runs ``step``, this thread writes 2, 3, 4, ... into column 0 of every
+    16th row of ``marked``, one statement per number; ``read_back(output)`` gives the number
+    each of those rows held when ``step`` read it. Rows that read numbers two or more apart
+    were read before and after a whole statement of this thread, and this thread held the GIL
+    between its statements: ``step`` was between two of its reads and did not hold the GIL.
+    A step that holds the GIL while it reads can let this thread run only inside one
+    statement (where numpy lets the GIL go while it copies), so its rows read at most two
+    neighbouring numbers, on every call. No clock: what decides is which number each row
+    read."""
+    view = marked.numpy()
+    for _ in range(calls):
+        view[:, 0] = 1
+        outputs: list = []
+        done = threading.Event()
+        worker = threading.Thread(target=_call_then_set, args=(step, outputs, done))
+        worker.start()
+        number = 1
+        while not done.is_set():
+            number += 1
+            view[::16, 0] = number
+        worker.join()
+        if isinstance(outputs[0], BaseException):
+            raise outputs[0]
+        numbers = read_back(outputs[0])
+        if numbers.max() - numbers.min() >= 2:
+            return True
+    return False
+
+
+def _call_then_set(step, outputs: list, done: threading.Event) -> None:
+    try:
+        outputs.append(step())
+    except BaseException as exc:  # re-raised on the test's thread
+        outputs.append(exc)
+    finally:
+        done.set()
 
 
 @needs_int8
 def test_fused_steps_let_other_threads_run():
     """The compiled steps release the GIL while they run: ``encode`` runs two batches side by
-    side on threads, and a step that held the GIL would stop the other worker. A second thread
-    notes the time in a Python loop while the first runs a step on a large input; with the GIL
-    held it can note nothing while the compiled kernel runs, so the longest gap between its
-    notes is about as long as the step takes alone. One intra-op thread, as each ``encode``
-    worker has, and a short switch interval, so that the watcher gets the GIL back at once;
-    up to ten tries each, because a busy machine (the suite's other process) may deschedule
-    the watcher for a while."""
+    side on threads, and a step that held the GIL would stop the other worker. Checked
+    without a clock (:func:`_read_between_two_statements`): this thread keeps writing
+    numbers into a step's input while a worker thread runs the step, and the step's output
+    must show that it read that input on both sides of one of this thread's statements,
+    which only a step that lets the GIL go while it reads allows. A step that holds the GIL
+    fails on every call. One that releases it passes at the first call during which the
+    operating system runs both threads at once for a while; the inputs are large (the
+    prologue reads 128 MB, the epilogue 32 MB and writes 32 MB) so that even a loaded
+    machine does on most calls, and there are up to 20 calls. One intra-op thread, as each
+    ``encode`` worker has, and a short switch interval, so that the worker gets the GIL back
+    at once for the step's Python parts."""
     steps = fused_steps()
     if steps is None:
         pytest.skip("torch.compile does not work here")
     prologue, epilogue = steps.prologue, steps.epilogue
-    torch.manual_seed(0)
-    rows = torch.randn(4096, 2048)
+    # The arguments' kinds of fused_steps' own warm-up (no new compile). The prologue's rows
+    # are zero but for column 0, so each row's scale is the number it read there over 127;
+    # the epilogue's scales are 1 and its other terms 0, so it gives back the integer sums.
+    rows = torch.zeros(16384, 2048)
     keep = torch.ones(2048)
     keep[3] = 0
     outliers = torch.tensor([3])
-    acc = torch.randint(-1000, 1000, (4096, 2048), dtype=torch.int32).to(accumulator_dtype())
-    x_scale, w_scale, bias = torch.rand(4096, 1), torch.rand(2048), torch.rand(2048)
-    x_o, w_o_t = torch.rand(4096, 1), torch.rand(1, 2048)
-    calls = {  # the arguments' kinds of fused_steps' own warm-up: no new compile
-        "prologue": lambda: prologue(rows, None, keep, outliers),
-        "epilogue": lambda: epilogue(acc, x_scale, w_scale, bias, x_o, w_o_t),
+    acc = torch.zeros(4096, 2048, dtype=accumulator_dtype())
+    x_scale, w_scale, bias = torch.ones(4096, 1), torch.ones(2048), torch.zeros(2048)
+    x_o, w_o_t = torch.zeros(4096, 1), torch.zeros(1, 2048)
+    checks = {
+        "prologue": (
+            lambda: prologue(rows, None, keep, outliers),
+            rows,
+            lambda out: torch.round(out[1][::16, 0] * 127),
+        ),
+        "epilogue": (
+            lambda: epilogue(acc, x_scale, w_scale, bias, x_o, w_o_t),
+            acc,
+            lambda out: out[::16, 0],
+        ),
     }
-
-    def longest_gap(call) -> float:
-        stamps: list[float] = []
-        started, done = threading.Event(), threading.Event()
-
-        def note_times() -> None:
-            started.set()
-            while not done.is_set():
-                stamps.append(time.perf_counter())
-
-        watcher = threading.Thread(target=note_times)
-        watcher.start()
-        started.wait()
-        begin = time.perf_counter()
-        call()
-        end = time.perf_counter()
-        done.set()
-        watcher.join()
-        inside = [begin] + [t for t in stamps if begin < t < end] + [end]
-        return max(b - a for a, b in zip(inside[:-1], inside[1:], strict=True))
-
-    def alone(call) -> float:
-        times = []
-        for _ in range(3):
-            begin = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - begin)
-        return min(times)
-
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-4)
-    shares = {}
     try:
         with intra_op_threads(1):
-            for name, call in calls.items():
-                solo = alone(call)
-                shares[name] = math.inf
-                for _ in range(10):
-                    shares[name] = min(shares[name], longest_gap(call) / solo)
-                    if shares[name] < LINE:
-                        break
+            held = [
+                name
+                for name, (step, marked, read_back) in checks.items()
+                if not _read_between_two_statements(step, marked, read_back, calls=20)
+            ]
     finally:
         sys.setswitchinterval(interval)
-    stopped = {name: round(share, 3) for name, share in shares.items() if share >= LINE}
-    assert not stopped, f"the other thread was stopped for these shares of a step: {stopped}"
+    assert not held, f"these steps kept other threads from running Python as they read: {held}"
 
 
 @needs_int8

@@ -17,18 +17,43 @@ from .train_helpers import env, final_weights, run_train, same_weights, tiny_fla
 
 FLAGS = tiny_flags(steps=60)
 
-# The CLI with every step slowed a little, so that a kill lands in the middle of the run.
-SLOW_STEPS = """
-import sys, time
+# The CLI with the run held before its 26th step until a line comes on its stdin: the test
+# stops it there, part-way for certain (a kill or signal that raced a running loop could come
+# too late when the machine is busy).
+PAUSE_AT = 25  # steps done when the run waits
+PAUSED = f"""
+import sys
 from clearformer.train import loop
 step = loop.train_step
-def slow(*args, **kwargs):
-    time.sleep(0.05)
+def held(*args, **kwargs):
+    if kwargs["step"] == {PAUSE_AT}:  # 0-based: the step after the first {PAUSE_AT}
+        print("PAUSED", file=sys.stderr, flush=True)
+        sys.stdin.readline()
     return step(*args, **kwargs)
-loop.train_step = slow
+loop.train_step = held
 from clearformer.cli import main
 sys.exit(main(sys.argv[1:]))
 """
+
+
+def start_paused(run) -> subprocess.Popen:
+    """``clearformer train`` on FLAGS into ``run``, returned once it waits after PAUSE_AT
+    steps."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", PAUSED, "train", *FLAGS, "--out", str(run)],
+        env=env(),
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    said = []
+    for line in process.stderr:
+        said.append(line)
+        if line.strip() == "PAUSED":
+            return process
+    process.kill()
+    process.wait(timeout=60)
+    raise AssertionError("the run ended before it paused:\n" + "".join(said))
 
 
 @pytest.fixture(scope="module")
@@ -46,23 +71,16 @@ def assert_same_run(a, b):
 
 def test_sigkill_between_steps_then_resume(tmp_path, uninterrupted):
     run = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-c", SLOW_STEPS, "train", *FLAGS, "--out", str(run)],
-        env=env(),
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = start_paused(run)
     try:
-        for line in process.stderr:
-            if line.startswith("step") and int(line.split()[1].split("/")[0]) >= 25:
-                break
         process.send_signal(signal.SIGKILL)
-        process.wait(timeout=60)
+        process.wait(timeout=60)  # a hang fails
     finally:
         process.kill()
     assert process.returncode == -signal.SIGKILL
     assert not (run / "model.safetensors").exists()  # it really died part-way
     newest = ckpt.complete_checkpoints(run / "checkpoints")[0]
+    assert newest.name == "step-00000020"  # the last checkpoint before step 25
     ckpt.load_checkpoint(newest)  # what the kill left loads
     result = run_train(*FLAGS, "--out", str(run))
     assert result.returncode == 0, result.stderr
@@ -93,24 +111,24 @@ def test_kill_during_a_checkpoint_write_then_resume(tmp_path, uninterrupted, sta
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_after_the_step_with_a_checkpoint(tmp_path, uninterrupted, signum):
     run = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-c", SLOW_STEPS, "train", *FLAGS, "--out", str(run)],
-        env=env(),
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = start_paused(run)
     try:
-        for line in process.stderr:
-            if line.startswith("step") and int(line.split()[1].split("/")[0]) >= 25:
-                break
         process.send_signal(signum)
-        err = process.stderr.read()
-        process.wait(timeout=60)
+        # The handler has answered before the run goes on: it stops after the next step.
+        said = []
+        for line in process.stderr:
+            said.append(line)
+            if "stopping after this step" in line:
+                break
+        process.stdin.write("go\n")
+        process.stdin.close()
+        err = "".join(said) + process.stderr.read()
+        process.wait(timeout=60)  # a hang fails
     finally:
         process.kill()
     assert process.returncode == 128 + signum, err
     stopped = int(err.split("stopped at step ")[1].split()[0].rstrip(";"))
-    assert 25 <= stopped < 60
+    assert stopped == PAUSE_AT + 1
     # the work up to the signal is kept: a checkpoint of that very step, no final weights
     assert ckpt.complete_checkpoints(run / "checkpoints")[0].name == f"step-{stopped:08d}"
     assert not (run / "model.safetensors").exists()
