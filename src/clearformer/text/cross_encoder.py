@@ -27,7 +27,7 @@ from ..interop.hf.heads import LoadedClassifier, load_classifier
 from ..interop.hf.sentence_transformers import score_activation
 from ..interop.hf.tokenizer import check_pairs, check_texts, max_length_for
 from ..model import EncoderModel
-from ..packed_weights import KeptPacking, use_packed_weights
+from ..packed_weights import KeptPacking, PackedWeights, use_packed_weights
 from .batching import DEFAULT_MAX_TOKENS, balance_batches, check_batch_limits, plan_batches
 from .encoder import attention_kernel_for
 from .workers import auto_workers, check_workers, map_in_workers
@@ -163,19 +163,46 @@ class CrossEncoder:
         packed = self._packing.for_call(tokens)
 
         def score(rows: list[int]) -> tuple[list[int], np.ndarray]:
-            batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
-            # Grad mode and the packed weights are per thread: each worker enters both itself.
-            with torch.inference_mode(), use_packed_weights(packed):
-                scores = ACTIVATIONS[name](
-                    self.logits(batch.input_ids, batch.attention_mask, batch.token_type_ids)
-                )  # (B, L)
-                if apply_softmax and L > 1:
-                    scores = torch.softmax(scores, dim=-1)
-            return rows, scores.float().numpy()
+            chosen = [encodings[i] for i in rows]
+            return rows, self._forward(chosen, packed, name, apply_softmax)
 
         for rows, scores in map_in_workers(score, batches, workers):
             out[rows] = scores
         return out[:, 0] if L == 1 else out
+
+    def score_batch(
+        self, encodings: list, *, activation: str | None = None, apply_softmax: bool = False
+    ) -> np.ndarray:
+        """One forward pass over pairs already tokenized (``tokenizer.encode_pairs``), as
+        :meth:`predict` runs each of its batches: (B, L) float32, row i for ``encodings[i]``.
+
+        For callers that form their own batches, such as ``clearformer serve``, which merges
+        the pairs of many requests: the same code as ``predict``'s, and a row does not depend
+        on its batch-mates, so the rows are ``predict``'s for the same pairs. Safe to call from
+        several threads at once.
+        """
+        name = self.activation if activation is None else activation
+        check_choice(name, tuple(ACTIVATIONS), "activation")
+        check_bool(apply_softmax, "apply_softmax")
+        if not encodings:
+            return np.empty((0, self.num_labels), dtype=np.float32)
+        packed = self._packing.for_call(sum(len(e.ids) for e in encodings))
+        return self._forward(encodings, packed, name, apply_softmax)
+
+    def _forward(
+        self, encodings: list, packed: PackedWeights | None, activation: str, apply_softmax: bool
+    ) -> np.ndarray:
+        """Pad, run the model and the head, apply the activation: (B, L) float32 (predict's
+        and score_batch's one path)."""
+        batch = self.tokenizer.pad(encodings, with_tokens=False)
+        # Grad mode and the packed weights are per thread: each worker enters both itself.
+        with torch.inference_mode(), use_packed_weights(packed):
+            scores = ACTIVATIONS[activation](
+                self.logits(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+            )  # (B, L)
+            if apply_softmax and self.num_labels > 1:
+                scores = torch.softmax(scores, dim=-1)
+        return scores.float().numpy()
 
     def drop_packed_weights(self) -> None:
         """Free the copies of the linear weights that ``predict`` keeps in oneDNN's layout
