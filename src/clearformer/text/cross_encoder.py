@@ -27,7 +27,12 @@ from ..interop.hf.heads import LoadedClassifier, load_classifier
 from ..interop.hf.sentence_transformers import score_activation
 from ..interop.hf.tokenizer import check_pairs, check_texts, max_length_for
 from ..model import EncoderModel
-from ..packed_weights import KeptPacking, PackedWeights, use_packed_weights
+from ..packed_weights import (
+    PACK_MIN_TOKENS,
+    KeptPacking,
+    PackedWeights,
+    use_packed_weights,
+)
 from .batching import DEFAULT_MAX_TOKENS, balance_batches, check_batch_limits, plan_batches
 from .encoder import attention_kernel_for
 from .workers import auto_workers, check_workers, map_in_workers
@@ -203,6 +208,14 @@ class CrossEncoder:
             if apply_softmax and self.num_labels > 1:
                 scores = torch.softmax(scores, dim=-1)
         return scores.float().numpy()
+
+    def keep_weights_packed(self) -> None:
+        """Keep the linear weights in oneDNN's layout from now on, as ``predict`` does once its
+        calls have carried :data:`~clearformer.packed_weights.PACK_MIN_TOKENS` tokens: for a
+        long-lived caller of many small calls (``clearformer serve``), whose calls then take
+        the same products from the first one on (where clearformer's AVX-512 library is
+        loaded, packed weights route some products to its kernel, which rounds differently)."""
+        self._packing.for_call(PACK_MIN_TOKENS)
 
     def drop_packed_weights(self) -> None:
         """Free the copies of the linear weights that ``predict`` keeps in oneDNN's layout

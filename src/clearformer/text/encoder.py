@@ -38,7 +38,12 @@ from ..interop.hf.sentence_transformers import Prompts, prompts_from_files
 from ..interop.hf.tokenizer import check_texts, max_length_for
 from ..io import atomic_write
 from ..model import EncoderModel
-from ..packed_weights import KeptPacking, PackedWeights, use_packed_weights
+from ..packed_weights import (
+    PACK_MIN_TOKENS,
+    KeptPacking,
+    PackedWeights,
+    use_packed_weights,
+)
 from ..quant import PRECISIONS
 from .batching import balance_batches, check_batch_limits, default_max_tokens, plan_batches
 from .workers import auto_workers, check_workers, map_in_workers, run_at_worker_shares
@@ -350,6 +355,14 @@ class TextEncoder:
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str or None, got {type(prompt).__name__}")
         return prompt, 0 if self.include_prompt else self.prompt_length(prompt)
+
+    def keep_weights_packed(self) -> None:
+        """Keep the linear weights in oneDNN's layout from now on, as ``encode`` does once its
+        calls have carried :data:`~clearformer.packed_weights.PACK_MIN_TOKENS` tokens: for a
+        long-lived caller of many small calls (``clearformer serve``), whose calls then take
+        the same products from the first one on (where clearformer's AVX-512 library is
+        loaded, packed weights route some products to its kernel, which rounds differently)."""
+        self._packing.for_call(PACK_MIN_TOKENS)
 
     def drop_packed_weights(self) -> None:
         """Free the copies of the linear weights that ``encode`` keeps in oneDNN's layout
