@@ -114,6 +114,11 @@ def _endpoint(
         except ClientGone:
             # Nobody reads this answer; 499 (nginx's "client closed request") in the metrics.
             response = Response(status_code=499)
+        except asyncio.CancelledError:
+            # Only the server cancels a request: a drain past graceful_timeout, or a second
+            # signal. It goes unanswered; the exit status says so.
+            state.cut_off += 1
+            raise
         except Exception as exc:
             log.exception("%s failed", request.url.path)
             response = _error(ApiError("Backend", f"internal error: {type(exc).__name__}"), api)
@@ -194,6 +199,9 @@ async def _compute(state: ServerState, request: Request, model: ServedModel, pre
             timeout=state.config.request_timeout,
             return_when=asyncio.FIRST_COMPLETED,
         )
+    except asyncio.CancelledError:
+        engine.cancel(job)
+        raise
     finally:
         gone.cancel()
     if job.future.done():

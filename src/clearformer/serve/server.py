@@ -76,8 +76,8 @@ def run_server(
         sock.close()
     if state.load_error is not None:
         raise state.load_error
-    if state.stopped_with_requests:
-        report(f"stopped: {state.stopped_with_requests} request(s) cut off by graceful_timeout")
+    if state.cut_off:
+        report(f"stopped: {state.cut_off} request(s) cut off unanswered (graceful_timeout)")
         return 1
     report("stopped: every request answered")
     return 0

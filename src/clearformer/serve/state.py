@@ -49,7 +49,8 @@ class ServerState:
         self.status = "loading"
         self.load_error: BaseException | None = None
         self.in_flight = 0
-        self.stopped_with_requests = 0  # requests the drain's time bound cut short
+        self.cut_off = 0  # requests stopped unanswered by the drain's time bound
+        self.settled = threading.Event()  # set once loading has ended, ready or failed
         self.on_failure: Callable[[], None] = lambda: None  # set by the server: stop it
 
     # Life cycle -------------------------------------------------------------------------
@@ -81,12 +82,14 @@ class ServerState:
             log.error("loading failed: %s", exc)
             self.load_error = exc
             self.status = "failed"
+            self.settled.set()
             self.on_failure()
             return
         self.models, self.engine = models, engine
         if self.status == "loading":  # not draining already
             self.status = "ready"
             self.metrics.ready.set(1)
+        self.settled.set()
         names = ", ".join(f"{m.name} ({m.kind})" for m in models)
         seconds = time.perf_counter() - started
         log.info("ready in %.1f s: %s, %d batch workers", seconds, names, workers)
@@ -117,12 +120,14 @@ class ServerState:
 
     def finish(self) -> None:
         """After the listener has closed and requests in flight are answered (or cut off by
-        the drain's bound): stop the batch workers."""
+        the drain's bound): stop the batch workers. With nothing cut off the queue is empty
+        and they stop at once; otherwise one may be in a batch, which is not waited for (the
+        workers are daemon threads)."""
         self.begin_drain()
-        self.stopped_with_requests = self.in_flight
         if self.engine is not None:
             self.engine.close()
-            self.engine.join(timeout=self.config.graceful_timeout)
+            if not self.cut_off:
+                self.engine.join(timeout=self.config.graceful_timeout)
 
     # Requests ---------------------------------------------------------------------------
 
