@@ -116,9 +116,18 @@ def _endpoint(
             response = Response(status_code=499)
         except asyncio.CancelledError:
             # Only the server cancels a request: a drain past graceful_timeout, or a second
-            # signal. It goes unanswered; the exit status says so.
+            # signal. The client gets a 503 it can retry elsewhere (uvicorn would send a bare
+            # 500), and the exit status says some work was left undone.
             state.cut_off += 1
-            raise
+            response = _error(
+                ApiError(
+                    "Unhealthy",
+                    "the server shut down before this request was finished "
+                    f"(graceful_timeout, {state.config.graceful_timeout:g} s); retry it",
+                    headers={"Retry-After": "1", "Connection": "close"},
+                ),
+                api,
+            )
         except Exception as exc:
             log.exception("%s failed", request.url.path)
             response = _error(ApiError("Backend", f"internal error: {type(exc).__name__}"), api)

@@ -10,7 +10,8 @@ things differ here:
   arriving on a connection kept alive gets 503, not work;
 * uvicorn re-raises the signal once it has stopped, so that the process dies of it; a drained
   server has answered the signal, so ``run_server`` returns instead and the process exits 0
-  (1 if the drain's bound cut requests off). A second signal stops at once.
+  (1 if the drain's bound cut requests off: they are answered 503). A second signal stops
+  at once.
 """
 
 from __future__ import annotations
@@ -77,7 +78,10 @@ def run_server(
     if state.load_error is not None:
         raise state.load_error
     if state.cut_off:
-        report(f"stopped: {state.cut_off} request(s) cut off unanswered (graceful_timeout)")
+        report(
+            f"stopped: {state.cut_off} request(s) not finished within graceful_timeout "
+            "(answered 503)"
+        )
         return 1
     report("stopped: every request answered")
     return 0

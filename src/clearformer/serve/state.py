@@ -49,7 +49,7 @@ class ServerState:
         self.status = "loading"
         self.load_error: BaseException | None = None
         self.in_flight = 0
-        self.cut_off = 0  # requests stopped unanswered by the drain's time bound
+        self.cut_off = 0  # requests the drain's time bound stopped unfinished (answered 503)
         self.settled = threading.Event()  # set once loading has ended, ready or failed
         self.on_failure: Callable[[], None] = lambda: None  # set by the server: stop it
 
