@@ -178,3 +178,19 @@ def test_a_failing_batch_fails_its_requests_only(engine_and_model):
         return await good.future
 
     np.testing.assert_array_equal(asyncio.run(main()), [[2, 2]])
+
+
+def test_rows_are_written_exactly_and_nan_is_refused():
+    import json
+
+    from clearformer.serve.errors import ApiError
+    from clearformer.serve.render import embed_body
+
+    rng = np.random.default_rng(0)
+    rows = (rng.standard_normal((3, 7)) * 10.0 ** rng.integers(-8, 3, (3, 7))).astype(np.float32)
+    rows[0, 0] = -0.0
+    back = np.float32(json.loads(embed_body(rows)))
+    np.testing.assert_array_equal(back.view(np.uint32), rows.view(np.uint32))  # every bit
+    rows[2, 3] = np.nan
+    with pytest.raises(ApiError, match="results of 1 of 3 inputs are not finite"):
+        embed_body(rows)

@@ -16,7 +16,6 @@ its batches, its client's disconnection (which frees the slot and drops its wait
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hmac
 import json
@@ -34,6 +33,7 @@ from .config import ServeConfig
 from .engine import Closed, Job
 from .errors import ApiError
 from .models import ModelSpec, Prepared, ServedModel
+from .render import embed_body, json_body, openai_embeddings_body
 from .schemas import parse_embed, parse_openai_embeddings, parse_rerank, parse_tokenize
 from .state import ServerState
 
@@ -299,7 +299,7 @@ def _embed(state: ServerState) -> Handler:
     async def embed(request: Request) -> Response:
         parsed = parse_embed(await _read_json(request, state.config.payload_limit))
         rows, _ = await _embeddings(state, request, parsed, field="inputs")
-        return Response(_float_rows(rows), media_type="application/json")
+        return Response(embed_body(rows), media_type="application/json")
 
     return embed
 
@@ -307,25 +307,9 @@ def _embed(state: ServerState) -> Handler:
 def _openai_embeddings(state: ServerState) -> Handler:
     async def embeddings(request: Request) -> Response:
         parsed = parse_openai_embeddings(await _read_json(request, state.config.payload_limit))
-        rows, model_tokens = await _embeddings(state, request, parsed, field="input")
-        model, tokens = model_tokens
-        if parsed.encoding_format == "base64":
-            # Little-endian float32, as OpenAI's base64 embeddings are.
-            values = [base64.b64encode(row.astype("<f4").tobytes()).decode() for row in rows]
-        else:
-            values = rows.tolist()
-        data = [
-            {"object": "embedding", "index": i, "embedding": value}
-            for i, value in enumerate(values)
-        ]
-        return _json(
-            {
-                "object": "list",
-                "data": data,
-                "model": model.name,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            }
-        )
+        rows, (model, tokens) = await _embeddings(state, request, parsed, field="input")
+        body = openai_embeddings_body(rows, parsed.encoding_format, model.name, tokens)
+        return Response(body, media_type="application/json")
 
     return embeddings
 
@@ -424,14 +408,7 @@ def _tokenize(state: ServerState) -> Handler:
 
 
 def _json(payload, status: int = 200) -> Response:
-    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
-    return Response(body, status_code=status, media_type="application/json")
-
-
-def _float_rows(rows: np.ndarray) -> bytes:
-    """(n, D) float32 as a JSON list of lists. Each float32 widens exactly to the float64 that
-    ``json`` writes, so a client reading it back as float32 has the same bits."""
-    return json.dumps(rows.tolist(), separators=(",", ":")).encode()
+    return Response(json_body(payload), status_code=status, media_type="application/json")
 
 
 def _error(exc: ApiError, api: str) -> Response:
