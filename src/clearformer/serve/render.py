@@ -35,7 +35,13 @@ def float_rows(rows: np.ndarray) -> list[str]:
     fmt = _ROW_FORMATS.get(width)
     if fmt is None:
         fmt = _ROW_FORMATS.setdefault(width, "[" + ",".join(["%.9g"] * width) + "]")
-    return [fmt % tuple(row) for row in rows.tolist()]
+    # "%g" writes -0.0 as "-0", which JSON readers take for the integer 0: such a row (rare)
+    # goes through json, which writes "-0.0".
+    negative_zero = ((rows == 0) & np.signbit(rows)).any(axis=1).tolist()
+    return [
+        json.dumps(row) if odd else fmt % tuple(row)
+        for row, odd in zip(rows.tolist(), negative_zero, strict=True)
+    ]
 
 
 def base64_rows(rows: np.ndarray) -> list[str]:
