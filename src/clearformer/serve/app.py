@@ -53,7 +53,10 @@ def create_app(
     report: Callable[[str], None] | None = None,
 ) -> Starlette:
     """The server's ASGI app; its :class:`ServerState` is ``app.state.serve``. Models load in a
-    thread when the app starts (its lifespan), and the batch workers stop when it ends."""
+    thread when the app starts (its lifespan), and the batch workers stop when it ends. A
+    model that fails to load leaves ``/health`` at 503 ``"failed"`` and the exception in
+    ``app.state.serve.load_error`` (:func:`~clearformer.serve.server.run_server` stops and
+    raises it)."""
     state = ServerState(config, specs or [], report=report)
 
     @contextlib.asynccontextmanager

@@ -283,8 +283,8 @@ def load_model(spec: ModelSpec, *, max_input_tokens: int | None, precision: str,
     if max_input_tokens is not None:
         if max_input_tokens > model.max_length:
             raise ValueError(
-                f"max_input_tokens must be at most model {name!r}'s limit of "
-                f"{model.max_length} tokens, got {max_input_tokens}"
+                f"max_input_tokens must be at most {model.max_length}, the limit of model "
+                f"{name!r}, got {max_input_tokens}"
             )
         limit = max_input_tokens
     if kind == "rerank" and precision != "float32":

@@ -79,7 +79,9 @@ class ServerState:
             if engine.warm_up_error is not None:
                 raise engine.warm_up_error
         except BaseException as exc:
-            log.error("loading failed: %s", exc)
+            # Raised again by run_server (the CLI prints it); an app run otherwise shows it
+            # as /health's "failed" and in load_error.
+            log.info("loading failed: %s", exc)
             self.load_error = exc
             self.status = "failed"
             self.settled.set()
