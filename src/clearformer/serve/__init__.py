@@ -9,9 +9,12 @@ text-embeddings-inference's ``/embed``, ``/rerank``, ``/tokenize``, ``/health`` 
   token budget, on batch workers like ``encode``'s;
 * :mod:`.state` -- a server's life (loading, ready, draining) and its admission count;
 * :mod:`.schemas` and :mod:`.errors` -- request bodies and error answers, in the shapes of the
-  APIs copied;
+  APIs copied; :mod:`.render` -- answers as bytes (embeddings as exact JSON numbers);
+* :mod:`.guards` -- the checks before any work: the API key, the body's size, the input count;
+* :mod:`.waiting` -- a request waiting for its rows, its client's disconnection or its timeout;
 * :mod:`.metrics` -- the Prometheus metrics;
-* :mod:`.app` -- the Starlette app: routes, the API key, body limits;
+* :mod:`.routes` -- each route's handler; :mod:`.app` -- the Starlette app: the route table and
+  the wrapper every route goes through;
 * :mod:`.server` -- :func:`run_server`: the app on uvicorn, drained on SIGTERM and SIGINT.
 
 How to run and deploy it: docs/serving.md.

@@ -1,0 +1,62 @@
+"""A request waiting for its rows: whichever comes first of its answer, its client's
+disconnection (which frees the slot and drops its waiting inputs) or ``request_timeout`` (503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.requests import Request
+
+from .engine import Closed, Job
+from .errors import ApiError
+from .models import Prepared, ServedModel
+from .state import ServerState
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def wait_for_rows(
+    state: ServerState, request: Request, model: ServedModel, prepared: Prepared
+):
+    """Queue the inputs and wait for their rows: (n, width) float32 in input order."""
+    engine = state.require_ready()
+    job = Job(model, prepared, asyncio.get_running_loop())
+    try:
+        engine.submit(job)
+    except Closed:
+        raise ApiError(
+            "Unhealthy", "not ready: the server is shutting down", headers={"Retry-After": "1"}
+        ) from None
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        done, _ = await asyncio.wait(
+            {job.future, gone},
+            timeout=state.config.request_timeout,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+    except asyncio.CancelledError:
+        engine.cancel(job)
+        raise
+    finally:
+        gone.cancel()
+    if job.future.done():
+        return job.future.result()
+    engine.cancel(job)
+    if gone in done:
+        raise ClientGone
+    raise ApiError(
+        "Unhealthy",
+        f"the request was not answered within {state.config.request_timeout:g} s "
+        "(request_timeout); its work was dropped",
+        headers={"Retry-After": str(engine.retry_after())},
+    )
+
+
+async def disconnected(request: Request) -> None:
+    """Returns when the client has gone. The body is read by now, so the next message is the
+    disconnection (the server sends it too once the answer is out, when nobody waits)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
