@@ -476,3 +476,19 @@ def test_metrics_count_requests_batches_and_tokens(server):
         assert name in text, name
     tokens = float(text.split("\nclearformer_tokens_total ")[1].split()[0])
     assert tokens >= 20  # TEXTS alone carry 22 tokens
+
+
+@pytest.mark.parametrize("kind", ["distilbert", "modernbert", "xlm-roberta"])
+def test_rerankers_of_every_family_load_and_score_as_predict(kind, tmp_path):
+    pytest.importorskip("transformers")
+    from .test_sequence_classification import make_classifier
+
+    make_classifier(kind, tmp_path, num_labels=1)
+    expected = CrossEncoder.from_pretrained(tmp_path).predict([("w1 w2", "w3"), ("w1 w2", "w4 w5")])
+    config = ServeConfig(port=0, workers=1)
+    with running_server(config, [ModelSpec(str(tmp_path), kind)]) as running:
+        ranked = post(running.url, "/rerank", {"query": "w1 w2", "texts": ["w3", "w4 w5"]})
+        info = httpx.get(running.url + "/info").json()
+    scores = {r["index"]: np.float32(r["score"]) for r in ranked.json()}
+    assert scores == dict(enumerate(expected))
+    assert "reranker" in info["model_type"]

@@ -176,11 +176,12 @@ class ServedModel:
         on, so every request takes the same products, the first as the thousandth."""
         if self.precision == "float32":
             self.model.keep_weights_packed()
+        # Cut to the limit: a small model's may be shorter than the warm-up text.
         if self.kind == "embed":
-            prepared = self.prepare([WARM_UP_TEXT], field="warm-up", normalize=True)
+            prepared = self.prepare([WARM_UP_TEXT], field="warm-up", normalize=True, truncate=True)
         else:
             prepared = self.prepare_pairs(
-                WARM_UP_TEXT, [WARM_UP_TEXT], activation=self.model.activation
+                WARM_UP_TEXT, [WARM_UP_TEXT], activation=self.model.activation, truncate=True
             )
         self.run(prepared.encodings, prepared.options)
 
