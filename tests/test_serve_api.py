@@ -492,3 +492,25 @@ def test_rerankers_of_every_family_load_and_score_as_predict(kind, tmp_path):
     scores = {r["index"]: np.float32(r["score"]) for r in ranked.json()}
     assert scores == dict(enumerate(expected))
     assert "reranker" in info["model_type"]
+
+
+def test_prompt_names_apply_the_checkpoints_prompts_as_encode_does(tmp_path):
+    path = write_tiny_bert(tmp_path / "prompted", WORDS)
+    prompts = {"prompts": {"query": "dog dog ", "passage": ""}, "default_prompt_name": "passage"}
+    (path / "config_sentence_transformers.json").write_text(json.dumps(prompts))
+    encoder = TextEncoder.from_pretrained(path)
+    config = ServeConfig(port=0, workers=1)
+    with running_server(config, [ModelSpec(str(path), "prompted")]) as running:
+        query = floats(post(running.url, "/embed", {"inputs": TEXTS, "prompt_name": "query"}))
+        default = floats(post(running.url, "/embed", {"inputs": TEXTS}))
+        tokens = post(running.url, "/tokenize", {"inputs": "cat", "prompt_name": "query"}).json()
+        unknown = post(running.url, "/embed", {"inputs": "a", "prompt_name": "title"})
+    np.testing.assert_array_equal(query, encoder.encode(TEXTS, prompt_name="query", normalize=True))
+    np.testing.assert_array_equal(default, encoder.encode(TEXTS, normalize=True))
+    assert not np.array_equal(query, default)
+    assert [t["text"] for t in tokens[0]] == ["[CLS]", "dog", "dog", "cat", "[SEP]"]
+    assert unknown.status_code == 422
+    assert (
+        "prompt_name must be one of the checkpoint's prompts ['passage', 'query']"
+        in (unknown.json()["error"])
+    )
