@@ -8,6 +8,7 @@ closed. No step depends on timing."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -117,13 +118,26 @@ def test_a_signal_drains_every_request_in_flight_then_exits_0(tiny, sig):
             futures = [pool.submit(post, child.url, "/embed", {"inputs": t}) for t in texts]
             assert child.proc.stdout.readline() == "batch\n"  # one computing, held
             wait_for(lambda: child.in_flight() == 3, "three requests in flight")
+            # A fourth, admitted with half its body sent: it is in flight too.
+            body = json.dumps({"inputs": ["dog a"]}).encode()
+            slow = socket.create_connection(("127.0.0.1", child.port))
+            slow.sendall(
+                b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body[:5]
+            )
+            wait_for(lambda: child.in_flight() == 4, "the fourth request admitted")
             child.proc.send_signal(sig)
             line = child.wait_line("draining")
-            assert f"{signal.Signals(sig).name}: draining, 3 request(s) in flight" in line
+            assert f"{signal.Signals(sig).name}: draining, 4 request(s) in flight" in line
             wait_for(child.refuses_connections, "the listener to close")
+            slow.sendall(body[5:])  # the rest of its body, after the signal
             assert not any(f.done() for f in futures)  # none answered yet
             child.release()
             answers = [floats(f.result()) for f in futures]
+            with slow.makefile("rb") as answer:
+                assert answer.readline().startswith(b"HTTP/1.1 200")
+            slow.close()
         assert [a.shape for a in answers] == [(2, 16), (1, 16), (2, 16)]
         assert child.proc.wait(WAIT) == 0
         child.wait_line("stopped: every request answered")

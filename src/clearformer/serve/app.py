@@ -102,6 +102,7 @@ def _endpoint(
                 state.require_ready()
                 state.admit()
                 admitted = True
+                request.state.admitted = time.monotonic()
             response = await handler(request)
         except ApiError as exc:
             response = _error(exc, api)

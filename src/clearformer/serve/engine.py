@@ -52,7 +52,14 @@ class Job:
     """One request's inputs on their way through the batches; ``future`` gets the (n, width)
     float32 rows, in input order, on the event loop that made the job."""
 
-    def __init__(self, model: ServedModel, prepared: Prepared, loop: asyncio.AbstractEventLoop):
+    def __init__(
+        self,
+        model: ServedModel,
+        prepared: Prepared,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        admitted: float | None = None,
+    ) -> None:
         self.model = model
         self.encodings = prepared.encodings
         self.options = prepared.options
@@ -63,7 +70,7 @@ class Job:
         self.remaining = len(self.encodings)
         self.cancelled = False
         self.started = False  # its first batch has begun
-        self.admitted = time.monotonic()
+        self.admitted = time.monotonic() if admitted is None else admitted  # the slot taken
 
 
 @dataclass(frozen=True)

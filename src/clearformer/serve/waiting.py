@@ -5,6 +5,7 @@ disconnection (which frees the slot and drops its waiting inputs) or ``request_t
 from __future__ import annotations
 
 import asyncio
+import time
 
 from starlette.requests import Request
 
@@ -21,9 +22,14 @@ class ClientGone(Exception):
 async def wait_for_rows(
     state: ServerState, request: Request, model: ServedModel, prepared: Prepared
 ):
-    """Queue the inputs and wait for their rows: (n, width) float32 in input order."""
-    engine = state.require_ready()
-    job = Job(model, prepared, asyncio.get_running_loop())
+    """Queue the inputs and wait for their rows: (n, width) float32 in input order.
+
+    The request was admitted while the server was ready; a drain that began since still lets
+    it finish (the engine takes work until the drain has answered every request admitted).
+    ``request_timeout`` counts from the admission (``request.state.admitted``)."""
+    engine = state.engine
+    admitted = getattr(request.state, "admitted", None) or time.monotonic()
+    job = Job(model, prepared, asyncio.get_running_loop(), admitted=admitted)
     try:
         engine.submit(job)
     except Closed:
@@ -31,11 +37,10 @@ async def wait_for_rows(
             "Unhealthy", "not ready: the server is shutting down", headers={"Retry-After": "1"}
         ) from None
     gone = asyncio.ensure_future(disconnected(request))
+    left = admitted + state.config.request_timeout - time.monotonic()
     try:
         done, _ = await asyncio.wait(
-            {job.future, gone},
-            timeout=state.config.request_timeout,
-            return_when=asyncio.FIRST_COMPLETED,
+            {job.future, gone}, timeout=max(left, 0.0), return_when=asyncio.FIRST_COMPLETED
         )
     except asyncio.CancelledError:
         engine.cancel(job)
