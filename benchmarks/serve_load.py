@@ -231,7 +231,10 @@ def to_markdown(report: dict) -> str:
         f"CPU: {report['cpu']}; {report['cores']} logical CPUs, shared by the server and the "
         f"load generator. Model: {MODEL_NAME} (bundled checkpoint directory), float32. "
         f"{report['clients']} concurrent clients, {report['rounds']} round(s) per server "
-        f"(the median round is shown). Versions: {report['versions']}.",
+        f"(the median round by texts/s is shown; with an even count, the lower middle one). "
+        f"Versions: {report['versions']}. Servers: `{report['commands']['clearformer']}`"
+        + (f"; `{report['commands']['infinity']}`" if "infinity" in report["commands"] else "")
+        + ".",
         "",
         f"Load average (1 min) before the first run: {report['load_start'][0]:.2f}; "
         f"{'QUIET' if report['quiet'] else 'PROVISIONAL: the machine was shared with other work'}"
@@ -275,7 +278,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32, help="concurrent clients (32)")
     parser.add_argument("--requests", type=int, default=1500, help="online requests per run (1500)")
     parser.add_argument("--bulk-requests", type=int, default=60, help="bulk requests per run (60)")
-    parser.add_argument("--rounds", type=int, default=2, help="turns per server (2)")
+    parser.add_argument("--rounds", type=int, default=3, help="turns per server (3)")
     parser.add_argument("--workloads", default="online,bulk", help="comma-separated: online, bulk")
     parser.add_argument("--port", type=int, default=18080, help="first port to use (18080)")
     parser.add_argument("--out", type=Path, help="write OUT.json and OUT.md")
@@ -334,6 +337,7 @@ def main() -> None:
             run["median"] = rounds[(len(rounds) - 1) // 2]
     quiet = load_start[0] <= 0.5
     report = {
+        "commands": {s.name: " ".join(s.command[1:]) for s in servers},
         "cpu": cpu_info().summary(),
         "cores": os.cpu_count(),
         "clients": args.clients,
