@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from .errors import ApiError
 from .guards import check_count, read_json
-from .render import embed_body, json_body, openai_embeddings_body
+from .render import check_finite, embed_body, json_body, openai_embeddings_body
 from .schemas import parse_embed, parse_openai_embeddings, parse_rerank, parse_tokenize
 from .state import ServerState
 from .waiting import wait_for_rows
@@ -160,6 +160,7 @@ def rerank(state: ServerState) -> Handler:
             direction=parsed.direction,
         )
         scores = (await wait_for_rows(state, request, model, prepared))[:, 0]  # (n,)
+        check_finite(scores[:, None])
         ranked = []
         # Highest first; equal scores keep the texts' order.
         for i in np.argsort(-scores, kind="stable").tolist():
