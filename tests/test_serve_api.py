@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -514,3 +515,27 @@ def test_prompt_names_apply_the_checkpoints_prompts_as_encode_does(tmp_path):
         "prompt_name must be one of the checkpoint's prompts ['passage', 'query']"
         in (unknown.json()["error"])
     )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("max_batch_tokens", 0, "max_batch_tokens must be a positive int, got 0"),
+        ("max_concurrent_requests", 1.5, "max_concurrent_requests must be a positive int"),
+        ("request_timeout", 0, "request_timeout must be a float > 0, got 0"),
+        ("port", 70000, "port must be an int in [0, 65536), got 70000"),
+        ("precision", "int4", "precision must be one of ('float32', 'int8'), got 'int4'"),
+    ],
+)
+def test_the_config_names_a_bad_setting(field, value, message):
+    with pytest.raises((TypeError, ValueError), match=re.escape(message)):
+        ServeConfig(**{field: value})
+
+
+def test_the_cli_refuses_a_missing_model_before_listening(tmp_path, capsys):
+    from clearformer.cli import main
+
+    assert main(["serve", "--model", str(tmp_path / "none"), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    missing = tmp_path / "none"
+    assert err == f"clearformer serve: error: --model: checkpoint directory not found: {missing}\n"
