@@ -41,6 +41,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -79,8 +80,13 @@ class Server:
 
     def start(self) -> None:
         handle = self.log.open("w")
+        # In a scratch directory: infinity makes a cache folder in its working directory.
         self.proc = subprocess.Popen(
-            self.command, stdout=handle, stderr=subprocess.STDOUT, env=self.env
+            self.command,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=tempfile.mkdtemp(prefix=f"serve-load-{self.name}-"),
         )
         deadline = time.monotonic() + SERVER_START_TIMEOUT
         while time.monotonic() < deadline:
