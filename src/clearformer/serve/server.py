@@ -133,8 +133,8 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         sock.bind((host, port))
         sock.listen(2048)
-    except OSError:
+    except OSError as exc:
         sock.close()
-        raise
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     sock.set_inheritable(True)
     return sock
