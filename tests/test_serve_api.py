@@ -539,3 +539,13 @@ def test_the_cli_refuses_a_missing_model_before_listening(tmp_path, capsys):
     err = capsys.readouterr().err
     missing = tmp_path / "none"
     assert err == f"clearformer serve: error: --model: checkpoint directory not found: {missing}\n"
+
+
+def test_int8_precision_serves_encodes_int8_rows(tiny):
+    encoder = TextEncoder.from_pretrained(tiny)
+    config = ServeConfig(port=0, workers=1, precision="int8")
+    with running_server(config, [ModelSpec(str(tiny), "tiny")]) as running:
+        rows = floats(post(running.url, "/embed", {"inputs": TEXTS}))
+        dtype = httpx.get(running.url + "/info").json()["model_dtype"]
+    np.testing.assert_array_equal(rows, encoder.encode(TEXTS, precision="int8", normalize=True))
+    assert dtype == "int8"
