@@ -73,8 +73,11 @@ def make_sentences(n: int, seed: int) -> list[str]:
 class Server:
     """A server process on 127.0.0.1:``port``, started and stopped by this script."""
 
-    def __init__(self, name: str, command: list[str], port: int, path: str, env: dict) -> None:
+    def __init__(
+        self, name: str, command: list[str], port: int, path: str, env: dict, cwd: str | None = None
+    ) -> None:
         self.name, self.command, self.port, self.path, self.env = name, command, port, path, env
+        self.cwd = cwd
         self.proc: subprocess.Popen | None = None
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve-load-{name}.log"
 
@@ -86,7 +89,7 @@ class Server:
             stdout=handle,
             stderr=subprocess.STDOUT,
             env=self.env,
-            cwd=tempfile.mkdtemp(prefix=f"serve-load-{self.name}-"),
+            cwd=self.cwd or tempfile.mkdtemp(prefix=f"serve-load-{self.name}-"),
         )
         deadline = time.monotonic() + SERVER_START_TIMEOUT
         while time.monotonic() < deadline:
@@ -123,17 +126,25 @@ def clearformer_server(port: int, model: str) -> Server:
     return Server("clearformer", command, port, "/v1/embeddings", env)
 
 
-def infinity_server(port: int, model: str, executable: str) -> Server:
-    command = [executable, "v2", "--model-id", model, "--served-model-name", MODEL_NAME]
-    command += ["--engine", "torch", "--device", "cpu", "--no-vector-disk-cache"]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+def infinity_server(port: int, model: str, executable: str, onnx_dir: str | None = None) -> Server:
+    """infinity on its torch engine; with ``onnx_dir``, on its ONNX Runtime engine (optimum)."""
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "INFINITY_ANONYMOUS_USAGE_STATS": "0",
         "DO_NOT_TRACK": "1",
     }
-    return Server("infinity", command, port, "/embeddings", env)
+    common = ["--served-model-name", MODEL_NAME, "--device", "cpu", "--no-vector-disk-cache"]
+    common += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    if onnx_dir is None:
+        command = [executable, "v2", "--model-id", model, "--engine", "torch", *common]
+        return Server("infinity", command, port, "/embeddings", env)
+    # infinity 0.0.78 hands optimum 2.x the ONNX file's absolute path, which optimum refuses:
+    # from inside the folder, as ".", the path is relative. Its ONNX engine also pools the
+    # CLS token unless told the model's mean pooling (then it agrees to cosine 1.0).
+    command = [executable, "v2", "--model-id", ".", "--engine", "optimum"]
+    command += ["--pooling-method", "mean", *common]
+    return Server("infinity-onnx", command, port, "/embeddings", env, cwd=onnx_dir)
 
 
 # The load -----------------------------------------------------------------------------
@@ -239,7 +250,7 @@ def to_markdown(report: dict) -> str:
         f"{report['clients']} concurrent clients, {report['rounds']} round(s) per server "
         f"(the median round by texts/s is shown; with an even count, the lower middle one). "
         f"Versions: {report['versions']}. Servers: `{report['commands']['clearformer']}`"
-        + (f"; `{report['commands']['infinity']}`" if "infinity" in report["commands"] else "")
+        + "".join(f"; `{c}`" for n, c in report["commands"].items() if n != "clearformer")
         + ".",
         "",
         f"Load average (1 min) before the first run: {report['load_start'][0]:.2f}; "
@@ -261,17 +272,23 @@ def to_markdown(report: dict) -> str:
                 f"{lat['p99']:.1f} | {m['server_cpu_s_per_1000_texts']:.2f} | {statuses} | "
                 f"{m['load_before'][0]:.2f} / {m['load_after'][0]:.2f} |"
             )
-        if len(per_server) == 2:
-            ours, theirs = per_server["clearformer"], per_server["infinity"]
+        ours = per_server["clearformer"]
+        for name, theirs in per_server.items():
+            if name == "clearformer":
+                continue
             ratios = [
                 a["texts_per_s"] / b["texts_per_s"]
                 for a, b in zip(ours["rounds"], theirs["rounds"], strict=True)
             ]
-            report.setdefault("ratios", {})[workload] = ratios
+            report.setdefault("ratios", {}).setdefault(workload, {})[name] = ratios
+            cpu = (
+                theirs["median"]["server_cpu_s_per_1000_texts"]
+                / ours["median"]["server_cpu_s_per_1000_texts"]
+            )
             lines.append(
-                f"| {workload} | **clearformer / infinity** | "
+                f"| {workload} | **clearformer / {name}** | "
                 f"**{statistics.median(ratios):.2f}x** (rounds: "
-                f"{', '.join(f'{r:.2f}x' for r in ratios)}) | | | | | | |"
+                f"{', '.join(f'{r:.2f}x' for r in ratios)}) | | | | {cpu:.2f}x less | | |"
             )
     if "agreement" in report:
         lines += ["", f"Answers compared: {report['agreement']}."]
@@ -281,6 +298,14 @@ def to_markdown(report: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--infinity", metavar="PATH", help="infinity_emb executable (its venv)")
+    parser.add_argument(
+        "--infinity-onnx",
+        metavar="DIR",
+        help="also run infinity's ONNX Runtime engine on DIR: the model exported by "
+        "`optimum-cli export onnx --model MODEL --task feature-extraction --library-name "
+        "transformers DIR`, with the model's 1_Pooling/, modules.json and "
+        "sentence_bert_config.json copied in",
+    )
     parser.add_argument("--clients", type=int, default=32, help="concurrent clients (32)")
     parser.add_argument("--requests", type=int, default=1500, help="online requests per run (1500)")
     parser.add_argument("--bulk-requests", type=int, default=60, help="bulk requests per run (60)")
@@ -302,6 +327,9 @@ def main() -> None:
     versions = f"clearformer {__version__}"
     if args.infinity:
         servers.append(infinity_server(args.port + 1, model, args.infinity))
+        if args.infinity_onnx:
+            onnx_dir = str(Path(args.infinity_onnx).resolve())
+            servers.append(infinity_server(args.port + 2, model, args.infinity, onnx_dir))
         version = subprocess.run(
             [
                 str(Path(args.infinity).parent / "python"),
@@ -356,14 +384,19 @@ def main() -> None:
         else "load average above 0.5 before the runs: other processes were busy",
         "results": results,
     }
-    if len(answers) == 2:
-        ours = np.asarray(answers["clearformer"], dtype=np.float64)
-        theirs = np.asarray(answers["infinity"], dtype=np.float64)
-        cosine = (
-            (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
-        )
+    ours = np.asarray(answers["clearformer"], dtype=np.float64)
+    agreement = []
+    for name, theirs in answers.items():
+        if name == "clearformer":
+            continue
+        theirs = np.asarray(theirs, dtype=np.float64)
+        cosine = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1)
+        cosine /= np.linalg.norm(theirs, axis=1)
+        agreement.append(f"{name} min {cosine.min():.7f}")
+    if agreement:
         report["agreement"] = (
-            f"cosine between the two servers' embeddings of 8 sentences: min {cosine.min():.7f}"
+            "cosine of each server's embeddings of 8 sentences to clearformer's: "
+            + ", ".join(agreement)
         )
     markdown = to_markdown(report)
     print(markdown)
