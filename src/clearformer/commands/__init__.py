@@ -9,6 +9,7 @@ COMMANDS = (
     "encode",
     "search",
     "rerank",
+    "serve",
     "explain",
     "train",
     "generate",

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..checks import check_bool, check_choice, check_positive_int
-from ..fast.packed_weights import KeptPacking, use_packed_weights
+from ..fast.packed_weights import PACK_MIN_TOKENS, KeptPacking, PackedWeights, use_packed_weights
 from ..heads import SequenceClassifier
 from ..interop.hf import LoadReport, TextTokenizer, find_checkpoint
 from ..interop.hf.heads import LoadedClassifier, load_classifier
@@ -163,19 +163,54 @@ class CrossEncoder:
         packed = self._packing.for_call(tokens)
 
         def score(rows: list[int]) -> tuple[list[int], np.ndarray]:
-            batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
-            # Grad mode and the packed weights are per thread: each worker enters both itself.
-            with torch.inference_mode(), use_packed_weights(packed):
-                scores = ACTIVATIONS[name](
-                    self.logits(batch.input_ids, batch.attention_mask, batch.token_type_ids)
-                )  # (B, L)
-                if apply_softmax and L > 1:
-                    scores = torch.softmax(scores, dim=-1)
-            return rows, scores.float().numpy()
+            chosen = [encodings[i] for i in rows]
+            return rows, self._forward(chosen, packed, name, apply_softmax)
 
         for rows, scores in map_in_workers(score, batches, workers):
             out[rows] = scores
         return out[:, 0] if L == 1 else out
+
+    def score_batch(
+        self, encodings: list, *, activation: str | None = None, apply_softmax: bool = False
+    ) -> np.ndarray:
+        """One forward pass over pairs already tokenized (``tokenizer.encode_pairs``), as
+        :meth:`predict` runs each of its batches: (B, L) float32, row i for ``encodings[i]``.
+
+        For callers that form their own batches, such as ``clearformer serve``, which merges
+        the pairs of many requests: the same code as ``predict``'s, and a row does not depend
+        on its batch-mates, so the rows are ``predict``'s for the same pairs. Safe to call from
+        several threads at once.
+        """
+        name = self.activation if activation is None else activation
+        check_choice(name, tuple(ACTIVATIONS), "activation")
+        check_bool(apply_softmax, "apply_softmax")
+        if not encodings:
+            return np.empty((0, self.num_labels), dtype=np.float32)
+        packed = self._packing.for_call(sum(len(e.ids) for e in encodings))
+        return self._forward(encodings, packed, name, apply_softmax)
+
+    def _forward(
+        self, encodings: list, packed: PackedWeights | None, activation: str, apply_softmax: bool
+    ) -> np.ndarray:
+        """Pad, run the model and the head, apply the activation: (B, L) float32 (predict's
+        and score_batch's one path)."""
+        batch = self.tokenizer.pad(encodings, with_tokens=False)
+        # Grad mode and the packed weights are per thread: each worker enters both itself.
+        with torch.inference_mode(), use_packed_weights(packed):
+            scores = ACTIVATIONS[activation](
+                self.logits(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+            )  # (B, L)
+            if apply_softmax and self.num_labels > 1:
+                scores = torch.softmax(scores, dim=-1)
+        return scores.float().numpy()
+
+    def keep_weights_packed(self) -> None:
+        """Keep the linear weights in oneDNN's layout from now on, as ``predict`` does once its
+        calls have carried :data:`~clearformer.fast.packed_weights.PACK_MIN_TOKENS` tokens: for a
+        long-lived caller of many small calls (``clearformer serve``), whose calls then take
+        the same products from the first one on (where clearformer's AVX-512 library is
+        loaded, packed weights route some products to its kernel, which rounds differently)."""
+        self._packing.for_call(PACK_MIN_TOKENS)
 
     def drop_packed_weights(self) -> None:
         """Free the copies of the linear weights that ``predict`` keeps in oneDNN's layout

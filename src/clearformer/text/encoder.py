@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..checks import check_bool, check_choice, check_unicode
 from ..config import EncoderConfig
-from ..fast.packed_weights import KeptPacking, use_packed_weights
+from ..fast.packed_weights import PACK_MIN_TOKENS, KeptPacking, PackedWeights, use_packed_weights
 from ..heads import POOLING_MODES, pool
 from ..interop.hf import (
     LoadedModel,
@@ -241,12 +241,8 @@ class TextEncoder:
             raise TypeError(
                 f"progress must be None, True, False or a callable (done, total), got {progress!r}"
             )
-        prompt = self._resolve_prompt(prompt, prompt_name)
-        skip = 0
+        prompt, skip = self.resolve_prompt(prompt, prompt_name)
         if prompt is not None:
-            if not isinstance(prompt, str):
-                raise TypeError(f"prompt must be a str or None, got {type(prompt).__name__}")
-            skip = 0 if self.include_prompt else self.prompt_length(prompt)
             texts = [prompt + text for text in texts]
         normalize = self.normalize if normalize is None else normalize
         n = len(texts)
@@ -280,16 +276,8 @@ class TextEncoder:
         packed = self._packing.for_call(tokens) if precision == "float32" else None
 
         def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:
-            batch = self.tokenizer.pad([encodings[i] for i in rows], with_tokens=False)
-            mask = batch.attention_mask  # (B, T) bool
-            # Grad mode and the packed weights are per thread: each worker enters both itself.
-            with torch.inference_mode(), use_packed_weights(packed):
-                # The mask goes as it is: the Encoder's plan drops one without padding itself.
-                hidden = model(batch.input_ids, mask, batch.token_type_ids)  # (B, T, D)
-                vectors = self.pool(hidden, mask, skip)  # (B, D)
-                if normalize:
-                    vectors = F.normalize(vectors, p=2.0, dim=-1)
-            return rows, vectors.float().numpy()
+            chosen = [encodings[i] for i in rows]
+            return rows, self._forward(chosen, model, packed, skip=skip, normalize=normalize)
 
         done = 0
         for rows, vectors in map_in_workers(embed, batches, workers):
@@ -297,6 +285,79 @@ class TextEncoder:
             done += len(rows)
             report(done, n)
         return out
+
+    def embed_batch(
+        self,
+        encodings: list,
+        *,
+        normalize: bool,
+        skip: int = 0,
+        precision: str = "float32",
+    ) -> np.ndarray:
+        """One forward pass over texts already tokenized (``tokenizer.encode``), as
+        :meth:`encode` runs each of its batches: (B, D) float32, row i for ``encodings[i]``.
+
+        For callers that form their own batches, such as ``clearformer serve``, which merges
+        the texts of many requests: the rows are computed by the same code as ``encode``'s, and
+        a row does not depend on its batch-mates, so they are ``encode``'s rows for the same
+        texts. ``skip`` leaves a prompt's first tokens out of the pooling (see
+        :meth:`resolve_prompt`); ``precision="int8"`` runs :meth:`int8_model` unfused, as
+        ``encode`` does for calls under :data:`FUSED_INT8_MIN_TOKENS` tokens. Safe to call
+        from several threads at once, each at its own intra-op thread count.
+        """
+        check_bool(normalize, "normalize")
+        check_choice(precision, PRECISIONS, "precision")
+        if not encodings:
+            return np.empty((0, self.dim), dtype=np.float32)
+        tokens = sum(len(e.ids) for e in encodings)
+        if precision == "int8":
+            model, packed = self.int8_model(fused=False), None
+        else:
+            model, packed = self.model, self._packing.for_call(tokens)
+        return self._forward(encodings, model, packed, skip=skip, normalize=normalize)
+
+    def _forward(
+        self,
+        encodings: list,
+        model: EncoderModel,
+        packed: PackedWeights | None,
+        *,
+        skip: int,
+        normalize: bool,
+    ) -> np.ndarray:
+        """Pad, run, pool and normalise one batch: (B, D) float32 (encode's and embed_batch's
+        one path)."""
+        batch = self.tokenizer.pad(encodings, with_tokens=False)
+        mask = batch.attention_mask  # (B, T) bool
+        # Grad mode and the packed weights are per thread: each worker enters both itself.
+        with torch.inference_mode(), use_packed_weights(packed):
+            # The mask goes as it is: the Encoder's plan drops one without padding itself.
+            hidden = model(batch.input_ids, mask, batch.token_type_ids)  # (B, T, D)
+            vectors = self.pool(hidden, mask, skip)  # (B, D)
+            if normalize:
+                vectors = F.normalize(vectors, p=2.0, dim=-1)
+        return vectors.float().numpy()
+
+    def resolve_prompt(
+        self, prompt: str | None = None, prompt_name: str | None = None
+    ) -> tuple[str | None, int]:
+        """The text :meth:`encode` puts before every text for these arguments (None: none) and
+        how many of its tokens the pooling leaves out (non-zero only where the checkpoint's
+        pooling excludes the prompt)."""
+        prompt = self._resolve_prompt(prompt, prompt_name)
+        if prompt is None:
+            return None, 0
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str or None, got {type(prompt).__name__}")
+        return prompt, 0 if self.include_prompt else self.prompt_length(prompt)
+
+    def keep_weights_packed(self) -> None:
+        """Keep the linear weights in oneDNN's layout from now on, as ``encode`` does once its
+        calls have carried :data:`~clearformer.fast.packed_weights.PACK_MIN_TOKENS` tokens: for a
+        long-lived caller of many small calls (``clearformer serve``), whose calls then take
+        the same products from the first one on (where clearformer's AVX-512 library is
+        loaded, packed weights route some products to its kernel, which rounds differently)."""
+        self._packing.for_call(PACK_MIN_TOKENS)
 
     def drop_packed_weights(self) -> None:
         """Free the copies of the linear weights that ``encode`` keeps in oneDNN's layout

@@ -75,7 +75,7 @@ def map_in_workers(
 
 def _in_pool(fn: Callable[[Item], Result], items: Sequence[Item], workers: int) -> Iterator[Result]:
     total = torch.get_num_threads()
-    shares = iter(_split(total, workers))
+    shares = iter(thread_shares(total, workers))
     lock = threading.Lock()
 
     def start_worker() -> None:
@@ -119,7 +119,7 @@ def run_at_worker_shares(fn: Callable[[], object], workers: int = 2) -> None:
         except BaseException as exc:  # re-raised on the caller
             errors.append(exc)
 
-    for share in sorted(set(_split(total, workers)) - {total}):
+    for share in sorted(set(thread_shares(total, workers)) - {total}):
         thread = threading.Thread(target=run, args=(share,), name="clearformer-warm-up")
         thread.start()
         thread.join()
@@ -128,7 +128,8 @@ def run_at_worker_shares(fn: Callable[[], object], workers: int = 2) -> None:
             raise errors[0]
 
 
-def _split(total: int, workers: int) -> list[int]:
-    """``total`` threads shared by ``workers``, at least one each: 5 over 2 gives [3, 2]."""
+def thread_shares(total: int, workers: int) -> list[int]:
+    """``total`` threads shared by ``workers``, at least one each: 5 over 2 gives [3, 2]. The
+    counts ``encode``'s workers run at, and ``clearformer serve``'s batch workers too."""
     base, extra = divmod(total, workers)
     return [max(1, base + (1 if i < extra else 0)) for i in range(workers)]

@@ -1,0 +1,410 @@
+"""Load test on loopback: ``clearformer serve`` against infinity-emb, same model, same CPU.
+
+Each server is started in turn on 127.0.0.1 with the bundled all-MiniLM-L6-v2 checkpoint
+directory, warmed with a few requests, then driven by ``--clients`` concurrent clients, each on
+one keep-alive connection, each sending its next request as soon as the last is answered, on
+the OpenAI-compatible route both servers have (``POST /v1/embeddings`` here,
+``POST /embeddings`` on infinity), ``encoding_format: float``. Two workloads:
+
+* ``online``: one sentence per request (a search box's traffic), the server batching the
+  clients' requests together;
+* ``bulk``: 32 sentences per request (indexing a corpus).
+
+The sentences are random vocabulary words of sentence length (log-normal around 16 words), as
+``benchmarks/encode_throughput.py``'s ``sentences`` corpus, each sent once per run (neither
+server can answer from a cache). Reported per server and workload: texts/s, word pieces/s,
+latency percentiles, the answers other than 200, and the server process's CPU seconds per
+1,000 texts (its own work, which other load distorts less than wall time). The servers take
+turns ``--rounds`` times and the median round is kept; the load average before and after each
+run, and the CPU's model, are recorded. The load generator shares the CPU with the server
+(both servers pay for it alike); on a machine shared with other work the figures are
+provisional, and the report says so.
+
+The client is a minimal HTTP/1.1 client on asyncio streams (no library), so that its own CPU
+cost is small and the same for both servers. Nothing leaves 127.0.0.1, every run is bounded in
+requests and time, and both servers are stopped by the script (SIGTERM, then SIGKILL).
+
+Run: ``python benchmarks/serve_load.py --infinity /path/to/venv/bin/infinity_emb
+[--clients 32] [--requests 1500] [--rounds 2] [--out benchmarks/results/serve-load]``.
+Without ``--infinity`` only clearformer is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+WORKLOADS = {"online": 1, "bulk": 32}  # texts per request
+SERVER_START_TIMEOUT = 300.0  # seconds for a server to load and warm up
+RUN_TIMEOUT = 600.0  # seconds a run may take before the script gives up on it
+MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+def make_sentences(n: int, seed: int) -> list[str]:
+    """``n`` sentence-length texts of random vocabulary words (encode_throughput's recipe)."""
+    from clearformer.interop.hf import bundled_model_dir
+
+    vocab = (bundled_model_dir() / "vocab.txt").read_text(encoding="utf-8").split("\n")
+    words = [w for w in vocab[2000:] if w.isalpha() and w.isascii()]
+    rng = random.Random(seed)
+    texts = []
+    for _ in range(n):
+        count = min(max(int(round(rng.lognormvariate(math.log(16), 0.55))), 3), 80)
+        texts.append(" ".join(rng.choice(words) for _ in range(count)).capitalize() + ".")
+    return texts
+
+
+# The servers ---------------------------------------------------------------------------
+
+
+class Server:
+    """A server process on 127.0.0.1:``port``, started and stopped by this script."""
+
+    def __init__(
+        self, name: str, command: list[str], port: int, path: str, env: dict, cwd: str | None = None
+    ) -> None:
+        self.name, self.command, self.port, self.path, self.env = name, command, port, path, env
+        self.cwd = cwd
+        self.proc: subprocess.Popen | None = None
+        self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve-load-{name}.log"
+
+    def start(self) -> None:
+        handle = self.log.open("w")
+        # In a scratch directory: infinity makes a cache folder in its working directory.
+        self.proc = subprocess.Popen(
+            self.command,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.cwd or tempfile.mkdtemp(prefix=f"serve-load-{self.name}-"),
+        )
+        deadline = time.monotonic() + SERVER_START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited at start; see {self.log}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5):
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.5)
+        raise RuntimeError(f"{self.name} was not healthy within {SERVER_START_TIMEOUT:g} s")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds of the server process and its children so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(60)
+
+
+def clearformer_server(port: int, model: str) -> Server:
+    command = [sys.executable, "-m", "clearformer.cli", "serve", "--port", str(port)]
+    command += ["--model", f"{MODEL_NAME}={model}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return Server("clearformer", command, port, "/v1/embeddings", env)
+
+
+def infinity_server(port: int, model: str, executable: str, onnx_dir: str | None = None) -> Server:
+    """infinity on its torch engine; with ``onnx_dir``, on its ONNX Runtime engine (optimum)."""
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+        "DO_NOT_TRACK": "1",
+    }
+    common = ["--served-model-name", MODEL_NAME, "--device", "cpu", "--no-vector-disk-cache"]
+    common += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    if onnx_dir is None:
+        command = [executable, "v2", "--model-id", model, "--engine", "torch", *common]
+        return Server("infinity", command, port, "/embeddings", env)
+    # infinity 0.0.78 hands optimum 2.x the ONNX file's absolute path, which optimum refuses:
+    # from inside the folder, as ".", the path is relative. Its ONNX engine also pools the
+    # CLS token unless told the model's mean pooling (then it agrees to cosine 1.0).
+    command = [executable, "v2", "--model-id", ".", "--engine", "optimum"]
+    command += ["--pooling-method", "mean", *common]
+    return Server("infinity-onnx", command, port, "/embeddings", env, cwd=onnx_dir)
+
+
+# The load -----------------------------------------------------------------------------
+
+
+async def _client(port: int, path: str, bodies: asyncio.Queue, latencies: list, statuses: dict):
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        while True:
+            try:
+                body = bodies.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            started = time.perf_counter()
+            writer.write(head + body)
+            status_line = await reader.readline()
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            await reader.readexactly(length)
+            latencies.append(time.perf_counter() - started)
+            status = int(status_line.split()[1])
+            statuses[status] = statuses.get(status, 0) + 1
+    finally:
+        writer.close()
+
+
+async def _drive(port: int, path: str, bodies: list[bytes], clients: int):
+    queue: asyncio.Queue = asyncio.Queue()
+    for body in bodies:
+        queue.put_nowait(body)
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    started = time.perf_counter()
+    await asyncio.wait_for(
+        asyncio.gather(*(_client(port, path, queue, latencies, statuses) for _ in range(clients))),
+        RUN_TIMEOUT,
+    )
+    return time.perf_counter() - started, latencies, statuses
+
+
+def run_load(server: Server, texts: list[str], per_request: int, clients: int) -> dict:
+    bodies = [
+        json.dumps(
+            {"model": MODEL_NAME, "input": texts[i : i + per_request], "encoding_format": "float"}
+        ).encode()
+        for i in range(0, len(texts), per_request)
+    ]
+    load_before = os.getloadavg()
+    cpu_before = server.cpu_seconds()
+    seconds, latencies, statuses = asyncio.run(_drive(server.port, server.path, bodies, clients))
+    cpu = server.cpu_seconds() - cpu_before
+    ok = statuses.get(200, 0)
+    latencies.sort()
+
+    def percentile(p: float) -> float:
+        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000
+
+    return {
+        "requests": len(bodies),
+        "texts": len(texts),
+        "seconds": seconds,
+        "texts_per_s": ok * per_request / seconds,
+        "latency_ms": {
+            "p50": percentile(0.50),
+            "p95": percentile(0.95),
+            "p99": percentile(0.99),
+            "max": latencies[-1] * 1000,
+        },
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "server_cpu_s_per_1000_texts": 1000 * cpu / max(ok * per_request, 1),
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+    }
+
+
+def check_answers(server: Server, texts: list[str]) -> list[list[float]]:
+    body = json.dumps({"model": MODEL_NAME, "input": texts}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.port}{server.path}",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        return [d["embedding"] for d in json.loads(answer.read())["data"]]
+
+
+# The report ---------------------------------------------------------------------------
+
+
+def to_markdown(report: dict) -> str:
+    lines = [
+        "# `clearformer serve` against infinity-emb: loopback load test",
+        "",
+        f"CPU: {report['cpu']}; {report['cores']} logical CPUs, shared by the server and the "
+        f"load generator. Model: {MODEL_NAME} (bundled checkpoint directory), float32. "
+        f"{report['clients']} concurrent clients, {report['rounds']} round(s) per server "
+        f"(the median round by texts/s is shown; with an even count, the lower middle one). "
+        f"Versions: {report['versions']}. Servers: `{report['commands']['clearformer']}`"
+        + "".join(f"; `{c}`" for n, c in report["commands"].items() if n != "clearformer")
+        + ".",
+        "",
+        f"Load average (1 min) before the first run: {report['load_start'][0]:.2f}; "
+        f"{'QUIET' if report['quiet'] else 'PROVISIONAL: the machine was shared with other work'}"
+        f" ({report['quiet_reason']}).",
+        "",
+        "| workload | server | texts/s | p50 ms | p95 ms | p99 ms | CPU s / 1k texts | "
+        "answers | load before / after |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    for workload, per_server in report["results"].items():
+        for name, run in per_server.items():
+            m = run["median"]
+            lat = m["latency_ms"]
+            statuses = ", ".join(f"{k}: {v}" for k, v in m["statuses"].items())
+            lines.append(
+                f"| {workload} ({WORKLOADS[workload]}/request) | {name} | "
+                f"{m['texts_per_s']:.1f} | {lat['p50']:.1f} | {lat['p95']:.1f} | "
+                f"{lat['p99']:.1f} | {m['server_cpu_s_per_1000_texts']:.2f} | {statuses} | "
+                f"{m['load_before'][0]:.2f} / {m['load_after'][0]:.2f} |"
+            )
+        ours = per_server["clearformer"]
+        for name, theirs in per_server.items():
+            if name == "clearformer":
+                continue
+            ratios = [
+                a["texts_per_s"] / b["texts_per_s"]
+                for a, b in zip(ours["rounds"], theirs["rounds"], strict=True)
+            ]
+            report.setdefault("ratios", {}).setdefault(workload, {})[name] = ratios
+            cpu = (
+                theirs["median"]["server_cpu_s_per_1000_texts"]
+                / ours["median"]["server_cpu_s_per_1000_texts"]
+            )
+            lines.append(
+                f"| {workload} | **clearformer / {name}** | "
+                f"**{statistics.median(ratios):.2f}x** (rounds: "
+                f"{', '.join(f'{r:.2f}x' for r in ratios)}) | | | | {cpu:.2f}x less | | |"
+            )
+    if "agreement" in report:
+        lines += ["", f"Answers compared: {report['agreement']}."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--infinity", metavar="PATH", help="infinity_emb executable (its venv)")
+    parser.add_argument(
+        "--infinity-onnx",
+        metavar="DIR",
+        help="also run infinity's ONNX Runtime engine on DIR: the model exported by "
+        "`optimum-cli export onnx --model MODEL --task feature-extraction --library-name "
+        "transformers DIR`, with the model's 1_Pooling/, modules.json and "
+        "sentence_bert_config.json copied in",
+    )
+    parser.add_argument("--clients", type=int, default=32, help="concurrent clients (32)")
+    parser.add_argument("--requests", type=int, default=1500, help="online requests per run (1500)")
+    parser.add_argument("--bulk-requests", type=int, default=60, help="bulk requests per run (60)")
+    parser.add_argument("--rounds", type=int, default=3, help="turns per server (3)")
+    parser.add_argument("--workloads", default="online,bulk", help="comma-separated: online, bulk")
+    parser.add_argument("--port", type=int, default=18080, help="first port to use (18080)")
+    parser.add_argument("--out", type=Path, help="write OUT.json and OUT.md")
+    args = parser.parse_args()
+
+    import numpy as np
+
+    from clearformer import __version__
+    from clearformer.cpu import cpu_info
+    from clearformer.interop.hf import bundled_model_dir
+
+    model = str(bundled_model_dir())
+    workloads = [w for w in args.workloads.split(",") if w]
+    servers = [clearformer_server(args.port, model)]
+    versions = f"clearformer {__version__}"
+    if args.infinity:
+        servers.append(infinity_server(args.port + 1, model, args.infinity))
+        if args.infinity_onnx:
+            onnx_dir = str(Path(args.infinity_onnx).resolve())
+            servers.append(infinity_server(args.port + 2, model, args.infinity, onnx_dir))
+        version = subprocess.run(
+            [
+                str(Path(args.infinity).parent / "python"),
+                "-c",
+                "import importlib.metadata as m; print(m.version('infinity-emb'))",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        versions += f", infinity-emb {version or 'unknown'}"
+    counts = {"online": args.requests, "bulk": args.bulk_requests * WORKLOADS["bulk"]}
+    load_start = os.getloadavg()
+    results: dict = {w: {s.name: {"rounds": []} for s in servers} for w in workloads}
+    answers = {}
+    seed = 100
+    for _ in range(args.rounds):
+        for server in servers:
+            server.start()
+            try:
+                answers.setdefault(server.name, check_answers(server, make_sentences(8, 1)))
+                run_load(server, make_sentences(64, 2), 1, args.clients)  # warm the path
+                for workload in workloads:
+                    seed += 1
+                    texts = make_sentences(counts[workload], seed)
+                    run = run_load(server, texts, WORKLOADS[workload], args.clients)
+                    results[workload][server.name]["rounds"].append(run)
+                    print(
+                        f"{workload:>6} {server.name:>11}: {run['texts_per_s']:8.1f} texts/s, "
+                        f"p50 {run['latency_ms']['p50']:7.1f} ms, statuses {run['statuses']}, "
+                        f"load {run['load_before'][0]:.2f} -> {run['load_after'][0]:.2f}",
+                        flush=True,
+                    )
+            finally:
+                server.stop()
+    for per_server in results.values():
+        for run in per_server.values():
+            rounds = sorted(run["rounds"], key=lambda r: r["texts_per_s"])
+            run["median"] = rounds[(len(rounds) - 1) // 2]
+    quiet = load_start[0] <= 0.5
+    report = {
+        "commands": {s.name: " ".join(s.command[1:]) for s in servers},
+        "cpu": cpu_info().summary(),
+        "cores": os.cpu_count(),
+        "clients": args.clients,
+        "rounds": args.rounds,
+        "versions": versions,
+        "load_start": load_start,
+        "quiet": quiet,
+        "quiet_reason": "load average at most 0.5 before the runs"
+        if quiet
+        else "load average above 0.5 before the runs: other processes were busy",
+        "results": results,
+    }
+    ours = np.asarray(answers["clearformer"], dtype=np.float64)
+    agreement = []
+    for name, theirs in answers.items():
+        if name == "clearformer":
+            continue
+        theirs = np.asarray(theirs, dtype=np.float64)
+        cosine = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1)
+        cosine /= np.linalg.norm(theirs, axis=1)
+        agreement.append(f"{name} min {cosine.min():.7f}")
+    if agreement:
+        report["agreement"] = (
+            "cosine of each server's embeddings of 8 sentences to clearformer's: "
+            + ", ".join(agreement)
+        )
+    markdown = to_markdown(report)
+    print(markdown)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+        args.out.with_suffix(".md").write_text(markdown)
+
+
+if __name__ == "__main__":
+    main()

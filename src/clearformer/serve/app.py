@@ -1,0 +1,157 @@
+"""The ASGI application: the route table, and the wrapper every route but ``/health`` goes
+through (the API key, a slot for the routes that compute, the error answers, the metrics).
+
+Starlette, not FastAPI: the routes are few and their bodies are checked by
+:mod:`.schemas`, whose messages name the field, what it must be and what came, in the shape of
+the API each route copies (TEI's or OpenAI's error body). FastAPI's pydantic models would
+answer type errors in a third shape of their own, and bring a schema layer the server does not
+need; Starlette is the routing and request layer FastAPI itself is built on.
+
+Every route but ``/health`` needs the API key when one is set. The routes that compute
+(``/embed``, ``/v1/embeddings``, ``/rerank``) take a slot first: at ``max_concurrent_requests``
+slots taken the answer is 429 at once, before the body is even read. A request then waits for
+its batches, its client's disconnection (which frees the slot and drops its waiting inputs) or
+``request_timeout`` (503), whichever comes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from . import routes
+from .config import ServeConfig
+from .errors import ApiError
+from .guards import check_key
+from .models import ModelSpec
+from .routes import Handler
+from .state import ServerState
+from .waiting import ClientGone
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    config: ServeConfig,
+    specs: list[ModelSpec] | None = None,
+    *,
+    report: Callable[[str], None] | None = None,
+) -> Starlette:
+    """The server's ASGI app; its :class:`ServerState` is ``app.state.serve``. Models load in a
+    thread when the app starts (its lifespan), and the batch workers stop when it ends. A
+    model that fails to load leaves ``/health`` at 503 ``"failed"`` and the exception in
+    ``app.state.serve.load_error`` (:func:`~clearformer.serve.server.run_server` stops and
+    raises it)."""
+    state = ServerState(config, specs or [], report=report)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        state.start_loading()
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, state.finish)
+
+    def route(path, method, name, api, handler, *, compute=False):
+        return Route(path, _endpoint(state, name, api, handler, compute=compute), methods=[method])
+
+    table = [
+        Route("/health", routes.health(state), methods=["GET"]),  # open, unwrapped: probes
+        route("/info", "GET", "info", "tei", routes.info(state)),
+        route("/metrics", "GET", "metrics", "tei", routes.metrics(state)),
+        route("/v1/models", "GET", "models", "openai", routes.models(state)),
+        route("/embed", "POST", "embed", "tei", routes.embed(state), compute=True),
+        route(
+            "/v1/embeddings",
+            "POST",
+            "embeddings",
+            "openai",
+            routes.openai_embeddings(state),
+            compute=True,
+        ),
+        route("/rerank", "POST", "rerank", "tei", routes.rerank(state), compute=True),
+        route("/tokenize", "POST", "tokenize", "tei", routes.tokenize(state)),
+    ]
+    app = Starlette(
+        routes=table,
+        lifespan=lifespan,
+        exception_handlers={404: _not_found, 405: _not_allowed},
+    )
+    app.state.serve = state
+    return app
+
+
+# The wrapper every route but /health goes through ----------------------------------------
+
+
+def _endpoint(
+    state: ServerState, name: str, api: str, handler: Handler, *, compute: bool = False
+) -> Handler:
+    async def endpoint(request: Request) -> Response:
+        started = time.perf_counter()
+        admitted = False
+        try:
+            check_key(state.config, request)
+            if compute:
+                state.require_ready()
+                state.admit()
+                admitted = True
+                request.state.admitted = time.monotonic()
+            response = await handler(request)
+        except ApiError as exc:
+            response = _error(exc, api)
+        except ClientGone:
+            # Nobody reads this answer; 499 (nginx's "client closed request") in the metrics.
+            response = Response(status_code=499)
+        except asyncio.CancelledError:
+            # Only the server cancels a request: a drain past graceful_timeout, or a second
+            # signal. The client gets a 503 it can retry elsewhere (uvicorn would send a bare
+            # 500), and the exit status says some work was left undone.
+            state.cut_off += 1
+            response = _error(
+                ApiError(
+                    "Unhealthy",
+                    "the server shut down before this request was finished "
+                    f"(graceful_timeout, {state.config.graceful_timeout:g} s); retry it",
+                    headers={"Retry-After": "1", "Connection": "close"},
+                ),
+                api,
+            )
+        except Exception as exc:
+            log.exception("%s failed", request.url.path)
+            response = _error(ApiError("Backend", f"internal error: {type(exc).__name__}"), api)
+        finally:
+            if admitted:
+                state.release()
+        state.metrics.answered(name, response.status_code, time.perf_counter() - started)
+        return response
+
+    return endpoint
+
+
+# Answers -----------------------------------------------------------------------------
+
+
+def _error(exc: ApiError, api: str) -> Response:
+    return Response(
+        exc.body(api), status_code=exc.status, headers=exc.headers, media_type="application/json"
+    )
+
+
+async def _not_found(request: Request, exc) -> Response:
+    api = "openai" if request.url.path.startswith("/v1/") else "tei"
+    return _error(ApiError("NotFound", f"no route {request.url.path}"), api)
+
+
+async def _not_allowed(request: Request, exc) -> Response:
+    api = "openai" if request.url.path.startswith("/v1/") else "tei"
+    error = ApiError("NotFound", f"{request.method} is not allowed on {request.url.path}")
+    response = _error(error, api)
+    response.status_code = 405
+    return response

@@ -1,0 +1,61 @@
+"""``ServeConfig``: every limit and setting of ``clearformer serve``, validated once.
+
+The CLI builds one from its flags (each flag is a field, same name); tests and embedders build
+one directly. Defaults follow Hugging Face text-embeddings-inference where it has the same
+setting (``--max-concurrent-requests``, ``--max-client-batch-size``, ``--payload-limit``), so a
+deployment moved from one to the other behaves alike at its edges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..checks import check_choice, check_int, check_positive_float, check_positive_int
+from ..options import BACKENDS
+from ..quant import PRECISIONS
+from ..text.batching import DEFAULT_MAX_TOKENS
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How ``clearformer serve`` listens, batches and limits (see docs/serving.md)."""
+
+    host: str = "127.0.0.1"  # loopback: reachable from this machine only, until chosen otherwise
+    port: int = 8080  # 0: any free port (the one taken is reported when listening)
+    api_key: str | None = field(default=None, repr=False)  # Bearer token; never shown or logged
+    # Real tokens (special tokens included) per forward pass. Batches are packed, so padding
+    # costs nothing and only real tokens count; encode's padded budget, 4096, was its fastest.
+    max_batch_tokens: int = DEFAULT_MAX_TOKENS
+    # Requests admitted at once (queued or computing). One more is answered 429 at once, so
+    # the queue is bounded: at most this many requests of max_client_batch_size inputs each.
+    max_concurrent_requests: int = 512
+    max_client_batch_size: int = 32  # inputs per request; more is 413
+    # Tokens per input; None: each model's own limit (then results equal `clearformer encode`).
+    # A longer input is 413 unless the request asks to truncate.
+    max_input_tokens: int | None = None
+    payload_limit: int = 2_000_000  # bytes of request body; more is 413
+    request_timeout: float = 60.0  # seconds from admission to answer; then 503, work dropped
+    graceful_timeout: float = 30.0  # seconds a drain (SIGTERM, SIGINT) waits for requests
+    # Forward passes side by side, the CPU threads split between them as encode's workers do;
+    # None: two on a CPU with two or more threads, else one.
+    workers: int | None = None
+    precision: str = "float32"  # embedding models: "int8" runs encode(precision="int8")'s model
+    backend: str = "auto"  # attention backend, as for encode
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"host must be a non-empty str, got {self.host!r}")
+        check_int(self.port, "port", low=0, high=65536)
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
+            # The key itself is never repeated in a message.
+            raise ValueError("api_key must be a non-empty str or None")
+        check_positive_int(self.max_batch_tokens, "max_batch_tokens")
+        check_positive_int(self.max_concurrent_requests, "max_concurrent_requests")
+        check_positive_int(self.max_client_batch_size, "max_client_batch_size")
+        check_positive_int(self.max_input_tokens, "max_input_tokens", optional=True)
+        check_positive_int(self.payload_limit, "payload_limit")
+        check_positive_float(self.request_timeout, "request_timeout")
+        check_positive_float(self.graceful_timeout, "graceful_timeout")
+        check_positive_int(self.workers, "workers", optional=True)
+        check_choice(self.precision, PRECISIONS, "precision")
+        check_choice(self.backend, BACKENDS, "backend")

@@ -1,0 +1,288 @@
+"""The dynamic batcher: inputs of many requests merged into forward passes under a token budget.
+
+Requests put their tokenized inputs on one queue, in arrival order. Each batch worker (a thread
+at its share of the CPU's threads, as ``encode``'s workers are) takes the next batch when it is
+free: the oldest waiting input, then the inputs behind it that may share its forward pass (the
+same model and options), until the next one would pass ``max_batch_tokens`` real tokens. So a
+request waits for no timer, a lone request runs at once, and under load batches fill up. The
+first input is always taken, even when it alone is over the budget: the queue can never stall
+on an input larger than a batch.
+
+A request's inputs may be spread over several batches; its future resolves when its last row
+is in. A row does not depend on its batch-mates (``TextEncoder.embed_batch``), so a request's
+results are the same whatever else shares its batches. A cancelled request (its client gone, or
+its time up) leaves the queue: its waiting inputs are dropped unrun.
+
+The queue is bounded by admission, not here: the server admits at most
+``max_concurrent_requests`` requests of at most ``max_client_batch_size`` inputs each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..runtime import set_own_thread_count
+from ..text.workers import thread_shares
+from .metrics import ServerMetrics
+from .models import Prepared, ServedModel
+
+log = logging.getLogger(__name__)
+
+# Waiting inputs of other models or options a worker looks past to fill a batch; beyond this
+# it runs what it has (the queue's order is kept either way).
+SCAN_LIMIT = 1024
+
+
+class Closed(Exception):
+    """The engine takes no new work: the server is draining."""
+
+
+class Job:
+    """One request's inputs on their way through the batches; ``future`` gets the (n, width)
+    float32 rows, in input order, on the event loop that made the job."""
+
+    def __init__(
+        self,
+        model: ServedModel,
+        prepared: Prepared,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        admitted: float | None = None,
+    ) -> None:
+        self.model = model
+        self.encodings = prepared.encodings
+        self.options = prepared.options
+        self.key = (model.name, prepared.options)  # inputs with equal keys may share a batch
+        self.loop = loop
+        self.future: asyncio.Future = loop.create_future()
+        self.rows: np.ndarray | None = None
+        self.remaining = len(self.encodings)
+        self.cancelled = False
+        self.started = False  # its first batch has begun
+        self.admitted = time.monotonic() if admitted is None else admitted  # the slot taken
+
+
+@dataclass(frozen=True)
+class _Input:
+    job: Job
+    index: int  # into job.encodings
+    tokens: int
+
+
+class Engine:
+    """The queue and the batch workers.
+
+    Args:
+        max_batch_tokens: real tokens per forward pass (an input over it runs alone).
+        workers: batch workers, the intra-op threads split between them
+            (:func:`~clearformer.text.workers.thread_shares`).
+        metrics: where batches and the queue are recorded.
+    """
+
+    def __init__(self, *, max_batch_tokens: int, workers: int, metrics: ServerMetrics) -> None:
+        self.max_batch_tokens = max_batch_tokens
+        self.workers = workers
+        self.metrics = metrics
+        self._queue: deque[_Input] = deque()
+        self._queued_tokens = 0
+        self._lock = threading.Lock()
+        self._has_work = threading.Condition(self._lock)
+        self._closing = False
+        self._threads: list[threading.Thread] = []
+        self._warmed = 0
+        self._ready = threading.Event()
+        self.warm_up_error: BaseException | None = None
+
+    def start(self, models: Sequence[ServedModel]) -> None:
+        """Start the workers. Each warms every model at its own thread count before it takes
+        work; :meth:`wait_ready` returns once all have (or one failed: ``warm_up_error``)."""
+        import torch
+
+        total = torch.get_num_threads()
+        shares = thread_shares(total, self.workers)
+        started = [threading.Event() for _ in shares]
+        for i, (share, event) in enumerate(zip(shares, started, strict=True)):
+            thread = threading.Thread(
+                target=self._work,
+                args=(share, list(models), event),
+                name=f"clearformer-serve-{i}",
+                daemon=True,  # a batch in progress at exit is abandoned, not waited for
+            )
+            self._threads.append(thread)
+            thread.start()
+        for event in started:
+            event.wait()
+        # A new thread starts at the thread count last set anywhere in the process: the
+        # workers' own counts are set, so give later threads the caller's back.
+        torch.set_num_threads(total)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self._ready.wait(timeout)
+
+    @property
+    def queued(self) -> int:
+        """Inputs waiting for a batch."""
+        return len(self._queue)
+
+    def submit(self, job: Job) -> None:
+        """Queue a job's inputs. Raises :class:`Closed` while draining."""
+        with self._lock:
+            if self._closing:
+                raise Closed("the server is shutting down")
+            for index, encoding in enumerate(job.encodings):
+                tokens = len(encoding.ids)
+                self._queue.append(_Input(job, index, tokens))
+                self._queued_tokens += tokens
+            self._update_queue_metrics()
+            self._has_work.notify(len(job.encodings))
+
+    def cancel(self, job: Job) -> None:
+        """Drop a job's waiting inputs (its running ones finish, their rows unused)."""
+        with self._lock:
+            job.cancelled = True
+            kept = deque(item for item in self._queue if item.job is not job)
+            self._queued_tokens -= sum(i.tokens for i in self._queue if i.job is job)
+            self._queue = kept
+            self._update_queue_metrics()
+
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait: the queue's tokens at the recent rate, 1 to
+        60 (1 when nothing has run yet)."""
+        rate = self.metrics.throughput()
+        if rate <= 0:
+            return 1
+        return max(1, min(60, math.ceil(self._queued_tokens / rate)))
+
+    def close(self) -> None:
+        """Take no new jobs; the workers finish what is queued, then stop."""
+        with self._lock:
+            self._closing = True
+            self._has_work.notify_all()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the workers to stop; whether they all did."""
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
+
+    def _work(self, share: int, models: list[ServedModel], started: threading.Event) -> None:
+        set_own_thread_count(share)
+        started.set()
+        try:
+            for model in models:
+                model.warm_up()
+        except BaseException as exc:  # reported by the loader; the server does not start
+            log.exception("warm-up failed")
+            self.warm_up_error = exc
+            self._ready.set()
+            return
+        with self._lock:
+            self._warmed += 1
+            if self._warmed == len(self._threads):
+                self._ready.set()
+        while True:
+            with self._lock:
+                while not self._queue and not self._closing:
+                    self._has_work.wait()
+                if not self._queue:
+                    return  # closing, and nothing left
+                batch = self._take_batch()
+            if batch:
+                self._run(batch)
+
+    def _take_batch(self) -> list[_Input]:
+        """The next batch (the lock held): the oldest live input, then the inputs with its key
+        behind it while the budget holds. Inputs of other keys keep their places."""
+        taken: list[_Input] = []
+        passed: list[_Input] = []
+        tokens = 0
+        while self._queue and len(passed) < SCAN_LIMIT:
+            item = self._queue.popleft()
+            if item.job.cancelled:
+                self._queued_tokens -= item.tokens
+                continue
+            if taken and item.job.key != taken[0].job.key:
+                passed.append(item)
+                continue
+            if taken and tokens + item.tokens > self.max_batch_tokens:
+                self._queue.appendleft(item)
+                break
+            taken.append(item)
+            tokens += item.tokens
+            self._queued_tokens -= item.tokens
+        self._queue.extendleft(reversed(passed))
+        self._update_queue_metrics()
+        now = time.monotonic()
+        for item in taken:
+            if not item.job.started:
+                item.job.started = True
+                self.metrics.queue_seconds.observe(now - item.job.admitted)
+        return taken
+
+    def _run(self, batch: list[_Input]) -> None:
+        # Longest first, as encode orders its batches: equal lengths sit together, which the
+        # packed attention runs in one piece each.
+        batch = sorted(batch, key=lambda item: -item.tokens)
+        first = batch[0].job
+        encodings = [item.job.encodings[item.index] for item in batch]
+        started = time.perf_counter()
+        try:
+            rows = first.model.run(encodings, first.options)  # (B, width)
+        except Exception as exc:
+            log.exception("a batch of %d inputs failed", len(batch))
+            self._fail(batch, exc)
+            return
+        tokens = sum(item.tokens for item in batch)
+        self.metrics.batch_done(len(batch), tokens, time.perf_counter() - started)
+        finished = []
+        with self._lock:
+            for item, row in zip(batch, rows, strict=True):
+                job = item.job
+                if job.cancelled:
+                    continue
+                if job.rows is None:
+                    job.rows = np.empty((len(job.encodings), rows.shape[1]), dtype=rows.dtype)
+                job.rows[item.index] = row
+                job.remaining -= 1
+                if job.remaining == 0:
+                    finished.append(job)
+        for job in finished:
+            _call_soon(job, _resolve, job)
+
+    def _fail(self, batch: list[_Input], exc: Exception) -> None:
+        jobs = {id(item.job): item.job for item in batch}.values()
+        for job in jobs:
+            self.cancel(job)
+            _call_soon(job, _reject, job, exc)
+
+    def _update_queue_metrics(self) -> None:
+        self.metrics.queue_depth.set(len(self._queue))
+        self.metrics.queue_tokens.set(self._queued_tokens)
+
+
+def _call_soon(job: Job, fn, *args: Any) -> None:
+    # A closed loop (the server has stopped) has nobody waiting for this answer any more.
+    with contextlib.suppress(RuntimeError):
+        job.loop.call_soon_threadsafe(fn, *args)
+
+
+def _resolve(job: Job) -> None:
+    if not job.future.done():
+        job.future.set_result(job.rows)
+
+
+def _reject(job: Job, exc: Exception) -> None:
+    if not job.future.done():
+        job.future.set_exception(exc)

@@ -1,0 +1,312 @@
+"""The models a server holds: each a ``TextEncoder`` (embeddings) or a ``CrossEncoder``
+(rerank), with the tokenizers that enforce the server's input limit.
+
+A checkpoint whose ``config.json`` names a ``*ForSequenceClassification`` architecture is
+served as a cross-encoder on ``/rerank``; any other as an embedding model on ``/embed`` and
+``/v1/embeddings``. Inputs are tokenized here, in the request's handler, so that a request is
+checked against the limits (and refused) before it takes a place in the queue; the batch
+workers then run :meth:`ServedModel.run` on the tokens, which is ``TextEncoder.embed_batch``
+or ``CrossEncoder.score_batch``: the same code as ``encode`` and ``predict``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..interop.hf import TextTokenizer, find_checkpoint
+from ..interop.hf.bundled import BUNDLED_NAME
+from ..interop.hf.tokenizer import check_texts
+from .errors import ApiError
+from .schemas import DIRECTIONS
+
+log = logging.getLogger(__name__)
+
+KINDS = ("embed", "rerank")
+WARM_UP_TEXT = "A short text that runs every layer once before the first request."
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model to serve: a checkpoint directory (None: the bundled all-MiniLM-L6-v2) and the
+    name requests select it by (None: the directory's name)."""
+
+    path: str | None = None
+    name: str | None = None
+
+    @classmethod
+    def parse(cls, value: str) -> ModelSpec:
+        """``DIR`` or ``NAME=DIR`` (a directory whose own name holds ``=`` needs the second)."""
+        name, sep, path = value.partition("=")
+        if sep and name and path and not os.path.exists(value):
+            return cls(path=path, name=name)
+        return cls(path=value)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request's inputs, tokenized and checked: what the batch workers run."""
+
+    encodings: list  # tokenizers.Encoding per input, special tokens included, truncated
+    options: Any  # what the batch runs with (ServedModel.run); requests share a batch only
+    # when their options are equal
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(e.ids) for e in self.encodings)
+
+
+@dataclass(frozen=True)
+class EmbedOptions:
+    normalize: bool
+    skip: int = 0  # prompt tokens the pooling leaves out
+
+
+class ServedModel:
+    """One loaded model with its served name and input limit.
+
+    Attributes:
+        name: what requests select it by (``model``); ``aliases`` are accepted too.
+        kind: ``"embed"`` or ``"rerank"``.
+        model: the :class:`~clearformer.text.TextEncoder` or
+            :class:`~clearformer.text.CrossEncoder`.
+        max_input_tokens: tokens per input (per pair for rerank), special tokens included.
+        precision: what embedding batches run in (``"float32"`` or ``"int8"``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        model,
+        kind: str,
+        *,
+        max_input_tokens: int,
+        precision: str = "float32",
+        aliases: tuple[str, ...] = (),
+    ) -> None:
+        self.name = name
+        self.aliases = aliases
+        self.kind = kind
+        self.model = model
+        self.path: Path = model.path
+        self.max_input_tokens = max_input_tokens
+        self.precision = precision if kind == "embed" else "float32"
+        base = model.tokenizer.tokenizer
+        pad_id = model.tokenizer.pad_id
+        # Copies of the checkpoint's tokenizer, truncating at the server's limit from either
+        # end, and one that does not truncate (to count a refused input, and for /tokenize).
+        self._tokenizers = {}
+        for direction in DIRECTIONS:
+            tokenizer = TextTokenizer(_copy(base), max_input_tokens, pad_id)
+            tokenizer.tokenizer.enable_truncation(max_length=max_input_tokens, direction=direction)
+            self._tokenizers[direction] = tokenizer
+        self._full = _copy(base)
+        self._full.no_padding()
+        self._full.no_truncation()
+
+    @property
+    def width(self) -> int:
+        """Values per input in a result row: the embedding width, or the labels."""
+        return self.model.dim if self.kind == "embed" else self.model.num_labels
+
+    def prepare(
+        self,
+        texts: list[str],
+        *,
+        field: str,
+        normalize: bool,
+        truncate: bool = False,
+        direction: str = "right",
+        prompt_name: str | None = None,
+    ) -> Prepared:
+        """Tokenize texts to embed, with the checkpoint's prompt (``prompt_name``, or its
+        default one) as ``encode`` applies it. An input over :attr:`max_input_tokens` is cut
+        when ``truncate``, else a 413 naming it and the limit."""
+        _check_unicode(texts, field)
+        try:
+            prompt, skip = self.model.resolve_prompt(None, prompt_name)
+        except (TypeError, ValueError) as exc:
+            raise ApiError("Validation", str(exc), param="prompt_name") from None
+        if prompt is not None:
+            texts = [prompt + text for text in texts]
+        encodings = self._tokenizers[direction].encode(texts)
+        if not truncate:
+            self._refuse_long(encodings, lambda i: self._full.encode(texts[i]), field)
+        return Prepared(encodings, EmbedOptions(normalize=normalize, skip=skip))
+
+    def prepare_pairs(
+        self,
+        query: str,
+        texts: list[str],
+        *,
+        activation: str,
+        truncate: bool = False,
+        direction: str = "right",
+    ) -> Prepared:
+        """Tokenize (query, text) pairs with the checkpoint's pair template, as ``predict``
+        does; a pair over :attr:`max_input_tokens` is cut when ``truncate`` (the longer side
+        first), else a 413."""
+        _check_unicode([query], "query")
+        _check_unicode(texts, "texts")
+        pairs = [(query, text) for text in texts]
+        encodings = self._tokenizers[direction].encode_pairs(pairs)
+        if not truncate:
+            self._refuse_long(encodings, lambda i: self._full.encode(*pairs[i]), "texts")
+        return Prepared(encodings, activation)
+
+    def run(self, encodings: list, options: Any) -> np.ndarray:
+        """One forward pass: (B, width) float32. Called by the batch workers."""
+        if self.kind == "embed":
+            return self.model.embed_batch(
+                encodings,
+                normalize=options.normalize,
+                skip=options.skip,
+                precision=self.precision,
+            )
+        return self.model.score_batch(encodings, activation=options)
+
+    def warm_up(self) -> None:
+        """Run one short input through the model (and build the int8 one, if asked), so the
+        first request pays no one-time cost. Float32 weights are packed for oneDNN from here
+        on, so every request takes the same products, the first as the thousandth."""
+        if self.precision == "float32":
+            self.model.keep_weights_packed()
+        # Cut to the limit: a small model's may be shorter than the warm-up text.
+        if self.kind == "embed":
+            prepared = self.prepare([WARM_UP_TEXT], field="warm-up", normalize=True, truncate=True)
+        else:
+            prepared = self.prepare_pairs(
+                WARM_UP_TEXT, [WARM_UP_TEXT], activation=self.model.activation, truncate=True
+            )
+        self.run(prepared.encodings, prepared.options)
+
+    def tokenize(
+        self, texts: list[str], *, add_special_tokens: bool, prompt_name: str | None
+    ) -> list[list[dict]]:
+        """TEI's ``/tokenize`` answer: per text, its tokens as ``{id, text, special, start,
+        stop}``, untruncated; ``start``/``stop`` are character offsets into the text (with the
+        prompt, if any), ``text`` the characters a token covers (a special token's own
+        string, with null offsets)."""
+        _check_unicode(texts, "inputs")
+        if self.kind == "embed":
+            try:
+                prompt, _ = self.model.resolve_prompt(None, prompt_name)
+            except (TypeError, ValueError) as exc:
+                raise ApiError("Validation", str(exc), param="prompt_name") from None
+            if prompt is not None:
+                texts = [prompt + text for text in texts]
+        encodings = self._full.encode_batch(texts, add_special_tokens=add_special_tokens)
+        out = []
+        for text, enc in zip(texts, encodings, strict=True):
+            tokens = []
+            for token_id, token, special, (start, stop) in zip(
+                enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True
+            ):
+                if special:
+                    tokens.append(
+                        {
+                            "id": token_id,
+                            "text": token,
+                            "special": True,
+                            "start": None,
+                            "stop": None,
+                        }
+                    )
+                else:
+                    tokens.append(
+                        {
+                            "id": token_id,
+                            "text": text[start:stop],
+                            "special": False,
+                            "start": start,
+                            "stop": stop,
+                        }
+                    )
+            out.append(tokens)
+        return out
+
+    def info(self) -> dict:
+        """What ``/info`` says of this model (TEI's ``model_type`` shape)."""
+        if self.kind == "embed":
+            model_type = {"embedding": {"pooling": self.model.pooling}}
+        else:
+            labels = list(self.model.labels) or [f"LABEL_{i}" for i in range(self.width)]
+            classifier = {
+                "id2label": {str(i): label for i, label in enumerate(labels)},
+                "label2id": {label: i for i, label in enumerate(labels)},
+            }
+            model_type = {"reranker" if self.width == 1 else "classifier": classifier}
+        return {
+            "model_id": self.name,
+            "model_path": str(self.path),
+            "model_dtype": self.precision,
+            "model_type": model_type,
+            "max_input_length": self.max_input_tokens,
+            "dimensions": self.width if self.kind == "embed" else None,
+        }
+
+    def _refuse_long(self, encodings: list, full_encoding, field: str) -> None:
+        for i, enc in enumerate(encodings):
+            if enc.overflowing:
+                count = len(full_encoding(i).ids)
+                raise ApiError(
+                    "TooLarge",
+                    f"{field}[{i}] has {count} tokens, over the limit of "
+                    f"{self.max_input_tokens} tokens per input of model {self.name!r}; send "
+                    f'"truncate": true to cut it to {self.max_input_tokens}',
+                    param=field,
+                )
+
+
+def load_model(spec: ModelSpec, *, max_input_tokens: int | None, precision: str, backend: str):
+    """Load ``spec`` as a :class:`ServedModel` (embedding or cross-encoder by its config).
+
+    Raises:
+        FileNotFoundError, CheckpointError: as ``TextEncoder.from_pretrained`` does.
+        ValueError: ``max_input_tokens`` over what the model can take.
+    """
+    from ..text import CrossEncoder, TextEncoder
+
+    files = find_checkpoint(spec.path)
+    architectures = [str(a) for a in files.config.get("architectures") or []]
+    if any(a.endswith("ForSequenceClassification") for a in architectures):
+        model, kind = CrossEncoder.from_pretrained(files.path, backend=backend), "rerank"
+    else:
+        model, kind = TextEncoder.from_pretrained(files.path, backend=backend), "embed"
+    name = spec.name or (BUNDLED_NAME if spec.path is None else files.path.name)
+    aliases = (f"sentence-transformers/{BUNDLED_NAME}",) if spec.path is None else ()
+    limit = model.max_length
+    if max_input_tokens is not None:
+        if max_input_tokens > model.max_length:
+            raise ValueError(
+                f"max_input_tokens must be at most {model.max_length}, the limit of model "
+                f"{name!r}, got {max_input_tokens}"
+            )
+        limit = max_input_tokens
+    if kind == "rerank" and precision != "float32":
+        log.warning(
+            "%s is a cross-encoder: it runs in float32 (precision applies to embeddings)", name
+        )
+    return ServedModel(
+        name, model, kind, max_input_tokens=limit, precision=precision, aliases=aliases
+    )
+
+
+def _copy(tokenizer):
+    """A copy of a ``tokenizers.Tokenizer``, to reconfigure: changing the model's own would
+    change what ``encode`` does."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(tokenizer.to_str())
+
+
+def _check_unicode(texts: list[str], field: str) -> None:
+    try:
+        check_texts(texts, field)
+    except (TypeError, ValueError) as exc:
+        raise ApiError("Validation", str(exc), param=field) from None

@@ -1,0 +1,194 @@
+"""The routes' handlers: each parses its body (:mod:`.schemas`), picks its model, queues its
+inputs and writes its answer in the shape of the API it copies. The checks every route shares
+(the key, the slot) are :func:`clearformer.serve.app.create_app`'s wrapper's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .errors import ApiError
+from .guards import check_count, read_json
+from .render import check_finite, embed_body, json_body, openai_embeddings_body
+from .schemas import parse_embed, parse_openai_embeddings, parse_rerank, parse_tokenize
+from .state import ServerState
+from .waiting import wait_for_rows
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def health(state: ServerState) -> Handler:
+    async def health(request: Request) -> Response:
+        if state.status == "ready":
+            return _json({"status": "ok"})
+        return _json({"status": state.status}, status=503)
+
+    return health
+
+
+def info(state: ServerState) -> Handler:
+    from .. import __version__
+
+    async def info(request: Request) -> Response:
+        config = state.config
+        first = state.models[0].info() if state.models else {}
+        return _json(
+            {
+                **first,
+                "model_sha": None,
+                "max_concurrent_requests": config.max_concurrent_requests,
+                "max_batch_tokens": config.max_batch_tokens,
+                "max_batch_requests": None,
+                "max_client_batch_size": config.max_client_batch_size,
+                "auto_truncate": False,
+                "tokenization_workers": 1,
+                "payload_limit": config.payload_limit,
+                "request_timeout": config.request_timeout,
+                "version": __version__,
+                "router": "clearformer",
+                "status": state.status,
+                "models": [model.info() for model in state.models],
+            }
+        )
+
+    return info
+
+
+def metrics(state: ServerState) -> Handler:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    async def metrics(request: Request) -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return metrics
+
+
+def models(state: ServerState) -> Handler:
+    started = int(time.time())
+
+    async def models(request: Request) -> Response:
+        data = [
+            {"id": m.name, "object": "model", "created": started, "owned_by": "clearformer"}
+            for m in state.models
+        ]
+        return _json({"object": "list", "data": data})
+
+    return models
+
+
+def embed(state: ServerState) -> Handler:
+    async def embed(request: Request) -> Response:
+        parsed = parse_embed(await read_json(request, state.config.payload_limit))
+        rows, _ = await _embeddings(state, request, parsed, field="inputs")
+        return Response(embed_body(rows), media_type="application/json")
+
+    return embed
+
+
+def openai_embeddings(state: ServerState) -> Handler:
+    async def embeddings(request: Request) -> Response:
+        parsed = parse_openai_embeddings(await read_json(request, state.config.payload_limit))
+        rows, (model, tokens) = await _embeddings(state, request, parsed, field="input")
+        body = openai_embeddings_body(rows, parsed.encoding_format, model.name, tokens)
+        return Response(body, media_type="application/json")
+
+    return embeddings
+
+
+async def _embeddings(state: ServerState, request: Request, parsed, *, field: str):
+    """The rows of an embedding request (``/embed`` or ``/v1/embeddings``), with its model
+    and its token count."""
+    model = state.model_for(parsed.model, "embed")
+    check_count(len(parsed.inputs), state.config, field)
+    if parsed.dimensions is not None and parsed.dimensions > model.width:
+        raise ApiError(
+            "Validation",
+            f"dimensions must be at most model {model.name!r}'s width of {model.width}, got "
+            f"{parsed.dimensions}",
+            param="dimensions",
+        )
+    normalize = model.model.normalize if parsed.normalize is None else parsed.normalize
+    shorten = parsed.dimensions is not None and parsed.dimensions < model.width
+    prepared = model.prepare(
+        parsed.inputs,
+        field=field,
+        # Shortened rows are normalised after the cut: that is what makes them unit vectors.
+        normalize=normalize and not shorten,
+        truncate=parsed.truncate,
+        direction=parsed.direction,
+        prompt_name=parsed.prompt_name,
+    )
+    rows = await wait_for_rows(state, request, model, prepared)
+    if shorten:
+        rows = _shorten(rows, parsed.dimensions, normalize)
+    return rows, (model, prepared.tokens)
+
+
+def _shorten(rows: np.ndarray, dimensions: int, normalize: bool) -> np.ndarray:
+    """The first ``dimensions`` values of each row (Matryoshka), L2-normalised when asked as
+    ``encode`` normalises (``torch.nn.functional.normalize``)."""
+    import torch
+    import torch.nn.functional as F
+
+    rows = np.ascontiguousarray(rows[:, :dimensions])
+    if normalize:
+        rows = F.normalize(torch.from_numpy(rows), p=2.0, dim=-1).numpy()
+    return rows
+
+
+def rerank(state: ServerState) -> Handler:
+    async def rerank(request: Request) -> Response:
+        parsed = parse_rerank(await read_json(request, state.config.payload_limit))
+        model = state.model_for(parsed.model, "rerank")
+        if model.width != 1:
+            raise ApiError(
+                "Validation",
+                f"model {model.name!r} gives {model.width} scores per pair (a classifier); "
+                "rerank needs a cross-encoder with one",
+                param="model",
+            )
+        check_count(len(parsed.texts), state.config, "texts")
+        prepared = model.prepare_pairs(
+            parsed.query,
+            parsed.texts,
+            activation="identity" if parsed.raw_scores else model.model.activation,
+            truncate=parsed.truncate,
+            direction=parsed.direction,
+        )
+        scores = (await wait_for_rows(state, request, model, prepared))[:, 0]  # (n,)
+        check_finite(scores[:, None])
+        ranked = []
+        # Highest first; equal scores keep the texts' order.
+        for i in np.argsort(-scores, kind="stable").tolist():
+            rank = {"index": i, "score": float(scores[i])}
+            if parsed.return_text:
+                rank["text"] = parsed.texts[i]
+            ranked.append(rank)
+        return _json(ranked)
+
+    return rerank
+
+
+def tokenize(state: ServerState) -> Handler:
+    async def tokenize(request: Request) -> Response:
+        state.require_ready()
+        parsed = parse_tokenize(await read_json(request, state.config.payload_limit))
+        model = state.any_model(parsed.model)
+        check_count(len(parsed.inputs), state.config, "inputs")
+        return _json(
+            model.tokenize(
+                parsed.inputs,
+                add_special_tokens=parsed.add_special_tokens,
+                prompt_name=parsed.prompt_name,
+            )
+        )
+
+    return tokenize
+
+
+def _json(payload, status: int = 200) -> Response:
+    return Response(json_body(payload), status_code=status, media_type="application/json")

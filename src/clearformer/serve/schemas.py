@@ -1,0 +1,223 @@
+"""Request bodies, parsed and checked: one dataclass per endpoint, one error per mistake.
+
+Fields follow the APIs they copy: OpenAI's ``POST /v1/embeddings`` and text-embeddings-
+inference's ``POST /embed``, ``/rerank`` and ``/tokenize``. Fields these parsers do not know
+are ignored, as both servers do (clients send ``user`` and the like). A field of the wrong type
+or value is a 422 naming the field, what it must be and what came.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ApiError
+
+ENCODING_FORMATS = ("float", "base64")
+DIRECTIONS = ("right", "left")  # which end of a too-long input truncation cuts
+
+
+@dataclass(frozen=True)
+class EmbedRequest:
+    """``POST /embed`` (TEI) and ``POST /v1/embeddings`` (OpenAI) alike."""
+
+    inputs: list[str]
+    model: str | None = None
+    normalize: bool | None = None  # None: as the checkpoint's pipeline says (OpenAI route)
+    truncate: bool = False
+    direction: str = "right"
+    prompt_name: str | None = None
+    dimensions: int | None = None  # keep the first this many (Matryoshka), then normalise
+    encoding_format: str = "float"
+
+
+@dataclass(frozen=True)
+class RerankRequest:
+    """``POST /rerank`` (TEI)."""
+
+    query: str
+    texts: list[str]
+    model: str | None = None
+    truncate: bool = False
+    direction: str = "right"
+    raw_scores: bool = False  # the logits, without the checkpoint's activation
+    return_text: bool = False
+
+
+@dataclass(frozen=True)
+class TokenizeRequest:
+    """``POST /tokenize`` (TEI)."""
+
+    inputs: list[str]
+    model: str | None = None
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+
+
+def parse_embed(body: Any) -> EmbedRequest:
+    """A TEI ``/embed`` body: ``inputs`` (a string or a list), ``normalize`` (default true),
+    ``truncate``, ``truncation_direction``, ``prompt_name``, ``dimensions``."""
+    body = _object(body)
+    return EmbedRequest(
+        inputs=_texts(body, "inputs"),
+        model=_optional(body, "model", str, "a string"),
+        normalize=_flag(body, "normalize", True),
+        truncate=_flag(body, "truncate", False),
+        direction=_direction(body),
+        prompt_name=_optional(body, "prompt_name", str, "a string"),
+        dimensions=_dimensions(body),
+    )
+
+
+def parse_openai_embeddings(body: Any) -> EmbedRequest:
+    """An OpenAI ``/v1/embeddings`` body: ``input`` (a string or a list of strings),
+    ``model``, ``dimensions``, ``encoding_format`` (``float`` or ``base64``); and, beyond
+    OpenAI's, ``truncate`` and ``prompt_name`` as on ``/embed``."""
+    body = _object(body)
+    if isinstance(body.get("input"), list) and any(
+        isinstance(item, int | list) for item in body["input"]
+    ):
+        raise ApiError(
+            "Validation",
+            "input must be a string or a list of strings; token-id arrays are not accepted "
+            "(send the text: the server tokenizes it with the model's own tokenizer)",
+            param="input",
+        )
+    encoding = _optional(body, "encoding_format", str, "a string") or "float"
+    if encoding not in ENCODING_FORMATS:
+        raise ApiError(
+            "Validation",
+            f"encoding_format must be one of {list(ENCODING_FORMATS)}, got {encoding!r}",
+            param="encoding_format",
+        )
+    return EmbedRequest(
+        inputs=_texts(body, "input"),
+        model=_optional(body, "model", str, "a string"),
+        normalize=None,
+        truncate=_flag(body, "truncate", False),
+        prompt_name=_optional(body, "prompt_name", str, "a string"),
+        dimensions=_dimensions(body),
+        encoding_format=encoding,
+    )
+
+
+def parse_rerank(body: Any) -> RerankRequest:
+    """A TEI ``/rerank`` body: ``query``, ``texts``, ``raw_scores``, ``return_text``,
+    ``truncate``, ``truncation_direction``."""
+    body = _object(body)
+    query = body.get("query")
+    if not isinstance(query, str):
+        raise ApiError("Validation", f"query must be a string, got {_kind(query)}", param="query")
+    texts = body.get("texts")
+    if not isinstance(texts, list):
+        raise ApiError(
+            "Validation", f"texts must be a list of strings, got {_kind(texts)}", param="texts"
+        )
+    return RerankRequest(
+        query=query,
+        texts=_texts(body, "texts"),
+        model=_optional(body, "model", str, "a string"),
+        truncate=_flag(body, "truncate", False),
+        direction=_direction(body),
+        raw_scores=_flag(body, "raw_scores", False),
+        return_text=_flag(body, "return_text", False),
+    )
+
+
+def parse_tokenize(body: Any) -> TokenizeRequest:
+    """A TEI ``/tokenize`` body: ``inputs``, ``add_special_tokens`` (default true),
+    ``prompt_name``."""
+    body = _object(body)
+    return TokenizeRequest(
+        inputs=_texts(body, "inputs"),
+        model=_optional(body, "model", str, "a string"),
+        add_special_tokens=_flag(body, "add_special_tokens", True),
+        prompt_name=_optional(body, "prompt_name", str, "a string"),
+    )
+
+
+def _object(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise ApiError("Validation", f"the body must be a JSON object, got {_kind(body)}")
+    return body
+
+
+def _texts(body: dict, name: str) -> list[str]:
+    """A string or a non-empty list of strings, as a list."""
+    value = body.get(name)
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise ApiError(
+            "Validation",
+            f"{name} must be a string or a list of strings, got {_kind(value)}",
+            param=name,
+        )
+    if not value:
+        raise ApiError("Empty", f"{name} must not be empty", param=name)
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise ApiError(
+                "Validation", f"{name}[{i}] must be a string, got {_kind(item)}", param=name
+            )
+    return value
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(
+            "Validation", f"{name} must be true or false, got {_kind(value)}", param=name
+        )
+    return value
+
+
+def _optional(body: dict, name: str, kind: type, expected: str):
+    value = body.get(name)
+    if value is not None and not isinstance(value, kind):
+        raise ApiError("Validation", f"{name} must be {expected}, got {_kind(value)}", param=name)
+    return value
+
+
+def _direction(body: dict) -> str:
+    value = body.get("truncation_direction")
+    if value is None:
+        return "right"
+    # TEI spells them Right and Left; its documentation right and left: take either.
+    if not isinstance(value, str) or value.lower() not in DIRECTIONS:
+        raise ApiError(
+            "Validation",
+            f"truncation_direction must be 'right' or 'left', got {value!r}",
+            param="truncation_direction",
+        )
+    return value.lower()
+
+
+def _dimensions(body: dict) -> int | None:
+    value = body.get("dimensions")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ApiError(
+            "Validation",
+            f"dimensions must be a positive integer, got {value!r}",
+            param="dimensions",
+        )
+    return value
+
+
+def _kind(value: Any) -> str:
+    """A JSON value's kind, as a message names it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return f"a number ({value!r})"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"

@@ -1,0 +1,140 @@
+"""``run_server``: the app on uvicorn, with a graceful drain on SIGTERM and SIGINT.
+
+uvicorn already drains: on its exit flag it closes the listening socket (new connections are
+refused, and a load balancer moves them to another instance), closes idle keep-alive
+connections, waits for the requests in flight (``timeout_graceful_shutdown`` bounds the wait,
+then cancels what is left) and ends the app's lifespan, where the batch workers stop. Two
+things differ here:
+
+* the server marks itself draining at the signal, so ``/health`` answers 503 and a request
+  arriving on a connection kept alive gets 503, not work;
+* uvicorn re-raises the signal once it has stopped, so that the process dies of it; a drained
+  server has answered the signal, so ``run_server`` returns instead and the process exits 0
+  (1 if the drain's bound cut requests off: they are answered 503). A second signal stops
+  at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import socket
+import threading
+from collections.abc import Callable, Generator
+
+import uvicorn
+
+from .app import create_app
+from .config import ServeConfig
+from .models import ModelSpec
+from .state import ServerState
+
+log = logging.getLogger(__name__)
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def run_server(
+    config: ServeConfig,
+    specs: list[ModelSpec] | None = None,
+    *,
+    report: Callable[[str], None] | None = None,
+) -> int:
+    """Serve until SIGTERM or SIGINT, then drain. Returns the exit status: 0 when every
+    request in flight was answered, 1 when ``graceful_timeout`` cut some off.
+
+    Args:
+        config: the server's settings.
+        specs: the models (none: the bundled all-MiniLM-L6-v2).
+        report: called with a line for the operator at each step (listening, ready,
+            draining, stopped); the CLI prints them.
+
+    Raises:
+        OSError: the address cannot be bound.
+        Exception: what loading a model raised (a missing or broken checkpoint).
+    """
+    report = report or (lambda message: None)
+    app = create_app(config, specs, report=report)
+    state = app.state.serve
+    sock = _bind(config.host, config.port)
+    host, port = sock.getsockname()[:2]
+    uv_config = uvicorn.Config(
+        app,
+        log_config=None,  # leave logging as the process set it up
+        timeout_graceful_shutdown=config.graceful_timeout,
+        server_header=False,
+        lifespan="on",
+    )
+    server = DrainingServer(uv_config, state, report)
+    state.on_failure = server.stop
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    log.info("listening on %s", url)
+    report(f"listening on {url} (loading {len(state.specs)} model(s); /health says when ready)")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    if state.load_error is not None:
+        raise state.load_error
+    if state.cut_off:
+        report(
+            f"stopped: {state.cut_off} request(s) not finished within graceful_timeout "
+            "(answered 503)"
+        )
+        return 1
+    report("stopped: every request answered")
+    return 0
+
+
+class DrainingServer(uvicorn.Server):
+    """A ``uvicorn.Server`` whose signals start a drain of the app's state and are not
+    raised again once it is done (see the module docstring)."""
+
+    def __init__(
+        self, config: uvicorn.Config, state: ServerState, report: Callable[[str], None]
+    ) -> None:
+        super().__init__(config)
+        self.state = state
+        self.report = report
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals reach the main thread only; a server on a thread is stopped
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame) -> None:
+        name = signal.Signals(sig).name
+        if self.should_exit:
+            self.report(f"{name} again: stopping without waiting")
+            self.force_exit = True
+            return
+        self.state.begin_drain()
+        self.report(f"{name}: draining, {self.state.in_flight} request(s) in flight")
+        self.should_exit = True
+
+    def stop(self) -> None:
+        """Stop as on a signal (from any thread): used when the models fail to load."""
+        self.should_exit = True
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host``:``port`` (0: a free port), IPv4 or IPv6."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock

@@ -1,0 +1,207 @@
+"""``ServerState``: what one server holds between requests, and its life from loading to drain.
+
+``loading`` (listening, models loading in a thread; ``/health`` 503) -> ``ready`` (every model
+loaded and warmed on every batch worker) -> ``draining`` (a signal came: no new work, requests
+in flight finish) -> stopped. A model that fails to load leaves it ``failed``: the server stops
+and ``clearformer serve`` reports the error.
+
+Admission counts requests in flight on the event loop's thread only, so it needs no lock: a
+request past ``max_concurrent_requests`` is refused at once (429), never queued.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from .config import ServeConfig
+from .engine import Engine
+from .errors import ApiError
+from .metrics import ServerMetrics
+from .models import ModelSpec, ServedModel, load_model
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("loading", "ready", "draining", "failed")
+_KIND_NAMES = {"embed": "embedding", "rerank": "cross-encoder (rerank)"}
+_KIND_ROUTES = {"embed": "/embed or /v1/embeddings", "rerank": "/rerank"}
+
+
+class ServerState:
+    """The models, the engine, the metrics and the admission count of one server."""
+
+    def __init__(
+        self,
+        config: ServeConfig,
+        specs: Sequence[ModelSpec],
+        *,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.specs = list(specs) or [ModelSpec()]
+        self.metrics = ServerMetrics()
+        self.report = report or (lambda message: None)
+        self.models: list[ServedModel] = []
+        self._by_name: dict[str, ServedModel] = {}
+        self.engine: Engine | None = None
+        self.status = "loading"
+        self.load_error: BaseException | None = None
+        self.in_flight = 0
+        self.cut_off = 0  # requests the drain's time bound stopped unfinished (answered 503)
+        self.settled = threading.Event()  # set once loading has ended, ready or failed
+        self.on_failure: Callable[[], None] = lambda: None  # set by the server: stop it
+
+    # Life cycle -------------------------------------------------------------------------
+
+    def start_loading(self) -> threading.Thread:
+        """Load and warm the models on a thread of their own; the server listens meanwhile."""
+        thread = threading.Thread(target=self._load, name="clearformer-serve-load", daemon=True)
+        thread.start()
+        return thread
+
+    def _load(self) -> None:
+        import torch
+
+        started = time.perf_counter()
+        try:
+            models = [self._load_one(spec) for spec in self.specs]
+            self._index(models)
+            workers = self.config.workers or (2 if torch.get_num_threads() >= 2 else 1)
+            engine = Engine(
+                max_batch_tokens=self.config.max_batch_tokens,
+                workers=workers,
+                metrics=self.metrics,
+            )
+            engine.start(models)
+            engine.wait_ready()
+            if engine.warm_up_error is not None:
+                raise engine.warm_up_error
+        except BaseException as exc:
+            # Raised again by run_server (the CLI prints it); an app run otherwise shows it
+            # as /health's "failed" and in load_error.
+            log.info("loading failed: %s", exc)
+            self.load_error = exc
+            self.status = "failed"
+            self.settled.set()
+            self.on_failure()
+            return
+        self.models, self.engine = models, engine
+        if self.status == "loading":  # not draining already
+            self.status = "ready"
+            self.metrics.ready.set(1)
+        self.settled.set()
+        names = ", ".join(f"{m.name} ({m.kind})" for m in models)
+        seconds = time.perf_counter() - started
+        log.info("ready in %.1f s: %s, %d batch workers", seconds, names, workers)
+        self.report(f"ready in {seconds:.1f} s: {names}; {workers} batch workers")
+
+    def _load_one(self, spec: ModelSpec) -> ServedModel:
+        return load_model(
+            spec,
+            max_input_tokens=self.config.max_input_tokens,
+            precision=self.config.precision,
+            backend=self.config.backend,
+        )
+
+    def _index(self, models: list[ServedModel]) -> None:
+        for model in models:
+            for name in (model.name, *model.aliases):
+                if name in self._by_name:
+                    raise ValueError(
+                        f"two models are served as {name!r}; name them apart with --model NAME=DIR"
+                    )
+                self._by_name[name] = model
+
+    def begin_drain(self) -> None:
+        """A shutdown signal came: ``/health`` answers 503 and no new work is taken."""
+        if self.status in ("loading", "ready"):
+            self.status = "draining"
+            self.metrics.ready.set(0)
+
+    def finish(self) -> None:
+        """After the listener has closed and requests in flight are answered (or cut off by
+        the drain's bound): stop the batch workers. With nothing cut off the queue is empty
+        and they stop at once; otherwise one may be in a batch, which is not waited for (the
+        workers are daemon threads)."""
+        self.begin_drain()
+        if self.engine is not None:
+            self.engine.close()
+            if not self.cut_off:
+                self.engine.join(timeout=self.config.graceful_timeout)
+
+    # Requests ---------------------------------------------------------------------------
+
+    def require_ready(self) -> Engine:
+        """The engine, or a 503 saying why there is none to take work."""
+        if self.status == "ready" and self.engine is not None:
+            return self.engine
+        why = {
+            "loading": "the models are still loading",
+            "draining": "the server is shutting down",
+            "failed": "the models failed to load",
+        }[self.status]
+        raise ApiError("Unhealthy", f"not ready: {why}", headers={"Retry-After": "1"})
+
+    def admit(self) -> None:
+        """Take a slot for a request, or raise 429 at once when all are taken."""
+        if self.in_flight >= self.config.max_concurrent_requests:
+            engine = self.engine
+            wait = engine.retry_after() if engine is not None else 1
+            raise ApiError(
+                "Overloaded",
+                f"the server is at its limit of {self.config.max_concurrent_requests} "
+                f"concurrent requests (max_concurrent_requests); retry after {wait} s",
+                headers={"Retry-After": str(wait)},
+            )
+        self.in_flight += 1
+        self.metrics.in_flight.set(self.in_flight)
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self.metrics.in_flight.set(self.in_flight)
+
+    def model_for(self, name: str | None, kind: str) -> ServedModel:
+        """The model a request names (None: the first served model of ``kind``); 404 for an
+        unknown name, 422 for a model of the other kind."""
+        if name is None:
+            for model in self.models:
+                if model.kind == kind:
+                    return model
+            raise ApiError(
+                "NotFound",
+                f"no {_KIND_NAMES[kind]} model is served here; served: {self._listing()}",
+                param="model",
+            )
+        model = self._by_name.get(name)
+        if model is None:
+            raise ApiError(
+                "NotFound",
+                f"model {name!r} is not served here; served: {self._listing()}",
+                param="model",
+            )
+        if model.kind != kind:
+            raise ApiError(
+                "Validation",
+                f"model {name!r} is a {_KIND_NAMES[model.kind]} model: use "
+                f"{_KIND_ROUTES[model.kind]}",
+                param="model",
+            )
+        return model
+
+    def any_model(self, name: str | None) -> ServedModel:
+        """The model a request names, of either kind (None: the first served)."""
+        if name is None:
+            return self.models[0]
+        model = self._by_name.get(name)
+        if model is None:
+            raise ApiError(
+                "NotFound",
+                f"model {name!r} is not served here; served: {self._listing()}",
+                param="model",
+            )
+        return model
+
+    def _listing(self) -> str:
+        return ", ".join(f"{m.name!r} ({m.kind})" for m in self.models) or "none yet"

@@ -1,0 +1,67 @@
+"""A request waiting for its rows: whichever comes first of its answer, its client's
+disconnection (which frees the slot and drops its waiting inputs) or ``request_timeout`` (503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from starlette.requests import Request
+
+from .engine import Closed, Job
+from .errors import ApiError
+from .models import Prepared, ServedModel
+from .state import ServerState
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def wait_for_rows(
+    state: ServerState, request: Request, model: ServedModel, prepared: Prepared
+):
+    """Queue the inputs and wait for their rows: (n, width) float32 in input order.
+
+    The request was admitted while the server was ready; a drain that began since still lets
+    it finish (the engine takes work until the drain has answered every request admitted).
+    ``request_timeout`` counts from the admission (``request.state.admitted``)."""
+    engine = state.engine
+    admitted = getattr(request.state, "admitted", None) or time.monotonic()
+    job = Job(model, prepared, asyncio.get_running_loop(), admitted=admitted)
+    try:
+        engine.submit(job)
+    except Closed:
+        raise ApiError(
+            "Unhealthy", "not ready: the server is shutting down", headers={"Retry-After": "1"}
+        ) from None
+    gone = asyncio.ensure_future(disconnected(request))
+    left = admitted + state.config.request_timeout - time.monotonic()
+    try:
+        done, _ = await asyncio.wait(
+            {job.future, gone}, timeout=max(left, 0.0), return_when=asyncio.FIRST_COMPLETED
+        )
+    except asyncio.CancelledError:
+        engine.cancel(job)
+        raise
+    finally:
+        gone.cancel()
+    if job.future.done():
+        return job.future.result()
+    engine.cancel(job)
+    if gone in done:
+        raise ClientGone
+    raise ApiError(
+        "Unhealthy",
+        f"the request was not answered within {state.config.request_timeout:g} s "
+        "(request_timeout); its work was dropped",
+        headers={"Retry-After": str(engine.retry_after())},
+    )
+
+
+async def disconnected(request: Request) -> None:
+    """Returns when the client has gone. The body is read by now, so the next message is the
+    disconnection (the server sends it too once the answer is out, when nobody waits)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

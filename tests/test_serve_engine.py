@@ -1,0 +1,196 @@
+"""The dynamic batcher on its own, with a stand-in model that records its batches: batches
+follow the queue's order under the token budget, only inputs with equal options share one, an
+input over the budget runs alone (the queue never stalls on it), a cancelled request's inputs
+never run, and a request's rows come back in its own order whatever its batches were."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+pytest.importorskip("prometheus_client")
+
+from clearformer.serve.engine import Closed, Engine, Job  # noqa: E402
+from clearformer.serve.metrics import ServerMetrics  # noqa: E402
+from clearformer.serve.models import Prepared  # noqa: E402
+
+PLUG = 0  # the first id of the input that holds the worker while a test fills the queue
+
+
+class Recorder:
+    """A model stand-in: a row is (the input's first id, its length); every batch waits for
+    ``go`` and is recorded as the first ids of its inputs (the plug's batch is not)."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.go = threading.Event()
+        self.go.set()
+        self.plugged = threading.Event()
+
+    def warm_up(self) -> None:
+        pass
+
+    def run(self, encodings, options):
+        if encodings[0].ids[0] == PLUG:
+            self.plugged.set()
+        self.go.wait()
+        firsts = [e.ids[0] for e in encodings]
+        if firsts != [PLUG]:
+            self.batches.append(firsts)
+        return np.float32([[e.ids[0], len(e.ids)] for e in encodings])
+
+
+def _inputs(*lengths_and_ids: tuple[int, int]) -> list:
+    return [SimpleNamespace(ids=[first] * length) for first, length in lengths_and_ids]
+
+
+async def _plug(engine: Engine, model: Recorder) -> Job:
+    """Hold the (one) worker in a batch of its own, so the test's requests queue up whole."""
+    model.go.clear()
+    model.plugged.clear()
+    plug = Job(model, Prepared(_inputs((PLUG, 1)), "plug"), asyncio.get_running_loop())
+    engine.submit(plug)
+    await asyncio.get_running_loop().run_in_executor(None, model.plugged.wait)
+    return plug
+
+
+def _run(engine: Engine, model: Recorder, requests: list[tuple[list, object]]) -> list:
+    """Submit every request while the worker is held, then release it; the rows of each."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        plug = await _plug(engine, model)
+        jobs = [Job(model, Prepared(enc, options), loop) for enc, options in requests]
+        for job in jobs:
+            engine.submit(job)
+        model.go.set()
+        await plug.future
+        return [await job.future for job in jobs]
+
+    return asyncio.run(main())
+
+
+@pytest.fixture
+def engine_and_model():
+    model = Recorder()
+    engine = Engine(max_batch_tokens=10, workers=1, metrics=ServerMetrics())
+    engine.start([model])
+    assert engine.wait_ready(30)
+    yield engine, model
+    engine.close()
+    assert engine.join(30)
+
+
+def test_batches_take_the_queue_in_order_within_the_budget(engine_and_model):
+    engine, model = engine_and_model
+    a = _inputs((1, 4), (2, 4))
+    b = _inputs((3, 4), (4, 1), (5, 9))
+    rows = _run(engine, model, [(a, "x"), (b, "x")])
+    # 4 + 4 fit, 4 more would not; then 4 + 1 (9 next would pass 10); then 9 alone.
+    assert model.batches == [[1, 2], [3, 4], [5]]
+    np.testing.assert_array_equal(rows[0], [[1, 4], [2, 4]])
+    np.testing.assert_array_equal(rows[1], [[3, 4], [4, 1], [5, 9]])
+
+
+def test_only_inputs_with_equal_options_share_a_batch(engine_and_model):
+    engine, model = engine_and_model
+    rows = _run(
+        engine,
+        model,
+        [(_inputs((1, 2)), "x"), (_inputs((2, 2)), "y"), (_inputs((3, 2)), "x")],
+    )
+    # The second request's options differ: the first batch passes over it, keeping its place.
+    assert model.batches == [[1, 3], [2]]
+    assert [r[0, 0] for r in rows] == [1, 2, 3]
+
+
+def test_an_input_over_the_budget_runs_alone(engine_and_model):
+    engine, model = engine_and_model
+    rows = _run(engine, model, [(_inputs((7, 50), (8, 2)), "x")])
+    assert model.batches == [[7], [8]]
+    np.testing.assert_array_equal(rows[0], [[7, 50], [8, 2]])
+
+
+def test_a_cancelled_requests_waiting_inputs_never_run(engine_and_model):
+    engine, model = engine_and_model
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        plug = await _plug(engine, model)
+        gone = Job(model, Prepared(_inputs((2, 3), (3, 3)), "x"), loop)
+        after = Job(model, Prepared(_inputs((4, 3)), "x"), loop)
+        engine.submit(gone)
+        engine.submit(after)
+        assert engine.queued == 3
+        engine.cancel(gone)
+        assert engine.queued == 1
+        model.go.set()
+        await plug.future
+        await after.future
+        return gone
+
+    gone = asyncio.run(main())
+    assert not gone.future.done()
+    assert model.batches == [[4]]
+
+
+def test_a_closed_engine_takes_no_work_and_its_workers_stop():
+    model = Recorder()
+    engine = Engine(max_batch_tokens=10, workers=2, metrics=ServerMetrics())
+    engine.start([model])
+    assert engine.wait_ready(30)
+    engine.close()
+    assert engine.join(30)
+
+    async def main():
+        job = Job(model, Prepared(_inputs((1, 2)), "x"), asyncio.get_running_loop())
+        with pytest.raises(Closed):
+            engine.submit(job)
+
+    asyncio.run(main())
+
+
+def test_a_failing_batch_fails_its_requests_only(engine_and_model):
+    engine, model = engine_and_model
+
+    class Broken(Recorder):
+        name = "broken"
+
+        def run(self, encodings, options):
+            raise RuntimeError("the model broke")
+
+    broken = Broken()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        bad = Job(broken, Prepared(_inputs((1, 2)), "x"), loop)
+        good = Job(model, Prepared(_inputs((2, 2)), "x"), loop)
+        engine.submit(bad)
+        engine.submit(good)
+        with pytest.raises(RuntimeError, match="the model broke"):
+            await bad.future
+        return await good.future
+
+    np.testing.assert_array_equal(asyncio.run(main()), [[2, 2]])
+
+
+def test_rows_are_written_exactly_and_nan_is_refused():
+    import json
+
+    from clearformer.serve.errors import ApiError
+    from clearformer.serve.render import embed_body
+
+    rng = np.random.default_rng(0)
+    rows = (rng.standard_normal((3, 7)) * 10.0 ** rng.integers(-8, 3, (3, 7))).astype(np.float32)
+    rows[0, 0] = -0.0
+    back = np.float32(json.loads(embed_body(rows)))
+    np.testing.assert_array_equal(back.view(np.uint32), rows.view(np.uint32))  # every bit
+    rows[2, 3] = np.nan
+    with pytest.raises(ApiError, match="results of 1 of 3 inputs are not finite"):
+        embed_body(rows)
