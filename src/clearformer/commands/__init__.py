@@ -8,6 +8,7 @@ parser's ``func`` default: ``run(args) -> int`` is the exit status.
 COMMANDS = (
     "encode",
     "search",
+    "index",
     "rerank",
     "explain",
     "train",
