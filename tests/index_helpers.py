@@ -52,15 +52,18 @@ def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
-def cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "clearformer.cli", *argv],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+def cli(*argv: str) -> subprocess.CompletedProcess:
+    """The CLI in this process (no interpreter to start, no torch to import again), with its
+    exit status and output as a subprocess would give them."""
+    import contextlib
+    import io
+
+    from clearformer.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def killed_cli(target: str, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
