@@ -19,9 +19,8 @@ from clearformer.index import (
     ModelMismatchError,
     VectorIndex,
     add_to_index,
-    build_index,
+    layout,
 )
-from clearformer.index import layout
 from clearformer.index.quantize import int8_ranges, quantize, truncate
 from clearformer.text import TextEncoder
 
@@ -195,9 +194,8 @@ def test_a_reader_keeps_its_generation_while_a_writer_commits(tmp_path, tiny, te
 def test_a_second_writer_is_refused_while_one_holds_the_lock(tmp_path, tiny, texts):
     path = tmp_path / "idx"
     tiny.build_index(path, texts[:20])
-    with layout.writer_lock(path):
-        with pytest.raises(layout.IndexBusyError, match="another build or add"):
-            add_to_index(path, texts[20:40], tiny)
+    with layout.writer_lock(path), pytest.raises(layout.IndexBusyError, match="another build"):
+        add_to_index(path, texts[20:40], tiny)
 
 
 def test_bad_arguments_fail_before_any_work(tmp_path, tiny):
@@ -267,9 +265,11 @@ def test_cli_errors_are_one_line(tmp_path, capsys, tiny, texts):
     code, _, err = _run(capsys, "search", "w1", "--index", str(index))
     assert code == 2 and "does not exist" in err and "Traceback" not in err
     code, _, err = _run(capsys, "search", "w1")
-    assert code == 2 and "give one of --corpus FILE" in err
-    code, _, err = _run(capsys, "index", "build", "--corpus", str(corpus), "--out", str(index),
-                        "--storage", "binary", "--dimensions", "12", "--model", str(tiny.path))  # fmt: skip
+    assert code == 2 and "give --corpus FILE (rank its lines) or --index INDEX" in err
+    code, _, err = _run(
+        capsys, "index", "build", "--corpus", str(corpus), "--out", str(index), "--storage",
+        "binary", "--dimensions", "12", "--model", str(tiny.path),
+    )  # fmt: skip
     assert code == 2 and "--dimensions must be a multiple of 8" in err
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "a.txt").write_text("mine")

@@ -9,6 +9,9 @@ COMMANDS = (
     "encode",
     "search",
     "index",
+    # These two add no command: they extend encode (--output DIR) and search (--index).
+    "encode_shards",
+    "search_index",
     "rerank",
     "explain",
     "train",

@@ -103,21 +103,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="write embeddings to FILE.npy or FILE.jsonl, or to a directory of shards and a "
         "manifest (resumable; one shard per process under torchrun)",
     )
-    p.add_argument(
-        "--shard-format",
-        choices=("npy", "parquet"),
-        default="npy",
-        help="with --output DIR: shard files as .npy arrays or Parquet tables with the texts "
-        "(default npy)",
-    )
-    p.add_argument(
-        "--chunk-rows",
-        type=positive_int,
-        default=4096,
-        metavar="N",
-        help="with --output DIR: texts per committed chunk, what a killed run resumes from "
-        "(default 4096)",
-    )
     p.add_argument("--similarity", action="store_true", help="print the cosine similarity matrix")
     p.add_argument(
         "--no-normalize",
@@ -220,10 +205,6 @@ def run(args: argparse.Namespace) -> int:
     from ..io import atomic_write
     from .outputs import check_finite
 
-    from .encode_shards import is_shard_directory, run_sharded
-
-    if is_shard_directory(args.output):
-        return run_sharded(args)
     output = check_output(args.output)
     texts = read_input(args.texts, args.input, args.field)
     if args.similarity and len(texts) > SIMILARITY_MAX:

@@ -3,6 +3,9 @@
 Run alone it writes one shard; under ``torchrun --nproc_per_node=N [--nnodes=M]`` each process
 writes its own (:mod:`clearformer.index.shards`). Either way the run is resumable: run the same
 command again after a kill and only the chunks that were not committed are encoded.
+
+This module adds no command: it extends ``encode``'s parser with the shard options and sends
+an ``--output`` directory here, so ``encode`` itself knows nothing of shards.
 """
 
 from __future__ import annotations
@@ -11,7 +14,32 @@ import argparse
 import sys
 from pathlib import Path
 
-from .encode import OUTPUT_SUFFIXES
+from .encode import OUTPUT_SUFFIXES, positive_int
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.choices["encode"]
+    p.add_argument(
+        "--shard-format",
+        choices=("npy", "parquet"),
+        default="npy",
+        help="with --output DIR: shard files as .npy arrays or Parquet tables with the texts "
+        "(default npy)",
+    )
+    p.add_argument(
+        "--chunk-rows",
+        type=positive_int,
+        default=4096,
+        metavar="N",
+        help="with --output DIR: texts per committed chunk, what a killed run resumes from "
+        "(default 4096)",
+    )
+    to_file = p.get_default("func")
+
+    def run(args: argparse.Namespace) -> int:
+        return run_sharded(args) if is_shard_directory(args.output) else to_file(args)
+
+    p.set_defaults(func=run)
 
 
 def is_shard_directory(output: str | None) -> bool:

@@ -134,11 +134,9 @@ def check_index_destination(value: str) -> Path:
     path = Path(value)
     if path.exists() and not path.is_dir():
         raise CliError(f"--out: {path} is a file, expected an index directory")
-    if path.is_dir() and any(path.iterdir()):
-        if not any((path / name).exists() for name in ("CURRENT", "staging", "generations")):
-            raise CliError(
-                f"--out: {path} is a directory that holds no index; give a new or empty one"
-            )
+    marks = ("CURRENT", "staging", "generations")
+    if path.is_dir() and any(path.iterdir()) and not any((path / m).exists() for m in marks):
+        raise CliError(f"--out: {path} is a directory that holds no index; give a new or empty one")
     # A file can be written where the index goes: in it (a rebuild) or beside it (a new one).
     check_destination("--out", path / "CURRENT" if path.is_dir() else path)
     return path

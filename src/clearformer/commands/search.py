@@ -40,11 +40,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("query", metavar="QUERY", help="the text to search for")
     p.add_argument("--corpus", metavar="FILE", help="one text per line, or JSONL with --field")
-    p.add_argument(
-        "--index",
-        metavar="INDEX",
-        help="search an index built by `clearformer index build` instead of a corpus file",
-    )
     p.add_argument("--field", metavar="NAME", help="JSONL corpus: the string field to search")
     p.add_argument("-k", "--top-k", type=positive_int, default=5, help="results to show")
     p.add_argument("--json", action="store_true", help="print results as JSON lines (full texts)")
@@ -88,12 +83,8 @@ def run(args: argparse.Namespace) -> int:
     from ..cli import CliError
     from .outputs import check_finite
 
-    if (args.corpus is None) == (args.index is None):
-        raise CliError("give one of --corpus FILE (rank its lines) or --index INDEX")
-    if args.index is not None:
-        from .search_index import run_index_search
-
-        return run_index_search(args)
+    if args.corpus is None:
+        raise CliError("give --corpus FILE (rank its lines) or --index INDEX")
     entries = read_corpus(args)
     encoder = load_encoder(args)
     corpus = encoder.encode(

@@ -23,7 +23,14 @@ from __future__ import annotations
 
 from .identity import ModelIdentity, ModelMismatchError
 from .options import IndexOptions
-from .vector_index import Hit, IndexNotFoundError, IndexStats, VectorIndex, add_to_index, build_index
+from .vector_index import (
+    Hit,
+    IndexNotFoundError,
+    IndexStats,
+    VectorIndex,
+    add_to_index,
+    build_index,
+)
 
 __all__ = [
     "Hit",

@@ -60,6 +60,4 @@ def quantize(vectors: np.ndarray, storage: str, ranges: np.ndarray | None = None
 
 def stored_bytes(storage: str, dimensions: int) -> int:
     """Bytes of one stored vector (the graph's links come on top)."""
-    return {"float32": 4 * dimensions, "int8": dimensions, "binary": (dimensions + 7) // 8}[
-        storage
-    ]
+    return {"float32": 4 * dimensions, "int8": dimensions, "binary": (dimensions + 7) // 8}[storage]

@@ -238,12 +238,12 @@ def _finish(out: Path, job: dict, fmt: str, world: int, identity, source) -> boo
         "model": identity.to_dict(),
         "input": source or {},
         "world": world,
-        "shards": [
-            {k: r[k] for k in ("file", "rank", "rows", "count", "sha256")} for r in records
-        ],
+        "shards": [{k: r[k] for k in ("file", "rank", "rows", "count", "sha256")} for r in records],
     }
     write_json(out / MANIFEST, manifest)
-    kept = {r["file"] for r in records} | {f"shard-{r:05d}-of-{world:05d}.json" for r in range(world)}
+    kept = {r["file"] for r in records} | {
+        f"shard-{r:05d}-of-{world:05d}.json" for r in range(world)
+    }
     for path in out.glob("shard-*"):
         if path.name not in kept:  # shards of an earlier, killed run with another world size
             path.unlink(missing_ok=True)

@@ -25,7 +25,8 @@ def write_texts(path: Path, ids: Sequence[str], texts: Sequence[str]) -> None:
         connection.execute("PRAGMA journal_mode = OFF")  # a new file: nothing to roll back to
         connection.execute("CREATE TABLE texts (row INTEGER PRIMARY KEY, id TEXT, text TEXT)")
         for start in range(0, len(texts), _BATCH):
-            rows = zip(range(start, start + _BATCH), ids[start:], texts[start : start + _BATCH])
+            end = start + _BATCH
+            rows = zip(range(start, end), ids[start:end], texts[start:end], strict=False)
             connection.executemany("INSERT INTO texts VALUES (?, ?, ?)", rows)
         connection.commit()
     finally:

@@ -375,7 +375,11 @@ def _write(
         committed = None
         if current is not None:
             committed = layout.read_json(layout.generation_dir(root, current) / "meta.json")
-        if base is not None and committed is not None and committed["generation"] != base.generation:
+        if (
+            base is not None
+            and committed is not None
+            and committed["generation"] != base.generation
+        ):
             base = VectorIndex.open(root)  # another add committed since we looked: add to it
             committed = base.meta
         if committed is not None and _already_holds(committed, content, options, identity, base):
@@ -539,5 +543,3 @@ def _not_found(root: Path) -> str:
             "run the same build again to resume it"
         )
     return f"{root} is not an index directory (no {layout.CURRENT} file)"
-
-
