@@ -30,6 +30,14 @@ log = logging.getLogger(__name__)
 ChunkDone = Callable[[int, bool], None]  # (chunk index, reused) after each chunk
 
 
+def chunk_progress(progress: Any, start: int, total: int) -> Any:
+    """``encode``'s ``progress`` for the chunk starting at row ``start``: a callable reports
+    rows of the whole corpus, ``(start + done, total)``; other values go as they are."""
+    if not callable(progress):
+        return progress
+    return lambda done, _: progress(start + done, total)
+
+
 class ChunkJobMismatch(ValueError):
     """A chunk directory holds the chunks of another job."""
 
@@ -88,7 +96,7 @@ class ChunkStore:
 
 
 def embed_chunks(
-    encode: Callable[[list[str]], np.ndarray],
+    encode: Callable[[list[str], int], np.ndarray],
     texts: Sequence[str],
     store: ChunkStore,
     chunk_rows: int,
@@ -98,7 +106,7 @@ def embed_chunks(
     """Embed every chunk of ``texts`` (or only ``chunks``) that ``store`` lacks.
 
     Args:
-        encode: texts -> (n, D) float32 embeddings.
+        encode: (texts, row of the first) -> (n, D) float32 embeddings.
         chunks: the chunk indices this process owns; None = all.
 
     Returns:
@@ -114,7 +122,7 @@ def embed_chunks(
                 on_chunk(index, True)
             continue
         start = index * chunk_rows
-        vectors = encode(list(texts[start : start + chunk_rows]))
+        vectors = encode(list(texts[start : start + chunk_rows]), start)
         store.write(index, np.asarray(vectors, dtype=np.float32))
         encoded += 1
         if on_chunk is not None:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..io import atomic_write
-from .chunks import ChunkStore, chunk_count, embed_chunks, texts_sha256
+from .chunks import ChunkStore, chunk_count, chunk_progress, embed_chunks, texts_sha256
 from .identity import ModelIdentity, file_sha256
 from .layout import read_json, write_json
 
@@ -131,9 +131,14 @@ def encode_shard(
         return ShardResult(rank, world, None, (first, stop), 0, 0, False)
     store = ChunkStore(out / CHUNKS, job)
     started = time.perf_counter()
+    progress = encode_options.pop("progress", None)
     encoded, reused = embed_chunks(
-        lambda chunk: encoder.encode(
-            chunk, normalize=normalize, precision=precision, **encode_options
+        lambda chunk, start: encoder.encode(
+            chunk,
+            normalize=normalize,
+            precision=precision,
+            progress=chunk_progress(progress, start, len(texts)),
+            **encode_options,
         ),
         texts,
         store,

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from . import engine, layout
-from .chunks import ChunkStore, embed_chunks, texts_sha256
+from .chunks import ChunkStore, chunk_progress, embed_chunks, texts_sha256
 from .identity import ModelIdentity
 from .options import EXACT_MAX_ROWS, IndexOptions
 from .quantize import int8_ranges, quantize, stored_bytes, truncate
@@ -389,8 +389,14 @@ def _write(
             return VectorIndex.open(root)
         started = time.perf_counter()
         store = ChunkStore(root / "staging" / job_key, job)
+        progress = encode_options.pop("progress", None)
         encoded, reused = embed_chunks(
-            lambda chunk: encoder.encode(chunk, normalize=True, **encode_options),
+            lambda chunk, start: encoder.encode(
+                chunk,
+                normalize=True,
+                progress=chunk_progress(progress, start, len(texts)),
+                **encode_options,
+            ),
             texts,
             store,
             options.chunk_rows,
