@@ -327,3 +327,17 @@ def test_search_index_returns_what_search_corpus_returns(tmp_path, capsys, minil
         np.testing.assert_allclose(
             [r["score"] for r in indexed], [r["score"] for r in brute], atol=2e-6
         )
+
+
+def test_the_docs_python_sample_runs(tmp_path, minilm, monkeypatch, capsys):
+    import re
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "index.md"
+    code = re.search(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(code, "docs/index.md", "exec"), namespace)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].split()[1] == "econ-1" and printed[1].split()[1] == "econ-2"
+    assert namespace["index"].rows == 4 and namespace["rows"][0, 0] == 1  # "The striker ..."
