@@ -83,6 +83,9 @@ def test_add_killed_before_its_commit_leaves_the_previous_index(tmp_path, setup,
     assert result.returncode == 0, result.stderr
     assert "chunk(s) reused" in result.stderr  # the embeddings were committed before the kill
     same_index(out, whole)
+    # The committed generation before this add is kept for readers; the killed one is gone.
+    kept = sorted(p.name for p in (out / "generations").iterdir())
+    assert kept in (["gen-000001", "gen-000002"], ["gen-000001", "gen-000003"])
 
 
 def test_add_killed_after_its_commit_is_not_added_twice(tmp_path, setup):

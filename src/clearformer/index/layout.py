@@ -15,7 +15,8 @@ renamed into place, and a build or add becomes visible only when ``CURRENT`` is 
 (:func:`clearformer.io.atomic_write`, an atomic rename). So a writer killed at any instant
 leaves the previous generation whole and current, and a reader, which reads ``CURRENT`` once
 and then only immutable files, never sees half an index. The generation before the current
-one is kept, for readers that opened it just before a commit; older ones are removed.
+one is kept, for readers that opened it just before a commit; older ones, and those of
+writers killed before their commit, are removed.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from typing import Any
 from ..io import atomic_write
 
 CURRENT = "CURRENT"
-KEPT_GENERATIONS = 2  # the current one and the one before it
 
 
 class IndexBusyError(RuntimeError):
@@ -137,11 +137,16 @@ def remove_stale(root: Path) -> None:
     current = current_generation(root)
     generations = sorted((root / "generations").glob("gen-*"), reverse=True)
     if current is not None:
-        names = [g.name for g in generations]
-        at = names.index(current) if current in names else 0
-        kept = generations[at : at + KEPT_GENERATIONS]
-        for stale in generations[:at] + generations[at + KEPT_GENERATIONS :]:
-            shutil.rmtree(stale, ignore_errors=True)
+        # The current generation and the one committed before it (its meta names it); any
+        # other is older, or was written by a writer killed before its commit.
+        names = {current}
+        with contextlib.suppress(OSError, ValueError):
+            previous = read_json(generation_dir(root, current) / "meta.json").get("previous")
+            names.add(previous)
+        kept = [g for g in generations if g.name in names]
+        for stale in generations:
+            if stale.name not in names:
+                shutil.rmtree(stale, ignore_errors=True)
     else:
         kept = []
     used = set()

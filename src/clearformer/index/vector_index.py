@@ -418,7 +418,7 @@ def _write(
             ranges = int8_ranges(vectors)
         segment = _write_segment(root, vectors, texts, ids, options, ranges, content, source)
         generation = _write_generation(
-            root, base, identity, options, dimensions, ranges, segment, content
+            root, base, identity, options, dimensions, ranges, segment, current
         )
         layout.commit(root, generation)
         log.info("committed %s of %s", generation, root)
@@ -462,7 +462,7 @@ def _write_segment(root, vectors, texts, ids, options, ranges, content, source) 
     return record
 
 
-def _write_generation(root, base, identity, options, dimensions, ranges, segment, content) -> str:
+def _write_generation(root, base, identity, options, dimensions, ranges, segment, current) -> str:
     previous = [] if base is None else base.meta["segments"]
     offset = sum(s["rows"] for s in previous)
     segments = [*previous, {**segment, "offset": offset}]
@@ -472,6 +472,7 @@ def _write_generation(root, base, identity, options, dimensions, ranges, segment
     meta = {
         "format": FORMAT,
         "generation": name,
+        "previous": current,  # the committed generation this one replaces: kept for readers
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "model": identity.to_dict() if base is None else base.meta["model"],
         "options": options.to_dict(),
