@@ -170,7 +170,10 @@ def check_output(output: str | None) -> Path | None:
         return None
     path = Path(output)
     if path.suffix not in OUTPUT_SUFFIXES:
-        raise CliError(f"--output must end in .npy or .jsonl, got {output!r}")
+        raise CliError(
+            f"--output must end in .npy or .jsonl, or name a directory of shards (an existing "
+            f"one, or a new path without a suffix), got {output!r}"
+        )
     if not path.parent.is_dir():
         raise CliError(f"--output directory does not exist: {path.parent}")
     return check_destination("--output", path)
