@@ -5,8 +5,8 @@ HNSW graph holds float32, int8 and packed binary vectors natively, with cosine, 
 and Hamming metrics, where FAISS needs a different index class per kind (``IndexHNSWFlat``,
 ``IndexHNSWSQ`` with its own trained quantizer, ``IndexBinaryHNSW``); a saved index is one file
 that a reader memory-maps (``view``) instead of loading; and its keys are the integers given at
-insertion, so no id map is kept beside the graph. Both recall alike on the same graph settings
-(docs/index.md).
+insertion, so no id map is kept beside the graph. With the same graph settings both gave the
+same recall on the vectors they were compared on (docs/index.md).
 
 Keys are the vectors' global row numbers in the index, so a key needs no lookup table.
 """
