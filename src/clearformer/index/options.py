@@ -7,8 +7,9 @@ from typing import Any
 
 STORAGES = ("float32", "int8", "binary")
 ANN_MODES = ("auto", "hnsw", "exact")
-# Below this many vectors `auto` searches exactly: a scan of 20,000 float32 rows of width 384
-# takes about a millisecond, as long as a graph search, and has no recall to lose.
+# Up to this many vectors `auto` searches exactly: a scan of 20,000 float32 rows of width 384
+# takes a millisecond or two and loses no recall; below that a graph's build time and memory
+# buy little.
 EXACT_MAX_ROWS = 20_000
 # Candidates fetched per result, rescored with the float32 vectors, by storage. On MiniLM
 # embeddings of BBC News texts, with queries from other topics than the corpus (the hard
