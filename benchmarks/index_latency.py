@@ -44,21 +44,38 @@ from index_common import (
 K = 10
 
 
-def measure(n, corpus, queries, truth, index, built) -> list[dict]:
-    """One row per way of searching ``corpus`` (n vectors)."""
-    import usearch.index
-
-    graph_file = index.root / "generations" / index.generation / "hnsw.usearch"
-    direct = usearch.index.Index.restore(str(graph_file), view=True)
-    direct.expansion_search = index.options.expansion_search
+def brute_force(n, corpus, queries, truth) -> dict:
+    """numpy's scan, timed before any index is built in this process (``--brute-force-only``
+    times it in a process that builds none): on the 2-core machine of docs/index.md a
+    100,000-row scan took 105 ms per query after a graph build in the same process and 16 ms
+    in a fresh one a minute later; the cause was not pinned down."""
 
     def brute(q):
         scores = corpus @ q[0]
         top = np.argpartition(-scores, K)[:K]
         return top[np.argsort(-scores[top])]
 
+    median, p95 = per_query_ms(brute, queries)
+    row = {
+        "vectors": n,
+        "search": "numpy brute force",
+        "recall@10": 1.0,
+        "query ms (median)": round(median, 3),
+        "query ms (p95)": round(p95, 3),
+        "index build s": "-",
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def measure(n, queries, truth, index, built) -> list[dict]:
+    """One row per way of searching the index's graph: usearch alone, and clearformer."""
+    import usearch.index
+
+    graph_file = index.root / "generations" / index.generation / "hnsw.usearch"
+    direct = usearch.index.Index.restore(str(graph_file), view=True)
+    direct.expansion_search = index.options.expansion_search
     ways = {
-        "numpy brute force": (brute, lambda: exact_top(corpus, queries, K)),
         "usearch direct": (
             lambda q: direct.search(q, K),
             lambda: np.asarray(direct.search(queries, K).keys),
@@ -77,7 +94,7 @@ def measure(n, corpus, queries, truth, index, built) -> list[dict]:
             "recall@10": round(recall(every(), truth), 4),
             "query ms (median)": round(median, 3),
             "query ms (p95)": round(p95, 3),
-            "index build s": round(built, 1) if name != "numpy brute force" else "-",
+            "index build s": round(built, 1),
         }
         print(json.dumps(row), flush=True)
         rows.append(row)
@@ -91,6 +108,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--queries", type=int, default=200, help="queries timed (200)")
     parser.add_argument("--storage", default="float32", help="the index's storage (float32)")
+    parser.add_argument(
+        "--brute-force-only", action="store_true", help="time the numpy scan alone (no index)"
+    )
     parser.add_argument("--out", type=Path, help="write the result as Markdown (and .json)")
     args = parser.parse_args()
 
@@ -107,6 +127,9 @@ def main() -> None:
         for n in args.rows:
             corpus = grow(real, n)
             truth = exact_top(corpus, queries, K)
+            rows.append(brute_force(n, corpus, queries, truth))
+            if args.brute_force_only:
+                continue
             encoder = RowEncoder(corpus)
             started = time.perf_counter()
             index = build_index(
@@ -116,7 +139,7 @@ def main() -> None:
                 options=IndexOptions(storage=args.storage, ann="hnsw", chunk_rows=250_000),
             )
             built = time.perf_counter() - started
-            rows += measure(n, corpus, queries, truth, index, built)
+            rows += measure(n, queries, truth, index, built)
     host = machine(threads=os.cpu_count() or 1)
     lines = [
         "# Index query latency, one query at a time (k = 10)",
