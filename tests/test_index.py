@@ -25,7 +25,7 @@ from clearformer.index.quantize import int8_ranges, quantize, truncate
 from clearformer.text import TextEncoder
 
 from .helpers import write_tiny_bert
-from .index_helpers import WORDS, tiny_model, word_texts
+from .test_index_helpers import WORDS, tiny_model, word_texts
 
 pytest.importorskip("usearch")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -133,9 +133,9 @@ def test_add_is_exactly_once_and_keeps_storage_and_ranges(tmp_path, tiny, texts)
 
 
 def test_add_crossing_the_exact_limit_builds_a_graph(tmp_path, tiny, texts, monkeypatch):
-    from clearformer.index import vector_index
+    from clearformer.index import build
 
-    monkeypatch.setattr(vector_index, "EXACT_MAX_ROWS", 250)
+    monkeypatch.setattr(build, "EXACT_MAX_ROWS", 250)
     index = tiny.build_index(tmp_path / "idx", texts[:200])
     assert index.ann == "exact"
     index = add_to_index(tmp_path / "idx", texts[200:], tiny)

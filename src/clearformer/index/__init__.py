@@ -1,9 +1,10 @@
 """Search at scale: a persistent vector index of text embeddings, and corpus embedding sharded
 over processes.
 
-* :mod:`.vector_index` -- :class:`VectorIndex`, :func:`build_index`, :func:`add_to_index`:
-  an index directory with its model's identity, texts and ids beside the vectors, crash-safe
-  writes and exactly-once adds;
+* :mod:`.vector_index` -- :class:`VectorIndex`: an index directory, opened for search, with
+  its model's identity, texts and ids beside the vectors;
+* :mod:`.build` -- :func:`build_index`, :func:`add_to_index`: crash-safe writes, resumable,
+  and exactly-once adds;
 * :mod:`.options` -- :class:`IndexOptions`: storage (float32, int8, binary), Matryoshka
   dimensions, graph or exact search;
 * :mod:`.engine` -- the embedded vector library (usearch's HNSW) behind four functions;
@@ -21,6 +22,7 @@ The engine (usearch) is an optional extra: ``pip install 'clearformer[index]'``.
 
 from __future__ import annotations
 
+from .build import add_to_index, build_index
 from .identity import ModelIdentity, ModelMismatchError
 from .options import IndexOptions
 from .vector_index import (
@@ -28,8 +30,6 @@ from .vector_index import (
     IndexNotFoundError,
     IndexStats,
     VectorIndex,
-    add_to_index,
-    build_index,
 )
 
 __all__ = [
