@@ -8,6 +8,10 @@ parser's ``func`` default: ``run(args) -> int`` is the exit status.
 COMMANDS = (
     "encode",
     "search",
+    "index",
+    # These two add no command: they extend encode (--output DIR) and search (--index).
+    "encode_shards",
+    "search_index",
     "rerank",
     "serve",
     "explain",

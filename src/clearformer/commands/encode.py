@@ -97,7 +97,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="read JSONL input and take this string field (default for .jsonl input: text)",
     )
     p.add_argument(
-        "-o", "--output", metavar="FILE", help="write embeddings to FILE.npy or FILE.jsonl"
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write embeddings to FILE.npy or FILE.jsonl, or to a directory of shards and a "
+        "manifest (resumable; one shard per process under torchrun)",
     )
     p.add_argument("--similarity", action="store_true", help="print the cosine similarity matrix")
     p.add_argument(
@@ -166,7 +170,10 @@ def check_output(output: str | None) -> Path | None:
         return None
     path = Path(output)
     if path.suffix not in OUTPUT_SUFFIXES:
-        raise CliError(f"--output must end in .npy or .jsonl, got {output!r}")
+        raise CliError(
+            f"--output must end in .npy or .jsonl, or name a directory of shards (an existing "
+            f"one, or a new path without a suffix), got {output!r}"
+        )
     if not path.parent.is_dir():
         raise CliError(f"--output directory does not exist: {path.parent}")
     return check_destination("--output", path)

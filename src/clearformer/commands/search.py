@@ -39,9 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Rank the texts of a corpus file by cosine similarity to a query.",
     )
     p.add_argument("query", metavar="QUERY", help="the text to search for")
-    p.add_argument(
-        "--corpus", required=True, metavar="FILE", help="one text per line, or JSONL with --field"
-    )
+    p.add_argument("--corpus", metavar="FILE", help="one text per line, or JSONL with --field")
     p.add_argument("--field", metavar="NAME", help="JSONL corpus: the string field to search")
     p.add_argument("-k", "--top-k", type=positive_int, default=5, help="results to show")
     p.add_argument("--json", action="store_true", help="print results as JSON lines (full texts)")
@@ -82,8 +80,11 @@ def read_corpus(args: argparse.Namespace) -> list[tuple[int, str]]:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from ..cli import CliError
     from .outputs import check_finite
 
+    if args.corpus is None:
+        raise CliError("give --corpus FILE (rank its lines) or --index INDEX")
     entries = read_corpus(args)
     encoder = load_encoder(args)
     corpus = encoder.encode(

@@ -412,6 +412,22 @@ class TextEncoder:
         batch = self._calibration
         model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
 
+    def build_index(self, path: str | os.PathLike, texts: list[str], **kwargs):
+        """Build a persistent vector index of ``texts`` at ``path`` with this encoder and return
+        it opened for search (:func:`clearformer.index.build_index`; ``ids=``, ``options=``
+        :class:`~clearformer.index.IndexOptions`, and ``encode``'s batching options)."""
+        from ..index import build_index
+
+        return build_index(path, texts, self, **kwargs)
+
+    def open_index(self, path: str | os.PathLike):
+        """The index at ``path``, opened to search with this encoder; refused
+        (:class:`~clearformer.index.ModelMismatchError`) unless this is the model that built
+        it (:class:`~clearformer.index.VectorIndex`)."""
+        from ..index import VectorIndex
+
+        return VectorIndex.open(path, self)
+
     def predict(self, *args, **kwargs):
         """Not available: scoring text pairs needs a classification head."""
         raise TypeError(

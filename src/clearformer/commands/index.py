@@ -1,0 +1,320 @@
+"""``clearformer index build | add | info``: a persistent vector index of a corpus.
+
+``build`` embeds a corpus file into an index directory; ``add`` embeds more texts into it
+(exactly once: texts it already holds are not added again); ``info`` prints what an index holds
+and its size. ``clearformer search QUERY --index INDEX`` searches it. A killed build or add
+leaves the previous index as it was; the same command again resumes from the chunks of
+embeddings it committed. See ``docs/index.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .encode import add_model_arguments, positive_int, progress_for
+
+STORAGES = ("float32", "int8", "binary")  # as clearformer.index.options, without importing it
+ANN_MODES = ("auto", "hnsw", "exact")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "index",
+        help="build, extend or describe a vector index of a corpus",
+        description="A persistent vector index of a corpus: build it, add to it, describe it. "
+        "Search it with `clearformer search QUERY --index INDEX`.",
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+
+    build = actions.add_parser("build", help="embed a corpus file into a new index")
+    _corpus_arguments(build)
+    build.add_argument("--out", required=True, metavar="INDEX", help="the index directory")
+    build.add_argument(
+        "--storage",
+        choices=STORAGES,
+        default="float32",
+        help="vectors held in memory for search: float32, int8 (4x smaller) or binary (32x "
+        "smaller); candidates are rescored with float32 vectors kept on disk (default float32)",
+    )
+    build.add_argument(
+        "--dimensions",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="keep the first N dimensions of each embedding, renormalised (Matryoshka "
+        "truncation; default: all)",
+    )
+    build.add_argument(
+        "--ann",
+        choices=ANN_MODES,
+        default="auto",
+        help="hnsw: a graph (approximate); exact: a full scan; auto: exact up to 20,000 "
+        "vectors, else hnsw (default auto)",
+    )
+    build.add_argument(
+        "--chunk-rows",
+        type=positive_int,
+        default=4096,
+        metavar="N",
+        help="texts embedded per committed chunk: what a killed build resumes from (default 4096)",
+    )
+    add_model_arguments(build)
+    build.set_defaults(func=run_build)
+
+    add = actions.add_parser("add", help="embed more texts into an index (exactly once)")
+    add.add_argument("index", metavar="INDEX", help="the index directory")
+    _corpus_arguments(add)
+    add_model_arguments(add)
+    add.set_defaults(func=run_add)
+
+    info = actions.add_parser("info", help="what an index holds, and its size")
+    info.add_argument("index", metavar="INDEX", help="the index directory")
+    info.set_defaults(func=run_info)
+
+
+def _corpus_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--corpus", required=True, metavar="FILE", help="one text per line, or JSONL with --field"
+    )
+    p.add_argument("--field", metavar="NAME", help="JSONL corpus: the text field (default: text)")
+    p.add_argument(
+        "--id-field",
+        metavar="NAME",
+        help="JSONL corpus: the field holding each text's id (default: FILE:LINE)",
+    )
+
+
+def read_corpus_file(args: argparse.Namespace) -> tuple[list[str], list[str], dict]:
+    """(texts, ids, source) of ``--corpus``: blank texts left out, each id the ``--id-field``
+    or ``FILE:LINE``; source records the file's name and SHA-256."""
+    import hashlib
+
+    from ..checks import check_unicode
+    from ..cli import CliError
+    from ..io import parse_json_object, read_lines, read_texts
+    from .inputs import require_input_file
+
+    path = require_input_file(args.corpus, "--corpus")
+    data = path.read_bytes()
+    jsonl = args.field is not None or args.id_field is not None or path.suffix == ".jsonl"
+    if not jsonl:
+        entries = [(f"{path.name}:{n}", t) for n, t in enumerate(read_texts(data, str(path)), 1)]
+    else:
+        field = args.field or "text"
+        entries = []
+        for number, line in enumerate(read_lines(data, str(path)), start=1):
+            if not line.strip():
+                continue
+            item = parse_json_object(line, f"{path} line {number}")
+            text = item.get(field)
+            if not isinstance(text, str):
+                raise CliError(f"{path} line {number}: expected a string field {field!r}")
+            check_unicode(text, f"{path} line {number}: field {field!r}")
+            ident = f"{path.name}:{number}"
+            if args.id_field is not None:
+                if args.id_field not in item:
+                    raise CliError(f"{path} line {number}: no id field {args.id_field!r}")
+                ident = str(item[args.id_field])
+            entries.append((ident, text))
+    entries = [(ident, text) for ident, text in entries if text.strip()]
+    if not entries:
+        raise CliError(f"empty input: {path} holds no non-blank texts")
+    source = {"file": str(path), "sha256": hashlib.sha256(data).hexdigest()}
+    return [t for _, t in entries], [i for i, _ in entries], source
+
+
+def check_index_destination(value: str) -> Path:
+    """--out INDEX: a new directory, or one that already holds an index (rebuilt)."""
+    from ..cli import CliError
+    from .outputs import check_destination
+
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise CliError(f"--out: {path} is a file, expected an index directory")
+    marks = ("CURRENT", "staging", "generations")
+    if path.is_dir() and any(path.iterdir()) and not any((path / m).exists() for m in marks):
+        raise CliError(f"--out: {path} is a directory that holds no index; give a new or empty one")
+    # A file can be written where the index goes: in it (a rebuild) or beside it (a new one).
+    check_destination("--out", path / "CURRENT" if path.is_dir() else path)
+    return path
+
+
+def index_encoder(args: argparse.Namespace, index_path: Path):
+    """The model to embed with: --model, else the model the index records (if that
+    directory still exists), else the bundled one. The index refuses any other model."""
+    from ..index import IndexNotFoundError, VectorIndex
+    from ..text import TextEncoder
+
+    model = args.model
+    if model is None:
+        try:
+            recorded = VectorIndex.open(index_path).identity.path
+        except (IndexNotFoundError, OSError, ValueError, KeyError):
+            recorded = ""
+        model = recorded if recorded and Path(recorded).is_dir() else None
+    return TextEncoder.from_pretrained(model, backend=args.backend)
+
+
+def _encode_options(args: argparse.Namespace, total: int) -> dict:
+    return {
+        "batch_size": args.batch_size,
+        "max_tokens": args.max_tokens,
+        "workers": args.workers,
+        "progress": progress_for(args, total),
+    }
+
+
+class _Chunks:
+    """Counts the chunks a write encoded and the ones it reused."""
+
+    def __init__(self) -> None:
+        self.encoded = self.reused = 0
+
+    def __call__(self, index: int, reused: bool) -> None:
+        if reused:
+            self.reused += 1
+        else:
+            self.encoded += 1
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from ..cli import CliError
+    from ..index import IndexOptions, build_index
+
+    try:
+        options = IndexOptions(
+            storage=args.storage,
+            dimensions=args.dimensions,
+            ann=args.ann,
+            chunk_rows=args.chunk_rows,
+        )
+    except ValueError as exc:
+        raise CliError(f"--{str(exc).replace('_', '-')}") from None
+    out = check_index_destination(args.out)
+    texts, ids, source = read_corpus_file(args)
+    _require_engine()
+    encoder = _load(args)
+    before = _generation(out)
+    chunks = _Chunks()
+    index = _writing(
+        lambda: build_index(
+            out,
+            texts,
+            encoder,
+            ids=ids,
+            options=options,
+            source=source,
+            on_chunk=chunks,
+            **_encode_options(args, len(texts)),
+        )
+    )
+    _report("built", out, index, before, chunks)
+    return 0
+
+
+def run_add(args: argparse.Namespace) -> int:
+    from ..index import add_to_index
+
+    path = Path(args.index)
+    _require_index(path)
+    texts, ids, source = read_corpus_file(args)
+    _require_engine()
+    encoder = index_encoder(args, path)
+    before = _generation(path)
+    chunks = _Chunks()
+    index = _writing(
+        lambda: add_to_index(
+            path,
+            texts,
+            encoder,
+            ids=ids,
+            source=source,
+            on_chunk=chunks,
+            **_encode_options(args, len(texts)),
+        )
+    )
+    _report("added to", path, index, before, chunks)
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from ..index import VectorIndex
+
+    path = Path(args.index)
+    _require_index(path)
+    _require_engine()
+    index = VectorIndex.open(path)
+    stats = index.stats()
+    model = index.identity
+    print(f"index       {path} ({index.generation})")
+    print(f"model       {model.describe()}")
+    print(f"            revision {model.revision}, from {model.path}")
+    print(f"rows        {index.rows:,} in {len(index.meta['segments'])} segment(s)")
+    print(f"vectors     {index.dimensions} dimensions, {stats.storage}, search: {stats.ann}")
+    print(f"memory      {stats.memory_per_vector:,.1f} bytes per vector ({stats.memory_bytes:,})")
+    print(f"disk        {stats.disk_per_vector:,.1f} bytes per vector ({stats.disk_bytes:,})")
+    return 0
+
+
+def _load(args: argparse.Namespace):
+    from .encode import load_encoder
+
+    return load_encoder(args)
+
+
+def _require_engine() -> None:
+    from ..cli import CliError
+    from ..index.engine import MissingEngineError, usearch_index_module
+
+    try:
+        usearch_index_module()
+    except MissingEngineError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _require_index(path: Path) -> None:
+    from ..cli import CliError
+    from ..index import layout
+
+    if not path.is_dir():
+        raise CliError(f"INDEX {path} does not exist: build it with `clearformer index build`")
+    if layout.current_generation(path) is None:
+        raise CliError(
+            f"INDEX {path} holds no committed index (a build stopped before its commit leaves "
+            "none: run the same build again to resume it)"
+        )
+
+
+def _generation(path: Path) -> str | None:
+    from ..index import layout
+
+    return layout.current_generation(path) if path.is_dir() else None
+
+
+def _writing(write):
+    """Run a build or add, with a busy index as a one-line error."""
+    from ..cli import CliError
+    from ..index.layout import IndexBusyError
+
+    try:
+        return write()
+    except IndexBusyError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _report(verb: str, path: Path, index, before: str | None, chunks: _Chunks) -> None:
+    stats = index.stats()
+    if index.generation == before:
+        print(f"{path} already holds these texts: nothing {verb.split()[0]}", file=sys.stderr)
+        return
+    resumed = f", {chunks.reused} chunk(s) reused" if chunks.reused else ""
+    print(
+        f"{verb} {path}: {index.rows:,} vectors of {index.dimensions} dimensions, "
+        f"{stats.storage}, {stats.ann} search ({chunks.encoded} chunk(s) encoded{resumed}); "
+        f"memory {stats.memory_per_vector:,.0f} B/vector, disk {stats.disk_per_vector:,.0f} "
+        "B/vector",
+        file=sys.stderr,
+    )

@@ -1,0 +1,290 @@
+"""A corpus embedded by several processes: one shard per rank and a manifest.
+
+``torchrun --nproc_per_node=N -m clearformer encode --input CORPUS --output DIR`` starts N
+processes; each reads the corpus, embeds its share and writes ``DIR/shard-<rank>-of-<N>.npy``
+(or ``.parquet``). The share is a run of whole chunks (:mod:`.chunks`): with K chunks, rank r
+takes chunks ``r * K // N`` up to ``(r + 1) * K // N``, so the shards in rank order are the
+corpus's rows in order, each row in exactly one shard, and a one-process run gives the same
+rows (a text's embedding does not depend on its batch-mates).
+
+No process group is needed: ranks share nothing but the directory (on several nodes, a
+shared file system). Each rank, its shard written, records it in ``shard-<rank>-of-<N>.json``;
+the rank that finds every shard recorded writes ``manifest.json`` (rows, checksums, the
+model's identity) and removes the chunks. A killed run leaves its committed chunks in
+``DIR/.chunks``; run again (with any number of processes) it encodes only the others. A
+directory whose manifest already describes this job is left as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..io import atomic_write
+from .chunks import ChunkStore, chunk_count, chunk_progress, embed_chunks, texts_sha256
+from .identity import ModelIdentity, file_sha256
+from .layout import read_json, write_json
+
+log = logging.getLogger(__name__)
+
+SHARD_FORMATS = ("npy", "parquet")
+MANIFEST = "manifest.json"
+CHUNKS = ".chunks"
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """What one rank did."""
+
+    rank: int
+    world: int
+    file: str | None  # the shard's file name; None when the manifest was already complete
+    rows: tuple[int, int]  # [start, stop) of the corpus
+    encoded: int  # chunks embedded by this run
+    reused: int  # chunks a killed run had committed
+    manifest: bool  # this rank wrote the manifest
+
+
+def launch_rank() -> tuple[int, int]:
+    """(rank, world size) from the launcher's environment (torchrun sets ``RANK`` and
+    ``WORLD_SIZE``); (0, 1) without one."""
+    try:
+        rank = int(os.environ.get("RANK", "0"))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise ValueError(
+            f"RANK and WORLD_SIZE must be integers, got RANK={os.environ.get('RANK')!r} "
+            f"WORLD_SIZE={os.environ.get('WORLD_SIZE')!r}"
+        ) from None
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"expected 0 <= RANK < WORLD_SIZE, got RANK={rank} WORLD_SIZE={world}")
+    return rank, world
+
+
+def rank_chunks(rows: int, chunk_rows: int, rank: int, world: int) -> range:
+    """The chunks rank ``rank`` of ``world`` embeds: a contiguous run of whole chunks."""
+    total = chunk_count(rows, chunk_rows)
+    return range(rank * total // world, (rank + 1) * total // world)
+
+
+def shard_name(rank: int, world: int, fmt: str) -> str:
+    return f"shard-{rank:05d}-of-{world:05d}.{fmt}"
+
+
+def encode_shard(
+    texts: Sequence[str],
+    out: Path,
+    encoder,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    chunk_rows: int = 4096,
+    fmt: str = "npy",
+    normalize: bool | None = None,
+    precision: str = "float32",
+    source: dict[str, Any] | None = None,
+    on_chunk: Callable[[int, bool], None] | None = None,
+    **encode_options: Any,
+) -> ShardResult:
+    """Embed rank ``rank``'s share of ``texts`` into ``out`` (see the module docstring).
+
+    Args:
+        encoder: a :class:`~clearformer.TextEncoder`, loaded once by this process.
+        fmt: ``"npy"`` (the (n, D) float32 array) or ``"parquet"`` (columns ``row``,
+            ``text``, ``embedding``; needs pyarrow).
+        normalize, precision: as ``encoder.encode``; they are part of the job.
+        encode_options: ``batch_size``, ``max_tokens``, ``workers``, ``progress``.
+    """
+    if fmt not in SHARD_FORMATS:
+        raise ValueError(f"shard format must be one of {SHARD_FORMATS}, got {fmt!r}")
+    if fmt == "parquet":
+        _pyarrow()  # before any work
+    if not texts:
+        raise ValueError("no texts to encode")
+    identity = ModelIdentity.of(encoder)
+    normalize = encoder.normalize if normalize is None else bool(normalize)
+    job = {
+        "texts": texts_sha256(texts),
+        "rows": len(texts),
+        "model": identity.revision,
+        "pooling": identity.pooling,
+        "max_length": identity.max_length,
+        "normalize": normalize,
+        "precision": precision,
+        "chunk_rows": chunk_rows,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    done = _complete_manifest(out, job, fmt)
+    chunks = rank_chunks(len(texts), chunk_rows, rank, world)
+    first, stop = chunks.start * chunk_rows, min(chunks.stop * chunk_rows, len(texts))
+    if done:
+        log.info("%s already holds this job's shards (%s)", out, MANIFEST)
+        return ShardResult(rank, world, None, (first, stop), 0, 0, False)
+    store = ChunkStore(out / CHUNKS, job)
+    started = time.perf_counter()
+    progress = encode_options.pop("progress", None)
+    encoded, reused = embed_chunks(
+        lambda chunk, start: encoder.encode(
+            chunk,
+            normalize=normalize,
+            precision=precision,
+            progress=chunk_progress(progress, start, len(texts)),
+            **encode_options,
+        ),
+        texts,
+        store,
+        chunk_rows,
+        chunks=chunks,
+        on_chunk=on_chunk,
+    )
+    log.info(
+        "rank %d/%d: rows %d-%d, %d chunks encoded, %d reused, in %.1fs",
+        rank,
+        world,
+        first,
+        stop,
+        encoded,
+        reused,
+        time.perf_counter() - started,
+    )
+    parts = [store.read(i) for i in chunks]
+    dimensions = parts[0].shape[1] if parts else encoder.dim
+    vectors = np.concatenate(parts) if parts else np.empty((0, dimensions), np.float32)
+    name = shard_name(rank, world, fmt)
+    if fmt == "npy":
+        with atomic_write(out / name, "wb") as handle:
+            np.save(handle, vectors)
+    else:
+        _write_parquet(out / name, range(first, stop), texts[first:stop], vectors)
+    record = {
+        "job": job,
+        "format": fmt,
+        "rank": rank,
+        "world": world,
+        "file": name,
+        "rows": [first, stop],
+        "count": stop - first,
+        "dimensions": int(dimensions),
+        "sha256": file_sha256(out / name),
+    }
+    write_json(out / f"shard-{rank:05d}-of-{world:05d}.json", record)
+    wrote = _finish(out, job, fmt, world, identity, source)
+    return ShardResult(rank, world, name, (first, stop), encoded, reused, wrote)
+
+
+def read_manifest(out: str | os.PathLike) -> dict[str, Any]:
+    path = Path(out) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{out} holds no {MANIFEST}: the run has not finished")
+    return read_json(path)
+
+
+def read_shards(out: str | os.PathLike, verify: bool = True) -> np.ndarray:
+    """Every shard's embeddings in row order, (rows, D) float32; with ``verify``, each
+    shard's SHA-256 and row count are checked against the manifest first."""
+    out = Path(out)
+    manifest = read_manifest(out)
+    parts = []
+    for shard in manifest["shards"]:
+        path = out / shard["file"]
+        if verify and file_sha256(path) != shard["sha256"]:
+            raise ValueError(f"{path} does not match its checksum in {out / MANIFEST}")
+        if manifest["format"] == "npy":
+            part = np.load(path)
+        else:
+            table = _pyarrow().parquet.read_table(path, columns=["embedding"])
+            column = table.column("embedding").combine_chunks()
+            part = column.values.to_numpy().reshape(len(table), -1).astype(np.float32)
+        if len(part) != shard["count"]:
+            raise ValueError(f"{path} holds {len(part)} rows, its manifest says {shard['count']}")
+        parts.append(part)
+    return np.concatenate(parts)
+
+
+def _complete_manifest(out: Path, job: dict, fmt: str) -> bool:
+    path = out / MANIFEST
+    if not path.is_file():
+        return False
+    manifest = read_json(path)
+    if manifest.get("job") == job and manifest.get("format") == fmt:
+        return True
+    raise ValueError(
+        f"{out} already holds the shards of another run (its {MANIFEST} differs in input, "
+        "model, options or format); use another --output directory or remove that one"
+    )
+
+
+def _finish(out: Path, job: dict, fmt: str, world: int, identity, source) -> bool:
+    """Write the manifest if every shard of this run is recorded (any rank may find that;
+    two ranks that both do write the same bytes)."""
+    records = []
+    for rank in range(world):
+        path = out / f"shard-{rank:05d}-of-{world:05d}.json"
+        if not path.is_file():
+            return False
+        record = read_json(path)
+        if record.get("job") != job or record.get("format") != fmt:
+            return False  # left by an earlier run; this run's rank has not written it yet
+        records.append(record)
+    manifest = {
+        "job": job,
+        "format": fmt,
+        "rows": job["rows"],
+        "dimensions": records[0]["dimensions"],
+        "model": identity.to_dict(),
+        "input": source or {},
+        "world": world,
+        "shards": [{k: r[k] for k in ("file", "rank", "rows", "count", "sha256")} for r in records],
+    }
+    write_json(out / MANIFEST, manifest)
+    kept = {r["file"] for r in records} | {
+        f"shard-{r:05d}-of-{world:05d}.json" for r in range(world)
+    }
+    for path in out.glob("shard-*"):
+        if path.name not in kept:  # shards of an earlier, killed run with another world size
+            path.unlink(missing_ok=True)
+    shutil.rmtree(out / CHUNKS, ignore_errors=True)
+    log.info("wrote %s: %d rows in %d shards", out / MANIFEST, job["rows"], world)
+    return True
+
+
+def _write_parquet(path: Path, rows: range, texts: Sequence[str], vectors: np.ndarray) -> None:
+    pa = _pyarrow()
+    dimensions = vectors.shape[1]
+    embedding = pa.FixedSizeListArray.from_arrays(
+        pa.array(vectors.reshape(-1), type=pa.float32()), dimensions
+    )
+    table = pa.table(
+        {
+            "row": pa.array(np.arange(rows.start, rows.stop, dtype=np.int64)),
+            "text": pa.array(list(texts), type=pa.string()),
+            "embedding": embedding,
+        }
+    )
+    with atomic_write(path, "wb") as handle:
+        pa.parquet.write_table(table, handle)
+
+
+def _pyarrow():
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401 -- pyarrow.parquet is used through the package
+    except ImportError:
+        raise ImportError(
+            "Parquet shards need pyarrow: pip install 'clearformer[index]' (or pip install "
+            "pyarrow), or write .npy shards"
+        ) from None
+    return pyarrow
+
+
+def corpus_sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

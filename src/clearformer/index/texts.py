@@ -1,0 +1,59 @@
+"""The texts and ids of an index segment, in SQLite beside its vectors.
+
+SQLite, not Parquet: a search reads k rows by number, which SQLite answers from its B-tree in
+microseconds, where a Parquet reader decodes whole row groups. A segment's database is written
+once, under a temporary name, and never changed; readers open it read-only and ``immutable``,
+so no reader takes a lock or sees a journal.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+_BATCH = 10_000  # rows per INSERT batch
+
+
+def write_texts(path: Path, ids: Sequence[str], texts: Sequence[str]) -> None:
+    """A new database at ``path`` (which must not exist) with rows 0..n-1."""
+    if len(ids) != len(texts):
+        raise ValueError(f"ids and texts must be as many, got {len(ids)} and {len(texts)}")
+    connection = sqlite3.connect(path)
+    try:
+        connection.execute("PRAGMA journal_mode = OFF")  # a new file: nothing to roll back to
+        connection.execute("CREATE TABLE texts (row INTEGER PRIMARY KEY, id TEXT, text TEXT)")
+        for start in range(0, len(texts), _BATCH):
+            end = start + _BATCH
+            rows = zip(range(start, end), ids[start:end], texts[start:end], strict=False)
+            connection.executemany("INSERT INTO texts VALUES (?, ?, ?)", rows)
+        connection.commit()
+    finally:
+        connection.close()
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+class TextStore:
+    """A segment's texts, read-only."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        # Opened per call: a search may run in any thread, and a connection belongs to one.
+        self._uri = f"{path.resolve().as_uri()}?mode=ro&immutable=1"
+
+    def get(self, rows: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """Row number -> (id, text) for ``rows``."""
+        if not len(rows):
+            return {}
+        connection = sqlite3.connect(self._uri, uri=True, check_same_thread=False)
+        try:
+            marks = ",".join("?" * len(rows))
+            found = connection.execute(
+                f"SELECT row, id, text FROM texts WHERE row IN ({marks})",  # noqa: S608
+                [int(r) for r in rows],
+            ).fetchall()
+        finally:
+            connection.close()
+        return {row: (ident, text) for row, ident, text in found}

@@ -1,0 +1,289 @@
+"""``VectorIndex``: a committed generation of an index directory, opened for search.
+
+Readers, any number, take no lock: read ``CURRENT`` once, memory-map that generation's graph
+and the segments' float32 vectors, find ``k * rescore`` candidates in the stored vectors
+(graph or exact scan), rescore them with the float32 vectors, and return the best ``k`` with
+their ids and texts. A score is always the float32 cosine of the query and the text. Writing
+is :mod:`.build`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import engine, layout
+from .identity import ModelIdentity
+from .options import IndexOptions
+from .quantize import quantize, stored_bytes, truncate
+from .texts import TextStore
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # meta.json's format version
+_OPEN_TRIES = 5  # a reader that loses a race with two commits in a row reads CURRENT again
+
+
+class IndexNotFoundError(FileNotFoundError):
+    """No committed index at the path."""
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result: the float32 cosine, the text's id and text, its row in the index."""
+
+    score: float
+    id: str
+    text: str
+    row: int
+
+
+@dataclass(frozen=True)
+class IndexStats:
+    """Size of an index. Memory is what a search keeps resident (the graph, or the stored
+    vectors an exact scan reads); the float32 vectors for rescoring and the texts stay on disk,
+    read a few rows per query."""
+
+    rows: int
+    dimensions: int
+    storage: str
+    ann: str
+    stored_bytes_per_vector: int
+    memory_bytes: int
+    disk_bytes: int
+
+    @property
+    def memory_per_vector(self) -> float:
+        return self.memory_bytes / max(self.rows, 1)
+
+    @property
+    def disk_per_vector(self) -> float:
+        return self.disk_bytes / max(self.rows, 1)
+
+
+@dataclass
+class _Segment:
+    name: str
+    offset: int
+    rows: int
+    vectors: np.ndarray  # (rows, d) float32, memory-mapped
+    texts: TextStore
+
+
+class VectorIndex:
+    """A committed generation of an index directory, opened for search.
+
+    Open with :meth:`open` (or ``TextEncoder.open_index``); make one with :func:`build_index`.
+    The object keeps reading the generation it opened, whatever writers commit later.
+    """
+
+    def __init__(self, root: Path, generation: str, meta: dict[str, Any], encoder=None) -> None:
+        self.root = root
+        self.generation = generation
+        self.meta = meta
+        self.encoder = encoder
+        self.identity = ModelIdentity.from_dict(meta["model"])
+        self.options = IndexOptions.from_dict(meta["options"])
+        self.dimensions: int = meta["dimensions"]
+        self.ann: str = meta["ann"]
+        self.rows: int = meta["rows"]
+        self.ranges = None if meta["int8_ranges"] is None else np.array(meta["int8_ranges"], "f4")
+        self._segments = [
+            _Segment(
+                s["name"],
+                s["offset"],
+                s["rows"],
+                np.load(layout.segment_dir(root, s["name"]) / "vectors.npy", mmap_mode="r"),
+                TextStore(layout.segment_dir(root, s["name"]) / "texts.sqlite"),
+            )
+            for s in meta["segments"]
+        ]
+        self._offsets = np.array([s.offset for s in self._segments], dtype=np.int64)
+        folder = layout.generation_dir(root, generation)
+        self._graph = engine.open_graph(folder / "hnsw.usearch") if self.ann == "hnsw" else None
+        self._stored = None if self.ann == "hnsw" else _stored_arrays(root, meta)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, encoder=None) -> VectorIndex:
+        """Open the committed index at ``path``; with an ``encoder``, check first that it is
+        the model the index was built with (:class:`~.identity.ModelMismatchError` if not)."""
+        root = Path(path)
+        for attempt in range(_OPEN_TRIES):
+            generation = layout.current_generation(root)
+            if generation is None:
+                raise IndexNotFoundError(_not_found(root))
+            try:
+                meta = layout.read_json(layout.generation_dir(root, generation) / "meta.json")
+                index = cls(root, generation, meta)
+                break
+            except FileNotFoundError:
+                # Two commits since CURRENT was read removed that generation: read it again.
+                if attempt == _OPEN_TRIES - 1:
+                    raise
+        if encoder is not None:
+            index = index.with_encoder(encoder)
+        return index
+
+    def with_encoder(self, encoder) -> VectorIndex:
+        """This index with ``encoder`` for text queries, after checking it is the index's model."""
+        self.identity.check_same(ModelIdentity.of(encoder), f"index {self.root}")
+        self.encoder = encoder
+        return self
+
+    def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
+        """(Q, d) unit float32 query vectors, embedded as the index's texts were."""
+        if self.encoder is None:
+            raise ValueError(
+                "this index was opened without an encoder: open it with "
+                "VectorIndex.open(path, encoder) to search by text, or use search_vectors"
+            )
+        return truncate(self.encoder.encode(list(queries), normalize=True), self.dimensions)
+
+    def search(
+        self,
+        queries: str | Sequence[str],
+        k: int = 10,
+        *,
+        expansion_search: int | None = None,
+        rescore_multiplier: int | None = None,
+    ) -> list[Hit] | list[list[Hit]]:
+        """The ``k`` texts closest to each query, best first (a list of hits for one query
+        string, a list of lists for a list of queries)."""
+        single = isinstance(queries, str)
+        batch = [queries] if single else list(queries)
+        vectors = self.embed_queries(batch)
+        rows, scores = self.search_vectors(
+            vectors, k, expansion_search=expansion_search, rescore_multiplier=rescore_multiplier
+        )
+        hits = self.hits(rows, scores)
+        return hits[0] if single else hits
+
+    def search_vectors(
+        self,
+        queries: np.ndarray,
+        k: int = 10,
+        *,
+        expansion_search: int | None = None,
+        rescore_multiplier: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(Q, d) unit float32 queries -> (Q, k) int64 rows (-1 where fewer) and (Q, k) float32
+        cosines, best first; ties keep row order."""
+        if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        if queries.ndim != 2 or queries.shape[1] != self.dimensions:
+            raise ValueError(
+                f"queries must be (Q, {self.dimensions}) float32 unit vectors, got shape "
+                f"{queries.shape}"
+            )
+        rescore = rescore_multiplier or self.options.rescore
+        expansion = expansion_search or self.options.expansion_search
+        count = min(k * rescore, self.rows)
+        stored_queries = quantize(queries, self.options.storage, self.ranges)
+        if self._graph is not None:
+            candidates = engine.search_graph(self._graph, stored_queries, count, expansion)
+        else:
+            candidates = engine.scan(self._stored, stored_queries, count, self.options.storage)
+        rows = np.full((len(queries), k), -1, dtype=np.int64)
+        scores = np.full((len(queries), k), np.nan, dtype=np.float32)
+        for i, found in enumerate(candidates):
+            found = found[found >= 0]
+            exact = self.vectors(found) @ queries[i]  # (c,) float32 cosines
+            order = np.lexsort((found, -exact))[:k]  # by score, then by row
+            rows[i, : len(order)] = found[order]
+            scores[i, : len(order)] = exact[order]
+        return rows, scores
+
+    def vectors(self, rows: np.ndarray) -> np.ndarray:
+        """(n, d) float32 vectors of global ``rows``."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty((len(rows), self.dimensions), dtype=np.float32)
+        where = np.searchsorted(self._offsets, rows, side="right") - 1
+        for s in np.unique(where):
+            picked = where == s
+            segment = self._segments[s]
+            local = rows[picked] - segment.offset
+            order = np.argsort(local)  # memory-mapped rows read in file order
+            block = np.empty((len(local), self.dimensions), dtype=np.float32)
+            block[order] = segment.vectors[local[order]]
+            out[picked] = block
+        return out
+
+    def hits(self, rows: np.ndarray, scores: np.ndarray) -> list[list[Hit]]:
+        """Rows and scores from :meth:`search_vectors` as :class:`Hit` lists, with texts."""
+        wanted = sorted({int(r) for r in rows.ravel() if r >= 0})
+        found: dict[int, tuple[str, str]] = {}
+        where = np.searchsorted(self._offsets, np.array(wanted, dtype=np.int64), side="right") - 1
+        for s in np.unique(where):
+            segment = self._segments[s]
+            local = [r - segment.offset for r, w in zip(wanted, where, strict=True) if w == s]
+            for row, value in segment.texts.get(local).items():
+                found[row + segment.offset] = value
+        return [
+            [
+                Hit(float(score), *found[int(row)], int(row))
+                for row, score in zip(query_rows, query_scores, strict=True)
+                if row >= 0
+            ]
+            for query_rows, query_scores in zip(rows, scores, strict=True)
+        ]
+
+    def stats(self) -> IndexStats:
+        folder = layout.generation_dir(self.root, self.generation)
+        disk = _folder_bytes(folder) + sum(
+            _folder_bytes(layout.segment_dir(self.root, s.name)) for s in self._segments
+        )
+        if self._graph is not None:
+            memory = (folder / "hnsw.usearch").stat().st_size
+        else:
+            memory = int(self._stored.nbytes)
+        return IndexStats(
+            rows=self.rows,
+            dimensions=self.dimensions,
+            storage=self.options.storage,
+            ann=self.ann,
+            stored_bytes_per_vector=stored_bytes(self.options.storage, self.dimensions),
+            memory_bytes=memory,
+            disk_bytes=disk,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"VectorIndex({str(self.root)!r}, generation={self.generation!r}, rows={self.rows}, "
+            f"dimensions={self.dimensions}, storage={self.options.storage!r}, ann={self.ann!r}, "
+            f"model={self.identity.name!r})"
+        )
+
+
+def stored_vectors(root: Path, segment: dict, storage: str) -> np.ndarray:
+    folder = layout.segment_dir(root, segment["name"])
+    name = "vectors.npy" if storage == "float32" else "stored.npy"
+    return np.load(folder / name, mmap_mode="r")
+
+
+def _stored_arrays(root: Path, meta: dict) -> np.ndarray:
+    """Every segment's stored vectors in one array, for an exact scan (small indexes)."""
+    storage = meta["options"]["storage"]
+    parts = [np.asarray(stored_vectors(root, s, storage)) for s in meta["segments"]]
+    return np.ascontiguousarray(np.concatenate(parts))
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+
+
+def _not_found(root: Path) -> str:
+    if not root.exists():
+        return f"no index at {root}: build one with `clearformer index build`"
+    if (root / "staging").is_dir():
+        return (
+            f"{root} holds no committed index yet (a build was stopped before its commit); "
+            "run the same build again to resume it"
+        )
+    return f"{root} is not an index directory (no {layout.CURRENT} file)"

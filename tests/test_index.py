@@ -1,0 +1,343 @@
+"""The vector index: build, search, add (exactly once), storage and dimensions, the model's
+identity, readers during writes, and the CLI (``index build | add | info``, ``search --index``).
+
+Most tests run a tiny random checkpoint (width 16), whose embeddings cost nothing; the test that
+``search --index`` equals ``search --corpus`` runs the bundled MiniLM on a few texts."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from clearformer.cli import main
+from clearformer.index import (
+    IndexOptions,
+    ModelMismatchError,
+    VectorIndex,
+    add_to_index,
+    layout,
+)
+from clearformer.index.quantize import int8_ranges, quantize, truncate
+from clearformer.text import TextEncoder
+
+from .helpers import write_tiny_bert
+from .test_index_helpers import WORDS, tiny_model, word_texts
+
+pytest.importorskip("usearch")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return TextEncoder.from_pretrained(tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture(scope="module")
+def texts():
+    return word_texts(300)
+
+
+def exact_top(encoder, corpus, queries, k, dimensions=None):
+    """The float32 brute-force top k rows: the truth every storage is held to."""
+    x = truncate(encoder.encode(corpus, normalize=True), dimensions)
+    q = truncate(encoder.encode(queries, normalize=True), dimensions)
+    return np.argsort(-(q @ x.T), axis=1, kind="stable")[:, :k]
+
+
+@pytest.mark.parametrize("ann", ["exact", "hnsw"])
+@pytest.mark.parametrize("storage", ["float32", "int8", "binary"])
+def test_every_storage_finds_a_text_first_with_its_own_text_and_id(
+    tmp_path, tiny, texts, storage, ann
+):
+    # 16 bits tell the tiny model's similar vectors apart poorly: binary fetches many
+    # candidates here (its recall on real embeddings is test_index_recall's).
+    rescore = 100 if storage == "binary" else None
+    options = IndexOptions(storage=storage, ann=ann, chunk_rows=64, rescore_multiplier=rescore)
+    ids = [f"doc-{i}" for i in range(len(texts))]
+    index = tiny.build_index(tmp_path / "idx", texts, ids=ids, options=options)
+    assert (index.rows, index.ann, index.dimensions) == (300, ann, 16)
+    # Distinct texts only: a repeated short text ties with its copies.
+    for row in [i for i in (3, 77, 250) if texts.count(texts[i]) == 1]:
+        (hit, *_) = index.search(texts[row], k=3)
+        assert (hit.row, hit.id, hit.text) == (row, f"doc-{row}", texts[row])
+        assert hit.score == pytest.approx(1.0, abs=1e-5)  # the float32 cosine, always
+
+
+def test_float32_index_equals_brute_force_and_scores_are_cosines(tmp_path, tiny, texts):
+    index = tiny.build_index(tmp_path / "idx", texts, options=IndexOptions(ann="exact"))
+    queries = word_texts(20, seed=1)
+    rows, scores = index.search_vectors(index.embed_queries(queries), k=10)
+    np.testing.assert_array_equal(rows, exact_top(tiny, texts, queries, 10))
+    x = truncate(tiny.encode(texts, normalize=True), None)
+    q = index.embed_queries(queries)
+    np.testing.assert_allclose(scores, np.take_along_axis(q @ x.T, rows, axis=1), atol=1e-6)
+
+
+def test_quantization_is_sentence_transformers(tmp_path):
+    quantization = pytest.importorskip("sentence_transformers.util.quantization")
+    rng = np.random.default_rng(0)
+    x = truncate(rng.standard_normal((200, 64)).astype(np.float32), None)
+    calibration, rest = x[:150], x[150:]
+    ranges = int8_ranges(calibration)
+    theirs = quantization.quantize_embeddings(rest, "int8", ranges=ranges)
+    np.testing.assert_array_equal(quantize(rest, "int8", ranges), theirs)
+    theirs = quantization.quantize_embeddings(x, "ubinary")
+    np.testing.assert_array_equal(quantize(x, "binary"), theirs)
+    signed = quantization.quantize_embeddings(x, "binary")  # the same bits, shifted into int8
+    np.testing.assert_array_equal(quantize(x, "binary").astype(np.int16) - 128, signed)
+
+
+def test_matryoshka_dimensions_truncate_and_renormalise(tmp_path, tiny, texts):
+    options = IndexOptions(dimensions=8, ann="exact")
+    index = tiny.build_index(tmp_path / "idx", texts, options=options)
+    assert index.dimensions == 8
+    full = tiny.encode(texts[:5], normalize=True)
+    expected = full[:, :8] / np.linalg.norm(full[:, :8], axis=1, keepdims=True)
+    np.testing.assert_allclose(index.vectors(np.arange(5)), expected, atol=1e-6)
+    queries = word_texts(10, seed=2)
+    rows, _ = index.search_vectors(index.embed_queries(queries), k=5)
+    np.testing.assert_array_equal(rows, exact_top(tiny, texts, queries, 5, dimensions=8))
+
+
+def test_memory_and_disk_per_vector(tmp_path, tiny, texts):
+    sizes = {}
+    for storage in ("float32", "int8", "binary"):
+        options = IndexOptions(storage=storage, ann="exact")
+        stats = tiny.build_index(tmp_path / storage, texts, options=options).stats()
+        assert stats.memory_per_vector == {"float32": 64, "int8": 16, "binary": 2}[storage]
+        assert stats.disk_per_vector > 64  # the float32 vectors and the texts stay on disk
+        sizes[storage] = stats
+    hnsw = tiny.build_index(tmp_path / "hnsw", texts, options=IndexOptions(ann="hnsw")).stats()
+    assert hnsw.memory_per_vector > 64  # the graph's links come on top of the vectors
+
+
+def test_add_is_exactly_once_and_keeps_storage_and_ranges(tmp_path, tiny, texts):
+    path = tmp_path / "idx"
+    options = IndexOptions(storage="int8", ann="hnsw")
+    first = tiny.build_index(path, texts[:200], options=options)
+    more = add_to_index(path, texts[200:], tiny)
+    assert (more.rows, more.generation, more.options) == (300, "gen-000002", options)
+    np.testing.assert_array_equal(more.ranges, first.ranges)  # older vectors stay valid
+    again = add_to_index(path, texts[200:], tiny)  # the same texts: already there
+    assert (again.rows, again.generation) == (300, "gen-000002")
+    rows, _ = more.search_vectors(more.embed_queries([texts[250]]), k=1)
+    assert rows[0, 0] == 250 or texts[int(rows[0, 0])] == texts[250]
+    # A build replaces the index with its texts alone; the same build again commits nothing.
+    rebuilt = tiny.build_index(path, texts[:200], options=options)
+    assert (rebuilt.generation, rebuilt.rows) == ("gen-000003", 200)
+    assert tiny.build_index(path, texts[:200], options=options).generation == "gen-000003"
+
+
+def test_add_crossing_the_exact_limit_builds_a_graph(tmp_path, tiny, texts, monkeypatch):
+    from clearformer.index import build
+
+    monkeypatch.setattr(build, "EXACT_MAX_ROWS", 250)
+    index = tiny.build_index(tmp_path / "idx", texts[:200])
+    assert index.ann == "exact"
+    index = add_to_index(tmp_path / "idx", texts[200:], tiny)
+    assert index.ann == "hnsw"
+    rows, _ = index.search_vectors(index.embed_queries(texts[:50]), k=5)
+    truth = exact_top(tiny, texts, texts[:50], 5)
+    recall = np.mean([len(set(a) & set(b)) / 5 for a, b in zip(rows, truth, strict=True)])
+    assert recall >= 0.95
+
+
+def test_another_model_is_refused(tmp_path, tiny, texts):
+    index_path = tmp_path / "idx"
+    tiny.build_index(index_path, texts[:50])
+    other_dir = write_tiny_bert(tmp_path / "other", WORDS, n_layers=2)
+    other = TextEncoder.from_pretrained(other_dir)
+    with pytest.raises(ModelMismatchError, match="differs in revision"):
+        other.open_index(index_path)
+    with pytest.raises(ModelMismatchError):
+        add_to_index(index_path, ["w1 w2"], other)
+    assert VectorIndex.open(index_path).rows == 50  # nothing was added
+    # A copy of the same checkpoint elsewhere is the same model.
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in tiny.path.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    assert TextEncoder.from_pretrained(copy).open_index(index_path).rows == 50
+
+
+def test_a_reader_keeps_its_generation_while_a_writer_commits(tmp_path, tiny, texts):
+    path = tmp_path / "idx"
+    tiny.build_index(path, texts[:100], options=IndexOptions(ann="hnsw"))
+    reader = VectorIndex.open(path, tiny)
+    queries = reader.embed_queries(texts[:20])
+    before = reader.search_vectors(queries, k=5)
+    failures = []
+
+    def search_repeatedly():
+        for _ in range(30):
+            try:
+                rows, _ = VectorIndex.open(path, tiny).search_vectors(queries, k=5)
+                assert rows.min() >= 0
+            except Exception as exc:  # noqa: BLE001 -- collected for the assertion below
+                failures.append(exc)
+
+    thread = threading.Thread(target=search_repeatedly)
+    thread.start()
+    for part in range(3):  # three commits, so the first generation is removed meanwhile
+        add_to_index(path, texts[100 + 50 * part : 150 + 50 * part], tiny)
+    thread.join()
+    assert not failures
+    after = reader.search_vectors(queries, k=5)  # the old object still reads its generation
+    np.testing.assert_array_equal(before[0], after[0])
+    assert sorted(p.name for p in (path / "generations").iterdir()) == ["gen-000003", "gen-000004"]
+
+
+def test_a_second_writer_is_refused_while_one_holds_the_lock(tmp_path, tiny, texts):
+    path = tmp_path / "idx"
+    tiny.build_index(path, texts[:20])
+    with layout.writer_lock(path), pytest.raises(layout.IndexBusyError, match="another build"):
+        add_to_index(path, texts[20:40], tiny)
+
+
+def test_bad_arguments_fail_before_any_work(tmp_path, tiny):
+    with pytest.raises(ValueError, match="storage must be one of"):
+        IndexOptions(storage="int4")
+    with pytest.raises(ValueError, match="multiple of 8"):
+        IndexOptions(storage="binary", dimensions=12)
+    with pytest.raises(ValueError, match="at most the model's width 16"):
+        tiny.build_index(tmp_path / "idx", ["w1"], options=IndexOptions(dimensions=32))
+    with pytest.raises(ValueError, match="texts is empty"):
+        tiny.build_index(tmp_path / "idx", [])
+    with pytest.raises(ValueError, match="one per text"):
+        tiny.build_index(tmp_path / "idx", ["w1", "w2"], ids=["a"])
+    assert not (tmp_path / "idx" / "CURRENT").exists()
+
+
+# ---- the command line ------------------------------------------------------------------
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_build_add_info_and_search(tmp_path, capsys, tiny, texts):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(texts[:100]) + "\n\n", encoding="utf-8")
+    more = tmp_path / "more.jsonl"
+    more.write_text(
+        "".join(json.dumps({"key": f"m{i}", "body": t}) + "\n" for i, t in enumerate(texts[100:])),
+        encoding="utf-8",
+    )
+    index = tmp_path / "idx"
+    model = str(tiny.path)
+    code, _, err = _run(
+        capsys, "index", "build", "--corpus", str(corpus), "--out", str(index), "--model", model,
+        "--storage", "int8", "--dimensions", "8",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "built" in err and "100 vectors of 8 dimensions, int8" in err
+    # No --model: the index's own model is found from its record.
+    code, _, err = _run(
+        capsys, "index", "add", str(index), "--corpus", str(more), "--field", "body",
+        "--id-field", "key",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "300 vectors" in err
+    code, _, err = _run(capsys, "index", "add", str(index), "--corpus", str(more), "--field",
+                        "body", "--id-field", "key")  # fmt: skip
+    assert code == 0 and "already holds these texts" in err
+    code, out, err = _run(capsys, "index", "info", str(index))
+    assert code == 0, err
+    assert "300 in 2 segment(s)" in out and "8 dimensions, int8" in out
+    code, out, err = _run(capsys, "search", texts[150], "--index", str(index), "-k", "2", "--json")
+    assert code == 0, err
+    best = json.loads(out.splitlines()[0])
+    assert best["text"] == texts[150] and best["id"] == "m50"
+    code, out, err = _run(capsys, "search", texts[5], "--index", str(index), "-k", "1")
+    assert code == 0 and "corpus.txt:6: " + texts[5] in out
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys, tiny, texts):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(texts[:20]) + "\n", encoding="utf-8")
+    index = tmp_path / "idx"
+    code, _, err = _run(capsys, "search", "w1", "--index", str(index))
+    assert code == 2 and "does not exist" in err and "Traceback" not in err
+    code, _, err = _run(capsys, "search", "w1")
+    assert code == 2 and "give --corpus FILE (rank its lines) or --index INDEX" in err
+    code, _, err = _run(
+        capsys, "index", "build", "--corpus", str(corpus), "--out", str(index), "--storage",
+        "binary", "--dimensions", "12", "--model", str(tiny.path),
+    )  # fmt: skip
+    assert code == 2 and "--dimensions must be a multiple of 8" in err
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("mine")
+    code, _, err = _run(capsys, "index", "build", "--corpus", str(corpus), "--out",
+                        str(tmp_path / "notes"), "--model", str(tiny.path))  # fmt: skip
+    assert code == 2 and "holds no index" in err
+    assert _run(capsys, "index", "build", "--corpus", str(corpus), "--out", str(index),
+                "--model", str(tiny.path))[0] == 0  # fmt: skip
+    other = write_tiny_bert(tmp_path / "other", WORDS, n_layers=2)
+    code, _, err = _run(capsys, "search", "w1", "--index", str(index), "--model", str(other))
+    assert code == 2 and "was built with" in err and "differs in revision" in err
+    code, _, err = _run(capsys, "search", "w1", "--index", str(index), "--field", "x")
+    assert code == 2 and "--field applies to --corpus" in err
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    try:
+        return TextEncoder.from_pretrained()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+
+
+SENTENCES = [
+    "A cat sits on the mat.",
+    "A kitten rests on a rug.",
+    "Stock markets fell sharply today.",
+    "The central bank raised interest rates.",
+    "He plays the guitar in a band.",
+    "The orchestra performed a symphony.",
+    "Heavy rain is expected this weekend.",
+    "The football team won the cup final.",
+    "A new smartphone was launched on Tuesday.",
+    "The recipe needs two eggs and some flour.",
+    "Parliament passed the new budget.",
+    "The dog chased a ball across the park.",
+]
+
+
+@pytest.mark.parametrize("storage", ["float32", "int8"])
+def test_search_index_returns_what_search_corpus_returns(tmp_path, capsys, minilm, storage):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    index = tmp_path / "idx"
+    code, _, err = _run(capsys, "index", "build", "--corpus", str(corpus), "--out", str(index),
+                        "--storage", storage)  # fmt: skip
+    assert code == 0, err
+    for query in ("a pet on a carpet", "economy and finance", "music"):
+        _, brute, _ = _run(capsys, "search", query, "--corpus", str(corpus), "-k", "5", "--json")
+        _, indexed, _ = _run(capsys, "search", query, "--index", str(index), "-k", "5", "--json")
+        brute = [json.loads(line) for line in brute.splitlines()]
+        indexed = [json.loads(line) for line in indexed.splitlines()]
+        assert [r["text"] for r in indexed] == [r["text"] for r in brute]
+        assert [r["id"] for r in indexed] == [f"corpus.txt:{r['line']}" for r in brute]
+        np.testing.assert_allclose(
+            [r["score"] for r in indexed], [r["score"] for r in brute], atol=2e-6
+        )
+
+
+def test_the_docs_python_sample_runs(tmp_path, minilm, monkeypatch, capsys):
+    import re
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "index.md"
+    code = re.search(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(code, "docs/index.md", "exec"), namespace)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].split()[1] == "econ-1" and printed[1].split()[1] == "econ-2"
+    assert namespace["index"].rows == 4 and namespace["rows"][0, 0] == 1  # "The striker ..."

@@ -1,0 +1,94 @@
+"""Shared pieces of the index and shard tests: a tiny checkpoint, a corpus, the CLI in a
+subprocess with a fault injected."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .helpers import write_tiny_bert
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(60)]
+
+# The CLI, with a function of clearformer replaced by one that kills the process with SIGKILL
+# on its Nth call: argv[1] is "module:attribute:N", the rest is the command line.
+KILL_AT = """
+import os, signal, sys, importlib
+target, count = sys.argv[1].rsplit(":", 1)
+module_name, attribute = target.split(":")
+owner = importlib.import_module(module_name)
+path = attribute.split(".")
+for name in path[:-1]:
+    owner = getattr(owner, name)
+original = getattr(owner, path[-1])
+calls = [0]
+def dying(*args, **kwargs):
+    calls[0] += 1
+    if calls[0] >= int(count):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return original(*args, **kwargs)
+setattr(owner, path[-1], dying)
+from clearformer.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def tiny_model(directory: Path) -> Path:
+    return write_tiny_bert(directory, WORDS)
+
+
+def word_texts(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(f"w{j}" for j in rng.integers(0, 60, 1 + i % 7)) for i in range(n)]
+
+
+def env() -> dict[str, str]:
+    root = Path(__file__).resolve().parents[1] / "src"
+    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+def cli(*argv: str) -> subprocess.CompletedProcess:
+    """The CLI in this process (no interpreter to start, no torch to import again), with its
+    exit status and output as a subprocess would give them."""
+    import contextlib
+    import io
+
+    from clearformer.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+def killed_cli(target: str, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The CLI killed by SIGKILL on the ``N``th call of ``target`` ("module:attr:N")."""
+    return subprocess.run(
+        [sys.executable, "-c", KILL_AT, target, *argv],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def torchrun(nproc: int, *argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    # Rendezvous on port 0 of 127.0.0.1: the launcher binds a free port itself.
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=127.0.0.1:0",
+        *argv,
+    ]
+    return subprocess.run(
+        command, env=env(), capture_output=True, text=True, timeout=timeout, check=False
+    )

@@ -1,0 +1,84 @@
+"""The Ray Data and Spark adapters in local mode: each embeds a text column with the model
+loaded once per worker, and gives the embeddings ``TextEncoder.encode`` gives.
+
+Both frameworks start their own runtime (Ray's processes, Spark's JVM), which takes several
+seconds; they are optional extras (``clearformer[ray]``, ``clearformer[spark]``) outside the
+``test`` extra, and these tests skip where they are not installed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clearformer.text import TextEncoder
+
+from .test_index_helpers import tiny_model, word_texts
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def test_ray_map_batches_with_the_callable_class(model):
+    ray = pytest.importorskip("ray")
+    from clearformer.index.ray_adapter import TextEmbedder
+
+    texts = word_texts(40)
+    expected = TextEncoder.from_pretrained(model).encode(texts)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        context = ray.data.DataContext.get_current()
+        context.execution_options.preserve_order = True
+        ds = ray.data.from_items([{"text": t, "row": i} for i, t in enumerate(texts)])
+        ds = ds.map_batches(
+            TextEmbedder,
+            fn_constructor_kwargs={"model": str(model)},
+            batch_size=16,
+            concurrency=1,
+            batch_format="numpy",
+        )
+        rows = sorted(ds.take_all(), key=lambda r: r["row"])
+    finally:
+        ray.shutdown()
+    got = np.stack([r["embedding"] for r in rows])
+    assert [r["text"] for r in rows] == texts
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+def test_ray_embedder_takes_pandas_batches_and_names_a_missing_column(model):
+    pd = pytest.importorskip("pandas")
+    from clearformer.index.ray_adapter import TextEmbedder
+
+    embedder = TextEmbedder(str(model), column="body")
+    frame = pd.DataFrame({"body": ["w1 w2", "w3"]})
+    out = embedder(frame)
+    assert list(out.columns) == ["body", "embedding"] and len(out.embedding[0]) == 16
+    with pytest.raises(KeyError, match="no column 'body'"):
+        embedder({"text": np.array(["w1"])})
+
+
+def test_spark_iterator_pandas_udf(model):
+    pytest.importorskip("pyspark")
+    pytest.importorskip("pandas")
+    from pyspark.sql import SparkSession
+
+    from clearformer.index.spark_adapter import embedding_udf
+
+    texts = word_texts(40)
+    expected = TextEncoder.from_pretrained(model).encode(texts)
+    spark = (
+        SparkSession.builder.master("local[1]")
+        .appName("clearformer-test")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "16")
+        .getOrCreate()
+    )
+    try:
+        frame = spark.createDataFrame([(i, t) for i, t in enumerate(texts)], ["row", "text"])
+        embed = embedding_udf(str(model))
+        rows = frame.withColumn("embedding", embed("text")).orderBy("row").collect()
+    finally:
+        spark.stop()
+    got = np.array([r["embedding"] for r in rows], dtype=np.float32)
+    np.testing.assert_allclose(got, expected, atol=1e-6)
