@@ -3,6 +3,7 @@ machine's record, recall and per-query timing."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
@@ -113,6 +114,30 @@ def machine(threads: int) -> dict:
 
 def load_record(before, threads: int) -> str:
     return judge(before, load_average(), threads).describe()
+
+
+def write_report(
+    intro: list[str], rows: list[dict], host: dict, load: str, out: Path | None, record: dict
+) -> None:
+    """Print ``intro``, the rows as a table, the machine and the load; with ``out``, write the
+    same text to ``out`` and ``record`` as JSON beside it (``out`` with ``.json``)."""
+    lines = [
+        *intro,
+        "",
+        "| " + " | ".join(rows[0]) + " |",
+        "| " + " | ".join("---" for _ in rows[0]) + " |",
+        *("| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows),
+        "",
+        f"Machine: {host['cpu']}; numpy {host['numpy']}, usearch {host['usearch']}.",
+        f"Load: {load}.",
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
 
 def _version(name: str) -> str:

@@ -39,6 +39,7 @@ from index_common import (
     machine,
     per_query_ms,
     recall,
+    write_report,
 )
 
 K = 10
@@ -141,28 +142,14 @@ def main() -> None:
             built = time.perf_counter() - started
             rows += measure(n, queries, truth, index, built)
     host = machine(threads=os.cpu_count() or 1)
-    lines = [
+    intro = [
         "# Index query latency, one query at a time (k = 10)",
         "",
         f"Storage {args.storage}; usearch HNSW, connectivity 16, expansion 128 (add and "
         f"search); {args.queries} queries; vectors grown from {args.embeddings.name}.",
-        "",
-        "| " + " | ".join(rows[0]) + " |",
-        "| " + " | ".join("---" for _ in rows[0]) + " |",
-        *("| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows),
-        "",
-        f"Machine: {host['cpu']}; numpy {host['numpy']}, usearch {host['usearch']}.",
-        f"Load: {load_record(before, 2)}.",
-        "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text, encoding="utf-8")
-        args.out.with_suffix(".json").write_text(
-            json.dumps({"rows": rows, "machine": host}, indent=1) + "\n", encoding="utf-8"
-        )
+    record = {"rows": rows, "machine": host}
+    write_report(intro, rows, host, load_record(before, 2), args.out, record)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from index_common import (
     machine,
     per_query_ms,
     recall,
+    write_report,
 )
 
 K = 10
@@ -94,31 +95,12 @@ def main() -> None:
 
 
 def report(args, rows, host, load) -> None:
-    lines = [
+    intro = [
         "# Index recall@10 against float32 exact search",
         "",
         f"Embeddings: {args.embeddings.name}, {rows[0]['rows']:,} rows + {args.queries} "
         "held-out queries. Graph: usearch HNSW, connectivity 16, expansion 128 (add) / "
         f"{args.expansion_search or 128} (search).",
-        "",
-        "| " + " | ".join(rows[0]) + " |",
-        "| " + " | ".join("---" for _ in rows[0]) + " |",
-        *("| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows),
-        "",
-        f"Machine: {host['cpu']}; numpy {host['numpy']}, usearch {host['usearch']}.",
-        f"Load: {load}.",
-        "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text, encoding="utf-8")
-        args.out.with_suffix(".json").write_text(
-            json.dumps({"rows": rows, "machine": host, "load": load}, indent=1) + "\n",
-            encoding="utf-8",
-        )
-
-
-if __name__ == "__main__":
-    main()
+    record = {"rows": rows, "machine": host, "load": load}
+    write_report(intro, rows, host, load, args.out, record)
