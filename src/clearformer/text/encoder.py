@@ -12,7 +12,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -41,18 +40,17 @@ from ..io import atomic_write
 from ..model import EncoderModel
 from ..quant import PRECISIONS
 from .batching import balance_batches, check_batch_limits, default_max_tokens, plan_batches
+from .progress import ProgressFn, progress_reporter
 from .workers import auto_workers, check_workers, map_in_workers, run_at_worker_shares
 
 log = logging.getLogger(__name__)
 
-ProgressFn = Callable[[int, int], None]  # (texts done, texts in all)
 # encode(precision="int8") compiles the int8 layers' element-wise steps (a one-time cost per
 # process: seconds with Inductor's disk cache warm, about half a minute cold; docs/int8.md) for
 # calls of at least this many tokens (word pieces, special tokens included), where the time
 # they save per token repays a warm compile within the call. Counted in tokens, not texts: the
 # saving is per token, and texts differ in length by a hundredfold.
 FUSED_INT8_MIN_TOKENS = 500_000
-_LOG_PROGRESS_MIN = 2048  # texts; below this an encode call is short enough to need no progress
 # Files besides the weights and config.json that make a directory a complete checkpoint.
 _COPIED_FILES = (
     "tokenizer.json",
@@ -270,7 +268,7 @@ class TextEncoder:
             workers = auto_workers(len(batches), next(model.parameters()).device)
         if batch_size is None:  # a batch size the caller named is kept as it is
             batches = balance_batches(lengths, batches, workers, self.config.d_model, max_tokens)
-        report = _progress_reporter(progress, n)
+        report = progress_reporter(progress, n)
         # Each fused linear call would reorder its weight into oneDNN's layout again: reorder
         # each weight once and keep it for later calls, once the calls are large enough to repay it.
         packed = self._packing.for_call(tokens) if precision == "float32" else None
@@ -495,33 +493,3 @@ def attention_kernel_for(tokens: int, device: torch.device) -> None:
 
     if device.type == "cpu" and tokens >= avx512.BUILD_MIN_TOKENS and avx512.preferred():
         avx512.load(build=True)  # a built one is loaded by the plan without asking
-
-
-def _progress_reporter(progress: bool | ProgressFn | None, total: int) -> ProgressFn:
-    if callable(progress):
-        return progress
-    if progress is True:
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            pass
-        else:
-            bar = tqdm(total=total, unit="text", desc="encode")
-
-            def update(done: int, total: int) -> None:
-                bar.update(done - bar.n)
-                if done >= total:
-                    bar.close()
-
-            return update
-    if progress is False or (progress is None and total < _LOG_PROGRESS_MIN):
-        return lambda done, total: None
-    step = max(total // 10, 1)
-    state = {"next": step}
-
-    def log_progress(done: int, total: int) -> None:
-        if done >= state["next"] or done == total:
-            log.info("encoded %d / %d texts", done, total)
-            state["next"] = done + step
-
-    return log_progress
