@@ -21,20 +21,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..interop.hf.files import CHECKPOINT_FILES
+
 # Top-level files of a checkpoint that change what a text embeds to. The weights, the
 # modules' own configs and the shards of a sharded checkpoint are added per directory.
-_REVISION_FILES = (
-    "config.json",
-    "tokenizer.json",
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "modules.json",
-    "sentence_bert_config.json",
-    "config_sentence_transformers.json",
-)
+_REVISION_FILES = ("config.json", *CHECKPOINT_FILES)
 _BLOCK = 1 << 20  # bytes read at a time while hashing
 _hashes: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256, per process
 

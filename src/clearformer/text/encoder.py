@@ -34,6 +34,7 @@ from ..interop.hf import (
     pooling_from_config,
     save_model,
 )
+from ..interop.hf.files import CHECKPOINT_FILES
 from ..interop.hf.sentence_transformers import Prompts, prompts_from_files
 from ..interop.hf.tokenizer import check_texts, max_length_for
 from ..io import atomic_write
@@ -51,18 +52,6 @@ log = logging.getLogger(__name__)
 # they save per token repays a warm compile within the call. Counted in tokens, not texts: the
 # saving is per token, and texts differ in length by a hundredfold.
 FUSED_INT8_MIN_TOKENS = 500_000
-# Files besides the weights and config.json that make a directory a complete checkpoint.
-_COPIED_FILES = (
-    "tokenizer.json",
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "modules.json",
-    "sentence_bert_config.json",
-    "config_sentence_transformers.json",
-)
 
 
 class TextEncoder:
@@ -461,7 +450,7 @@ class TextEncoder:
             base_config=self._loaded.hf_config,
             kept=self._loaded.kept,
         )
-        sources = [self.path / name for name in _COPIED_FILES]
+        sources = [self.path / name for name in CHECKPOINT_FILES]
         modules = self._loaded.files.modules or []
         sources += [
             self.path / str(m.get("path", "")) / "config.json"

@@ -23,6 +23,19 @@ from typing import Any
 
 from .bundled import bundled_model_dir
 
+# Files besides the weights and config.json that make a directory a complete checkpoint.
+CHECKPOINT_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+)
+
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
