@@ -233,16 +233,9 @@ def test_the_checker_sees_a_cycle_when_there_is_one():
     assert cycles(graph) == [["a", "b", "c"]]
 
 
-@pytest.mark.parametrize(
-    "module,line",
-    [
-        ("options.py", "from . import TextEncoder"),  # through the package root
-        ("encoder.py", "from clearformer import explain"),
-        ("blocks.py", "from .interop.torch_nn import from_torch"),
-        ("plan.py", "    from .encoder import Encoder"),  # deferred, inside a function
-    ],
-)
-def test_the_checker_sees_an_import_back_into_the_package(module, line, tmp_path, monkeypatch):
+def with_line_added(module: str, line: str, tmp_path: Path, monkeypatch) -> None:
+    """Point the checker at a copy of the package whose ``module`` ends with ``line`` (inside
+    a function when the line is indented)."""
     import shutil
 
     copy = tmp_path / "clearformer"
@@ -255,6 +248,19 @@ def test_the_checker_sees_an_import_back_into_the_package(module, line, tmp_path
         text += f"\n{line}\n"
     path.write_text(text)
     monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", copy)
+
+
+@pytest.mark.parametrize(
+    "module,line",
+    [
+        ("options.py", "from . import TextEncoder"),  # through the package root
+        ("encoder.py", "from clearformer import explain"),
+        ("blocks.py", "from .interop.torch_nn import from_torch"),
+        ("plan.py", "    from .encoder import Encoder"),  # deferred, inside a function
+    ],
+)
+def test_the_checker_sees_an_import_back_into_the_package(module, line, tmp_path, monkeypatch):
+    with_line_added(module, line, tmp_path, monkeypatch)
     assert cycles(import_graph())
 
 
@@ -267,18 +273,7 @@ def test_the_checker_sees_an_import_back_into_the_package(module, line, tmp_path
     ],
 )
 def test_the_checker_sees_the_core_importing_the_fast_package(module, line, tmp_path, monkeypatch):
-    import shutil
-
-    copy = tmp_path / "clearformer"
-    shutil.copytree(PACKAGE, copy)
-    path = copy / module
-    text = path.read_text()
-    if line.startswith(" "):
-        text += f"\n\ndef _probe():\n{line}\n"
-    else:
-        text += f"\n{line}\n"
-    path.write_text(text)
-    monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", copy)
+    with_line_added(module, line, tmp_path, monkeypatch)
     core = "clearformer." + module.removesuffix(".py").replace("/", ".")
     with pytest.raises(AssertionError, match="imports"):
         test_the_core_never_imports_the_fast_package(core)

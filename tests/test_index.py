@@ -25,7 +25,7 @@ from clearformer.index.quantize import int8_ranges, quantize, truncate
 from clearformer.text import TextEncoder
 
 from .helpers import write_tiny_bert
-from .test_index_helpers import WORDS, tiny_model, word_texts
+from .index_helpers import WORDS, tiny_model, word_texts
 
 pytest.importorskip("usearch")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

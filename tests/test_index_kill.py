@@ -13,7 +13,7 @@ import pytest
 
 from clearformer.index import VectorIndex
 
-from .test_index_helpers import cli, killed_cli, tiny_model, word_texts
+from .index_helpers import cli, killed_cli, tiny_model, word_texts
 
 pytest.importorskip("usearch")
 

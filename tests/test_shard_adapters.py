@@ -12,7 +12,7 @@ import pytest
 
 from clearformer.text import TextEncoder
 
-from .test_index_helpers import tiny_model, word_texts
+from .index_helpers import tiny_model, word_texts
 
 
 @pytest.fixture(scope="module")

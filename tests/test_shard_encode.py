@@ -14,7 +14,7 @@ import pytest
 from clearformer.index.identity import file_sha256
 from clearformer.index.shards import rank_chunks, read_manifest, read_shards
 
-from .test_index_helpers import cli, killed_cli, tiny_model, torchrun, word_texts
+from .index_helpers import cli, killed_cli, tiny_model, torchrun, word_texts
 
 
 @pytest.fixture(scope="module")
