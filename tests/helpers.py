@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -79,3 +80,18 @@ def record_packings(monkeypatch, module) -> list[PackedWeights]:
 
     monkeypatch.setattr(module, "PackedWeights", Recorded)
     return made
+
+
+def torchrun_command(nproc: int, *argv: str) -> list[str]:
+    """The command that runs ``argv`` in ``nproc`` processes under torchrun on this machine.
+    Rendezvous on port 0 of 127.0.0.1: the launcher binds a free port itself, so two runs never
+    race for one found free beforehand."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=127.0.0.1:0",
+        *argv,
+    ]

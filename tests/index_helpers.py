@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .helpers import write_tiny_bert
+from .helpers import torchrun_command, write_tiny_bert
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(60)]
 
@@ -79,16 +79,7 @@ def killed_cli(target: str, *argv: str, timeout: float = 120) -> subprocess.Comp
 
 
 def torchrun(nproc: int, *argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    # Rendezvous on port 0 of 127.0.0.1: the launcher binds a free port itself.
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--rdzv-backend=c10d",
-        "--rdzv-endpoint=127.0.0.1:0",
-        *argv,
-    ]
+    command = torchrun_command(nproc, *argv)
     return subprocess.run(
         command, env=env(), capture_output=True, text=True, timeout=timeout, check=False
     )

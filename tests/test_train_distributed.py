@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from clearformer.train import checkpoint as ckpt
 from clearformer.train import train
 from clearformer.train.tasks import build_task
 
+from .helpers import torchrun_command
 from .train_helpers import TINY, env, final_weights, same_weights, tiny, tiny_flags
 
 pytestmark = pytest.mark.skipif(
@@ -95,17 +95,7 @@ context.close()
 def torchrun(
     nproc: int, *argv: str, timeout: float = 600, **extra_env: str
 ) -> subprocess.CompletedProcess:
-    # Rendezvous on port 0 of 127.0.0.1: the launcher binds a free port itself, so two runs
-    # never race for one found free beforehand.
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--rdzv-backend=c10d",
-        "--rdzv-endpoint=127.0.0.1:0",
-        *argv,
-    ]
+    command = torchrun_command(nproc, *argv)
     return subprocess.run(
         command,
         env=env(OMP_NUM_THREADS="1", **extra_env),
