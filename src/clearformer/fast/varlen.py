@@ -148,10 +148,11 @@ def resolve_method(
             raise ValueError("resolve_method needs a call or a device")
         call = VarlenCall(device, dtype, head_dim, is_causal, grad=torch.is_grad_enabled())
     if method == "auto":
-        if flash_serves(call).choice == "serves":
-            return Decision("flash", flash_serves(call).reason)
-        if avx512_serves(call).choice == "serves" and avx512.in_use():
-            return Decision("avx512", avx512_serves(call).reason)
+        flash, kernel = flash_serves(call), avx512_serves(call)
+        if flash.choice == "serves":
+            return Decision("flash", flash.reason)
+        if kernel.choice == "serves" and avx512.in_use():
+            return Decision("avx512", kernel.reason)
         calls = len(layout.runs)
         if call.device.type == "cpu":
             if torch.get_num_threads() == 1:
