@@ -289,6 +289,33 @@ class TestWithTheAVX512Kernels:
             assert linear_calls, "the AVX-512 linear kernel was not taken"
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "varlen"])
+class TestGroupedKeysWithTheAVX512Kernels:
+    """The AVX-512 attention kernel reads one key/value head per query head: a grouped stack
+    (here bidirectional, which it would otherwise serve) goes to another method, and agrees."""
+
+    pytestmark = needs_avx512_library
+
+    def test_grouped_keys_take_another_method_and_agree(self, backend, monkeypatch):
+        monkeypatch.setenv("CLEARFORMER_AVX512", "on")
+        # heads of 32: the kernel takes widths in multiples of 16
+        FAMILIES["bidirectional-gqa"] = dict(FAMILIES["qwen3"], causal=False, head_dim=32)
+        try:
+            encoder = encoder_of("bidirectional-gqa")
+        finally:
+            del FAMILIES["bidirectional-gqa"]
+        x, mask = batch(holes=True)
+        want = reference_of(encoder, x, mask)
+        out = production(encoder, x, mask, backend=backend)
+        assert_agrees(out, want, mask, f"grouped {backend} avx512 on")
+        with torch.no_grad():
+            plan = encoder.plan_for(mask, backend="varlen")
+            ungrouped = Encoder(dataclasses.replace(encoder.config, n_kv_heads=None)).eval()
+            plain = ungrouped.plan_for(mask, backend="varlen")
+        assert plan.method.choice != "avx512", str(plan)
+        assert plain.method.choice == "avx512", str(plain)  # the same stack, keys not grouped
+
+
 def test_the_agreement_check_fails_on_a_fast_path_that_drops_its_residual(monkeypatch):
     """The test above can fail: a fused epilogue that forgets the residual add is caught."""
     encoder = encoder_of("bert")

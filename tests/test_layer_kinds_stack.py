@@ -158,6 +158,35 @@ def test_a_text_alone_equals_it_in_a_ragged_batch(lengths, left, kind, backend):
         assert (batch[row][mask[row]] - alone).abs().max() <= 1e-6
 
 
+@pytest.mark.parametrize(
+    "backend, method", [("sdpa", None), ("varlen", "sequence"), ("varlen", "padded")]
+)
+def test_grouped_keys_are_not_repeated_in_memory(backend, method):
+    """The fast routes hand grouped keys and values to the fused kernel as they are: no
+    repeat, and no fall-back to the unfused kernel."""
+    import dataclasses
+
+    from torch.profiler import profile
+
+    from clearformer.options import Decision
+
+    model = model_of("qwen3", causal=False)
+    ids, mask = padded([[3, 4, 5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15]], left=False)
+    with torch.no_grad():
+        plan = model.encoder.plan_for(mask, backend=backend)
+        if method is not None:  # every layer's plan takes the method
+            choice = Decision(method, "chosen by the test")
+            layers = tuple(dataclasses.replace(p, method=choice) for p in plan.per_layer)
+            plan = dataclasses.replace(plan, method=choice, per_layer=layers)
+        x = model.embeddings(ids)
+        with profile() as prof:
+            model.encoder.run(x, plan)
+    ops = {event.name for event in prof.events()}
+    assert "aten::repeat_interleave" not in ops
+    assert "aten::_scaled_dot_product_attention_math" not in ops, sorted(ops)
+    assert any("scaled_dot_product_flash_attention" in op for op in ops), sorted(ops)
+
+
 # -- the configuration's checks ---------------------------------------------------------------
 BASE = dict(d_model=32, n_heads=4, n_layers=2, dim_mlp=48)
 
