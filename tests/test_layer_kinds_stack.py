@@ -155,7 +155,10 @@ def test_a_text_alone_equals_it_in_a_ragged_batch(lengths, left, kind, backend):
     batch = run(model, ids, mask, backend)
     for row, text in enumerate(texts):
         alone = run(model, *padded([text], left), backend)[0]  # (n, D)
-        assert (batch[row][mask[row]] - alone).abs().max() <= 1e-6
+        # 1e-6 of the states' scale: normed rows reach 2.5 and more, where float32's own
+        # rounding (kernels choose their blocking by shape) is a few 1e-7.
+        scale = max(1.0, alone.abs().max().item())
+        assert (batch[row][mask[row]] - alone).abs().max() <= 1e-6 * scale
 
 
 @pytest.mark.parametrize(
