@@ -190,6 +190,25 @@ def test_grouped_keys_are_not_repeated_in_memory(backend, method):
     assert any("scaled_dot_product_flash_attention" in op for op in ops), sorted(ops)
 
 
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_layer_kinds_export_to_onnx(kind, tmp_path):
+    """The exported graph (padded layout, sdpa) gives the model's states under onnxruntime."""
+    for name in ("onnx", "onnxscript"):
+        pytest.importorskip(name)
+    ort = pytest.importorskip("onnxruntime")
+    from clearformer.export.onnx import export_onnx
+
+    model = model_of(kind)
+    ids, mask = padded([[3, 4, 5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15], [16]], left=False)
+    with torch.no_grad():
+        want = model(ids, mask)
+    result = export_onnx(model, tmp_path / kind, pooling=False)
+    session = ort.InferenceSession(str(result.model), providers=["CPUExecutionProvider"])
+    feed = {"input_ids": ids.numpy(), "attention_mask": mask.long().numpy()}
+    (hidden,) = session.run(None, feed)
+    assert abs(torch.from_numpy(hidden)[mask] - want[mask]).max() <= 1e-5
+
+
 # -- the configuration's checks ---------------------------------------------------------------
 BASE = dict(d_model=32, n_heads=4, n_layers=2, dim_mlp=48)
 
