@@ -56,9 +56,11 @@ def varlen_method(
     is_causal: bool,
     window: int | None = None,
     bias: bool = False,
+    grouped: bool = False,
 ) -> Decision:
     """The varlen method for one layer's packed rows, and why: the first that serves the call
-    in the order of :func:`clearformer.fast.varlen.resolve_method`."""
+    in the order of :func:`clearformer.fast.varlen.resolve_method`. ``grouped``: keys and
+    values have fewer heads than the queries."""
     call = VarlenCall(
         device,
         dtype,
@@ -67,6 +69,7 @@ def varlen_method(
         window=window is not None,
         bias=bias,
         grad=torch.is_grad_enabled(),
+        grouped=grouped,
     )
     return resolve_method("auto", layout, call=call)
 
