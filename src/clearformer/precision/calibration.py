@@ -12,7 +12,9 @@ named by a hash of the CPU's model, vendor, family, flags and the PyTorch versio
 atomically, so every later process reads it instead of measuring.
 
 ``CLEARFORMER_PRECISION_CALIBRATION=off`` skips the measurement (a machine that must not spend
-the time, or a test): ``auto`` then takes only what the flags settle.
+the time, or a test): ``auto`` then takes only what the flags settle. The two dtypes take turns
+and the fastest call of each counts, so load from other processes moves the ratio little; to
+measure again (after a change of machine image, say), delete the file.
 """
 
 from __future__ import annotations
@@ -127,16 +129,16 @@ def measure_bf16_speedup(shape: tuple[int, int, int] = SHAPE, repeats: int = REP
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(rows, inputs, generator=generator)
     w = torch.randn(outputs, inputs, generator=generator) * inputs**-0.5
-    times = {}
+    operands = {dtype: (x.to(dtype), w.to(dtype)) for dtype in (torch.float32, torch.bfloat16)}
+    best = dict.fromkeys(operands, float("inf"))
     with torch.inference_mode():
-        for dtype in (torch.float32, torch.bfloat16):
-            a, b = x.to(dtype), w.to(dtype)
+        for a, b in operands.values():
             for _ in range(2):  # warm-up: oneDNN builds its kernel for the shape on first use
                 F.linear(a, b)
-            best = float("inf")
-            for _ in range(repeats):
+        # The dtypes take turns, so that a burst of load from another process slows both.
+        for _ in range(repeats):
+            for dtype, (a, b) in operands.items():
                 started = time.perf_counter()
                 F.linear(a, b)
-                best = min(best, time.perf_counter() - started)
-            times[dtype] = best
-    return times[torch.float32] / max(times[torch.bfloat16], 1e-9)
+                best[dtype] = min(best[dtype], time.perf_counter() - started)
+    return best[torch.float32] / max(best[torch.bfloat16], 1e-9)
