@@ -323,6 +323,12 @@ def test_the_token_budget_follows_the_int8_route_unless_given(encoder, monkeypat
     monkeypatch.setattr(encoder_module, "plan_batches", planned)
     monkeypatch.setattr(onednn_module, "onednn_int8_available", lambda: onednn)
     monkeypatch.setattr(encoder, "int8_model", lambda fused=False: encoder.model)  # no build
+    # int8 runs as int8 here whatever this machine's CPU (elsewhere it would run as float32).
+    import clearformer.quant
+    from clearformer.quant import Int8Support
+
+    monkeypatch.setattr(clearformer.quant, "int8_support", lambda: Int8Support(True, "mocked"))
+    monkeypatch.setattr(encoder._precisions, "_decisions", {})
     encoder.encode(["a b"])
     encoder.encode(["a b"], precision="int8")
     encoder.encode(["a b"], precision="int8", max_tokens=300)

@@ -19,7 +19,7 @@ from . import reference
 from .blocks import EncoderBlock
 from .checks import check_bool
 from .config import EncoderConfig
-from .dtypes import check_rows_dtype
+from .dtypes import check_rows_dtype, rows_dtype
 from .layer_plans import check_contiguous, with_linear, with_score_bias
 from .norms import make_norm
 from .padding import layout_from_cu_seqlens, repad
@@ -177,9 +177,10 @@ class Encoder(nn.Module):
         return tuple((cfg.window_of(t), cfg.rope_theta_of(t)) for t in cfg.layer_types)
 
     def _dtype(self) -> torch.dtype:
-        """The dtype the stack computes in (its parameters'), for the plan's kernel choice."""
-        param = next(self.parameters(), None)
-        return torch.float32 if param is None else param.dtype
+        """The dtype the stack computes in (its products' parameters'), for the plan's kernel
+        choice."""
+        dtype = rows_dtype(self)
+        return torch.float32 if dtype is None else dtype
 
     def forward(
         self,

@@ -161,24 +161,13 @@ def resolve_method(
         flash, kernel = flash_serves(call), avx512_serves(call)
         if flash.choice == "serves":
             return Decision("flash", flash.reason)
-        if kernel.choice == "serves" and avx512.in_use():
-            return Decision("avx512", kernel.reason)
-        calls = len(layout.runs)
-        if call.device.type == "cpu":
-            if torch.get_num_threads() == 1:
-                # No parallel region, nothing to wait for: one call per run is the fastest.
-                return Decision("sequence", "a single-threaded caller: one call per run")
-            if calls > 1:
-                # No OpenMP region to wait in when other processes take the cores; slower
-                # than `sequence` on free cores (docs/performance.md).
-                return Decision(
-                    "threads", f"{calls} runs grouped over {torch.get_num_threads()} threads"
-                )
-        if calls <= MAX_SEQUENCE_CALLS:
-            return Decision("sequence", f"{calls} call(s) of fused attention per layer")
-        return Decision(
-            "padded", f"{calls} runs of equal lengths > {MAX_SEQUENCE_CALLS}: one padded call"
-        )
+        if call.device.type == "cpu" and avx512.in_use():
+            if kernel.choice == "serves":
+                return Decision("avx512", kernel.reason)
+            # The kernel is there but cannot take this call (bfloat16 rows, a causal mask):
+            # the method taken instead says so.
+            return _cpu_or_cuda_rule(layout, call, f"; avx512 declines: {kernel.reason}")
+        return _cpu_or_cuda_rule(layout, call)
     if method == "avx512":
         loaded = avx512.load(build=True)
         if loaded.choice != "loaded":
@@ -196,6 +185,27 @@ def resolve_method(
             f"device={call.device}, dtype={call.dtype}, head_dim={call.head_dim}"
         )
     return Decision(method, "requested by name")
+
+
+def _cpu_or_cuda_rule(layout: PackedLayout, call: VarlenCall, passed: str = "") -> Decision:
+    """``auto``'s choice among the methods that serve every call (``threads``, ``sequence``,
+    ``padded``); ``passed`` ends the reason (why a faster method did not take the call)."""
+    calls = len(layout.runs)
+    if call.device.type == "cpu":
+        if torch.get_num_threads() == 1:
+            # No parallel region, nothing to wait for: one call per run is the fastest.
+            return Decision("sequence", f"a single-threaded caller: one call per run{passed}")
+        if calls > 1:
+            # No OpenMP region to wait in when other processes take the cores; slower than
+            # `sequence` on free cores (docs/performance.md).
+            threads = torch.get_num_threads()
+            return Decision("threads", f"{calls} runs grouped over {threads} threads{passed}")
+    if calls <= MAX_SEQUENCE_CALLS:
+        return Decision("sequence", f"{calls} call(s) of fused attention per layer{passed}")
+    return Decision(
+        "padded",
+        f"{calls} runs of equal lengths > {MAX_SEQUENCE_CALLS}: one padded call{passed}",
+    )
 
 
 def varlen_attention(

@@ -7,10 +7,8 @@ of a ragged batch, so padding costs nothing); pool; normalise; put rows back in 
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -39,10 +37,12 @@ from ..interop.hf.sentence_transformers import Prompts, prompts_from_files
 from ..interop.hf.tokenizer import check_texts, max_length_for
 from ..io import atomic_write
 from ..model import EncoderModel
-from ..quant import PRECISIONS
+from ..options import Decision
 from .batching import balance_batches, check_batch_limits, default_max_tokens, plan_batches
+from .int8_models import Int8Models
+from .precisions import Precisions
 from .progress import ProgressFn, progress_reporter
-from .workers import auto_workers, check_workers, map_in_workers, run_at_worker_shares
+from .workers import auto_workers, check_workers, map_in_workers
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +94,10 @@ class TextEncoder:
         self.max_length = tokenizer.max_length
         self.path: Path = loaded.files.path
         self.report: LoadReport = loaded.report
-        self._int8: dict[bool, EncoderModel] = {}  # fused or not -> model, built once each
-        self._int8_lock = threading.Lock()
+        self._int8 = Int8Models(self.model, tokenizer)  # built on the first int8 call
+        self._precisions: Precisions[EncoderModel] = Precisions(
+            ("float32", "bf16", "int8"), self._device, self._copy_bf16
+        )
         self._packing = KeptPacking()  # weights in oneDNN's layout, once calls repay it
 
     @classmethod
@@ -201,11 +203,17 @@ class TextEncoder:
             prompt_name: one of the checkpoint's named prompts (:attr:`prompts`); with neither
                 ``prompt`` nor ``prompt_name``, the checkpoint's default prompt, if any, is
                 applied, as sentence-transformers does. ``prompt`` wins over ``prompt_name``.
-            precision: ``"float32"``, or ``"int8"``: the linear layers' matrix products in
+            precision: ``"float32"``; ``"bf16"`` (or ``"bfloat16"``): :meth:`bf16_model`,
+                bfloat16 weights and matrix products with float32 norms, softmax, pooling and
+                normalisation, embeddings within cosine 0.995 of float32 ones (see
+                ``docs/performance.md``); ``"int8"``: the linear layers' matrix products in
                 int8 (:meth:`int8_model`, built on the first such call and reused), with
-                embeddings within cosine 0.99 of float32 ones (see ``docs/int8.md``). Where
-                this CPU has no int8 instructions, float32 with a logged warning
-                (:func:`clearformer.quant.int8_support` says why).
+                embeddings within cosine 0.99 of float32 ones (see ``docs/int8.md``; where
+                this CPU has no int8 instructions, float32 with a logged warning,
+                :func:`clearformer.quant.int8_support` says why); ``"auto"``: the fastest
+                of them whose accuracy floor holds on this CPU
+                (:func:`clearformer.precision.auto_precision`). :meth:`precision_for` says
+                which a name runs and why; ``encode`` logs it at INFO level.
             fuse_int8: with ``precision="int8"``, run the int8 layers' element-wise steps
                 compiled (``torch.compile``: the same arithmetic in fewer passes, after a
                 one-time compile; ``docs/int8.md`` has the costs and the gain); None = for
@@ -215,7 +223,7 @@ class TextEncoder:
             (n, D) float32, row i for ``texts[i]``. Batching changes speed and memory, never
             the result: a text's embedding does not depend on its batch-mates.
 
-        On a CPU in float32, once this encoder's calls have carried
+        On a CPU in float32 or bfloat16, once this encoder's calls have carried
         :data:`~clearformer.fast.packed_weights.PACK_MIN_TOKENS` tokens in all, it keeps a copy
         of every linear weight in oneDNN's layout (:mod:`clearformer.fast.packed_weights`) for its
         later calls: as much memory again as those weights, until :meth:`drop_packed_weights`.
@@ -234,22 +242,25 @@ class TextEncoder:
         normalize = self.normalize if normalize is None else normalize
         n = len(texts)
         out = np.empty((n, self.dim), dtype=np.float32)
-        check_choice(precision, PRECISIONS, "precision")  # before any work
-        if max_tokens is None:
-            max_tokens = default_max_tokens(precision)
-        check_batch_limits(batch_size, max_tokens)
+        precision = self._precisions.check(precision)  # before any work
+        check_batch_limits(batch_size, max_tokens if max_tokens is not None else 1)
         check_workers(workers)
         if n == 0:
             return out
+        chosen = self._precisions.decide(precision).choice
+        if max_tokens is None:
+            max_tokens = default_max_tokens(chosen)
         encodings = self.tokenizer.encode(texts)
         lengths = [len(e.ids) for e in encodings]
         tokens = sum(lengths)  # sets the int8 fusion, the kernel build and the weight packing
-        if precision == "int8":
+        log.info("encode: %d texts, %d tokens, in %s", n, tokens, chosen)
+        if chosen == "int8":
             auto = tokens >= FUSED_INT8_MIN_TOKENS
             model = self.int8_model(fused=auto if fuse_int8 is None else fuse_int8)
         else:
-            model = self.model
-        attention_kernel_for(tokens, next(model.parameters()).device)
+            model = self.bf16_model() if chosen == "bf16" else self.model
+        if chosen != "bf16":  # clearformer's AVX-512 kernels take float32 rows only
+            attention_kernel_for(tokens, next(model.parameters()).device)
         # Longest first: texts of similar length share a batch, and the longest batch (the peak
         # of memory) comes first, so a memory problem shows at once.
         batches = plan_batches(lengths, batch_size, max_tokens)
@@ -260,7 +271,7 @@ class TextEncoder:
         report = progress_reporter(progress, n)
         # Each fused linear call would reorder its weight into oneDNN's layout again: reorder
         # each weight once and keep it for later calls, once the calls are large enough to repay it.
-        packed = self._packing.for_call(tokens) if precision == "float32" else None
+        packed = self._packing.for_call(tokens) if chosen != "int8" else None
 
         def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:
             chosen = [encodings[i] for i in rows]
@@ -288,19 +299,22 @@ class TextEncoder:
         the texts of many requests: the rows are computed by the same code as ``encode``'s, and
         a row does not depend on its batch-mates, so they are ``encode``'s rows for the same
         texts. ``skip`` leaves a prompt's first tokens out of the pooling (see
-        :meth:`resolve_prompt`); ``precision="int8"`` runs :meth:`int8_model` unfused, as
-        ``encode`` does for calls under :data:`FUSED_INT8_MIN_TOKENS` tokens. Safe to call
-        from several threads at once, each at its own intra-op thread count.
+        :meth:`resolve_prompt`); ``precision`` as for ``encode``, where ``"int8"`` runs
+        :meth:`int8_model` unfused, as ``encode`` does for calls under
+        :data:`FUSED_INT8_MIN_TOKENS` tokens. Safe to call from several threads at once, each
+        at its own intra-op thread count.
         """
         check_bool(normalize, "normalize")
-        check_choice(precision, PRECISIONS, "precision")
+        precision = self._precisions.check(precision)
         if not encodings:
             return np.empty((0, self.dim), dtype=np.float32)
         tokens = sum(len(e.ids) for e in encodings)
-        if precision == "int8":
+        chosen = self._precisions.decide(precision).choice
+        if chosen == "int8":
             model, packed = self.int8_model(fused=False), None
         else:
-            model, packed = self.model, self._packing.for_call(tokens)
+            model = self.bf16_model() if chosen == "bf16" else self.model
+            packed = self._packing.for_call(tokens)
         return self._forward(encodings, model, packed, skip=skip, normalize=normalize)
 
     def _forward(
@@ -320,7 +334,9 @@ class TextEncoder:
         with torch.inference_mode(), use_packed_weights(packed):
             # The mask goes as it is: the Encoder's plan drops one without padding itself.
             hidden = model(batch.input_ids, mask, batch.token_type_ids)  # (B, T, D)
-            vectors = self.pool(hidden, mask, skip)  # (B, D)
+            # Pooling and normalisation in float32 whatever the model's rows (bfloat16): a
+            # mean over hundreds of tokens would otherwise round at every partial sum.
+            vectors = self.pool(hidden.float(), mask, skip)  # (B, D)
             if normalize:
                 vectors = F.normalize(vectors, p=2.0, dim=-1)
         return vectors.float().numpy()
@@ -352,6 +368,29 @@ class TextEncoder:
         they have carried enough tokens to repay it."""
         self._packing.drop()
 
+    def precision_for(self, precision: str = "auto") -> Decision:
+        """The precision ``encode(precision=...)`` runs in on this machine, and why: a
+        :class:`~clearformer.options.Decision` (``print`` shows both). ``"auto"`` is decided
+        on its first use and kept (:func:`clearformer.precision.auto_precision`)."""
+        return self._precisions.decide(self._precisions.check(precision))
+
+    def bf16_model(self) -> EncoderModel:
+        """The bfloat16 copy of :attr:`model` that ``encode(precision="bf16")`` runs.
+
+        Built once per encoder (:func:`clearformer.precision.bf16_copy`: bfloat16 weights,
+        the norms' parameters in float32); :attr:`model` is not changed. On a CPU without
+        bfloat16 instructions it runs, with products PyTorch emulates (slower than float32).
+        """
+        return self._precisions.bf16()
+
+    def _copy_bf16(self) -> EncoderModel:
+        from ..precision import bf16_copy
+
+        return bf16_copy(self.model)
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     def int8_model(self, fused: bool = False) -> EncoderModel:
         """The int8 copy of :attr:`model` that ``encode(precision="int8")`` runs.
 
@@ -366,38 +405,7 @@ class TextEncoder:
                 (:mod:`clearformer.quant.fused`); it shares every tensor with the other one
                 and is compiled and warmed up here, before any worker thread runs it.
         """
-        with self._int8_lock:
-            if False not in self._int8:
-                from ..quant import quantize_int8_calibrated
-                from ..quant.calibration import CALIBRATION_TEXTS
-
-                started = time.perf_counter()
-                self._calibration = self.tokenizer(list(CALIBRATION_TEXTS))
-                self._int8[False] = quantize_int8_calibrated(self.model, self._calibrate).eval()
-                log.info("built the int8 model in %.2fs", time.perf_counter() - started)
-            if fused and True not in self._int8:
-                from ..quant import Int8Linear
-
-                started = time.perf_counter()
-                eager = self._int8[False]
-                # A second module tree over the same tensors: only the modules are copied.
-                shared = {id(t): t for t in (*eager.parameters(), *eager.buffers())}
-                model = copy.deepcopy(eager, memo=shared)
-                for module in model.modules():
-                    if isinstance(module, Int8Linear):
-                        module.fused = True
-                self._calibrate(model)  # compiles now, in the calling thread ...
-                # ... and at the thread count of encode's default workers, which the compiled
-                # code guards on: otherwise each worker would recompile on its first batch.
-                run_at_worker_shares(lambda: self._calibrate(model))
-                self._int8[True] = model
-                log.info("compiled the int8 steps in %.2fs", time.perf_counter() - started)
-            return self._int8[fused]
-
-    @torch.inference_mode()
-    def _calibrate(self, model: EncoderModel) -> None:
-        batch = self._calibration
-        model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+        return self._int8.get(fused)
 
     def build_index(self, path: str | os.PathLike, texts: list[str], **kwargs):
         """Build a persistent vector index of ``texts`` at ``path`` with this encoder and return
