@@ -40,7 +40,13 @@ from ..interop.hf.tokenizer import check_texts, max_length_for
 from ..io import atomic_write
 from ..model import EncoderModel
 from ..quant import PRECISIONS
-from .batching import balance_batches, check_batch_limits, default_max_tokens, plan_batches
+from .batching import (
+    balance_batches,
+    check_batch_limits,
+    default_max_tokens,
+    plan_batches,
+    row_backend,
+)
 from .progress import ProgressFn, progress_reporter
 from .workers import auto_workers, check_workers, map_in_workers, run_at_worker_shares
 
@@ -316,10 +322,11 @@ class TextEncoder:
         one path)."""
         batch = self.tokenizer.pad(encodings, with_tokens=False)
         mask = batch.attention_mask  # (B, T) bool
+        backend = row_backend(model.config.backend, mask)
         # Grad mode and the packed weights are per thread: each worker enters both itself.
         with torch.inference_mode(), use_packed_weights(packed):
             # The mask goes as it is: the Encoder's plan drops one without padding itself.
-            hidden = model(batch.input_ids, mask, batch.token_type_ids)  # (B, T, D)
+            hidden = model(batch.input_ids, mask, batch.token_type_ids, backend=backend)
             vectors = self.pool(hidden, mask, skip)  # (B, D)
             if normalize:
                 vectors = F.normalize(vectors, p=2.0, dim=-1)
