@@ -20,7 +20,7 @@ import pytest
 from clearformer.index.identity import file_sha256
 from clearformer.index.shards import rank_chunks, read_manifest, read_shards
 
-from .helpers import intra_op_threads
+from .helpers import intra_op_threads, needs_avx512_library
 from .index_helpers import cli, faulty_torchrun, killed_cli, tiny_model, torchrun, word_texts
 
 SHARDS_MODULE = "clearformer.index.shards"
@@ -186,6 +186,40 @@ def test_one_of_two_processes_killed_then_the_same_command_again(
     assert starts[0] == 0 and stops[-1] == manifest["rows"] == 300 and starts[1:] == stops[:-1]
     assert sum(s["count"] for s in manifest["shards"]) == 300
     np.testing.assert_array_equal(read_shards(out), read_shards(two_processes))
+
+
+class TestWithTheAVX512Library:
+    """Where clearformer's AVX-512 linear kernel is loaded, packed weights take some products to
+    it, which rounds otherwise than oneDNN on plain ones, and ``encode`` packs once a process's
+    calls have carried ``PACK_MIN_TOKENS``: without packing from the first chunk, a chunk's
+    rows would depend on the chunks its process happened to compute before it."""
+
+    pytestmark = needs_avx512_library
+
+    def test_a_row_does_not_depend_on_what_its_process_computed_before(self, tmp_path, monkeypatch):
+        from clearformer.index.shards import encode_shard
+        from clearformer.text import TextEncoder
+
+        from .helpers import write_tiny_bert
+        from .index_helpers import WORDS
+
+        monkeypatch.setenv("CLEARFORMER_AVX512", "on")  # the suite switches it off (conftest)
+        # Width 64: products the kernel serves (its panels are 64 outputs wide).
+        model = write_tiny_bert(tmp_path / "model", WORDS, width=64, heads=4)
+        texts = word_texts(600)  # about 3,600 tokens: a one-process run packs part-way
+        with intra_op_threads(1):
+            plain = TextEncoder.from_pretrained(model).encode(texts[:64])
+            packed = TextEncoder.from_pretrained(model)
+            packed.keep_weights_packed()
+            # Negative control: packed and plain weights do give other bits here.
+            assert not np.array_equal(packed.encode(texts[:64]), plain)
+            one = encode_shard(texts, tmp_path / "one", TextEncoder.from_pretrained(model),
+                               chunk_rows=CHUNK_ROWS)  # fmt: skip
+            assert one.manifest
+            for rank in (0, 1):  # two processes: a fresh encoder each
+                encode_shard(texts, tmp_path / "two", TextEncoder.from_pretrained(model),
+                             rank=rank, world=2, chunk_rows=CHUNK_ROWS)  # fmt: skip
+        np.testing.assert_array_equal(read_shards(tmp_path / "two"), read_shards(tmp_path / "one"))
 
 
 def test_another_job_in_the_same_directory_is_refused(tmp_path, setup):
