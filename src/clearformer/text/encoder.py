@@ -38,7 +38,13 @@ from ..interop.hf.tokenizer import check_texts, max_length_for
 from ..io import atomic_write
 from ..model import EncoderModel
 from ..options import Decision
-from .batching import balance_batches, check_batch_limits, default_max_tokens, plan_batches
+from .batching import (
+    balance_batches,
+    check_batch_limits,
+    default_max_tokens,
+    plan_batches,
+    row_backend,
+)
 from .int8_models import Int8Models
 from .precisions import Precisions
 from .progress import ProgressFn, progress_reporter
@@ -330,10 +336,11 @@ class TextEncoder:
         one path)."""
         batch = self.tokenizer.pad(encodings, with_tokens=False)
         mask = batch.attention_mask  # (B, T) bool
+        backend = row_backend(model.config.backend, mask)
         # Grad mode and the packed weights are per thread: each worker enters both itself.
         with torch.inference_mode(), use_packed_weights(packed):
             # The mask goes as it is: the Encoder's plan drops one without padding itself.
-            hidden = model(batch.input_ids, mask, batch.token_type_ids)  # (B, T, D)
+            hidden = model(batch.input_ids, mask, batch.token_type_ids, backend=backend)
             # Pooling and normalisation in float32 whatever the model's rows (bfloat16): a
             # mean over hundreds of tokens would otherwise round at every partial sum.
             vectors = self.pool(hidden.float(), mask, skip)  # (B, D)
