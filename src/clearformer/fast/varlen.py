@@ -17,8 +17,8 @@ Implementations (``method``), all returning the same values:
               float32, plain bidirectional attention without gradients; calls it cannot
               serve (causal, a window, a bias, dropout) run as ``auto`` would without it.
 
-``auto`` takes ``flash`` when it can serve the call, and ``avx512`` once it is built on the
-CPUs where it is measured faster (:func:`.avx512.preferred`: AVX-512 CPUs of both vendors).
+``auto`` takes ``flash`` when it can serve the call, and ``avx512`` once it is built where this
+CPU measured it faster than PyTorch's route (:func:`.avx512.route`, :mod:`clearformer.calibration`).
 Otherwise on CPU it takes ``threads`` (``sequence`` for a single run or a single-threaded
 caller): every call of ``sequence`` is an OpenMP parallel region, and when other processes
 compete for the cores each region can wait for a descheduled thread, so ``sequence`` collapses
@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import switches
 from ..checks import check_choice
 from ..masks import band_mask, fold_causal
 from ..options import VARLEN_METHODS, Decision
@@ -137,11 +138,13 @@ def resolve_method(
     dtype: torch.dtype = torch.float32,
     head_dim: int | None = None,
     is_causal: bool = False,
+    avx512_route: Decision | None = None,
 ) -> Decision:
     """The implementation ``method`` runs on for ``call`` (or the call these keywords
     describe), and why. ``auto`` takes the first method that serves the call: ``flash``, then
-    ``avx512`` once built, then the CPU or CUDA rule among ``threads``, ``sequence``, ``padded``
-    (which serve every call). A method named explicitly that cannot serve raises."""
+    ``avx512`` where ``avx512_route`` (default: :func:`.avx512.route`, whether this process
+    takes the kernel) says so, then the CPU or CUDA rule among ``threads``, ``sequence``,
+    ``padded`` (which serve every call). A method named explicitly that cannot serve raises."""
     check_choice(method, VARLEN_METHODS, "method")
     if call is None:
         if device is None:
@@ -151,25 +154,18 @@ def resolve_method(
         flash, kernel = flash_serves(call), avx512_serves(call)
         if flash.choice == "serves":
             return Decision("flash", flash.reason)
-        if kernel.choice == "serves" and avx512.in_use():
-            return Decision("avx512", kernel.reason)
-        calls = len(layout.runs)
-        if call.device.type == "cpu":
-            if torch.get_num_threads() == 1:
-                # No parallel region, nothing to wait for: one call per run is the fastest.
-                return Decision("sequence", "a single-threaded caller: one call per run")
-            if calls > 1:
-                # No OpenMP region to wait in when other processes take the cores; slower
-                # than `sequence` on free cores (docs/performance.md).
-                return Decision(
-                    "threads", f"{calls} runs grouped over {torch.get_num_threads()} threads"
-                )
-        if calls <= MAX_SEQUENCE_CALLS:
-            return Decision("sequence", f"{calls} call(s) of fused attention per layer")
-        return Decision(
-            "padded", f"{calls} runs of equal lengths > {MAX_SEQUENCE_CALLS}: one padded call"
-        )
+        not_taken = ""
+        if kernel.choice == "serves" and avx512.support().choice == "available":
+            taken = avx512.route("avx512_attention") if avx512_route is None else avx512_route
+            if taken.choice == "avx512":
+                return Decision("avx512", taken.reason)
+            not_taken = f"; not avx512: {taken.reason}"
+        fallback = _pytorch_method(layout, call)
+        return Decision(fallback.choice, fallback.reason + not_taken)
     if method == "avx512":
+        off = switches.all_off()
+        if off is not None:
+            raise ValueError(f"method='avx512' cannot run here: {off.reason}")
         loaded = avx512.load(build=True)
         if loaded.choice != "loaded":
             raise ValueError(f"method='avx512' cannot run here: {loaded.reason}")
@@ -186,6 +182,26 @@ def resolve_method(
             f"device={call.device}, dtype={call.dtype}, head_dim={call.head_dim}"
         )
     return Decision(method, "requested by name")
+
+
+def _pytorch_method(layout: PackedLayout, call: VarlenCall) -> Decision:
+    """What ``auto`` takes among PyTorch's kernels (``threads``, ``sequence``, ``padded``)."""
+    calls = len(layout.runs)
+    if call.device.type == "cpu":
+        if torch.get_num_threads() == 1:
+            # No parallel region, nothing to wait for: one call per run is the fastest.
+            return Decision("sequence", "a single-threaded caller: one call per run")
+        if calls > 1:
+            # No OpenMP region to wait in when other processes take the cores; slower
+            # than `sequence` on free cores (docs/performance.md).
+            return Decision(
+                "threads", f"{calls} runs grouped over {torch.get_num_threads()} threads"
+            )
+    if calls <= MAX_SEQUENCE_CALLS:
+        return Decision("sequence", f"{calls} call(s) of fused attention per layer")
+    return Decision(
+        "padded", f"{calls} runs of equal lengths > {MAX_SEQUENCE_CALLS}: one padded call"
+    )
 
 
 def varlen_attention(
@@ -239,8 +255,12 @@ def varlen_attention(
         dropout_p > 0.0,
         torch.is_grad_enabled() and q.requires_grad,
     )
-    if method == "avx512" and avx512_serves(call).choice != "serves":
-        method = "auto"  # a call the kernel does not serve: what auto takes without it
+    if method == "avx512":
+        off = switches.all_off()
+        if off is not None:  # a kernel named with every kernel off: refused, not ignored
+            raise ValueError(f"method='avx512' cannot run here: {off.reason}")
+        if avx512_serves(call).choice != "serves":
+            method = "auto"  # a call the kernel does not serve: what auto takes without it
     if method in ("auto", "flash"):
         # A named flash call it cannot serve raises, naming what it needs.
         method = resolve_method(method, layout, call=call).choice
