@@ -16,7 +16,12 @@ from clearformer.padding import layout_from_cu_seqlens
 
 from .helpers import needs_avx512_library
 
-VARIABLES = ("CLEARFORMER_KERNELS", "CLEARFORMER_AVX512", "CLEARFORMER_AVX512_LINEAR")
+VARIABLES = (
+    "CLEARFORMER_KERNELS",
+    "CLEARFORMER_AVX512",
+    "CLEARFORMER_AVX512_ATTENTION",
+    "CLEARFORMER_AVX512_LINEAR",
+)
 
 
 @pytest.fixture
@@ -35,6 +40,8 @@ def unset(monkeypatch):
         ({"CLEARFORMER_AVX512_LINEAR": "off", "CLEARFORMER_AVX512": "on"}, "on", "off"),
         ({"CLEARFORMER_AVX512_LINEAR": "on", "CLEARFORMER_AVX512": "off"}, "off", "off"),
         ({"CLEARFORMER_AVX512_LINEAR": "on"}, "auto", "on"),
+        ({"CLEARFORMER_AVX512_ATTENTION": "on", "CLEARFORMER_AVX512_LINEAR": "off"}, "on", "off"),
+        ({"CLEARFORMER_AVX512_ATTENTION": "off", "CLEARFORMER_AVX512": "on"}, "off", "on"),
         ({"CLEARFORMER_KERNELS": "on", "CLEARFORMER_AVX512": "auto"}, "auto", "auto"),
         ({"CLEARFORMER_KERNELS": "on"}, "on", "on"),
         ({"CLEARFORMER_AVX512": "0"}, "off", "off"),

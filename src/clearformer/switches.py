@@ -14,8 +14,9 @@ computes the same values; these switches choose between them for ``auto``:
                                taken wherever it serves the call, unmeasured (for tests and
                                A/B runs); ``auto`` (the default): taken where this CPU measured
                                it faster (:mod:`clearformer.calibration`).
-``CLEARFORMER_AVX512_LINEAR``  the linear kernel alone (``on``, ``off``, ``auto``); unset, it
-                               follows ``CLEARFORMER_AVX512``.
+``CLEARFORMER_AVX512_ATTENTION``, ``CLEARFORMER_AVX512_LINEAR``
+                               one kernel of the library alone (``on``, ``off``, ``auto``);
+                               unset, it follows ``CLEARFORMER_AVX512`` (an A/B of one kernel).
 ``CLEARFORMER_CALIBRATION``    ``off``: nothing is measured and no cached verdict is read, so
                                ``auto`` keeps PyTorch's routes (the test suite runs so).
 
@@ -33,12 +34,13 @@ from .options import Decision
 
 KERNELS_VARIABLE = "CLEARFORMER_KERNELS"
 AVX512_VARIABLE = "CLEARFORMER_AVX512"
+AVX512_ATTENTION_VARIABLE = "CLEARFORMER_AVX512_ATTENTION"
 AVX512_LINEAR_VARIABLE = "CLEARFORMER_AVX512_LINEAR"
 CALIBRATION_VARIABLE = "CLEARFORMER_CALIBRATION"
 
 # The kernels a switch names, and the variables that apply to each, most specific first.
 KERNEL_VARIABLES = {
-    "avx512_attention": (AVX512_VARIABLE,),
+    "avx512_attention": (AVX512_ATTENTION_VARIABLE, AVX512_VARIABLE),
     "avx512_linear": (AVX512_LINEAR_VARIABLE, AVX512_VARIABLE),
     "int8_steps": (),
 }

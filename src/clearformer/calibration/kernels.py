@@ -22,8 +22,8 @@ an ``encode`` call large enough to build the kernels (:func:`measure_if_missing`
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,16 +85,35 @@ def calibrate(*, force: bool = False, rounds: int | None = None) -> Calibration:
         return Calibration(
             {}, None, False, f"the AVX-512 library is {loaded.choice}: {loaded.reason}", key
         )
+    from ..bench.load import LoadMeter
+
     log.info("calibrating clearformer's AVX-512 kernels against PyTorch on %s", key.cpu)
-    context = _context()
+    # Other processes' CPU time while measuring (no idle probe: seconds matter here).
+    meter = LoadMeter(threads=torch.get_num_threads(), probe_seconds=0).start()
     options = {} if rounds is None else {"rounds": rounds}
     # Built outside inference mode: weights made inside it could not be packed.
     workloads = {"avx512_attention": attention_workloads(), "avx512_linear": linear_workloads()}
     with torch.inference_mode():
         verdicts = {
-            kernel: measure_choice(kernel, work, baseline=BASELINE, context=context, **options)
+            kernel: measure_choice(kernel, work, baseline=BASELINE, **options)
             for kernel, work in workloads.items()
         }
+    load = meter.record()
+    if load.loaded:
+        log.warning(
+            "clearformer's kernels were measured while other processes were busy (%s); the "
+            "verdicts may not hold on a quiet machine: `clearformer calibrate --force` there "
+            "measures again",
+            load.reason,
+        )
+    context = {
+        "cpu": load.cpu,
+        "threads": torch.get_num_threads(),
+        "others_busy_cpus": load.others_during,
+        "loaded": load.loaded,
+        "load": load.reason,
+    }
+    verdicts = {k: dataclasses.replace(v, context=context) for k, v in verdicts.items()}
     path = cache.write(key, verdicts)
     return Calibration(verdicts, path, True, "measured", key)
 
@@ -211,18 +230,3 @@ def _lengths(count: int, shortest: int, longest: int) -> list[int]:
     """``count`` sentence lengths drawn from a fixed seed (the same batches every run)."""
     g = torch.Generator().manual_seed(count * 1000 + longest)
     return torch.randint(shortest, longest + 1, (count,), generator=g).tolist()
-
-
-def _context() -> dict:
-    """What a verdict records besides its timings: the CPU, the thread count, the load."""
-    from ..cpu import cpu_info
-
-    try:
-        load = list(os.getloadavg())
-    except OSError:
-        load = None
-    return {
-        "cpu": cpu_info().summary(),
-        "threads": torch.get_num_threads(),
-        "load_average_before": load,
-    }

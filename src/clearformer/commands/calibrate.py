@@ -83,9 +83,11 @@ def _print_table(verdicts: dict, key, path, how: str) -> None:
     for name, verdict in verdicts.items():
         candidates = [verdict.baseline, *(c for c in verdict.speedups if c != verdict.baseline)]
         print()
+        loaded = " LOADED while measured:" if verdict.context.get("loaded") else ""
         print(
             f"{name}: {verdict.reason} (margin {verdict.margin:.0%}, {verdict.rounds} rounds, "
-            f"medians; {verdict.context.get('threads', '?')} threads)"
+            f"medians; {verdict.context.get('threads', '?')} threads;{loaded} "
+            f"{verdict.context.get('load', 'load not recorded')})"
         )
         print("| workload | " + " | ".join(f"{c} ms" for c in candidates) + " |")
         print("| --- |" + " ---: |" * len(candidates))

@@ -103,9 +103,9 @@ KERNELS = ("avx512_attention", "avx512_linear")
 
 def preferred() -> bool:
     """Whether the library may be built and taken here: a CPU that can build it
-    (:func:`support`), with the library not switched off (``CLEARFORMER_KERNELS=off`` or
-    ``CLEARFORMER_AVX512=off``). Whether ``auto`` takes it is :func:`route`'s answer."""
-    if switches.kernel_setting("avx512_attention").choice == "off":
+    (:func:`support`), with not every kernel of it switched off (``CLEARFORMER_KERNELS=off``,
+    ``CLEARFORMER_AVX512=off``). Whether ``auto`` takes a kernel is :func:`route`'s answer."""
+    if all(switches.kernel_setting(kernel).choice == "off" for kernel in KERNELS):
         return False
     return support().choice == "available"
 
