@@ -330,7 +330,12 @@ def to_markdown(report: dict) -> str:
         "",
         f"Machine: {env['load_verdict']}",
         "",
-        f"clearformer's AVX-512 attention kernel: {env.get('attention_kernel', 'not recorded')}",
+        "clearformer's own kernels: "
+        + (
+            "; ".join(f"{k}: {v}" for k, v in env["routes"].items())
+            if env.get("routes")
+            else f"AVX-512 attention {env.get('attention_kernel', 'not recorded')}"
+        ),
         "",
     ]
     if env.get("onnx"):
@@ -541,23 +546,26 @@ def main() -> None:
     if args.replot is not None:
         write_report(json.loads(args.replot.read_text()), args.replot.with_suffix(""))
         return
-    from clearformer.bench.load import judge, load_average
+    import torch
+
+    from clearformer.bench.load import LoadMeter
     from clearformer.cpu import cpu_description
 
-    load_start = load_average()
+    meter = LoadMeter(threads=torch.get_num_threads()).start()
 
     from clearformer.runtime import retain_freed_memory
 
     retained = retain_freed_memory()  # before any large allocation, for both libraries alike
 
     import sentence_transformers
-    import torch
 
-    from clearformer.fast import avx512
+    from clearformer.text.encoder import attention_kernel_for
 
-    # Where encode would build clearformer's AVX-512 attention kernel for a large call (AMD
-    # CPUs), build it before timing, so every clearformer row runs what a large call runs.
-    kernel = avx512.load(build=avx512.preferred())
+    # What encode does for a large call, before timing, so that every clearformer row runs
+    # what a large call runs: where the AVX-512 kernels can be built (and no switch is off),
+    # build them and, where this CPU has no verdict yet, measure them against PyTorch's
+    # routes; auto then takes each only where it measured faster.
+    attention_kernel_for(10**9, torch.device("cpu"))
     from sentence_transformers import SentenceTransformer
 
     from clearformer import TextEncoder
@@ -625,10 +633,9 @@ def main() -> None:
             f"{[round(r['median']) for r in sustained]}; clearformer at "
             f"{run['fraction_of_sustained_bound']['clearformer']:.0%} of that bound"
         )
-    load_end = load_average()
+    load = meter.record()
     if scratch is not None:
         scratch.cleanup()  # the ONNX models (about 100 MB)
-    load = judge(load_start, load_end, torch.get_num_threads())
     print(load.describe())
     report = {
         "environment": {
@@ -638,12 +645,12 @@ def main() -> None:
             "retained": retained,
             "repeats": args.repeats,
             "onnx": onnx_info,
-            "load_average_start": load_start[0],
-            "load_average": load_end[0],
+            "load_average_start": load.before[0],
+            "load_average": load.after[0],
             "load": load.to_dict(),
             "load_verdict": load.describe(),
             "cpu": cpu_description(),
-            "attention_kernel": str(kernel) if avx512.is_loaded() else f"not used: {kernel}",
+            "routes": load.routes,
             "auto_precision": None if auto is None else str(auto),
         },
         "runs": runs,

@@ -15,8 +15,9 @@ The sentences are random vocabulary words of sentence length (log-normal around 
 server can answer from a cache). Reported per server and workload: texts/s, word pieces/s,
 latency percentiles, the answers other than 200, and the server process's CPU seconds per
 1,000 texts (its own work, which other load distorts less than wall time). The servers take
-turns ``--rounds`` times and the median round is kept; the load average before and after each
-run, and the CPU's model, are recorded. The load generator shares the CPU with the server
+turns ``--rounds`` times and the median round is kept; other processes' busy CPUs during each
+run (the servers, child processes of this one, not counted: clearformer.bench.load), and the
+CPU's model, are recorded. The load generator shares the CPU with the server
 (both servers pay for it alike); on a machine shared with other work the figures are
 provisional, and the report says so.
 
@@ -209,7 +210,11 @@ def run_load(server: Server, texts: list[str], per_request: int, clients: int) -
         ).encode()
         for i in range(0, len(texts), per_request)
     ]
-    load_before = os.getloadavg()
+    from clearformer.bench.load import LoadMeter
+
+    # No idle probe per run (main's meter probed once): others' CPU during this run, the
+    # server (a child process) and this load generator not counted.
+    meter = LoadMeter(threads=os.cpu_count() or 1, probe_seconds=0).start()
     cpu_before = server.cpu_seconds()
     seconds, latencies, statuses = asyncio.run(_drive(server.port, server.path, bodies, clients))
     cpu = server.cpu_seconds() - cpu_before
@@ -232,8 +237,7 @@ def run_load(server: Server, texts: list[str], per_request: int, clients: int) -
         },
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "server_cpu_s_per_1000_texts": 1000 * cpu / max(ok * per_request, 1),
-        "load_before": load_before,
-        "load_after": os.getloadavg(),
+        "load": meter.record().to_dict(),
     }
 
 
@@ -264,12 +268,11 @@ def to_markdown(report: dict) -> str:
         + "".join(f"; `{c}`" for n, c in report["commands"].items() if n != "clearformer")
         + ".",
         "",
-        f"Load average (1 min) before the first run: {report['load_start'][0]:.2f}; "
         f"{'QUIET' if report['quiet'] else 'PROVISIONAL: the machine was shared with other work'}"
         f" ({report['quiet_reason']}).",
         "",
         "| workload | clients | server | requests/s | texts/s | p50 ms | p95 ms | p99 ms | "
-        "CPU s / 1k texts | answers | load before / after |",
+        "CPU s / 1k texts | answers | others' CPUs |",
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for key, per_server in report["results"].items():
@@ -283,7 +286,7 @@ def to_markdown(report: dict) -> str:
                 f"{m['texts_per_s'] / WORKLOADS[workload]:.1f} | "
                 f"{m['texts_per_s']:.1f} | {lat['p50']:.1f} | {lat['p95']:.1f} | "
                 f"{lat['p99']:.1f} | {m['server_cpu_s_per_1000_texts']:.2f} | {statuses} | "
-                f"{m['load_before'][0]:.2f} / {m['load_after'][0]:.2f} |"
+                f"{m['load']['others_during']:.2f} |"
             )
         ours = per_server["clearformer"]
         for name, theirs in per_server.items():
@@ -373,7 +376,9 @@ def main() -> None:
         ).stdout.strip()
         versions += f", infinity-emb {version or 'unknown'}"
     counts = {"online": args.requests, "bulk": args.bulk_requests * WORKLOADS["bulk"]}
-    load_start = os.getloadavg()
+    from clearformer.bench.load import LoadMeter
+
+    meter = LoadMeter(threads=os.cpu_count() or 1).start()
     keys = [f"{w}@{c}" for w in workloads for c in client_counts]
     results: dict = {k: {s.name: {"rounds": []} for s in servers} for k in keys}
     answers = {}
@@ -394,7 +399,7 @@ def main() -> None:
                         f"{workload:>6} x{clients:>3} {server.name:>21}: "
                         f"{run['texts_per_s']:8.1f} texts/s, "
                         f"p50 {run['latency_ms']['p50']:7.1f} ms, statuses {run['statuses']}, "
-                        f"load {run['load_before'][0]:.2f} -> {run['load_after'][0]:.2f}",
+                        f"others busy on {run['load']['others_during']:.2f} CPUs",
                         flush=True,
                     )
             finally:
@@ -403,7 +408,7 @@ def main() -> None:
         for run in per_server.values():
             rounds = sorted(run["rounds"], key=lambda r: r["texts_per_s"])
             run["median"] = rounds[(len(rounds) - 1) // 2]
-    quiet = load_start[0] <= 0.5
+    load = meter.record()
     report = {
         "commands": {s.name: " ".join(s.command[1:]) for s in servers},
         "cpu": cpu_info().summary(),
@@ -411,11 +416,9 @@ def main() -> None:
         "clients": client_counts,
         "rounds": args.rounds,
         "versions": versions,
-        "load_start": load_start,
-        "quiet": quiet,
-        "quiet_reason": "load average at most 0.5 before the runs"
-        if quiet
-        else "load average above 0.5 before the runs: other processes were busy",
+        "load": load.to_dict(),
+        "quiet": not load.loaded,
+        "quiet_reason": load.describe(),
         "results": results,
     }
     ours = np.asarray(answers["clearformer"], dtype=np.float64)

@@ -154,20 +154,33 @@ def linear(
             rows, weight, layer, activation=activation, residual=other, norm=norm
         )
         return out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
+    weight = packed_weight(layer)  # reordered once per call where the caller packed it
+    out = onednn_linear(rows, weight, layer, activation=activation, residual=other)
+    out = out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
+    return residual_then_norm(out, None, norm)
+
+
+def onednn_linear(
+    rows: Tensor,
+    weight: Tensor,
+    layer: nn.Linear,
+    *,
+    activation: str | None = None,
+    residual: Tensor | None = None,
+) -> Tensor:
+    """oneDNN's fused product: ``act(rows @ W^T + bias)`` or ``rows @ W^T + bias + residual``,
+    ``rows`` (M, in), ``weight`` the layer's own or its reordered copy, ``residual`` (M, out);
+    returns (M, out). The route :func:`linear` takes where no clearformer kernel serves."""
     # The overloads are named: called through the packet, a binary call would first be
     # matched against the unary schema, and the failed match formats every argument
     # (weights included) into an error message that is then thrown away.
     op = torch.ops.mkldnn._linear_pointwise
-    weight = packed_weight(layer)  # reordered once per call where the caller packed it
-    if other is not None:
-        out = op.binary(rows, other, weight, layer.bias, "add")
-    elif activation is not None:
+    if residual is not None:
+        return op.binary(rows, residual, weight, layer.bias, "add")
+    if activation is not None:
         attr, algorithm = ONEDNN_ACTIVATIONS[activation]
-        out = op.default(rows, weight, layer.bias, attr, [], algorithm)
-    else:
-        out = op.default(rows, weight, layer.bias, "none", [], "")
-    out = out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
-    return residual_then_norm(out, None, norm)
+        return op.default(rows, weight, layer.bias, attr, [], algorithm)
+    return op.default(rows, weight, layer.bias, "none", [], "")
 
 
 def residual_then_norm(out: Tensor, residual: Tensor | None, norm: nn.Module | None) -> Tensor:

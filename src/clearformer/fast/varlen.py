@@ -23,8 +23,8 @@ Grouped-query attention (keys and values with Hkv < H heads): ``sequence``, ``pa
 ``flash_attn_varlen_func``, which both read each group's keys in place; the AVX-512 kernel reads
 one key/value head per query head, so it declines grouped calls rather than repeat them.
 
-``auto`` takes ``flash`` when it can serve the call, and ``avx512`` once it is built on the
-CPUs where it is measured faster (:func:`.avx512.preferred`: AVX-512 CPUs of both vendors).
+``auto`` takes ``flash`` when it can serve the call, and ``avx512`` once it is built where this
+CPU measured it faster than PyTorch's route (:func:`.avx512.route`, :mod:`clearformer.calibration`).
 Otherwise on CPU it takes ``threads`` (``sequence`` for a single run or a single-threaded
 caller): every call of ``sequence`` is an OpenMP parallel region, and when other processes
 compete for the cores each region can wait for a descheduled thread, so ``sequence`` collapses
@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .. import switches
 from ..checks import check_choice
 from ..masks import band_mask, fold_causal
 from ..options import VARLEN_METHODS, Decision
@@ -147,11 +148,13 @@ def resolve_method(
     dtype: torch.dtype = torch.float32,
     head_dim: int | None = None,
     is_causal: bool = False,
+    avx512_route: Decision | None = None,
 ) -> Decision:
     """The implementation ``method`` runs on for ``call`` (or the call these keywords
     describe), and why. ``auto`` takes the first method that serves the call: ``flash``, then
-    ``avx512`` once built, then the CPU or CUDA rule among ``threads``, ``sequence``, ``padded``
-    (which serve every call). A method named explicitly that cannot serve raises."""
+    ``avx512`` where ``avx512_route`` (default: :func:`.avx512.route`, whether this process
+    takes the kernel) says so, then the CPU or CUDA rule among ``threads``, ``sequence``,
+    ``padded`` (which serve every call). A method named explicitly that cannot serve raises."""
     check_choice(method, VARLEN_METHODS, "method")
     if call is None:
         if device is None:
@@ -161,14 +164,23 @@ def resolve_method(
         flash, kernel = flash_serves(call), avx512_serves(call)
         if flash.choice == "serves":
             return Decision("flash", flash.reason)
-        if call.device.type == "cpu" and avx512.in_use():
+        not_taken = ""
+        if call.device.type == "cpu" and avx512.support().choice == "available":
             if kernel.choice == "serves":
-                return Decision("avx512", kernel.reason)
-            # The kernel is there but cannot take this call (bfloat16 rows, a causal mask):
-            # the method taken instead says so.
-            return _cpu_or_cuda_rule(layout, call, f"; avx512 declines: {kernel.reason}")
-        return _cpu_or_cuda_rule(layout, call)
+                taken = avx512.route("avx512_attention") if avx512_route is None else avx512_route
+                if taken.choice == "avx512":
+                    return Decision("avx512", taken.reason)
+                not_taken = f"; not avx512: {taken.reason}"
+            else:
+                # The kernel is there but cannot take this call (bfloat16 rows, a causal
+                # mask): the method taken instead says so.
+                not_taken = f"; avx512 declines: {kernel.reason}"
+        fallback = _pytorch_method(layout, call)
+        return Decision(fallback.choice, fallback.reason + not_taken)
     if method == "avx512":
+        off = switches.all_off()
+        if off is not None:
+            raise ValueError(f"method='avx512' cannot run here: {off.reason}")
         loaded = avx512.load(build=True)
         if loaded.choice != "loaded":
             raise ValueError(f"method='avx512' cannot run here: {loaded.reason}")
@@ -187,24 +199,23 @@ def resolve_method(
     return Decision(method, "requested by name")
 
 
-def _cpu_or_cuda_rule(layout: PackedLayout, call: VarlenCall, passed: str = "") -> Decision:
-    """``auto``'s choice among the methods that serve every call (``threads``, ``sequence``,
-    ``padded``); ``passed`` ends the reason (why a faster method did not take the call)."""
+def _pytorch_method(layout: PackedLayout, call: VarlenCall) -> Decision:
+    """What ``auto`` takes among PyTorch's kernels (``threads``, ``sequence``, ``padded``)."""
     calls = len(layout.runs)
     if call.device.type == "cpu":
         if torch.get_num_threads() == 1:
             # No parallel region, nothing to wait for: one call per run is the fastest.
-            return Decision("sequence", f"a single-threaded caller: one call per run{passed}")
+            return Decision("sequence", "a single-threaded caller: one call per run")
         if calls > 1:
-            # No OpenMP region to wait in when other processes take the cores; slower than
-            # `sequence` on free cores (docs/performance.md).
-            threads = torch.get_num_threads()
-            return Decision("threads", f"{calls} runs grouped over {threads} threads{passed}")
+            # No OpenMP region to wait in when other processes take the cores; slower
+            # than `sequence` on free cores (docs/performance.md).
+            return Decision(
+                "threads", f"{calls} runs grouped over {torch.get_num_threads()} threads"
+            )
     if calls <= MAX_SEQUENCE_CALLS:
-        return Decision("sequence", f"{calls} call(s) of fused attention per layer{passed}")
+        return Decision("sequence", f"{calls} call(s) of fused attention per layer")
     return Decision(
-        "padded",
-        f"{calls} runs of equal lengths > {MAX_SEQUENCE_CALLS}: one padded call{passed}",
+        "padded", f"{calls} runs of equal lengths > {MAX_SEQUENCE_CALLS}: one padded call"
     )
 
 
@@ -261,8 +272,12 @@ def varlen_attention(
         torch.is_grad_enabled() and q.requires_grad,
         grouped=k.shape[1] != q.shape[1],
     )
-    if method == "avx512" and avx512_serves(call).choice != "serves":
-        method = "auto"  # a call the kernel does not serve: what auto takes without it
+    if method == "avx512":
+        off = switches.all_off()
+        if off is not None:  # a kernel named with every kernel off: refused, not ignored
+            raise ValueError(f"method='avx512' cannot run here: {off.reason}")
+        if avx512_serves(call).choice != "serves":
+            method = "auto"  # a call the kernel does not serve: what auto takes without it
     if method in ("auto", "flash"):
         # A named flash call it cannot serve raises, naming what it needs.
         method = resolve_method(method, layout, call=call).choice

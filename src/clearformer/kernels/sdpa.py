@@ -2,10 +2,10 @@
 
 PyTorch picks a fused kernel (flash attention on CPU and CUDA, memory-efficient attention on
 CUDA) that never materialises the (Tq, Tk) score matrix, so memory stays linear in T. Unmasked
-float32 self-attention on a CPU where clearformer's AVX-512 kernel is loaded and preferred
-(:mod:`clearformer.fast.avx512`) runs that kernel instead, as the packed rows would, and so
-does attention
-under a key-padding mask whose keys are one run per sequence.
+float32 self-attention on a CPU where ``auto`` takes clearformer's AVX-512 kernel (built, and
+measured faster there: :func:`clearformer.routes.kernel_route`) runs that kernel instead, as the
+packed rows would, and so does attention under a key-padding mask whose keys are one run per
+sequence.
 """
 
 from __future__ import annotations
@@ -100,9 +100,8 @@ def _scale(scale: float | None, head_dim: int) -> float:
 
 def _avx512_unmasked(q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor | None:
     """Unmasked self-attention through clearformer's AVX-512 kernel where ``auto`` would take
-    it on packed rows (:mod:`clearformer.fast.avx512`: loaded, on a CPU it is preferred on),
-    every sequence as
-    long as the next; None where it does not serve these rows."""
+    it on packed rows (:func:`clearformer.fast.avx512.route`), every sequence as long as the
+    next; None where it does not serve these rows."""
     if not _avx512_may_run(q, k):
         return None
     B, H, T, Dh = q.shape

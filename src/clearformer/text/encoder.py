@@ -489,11 +489,19 @@ class TextEncoder:
 
 
 def attention_kernel_for(tokens: int, device: torch.device) -> None:
-    """On a CPU where clearformer's AVX-512 attention kernel is faster than PyTorch's
-    (:func:`clearformer.fast.avx512.preferred`), build it for a call of at least
-    ``BUILD_MIN_TOKENS`` tokens, which repays the build; the forward plan takes it once built
-    (varlen method ``avx512``)."""
+    """On a CPU that can build clearformer's AVX-512 kernels, with no switch off
+    (:func:`clearformer.fast.avx512.preferred`), build them for a call of at least
+    ``BUILD_MIN_TOKENS`` tokens, which repays the build, and measure them against PyTorch's
+    routes if this CPU has no verdict yet (:mod:`clearformer.calibration`): the forward plan
+    takes each kernel where it measured faster."""
     from ..fast import avx512
 
-    if device.type == "cpu" and tokens >= avx512.BUILD_MIN_TOKENS and avx512.preferred():
-        avx512.load(build=True)  # a built one is loaded by the plan without asking
+    if (
+        device.type == "cpu"
+        and tokens >= avx512.BUILD_MIN_TOKENS
+        and avx512.preferred()
+        and avx512.load(build=True).choice == "loaded"
+    ):
+        from ..calibration.kernels import measure_if_missing
+
+        measure_if_missing()
