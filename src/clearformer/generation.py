@@ -129,6 +129,10 @@ def generate(
     with torch.no_grad(), use_packed_weights(PackedWeights()):
         memory = model.encode(src, src_mask)  # (B, S, D), validates src and its mask
         mask = None if src_mask is None else src_mask.bool()
+        if mask is not None and bool(mask.all()):
+            # No padding: every step's cross-attention runs unmasked (a mask of all True
+            # changes nothing but costs each step a masked kernel and its checks).
+            mask = None
         if num_beams == 1:
             return search.greedy(memory, mask, use_cache)
         return search.beam(memory, mask, num_beams, early_stopping, use_cache)
