@@ -8,6 +8,7 @@ It runs on a production model's own modules and parameters (``Encoder``, ``Encod
 
     x (B, T, D), mask (B, T) bool, True = real token
       -> N x block:  pre-norm   x = x + Attn(Norm1(x));  x = x + FFN(Norm2(x))
+                     (branch norms, Gemma3: x = x + NormA(Attn(Norm1(x))), the same for FFN)
                      post-norm  x = Norm1(x + Attn(x));  x = Norm2(x + FFN(x))
       -> final norm (pre-norm stacks) -> (B, T, D), zero at padded positions
 
