@@ -5,7 +5,9 @@
   (pooled states -> dense -> activation -> optional norm -> logits) that cross-encoders and
   text classifiers put on top of the encoder;
 * :mod:`.masked_lm` -- :class:`MaskedLMHead`, token states -> vocabulary logits, decoding
-  with the tied word-embedding table.
+  with the tied word-embedding table;
+* :mod:`.sentence` -- :class:`SentenceHead`: the pooling, then sentence-transformers' Dense and
+  Normalize modules, then a Matryoshka cut.
 
 They live beside the model rather than in the text applications, so that anything holding
 token states (a trainer, the explainer's toy encoder) uses them the same way.
@@ -16,13 +18,17 @@ from __future__ import annotations
 from .classification import CLASSIFIER_ACTIVATIONS, ClassifierConfig, SequenceClassifier
 from .masked_lm import MaskedLMConfig, MaskedLMHead
 from .pooling import POOLING_MODES, pool
+from .sentence import DenseConfig, SentenceHead, SentenceHeadConfig
 
 __all__ = [
     "CLASSIFIER_ACTIVATIONS",
     "POOLING_MODES",
     "ClassifierConfig",
+    "DenseConfig",
     "MaskedLMConfig",
     "MaskedLMHead",
+    "SentenceHead",
+    "SentenceHeadConfig",
     "SequenceClassifier",
     "pool",
 ]

@@ -7,22 +7,21 @@ of a ragged batch, so padding costs nothing); pool; normalise; put rows back in 
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from ..checks import check_bool, check_choice, check_unicode
+from ..checks import check_bool, check_choice
 from ..config import EncoderConfig
 from ..fast.packed_weights import PACK_MIN_TOKENS, KeptPacking, PackedWeights, use_packed_weights
 from ..heads import POOLING_MODES, pool
+from ..heads.sentence import SentenceHead, SentenceHeadConfig
 from ..interop.hf import (
     LoadedModel,
     LoadReport,
@@ -30,19 +29,22 @@ from ..interop.hf import (
     TokenBatch,
     find_checkpoint,
     load_model,
-    normalize_from_modules,
     pooling_from_config,
     save_model,
 )
 from ..interop.hf.files import CHECKPOINT_FILES
+from ..interop.hf.loading import read_family
 from ..interop.hf.sentence_transformers import Prompts, prompts_from_files
+from ..interop.hf.st_modules import build_head, read_head, truncate_dim_from_files, write_head
 from ..interop.hf.tokenizer import check_texts, max_length_for
 from ..io import atomic_write
 from ..model import EncoderModel
 from ..quant import PRECISIONS
 from .batching import balance_batches, check_batch_limits, default_max_tokens, plan_batches
+from .int8_models import Int8Models
 from .progress import ProgressFn, progress_reporter
-from .workers import auto_workers, check_workers, map_in_workers, run_at_worker_shares
+from .prompts import choose_prompt, prompt_length
+from .workers import auto_workers, check_workers, map_in_workers
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +64,14 @@ class TextEncoder:
         config: its :class:`~clearformer.EncoderConfig`.
         pooling: one of :data:`clearformer.heads.POOLING_MODES` (``"mean"``, ``"cls"``,
             ``"weightedmean"``, ...).
+        head: the :class:`~clearformer.heads.sentence.SentenceHead`: the pooling, then the
+            checkpoint's sentence-transformers ``Dense`` and ``Normalize`` modules.
         include_prompt: whether a ``prompt`` given to :meth:`encode` counts in the pooling
             (the checkpoint's pooling config says; false leaves its tokens out).
         normalize: whether :meth:`encode` L2-normalises by default (the checkpoint's
-            sentence-transformers modules include ``Normalize``).
+            sentence-transformers modules end in ``Normalize``).
+        truncate_dim: the width :meth:`encode` cuts embeddings to by default (Matryoshka);
+            None = the full width.
         max_length: texts are truncated to this many pieces, special tokens included.
         prompts: the checkpoint's named prompts and its default one
             (``config_sentence_transformers.json``), for ``encode(prompt_name=...)``.
@@ -82,20 +88,31 @@ class TextEncoder:
         normalize: bool,
         include_prompt: bool = True,
         prompts: Prompts | None = None,
+        head: SentenceHead | None = None,
+        truncate_dim: int | None = None,
     ) -> None:
         self._loaded = loaded
         self.prompts = Prompts() if prompts is None else prompts
         self.model: EncoderModel = loaded.model
         self.config: EncoderConfig = loaded.model.config
         self.tokenizer = tokenizer
-        self.pooling = check_choice(pooling, POOLING_MODES, "TextEncoder pooling")
+        check_choice(pooling, POOLING_MODES, "TextEncoder pooling")
         self.include_prompt = include_prompt
         self.normalize = normalize
+        if head is None:
+            head = SentenceHead(SentenceHeadConfig(self.config.d_model, pooling)).eval()
+        if head.config.pooling != pooling or head.config.d_model != self.config.d_model:
+            raise ValueError(
+                f"head must pool with {pooling!r} from width {self.config.d_model}, got "
+                f"{head.config.pooling!r} from width {head.config.d_model}"
+            )
+        self.head = head
+        head.check_dimensions(truncate_dim, "truncate_dim")
+        self.truncate_dim = truncate_dim
         self.max_length = tokenizer.max_length
         self.path: Path = loaded.files.path
         self.report: LoadReport = loaded.report
-        self._int8: dict[bool, EncoderModel] = {}  # fused or not -> model, built once each
-        self._int8_lock = threading.Lock()
+        self._int8 = Int8Models(self.model, tokenizer)  # built on the first int8 call
         self._packing = KeptPacking()  # weights in oneDNN's layout, once calls repay it
 
     @classmethod
@@ -105,22 +122,42 @@ class TextEncoder:
         *,
         backend: str = "auto",
         strict: bool = True,
+        padding_side: str | None = None,
+        truncate_dim: int | None = None,
     ) -> TextEncoder:
         """Load a checkpoint directory (None: the bundled all-MiniLM-L6-v2).
+
+        Args:
+            padding_side: ``"right"`` or ``"left"``; None = tokenizer_config.json's
+                ``padding_side`` (right when absent). Embeddings do not depend on it:
+                positions count each row's real tokens either way.
+            truncate_dim: the width :meth:`encode` cuts embeddings to by default; None =
+                config_sentence_transformers.json's ``truncate_dim``, else the full width.
 
         Raises:
             FileNotFoundError: no such directory (or the bundled model is not installed).
             CheckpointError: incomplete, unsupported, corrupt or mismatched checkpoint.
+            ValueError: a ``truncate_dim`` wider than the embeddings or outside the model's
+                Matryoshka dimensions.
         """
         started = time.perf_counter()
         files = find_checkpoint(path)
         pooling = pooling_from_config(files.pooling_config)
-        normalize = normalize_from_modules(files.modules, files.path)
+        _, config = read_family(files, backend)  # the width the head needs, before any weight
+        head_config, dense = read_head(files, config.d_model)
+        head = build_head(head_config, dense)
+        if truncate_dim is None:
+            truncate_dim = truncate_dim_from_files(files)
+        head.check_dimensions(truncate_dim, "truncate_dim")
         loaded = load_model(files, backend=backend, strict=strict)
         config = loaded.model.config
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         tokenizer = TextTokenizer.from_files(
-            files, max_length_for(files, config.max_length), pad_id, vocab_size=config.vocab_size
+            files,
+            max_length_for(files, config.max_length),
+            pad_id,
+            vocab_size=config.vocab_size,
+            padding_side=padding_side,
         )
         log.info("loaded %s in %.2fs", files.path, time.perf_counter() - started)
         architectures = files.config.get("architectures") or []
@@ -135,15 +172,28 @@ class TextEncoder:
             loaded,
             tokenizer,
             pooling=pooling.mode,
-            normalize=normalize,
+            normalize=head_config.normalize,
             include_prompt=pooling.include_prompt,
             prompts=prompts_from_files(files),
+            head=head,
+            truncate_dim=truncate_dim,
         )
 
     @property
+    def pooling(self) -> str:
+        """The pooling mode (:attr:`head`'s); setting it changes how later calls pool."""
+        return self.head.config.pooling
+
+    @pooling.setter
+    def pooling(self, mode: str) -> None:
+        check_choice(mode, POOLING_MODES, "TextEncoder pooling")
+        self.head.config = dataclasses.replace(self.head.config, pooling=mode)
+
+    @property
     def dim(self) -> int:
-        """Width D of the embeddings."""
-        return self.config.d_model
+        """Width of the embeddings :meth:`encode` gives by default: :attr:`truncate_dim`, else
+        the head's (the last Dense module's, else the model's width D)."""
+        return self.head.width if self.truncate_dim is None else self.truncate_dim
 
     def tokenize(self, texts: list[str]) -> TokenBatch:
         """Tokenize and pad ``texts`` as :meth:`encode` does (one batch, input order)."""
@@ -151,16 +201,14 @@ class TextEncoder:
 
     def pool(self, hidden: Tensor, attention_mask: Tensor, skip: int = 0) -> Tensor:
         """(B, T, D) token states + (B, T) bool mask -> (B, D) with the checkpoint's pooling,
-        the first ``skip`` tokens (a prompt's) left out."""
+        the first ``skip`` tokens (a prompt's) left out; the pooling only, before any Dense
+        module (:attr:`head` runs them all)."""
         return pool(hidden, attention_mask, self.pooling, skip=skip)
 
     def prompt_length(self, prompt: str) -> int:
         """Tokens a ``prompt`` takes at the start of a text: its pieces and the opening special
         token, not a closing one (sentence-transformers' count)."""
-        check_unicode(prompt, "prompt")
-        (encoding,) = self.tokenizer.encode([prompt])
-        closing = bool(encoding.special_tokens_mask) and encoding.special_tokens_mask[-1] == 1
-        return len(encoding.ids) - int(closing)
+        return prompt_length(self.tokenizer, prompt)
 
     def encode(
         self,
@@ -175,6 +223,7 @@ class TextEncoder:
         prompt_name: str | None = None,
         precision: str = "float32",
         fuse_int8: bool | None = None,
+        dimensions: int | None = None,
     ) -> np.ndarray:
         """Sentence embeddings of ``texts``.
 
@@ -210,10 +259,15 @@ class TextEncoder:
                 compiled (``torch.compile``: the same arithmetic in fewer passes, after a
                 one-time compile; ``docs/int8.md`` has the costs and the gain); None = for
                 calls of at least :data:`FUSED_INT8_MIN_TOKENS` tokens.
+            dimensions: keep the first this many values of each embedding (a Matryoshka
+                model's shorter embedding), then normalise if the call normalises; None =
+                :attr:`truncate_dim`. At most the width, and one of the model's Matryoshka
+                dimensions where its files list them.
 
         Returns:
-            (n, D) float32, row i for ``texts[i]``. Batching changes speed and memory, never
-            the result: a text's embedding does not depend on its batch-mates.
+            (n, dimensions or width) float32, row i for ``texts[i]``. Batching changes speed
+            and memory, never the result: a text's embedding does not depend on its
+            batch-mates.
 
         On a CPU in float32, once this encoder's calls have carried
         :data:`~clearformer.fast.packed_weights.PACK_MIN_TOKENS` tokens in all, it keeps a copy
@@ -232,8 +286,10 @@ class TextEncoder:
         if prompt is not None:
             texts = [prompt + text for text in texts]
         normalize = self.normalize if normalize is None else normalize
+        dimensions = self.truncate_dim if dimensions is None else dimensions
+        self.head.check_dimensions(dimensions)
         n = len(texts)
-        out = np.empty((n, self.dim), dtype=np.float32)
+        out = np.empty((n, dimensions or self.head.width), dtype=np.float32)
         check_choice(precision, PRECISIONS, "precision")  # before any work
         if max_tokens is None:
             max_tokens = default_max_tokens(precision)
@@ -264,7 +320,10 @@ class TextEncoder:
 
         def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:
             chosen = [encodings[i] for i in rows]
-            return rows, self._forward(chosen, model, packed, skip=skip, normalize=normalize)
+            vectors = self._forward(
+                chosen, model, packed, skip=skip, normalize=normalize, dimensions=dimensions
+            )
+            return rows, vectors
 
         done = 0
         for rows, vectors in map_in_workers(embed, batches, workers):
@@ -280,6 +339,7 @@ class TextEncoder:
         normalize: bool,
         skip: int = 0,
         precision: str = "float32",
+        dimensions: int | None = None,
     ) -> np.ndarray:
         """One forward pass over texts already tokenized (``tokenizer.encode``), as
         :meth:`encode` runs each of its batches: (B, D) float32, row i for ``encodings[i]``.
@@ -294,14 +354,18 @@ class TextEncoder:
         """
         check_bool(normalize, "normalize")
         check_choice(precision, PRECISIONS, "precision")
+        dimensions = self.truncate_dim if dimensions is None else dimensions
+        self.head.check_dimensions(dimensions)
         if not encodings:
-            return np.empty((0, self.dim), dtype=np.float32)
+            return np.empty((0, dimensions or self.head.width), dtype=np.float32)
         tokens = sum(len(e.ids) for e in encodings)
         if precision == "int8":
             model, packed = self.int8_model(fused=False), None
         else:
             model, packed = self.model, self._packing.for_call(tokens)
-        return self._forward(encodings, model, packed, skip=skip, normalize=normalize)
+        return self._forward(
+            encodings, model, packed, skip=skip, normalize=normalize, dimensions=dimensions
+        )
 
     def _forward(
         self,
@@ -311,18 +375,19 @@ class TextEncoder:
         *,
         skip: int,
         normalize: bool,
+        dimensions: int | None,
     ) -> np.ndarray:
-        """Pad, run, pool and normalise one batch: (B, D) float32 (encode's and embed_batch's
-        one path)."""
+        """Pad, run, pool, the Dense modules, cut and normalise one batch: (B, width) float32
+        (encode's and embed_batch's one path)."""
         batch = self.tokenizer.pad(encodings, with_tokens=False)
         mask = batch.attention_mask  # (B, T) bool
         # Grad mode and the packed weights are per thread: each worker enters both itself.
         with torch.inference_mode(), use_packed_weights(packed):
             # The mask goes as it is: the Encoder's plan drops one without padding itself.
             hidden = model(batch.input_ids, mask, batch.token_type_ids)  # (B, T, D)
-            vectors = self.pool(hidden, mask, skip)  # (B, D)
-            if normalize:
-                vectors = F.normalize(vectors, p=2.0, dim=-1)
+            vectors = self.head(
+                hidden, mask, skip=skip, normalize=normalize, dimensions=dimensions
+            )  # (B, dimensions or width)
         return vectors.float().numpy()
 
     def resolve_prompt(
@@ -331,11 +396,9 @@ class TextEncoder:
         """The text :meth:`encode` puts before every text for these arguments (None: none) and
         how many of its tokens the pooling leaves out (non-zero only where the checkpoint's
         pooling excludes the prompt)."""
-        prompt = self._resolve_prompt(prompt, prompt_name)
+        prompt = choose_prompt(self.prompts, prompt, prompt_name)
         if prompt is None:
             return None, 0
-        if not isinstance(prompt, str):
-            raise TypeError(f"prompt must be a str or None, got {type(prompt).__name__}")
         return prompt, 0 if self.include_prompt else self.prompt_length(prompt)
 
     def keep_weights_packed(self) -> None:
@@ -366,38 +429,7 @@ class TextEncoder:
                 (:mod:`clearformer.quant.fused`); it shares every tensor with the other one
                 and is compiled and warmed up here, before any worker thread runs it.
         """
-        with self._int8_lock:
-            if False not in self._int8:
-                from ..quant import quantize_int8_calibrated
-                from ..quant.calibration import CALIBRATION_TEXTS
-
-                started = time.perf_counter()
-                self._calibration = self.tokenizer(list(CALIBRATION_TEXTS))
-                self._int8[False] = quantize_int8_calibrated(self.model, self._calibrate).eval()
-                log.info("built the int8 model in %.2fs", time.perf_counter() - started)
-            if fused and True not in self._int8:
-                from ..quant import Int8Linear
-
-                started = time.perf_counter()
-                eager = self._int8[False]
-                # A second module tree over the same tensors: only the modules are copied.
-                shared = {id(t): t for t in (*eager.parameters(), *eager.buffers())}
-                model = copy.deepcopy(eager, memo=shared)
-                for module in model.modules():
-                    if isinstance(module, Int8Linear):
-                        module.fused = True
-                self._calibrate(model)  # compiles now, in the calling thread ...
-                # ... and at the thread count of encode's default workers, which the compiled
-                # code guards on: otherwise each worker would recompile on its first batch.
-                run_at_worker_shares(lambda: self._calibrate(model))
-                self._int8[True] = model
-                log.info("compiled the int8 steps in %.2fs", time.perf_counter() - started)
-            return self._int8[fused]
-
-    @torch.inference_mode()
-    def _calibrate(self, model: EncoderModel) -> None:
-        batch = self._calibration
-        model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+        return self._int8.get(fused)
 
     def build_index(self, path: str | os.PathLike, texts: list[str], **kwargs):
         """Build a persistent vector index of ``texts`` at ``path`` with this encoder and return
@@ -425,22 +457,6 @@ class TextEncoder:
 
     rank = predict
 
-    def _resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
-        named = self.prompts.prompts
-        if prompt_name is not None and not isinstance(prompt_name, str):
-            raise TypeError(f"prompt_name must be a str or None, got {prompt_name!r}")
-        if prompt_name is not None and prompt_name not in named:
-            raise ValueError(
-                f"prompt_name must be one of the checkpoint's prompts {sorted(named)}, got "
-                f"{prompt_name!r}"
-            )
-        if prompt is not None:
-            if prompt_name is not None:
-                log.warning("both prompt and prompt_name given: prompt_name is ignored")
-            return prompt
-        name = prompt_name if prompt_name is not None else self.prompts.default
-        return None if name is None else named[name]
-
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write the checkpoint back in Hugging Face format, with tokenizer and pooling files."""
         out = save_model(
@@ -450,19 +466,12 @@ class TextEncoder:
             base_config=self._loaded.hf_config,
             kept=self._loaded.kept,
         )
-        sources = [self.path / name for name in CHECKPOINT_FILES]
-        modules = self._loaded.files.modules or []
-        sources += [
-            self.path / str(m.get("path", "")) / "config.json"
-            for m in modules
-            if str(m.get("type", "")).endswith(".Pooling")
-        ]
-        for source in sources:
-            if source.is_file():
-                target = out / source.relative_to(self.path)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with atomic_write(target, "wb") as handle:
-                    handle.write(source.read_bytes())
+        for name in CHECKPOINT_FILES:
+            if (self.path / name).is_file():
+                with atomic_write(out / name, "wb") as handle:
+                    handle.write((self.path / name).read_bytes())
+        # The Pooling, Dense and Normalize folders modules.json names, Dense weights from head.
+        write_head(self.head, self._loaded.files.modules or [], self.path, out)
         return out
 
     def __repr__(self) -> str:

@@ -1,0 +1,68 @@
+"""The int8 copies of a text model that ``encode(precision="int8")`` runs, built once each.
+
+Built on first use: every linear layer becomes an :class:`~clearformer.quant.Int8Linear`, with
+the two input channels of largest activation on a few calibration texts kept in float32
+(:func:`~clearformer.quant.quantize_int8_calibrated`); the float32 model is not changed. The
+fused variant shares every tensor with the eager one and is compiled and warmed up when it is
+built, before any worker thread runs it.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+
+import torch
+
+from ..model import EncoderModel
+from .workers import run_at_worker_shares
+
+log = logging.getLogger(__name__)
+
+
+class Int8Models:
+    """The eager and the fused int8 copy of ``model``, calibrated on ``tokenizer``'s texts."""
+
+    def __init__(self, model: EncoderModel, tokenizer) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self._built: dict[bool, EncoderModel] = {}  # fused or not -> model, built once each
+        self._lock = threading.Lock()
+        self._calibration = None
+
+    def get(self, fused: bool = False) -> EncoderModel:
+        """The eager (``fused=False``) or the compiled copy, built on first use."""
+        with self._lock:
+            if False not in self._built:
+                from ..quant import quantize_int8_calibrated
+                from ..quant.calibration import CALIBRATION_TEXTS
+
+                started = time.perf_counter()
+                self._calibration = self.tokenizer(list(CALIBRATION_TEXTS))
+                self._built[False] = quantize_int8_calibrated(self.model, self._calibrate).eval()
+                log.info("built the int8 model in %.2fs", time.perf_counter() - started)
+            if fused and True not in self._built:
+                from ..quant import Int8Linear
+
+                started = time.perf_counter()
+                eager = self._built[False]
+                # A second module tree over the same tensors: only the modules are copied.
+                shared = {id(t): t for t in (*eager.parameters(), *eager.buffers())}
+                model = copy.deepcopy(eager, memo=shared)
+                for module in model.modules():
+                    if isinstance(module, Int8Linear):
+                        module.fused = True
+                self._calibrate(model)  # compiles now, in the calling thread ...
+                # ... and at the thread count of encode's default workers, which the compiled
+                # code guards on: otherwise each worker would recompile on its first batch.
+                run_at_worker_shares(lambda: self._calibrate(model))
+                self._built[True] = model
+                log.info("compiled the int8 steps in %.2fs", time.perf_counter() - started)
+            return self._built[fused]
+
+    @torch.inference_mode()
+    def _calibrate(self, model: EncoderModel) -> None:
+        batch = self._calibration
+        model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
