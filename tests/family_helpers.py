@@ -42,6 +42,11 @@ WORDS = (
     "three",
     "four",
     "five",
+    "0",
+    "1",
+    "2",
+    "3",
+    "4",
     "query",
     "document",
     "instruct",
@@ -67,24 +72,26 @@ def word_tokenizer(
     directory: Path,
     *,
     template: str = "$A <eos>",
+    pair: str | None = None,
     padding_side: str = "right",
     pad_token: str | None = "<pad>",
     words: Sequence[str] = WORDS,
     extra: dict | None = None,
 ) -> int:
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` for a whitespace word-level
-    tokenizer over ``SPECIALS + words`` to ``directory``: ``template`` says where the special
-    tokens go (a decoder embedder appends ``<eos>``; Gemma also opens with ``<bos>``).
-    Returns the vocabulary size."""
+    tokenizer over ``SPECIALS + words`` to ``directory``: ``template`` (and ``pair``, for two
+    texts) say where the special tokens go (a decoder embedder appends ``<eos>``; Gemma also
+    opens with ``<bos>``). Returns the vocabulary size."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     vocab = {t: i for i, t in enumerate([*SPECIALS, *words])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens(list(SPECIALS))
-    used = [t for t in SPECIALS if t in template.split()]
+    pieces = {p.split(":")[0] for p in f"{template} {pair or ''}".split()}
+    used = [t for t in SPECIALS if t in pieces]
     tok.post_processor = processors.TemplateProcessing(
-        single=template, special_tokens=[(t, vocab[t]) for t in used]
+        single=template, pair=pair, special_tokens=[(t, vocab[t]) for t in used]
     )
     tok.save(str(directory / "tokenizer.json"))
     config = {

@@ -31,7 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentence_transformers")
 
-VOCAB = 48  # the word tokenizer's 44 pieces, and room
+VOCAB = 48  # the word tokenizer's 45 pieces, and room
 SIZES = dict(
     vocab_size=VOCAB,
     hidden_size=32,

@@ -249,3 +249,31 @@ def test_cli_encode_dimensions(dense_dir, tmp_path):
     bad = _cli("encode", "--model", str(dense_dir), "--dimensions", "64", "hello")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "--dimensions must be in [1, 32]" in bad.stderr and len(bad.stderr.splitlines()) == 1
+
+
+def test_cross_encoder_prompts_go_before_the_first_text(tmp_path):
+    """sentence-transformers' cross-encoder prompts: named in config_sentence_transformers.json,
+    chosen per call (or the default), put before each pair's first text."""
+    from clearformer import CrossEncoder
+
+    from .test_sequence_classification import make_classifier
+
+    make_classifier("bert", tmp_path, num_labels=1)
+    prompts = {"prompts": {"q": "w1 w2 ", "none": ""}, "default_prompt_name": None}
+    (tmp_path / "config_sentence_transformers.json").write_text(json.dumps(prompts))
+    pairs = [("w3 w4", "w5"), ("w6", "w7 w8 w9")]
+    ours = CrossEncoder.from_pretrained(tmp_path)
+    # sentence-transformers reads the file only beside a modules.json: give them to it.
+    reference = st.CrossEncoder(str(tmp_path), prompts=prompts["prompts"])
+    assert ours.prompts.prompts == prompts["prompts"]
+    got = ours.predict(pairs, prompt_name="q")
+    np.testing.assert_allclose(got, reference.predict(pairs, prompt_name="q"), atol=1e-5)
+    np.testing.assert_allclose(ours.predict(pairs, prompt="w1 w2 "), got, atol=1e-6, rtol=0)
+    assert np.abs(got - ours.predict(pairs)).max() > 1e-4  # the prompt changed the scores
+    with pytest.raises(ValueError, match=r"prompt_name must be one of the checkpoint's prompts"):
+        ours.predict(pairs, prompt_name="passage")
+    (tmp_path / "config_sentence_transformers.json").write_text(
+        json.dumps({**prompts, "default_prompt_name": "q"})
+    )
+    again = CrossEncoder.from_pretrained(tmp_path)
+    np.testing.assert_allclose(again.predict(pairs), got, atol=1e-6, rtol=0)

@@ -25,11 +25,13 @@ from ..fast.packed_weights import PACK_MIN_TOKENS, KeptPacking, PackedWeights, u
 from ..heads import SequenceClassifier
 from ..interop.hf import LoadReport, TextTokenizer, find_checkpoint
 from ..interop.hf.heads import LoadedClassifier, load_classifier
-from ..interop.hf.sentence_transformers import score_activation
+from ..interop.hf.sentence_transformers import Prompts, prompts_from_files, score_activation
 from ..interop.hf.tokenizer import check_pairs, check_texts, max_length_for
 from ..model import EncoderModel
 from .batching import DEFAULT_MAX_TOKENS, balance_batches, check_batch_limits, plan_batches
 from .encoder import attention_kernel_for
+from .llm_reranker import is_causal_lm, load_llm_reranker
+from .prompts import choose_prompt
 from .workers import auto_workers, check_workers, map_in_workers
 
 log = logging.getLogger(__name__)
@@ -56,10 +58,18 @@ class CrossEncoder:
         max_length: pairs are truncated to this many pieces, special tokens included.
         path: the checkpoint directory.
         report: what the load did, the head's tensors included.
+        prompts: the checkpoint's named prompts and its default one, for ``predict``.
     """
 
-    def __init__(self, loaded: LoadedClassifier, tokenizer: TextTokenizer, activation: str):
+    def __init__(
+        self,
+        loaded: LoadedClassifier,
+        tokenizer: TextTokenizer,
+        activation: str,
+        prompts: Prompts | None = None,
+    ):
         self._loaded = loaded
+        self.prompts = Prompts() if prompts is None else prompts
         self.model: EncoderModel = loaded.loaded.model
         self.head: SequenceClassifier = loaded.head
         self.tokenizer = tokenizer
@@ -83,7 +93,9 @@ class CrossEncoder:
         backend: str = "auto",
         strict: bool = True,
     ) -> CrossEncoder:
-        """Load a ``*ForSequenceClassification`` checkpoint directory.
+        """Load a ``*ForSequenceClassification`` checkpoint directory, or a ``*ForCausalLM``
+        reranker (Qwen3-Reranker: its chat template, its yes/no logits; see
+        :mod:`~.llm_reranker`).
 
         Raises:
             FileNotFoundError: no such directory.
@@ -92,6 +104,11 @@ class CrossEncoder:
         """
         started = time.perf_counter()
         files = find_checkpoint(path)
+        prompts = prompts_from_files(files)
+        if is_causal_lm(files):  # a *ForCausalLM reranker: scored by its yes/no logits
+            loaded, tokenizer, activation = load_llm_reranker(files, backend=backend, strict=strict)
+            log.info("loaded LLM reranker %s in %.2fs", files.path, time.perf_counter() - started)
+            return cls(loaded, tokenizer, activation, prompts)
         loaded = load_classifier(files, backend=backend, strict=strict)
         config = loaded.loaded.model.config
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
@@ -100,7 +117,7 @@ class CrossEncoder:
         )
         activation = score_activation(files, loaded.head.config.num_labels)
         log.info("loaded cross-encoder %s in %.2fs", files.path, time.perf_counter() - started)
-        return cls(loaded, tokenizer, activation)
+        return cls(loaded, tokenizer, activation, prompts)
 
     def logits(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -> Tensor:
         """(B, T) ids, bool mask and token types -> (B, L) logits."""
@@ -117,6 +134,8 @@ class CrossEncoder:
         apply_softmax: bool = False,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         workers: int | None = None,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
     ) -> np.ndarray:
         """Scores of (first, second) text pairs, as ``sentence_transformers.CrossEncoder``
         ``.predict`` gives them.
@@ -136,6 +155,9 @@ class CrossEncoder:
                 (:func:`~clearformer.text.batching.balance_batches`). A pair's score does not
                 depend on its batch-mates, so the scores are the same either way (to float32
                 rounding: a thread count can change how a kernel splits its sums).
+            prompt: text put before each first text (an LLM reranker's instruction: a system
+                message of its chat template); ``prompt_name``: one of :attr:`prompts`; with
+                neither, the checkpoint's default prompt, if any (sentence-transformers' rule).
 
         Returns:
             float32 (n,) with one label, (n, L) with L labels; row i for ``pairs[i]``.
@@ -146,9 +168,32 @@ class CrossEncoder:
         name = self.activation if activation is None else activation
         check_choice(name, tuple(ACTIVATIONS), "activation")  # TypeError for a non-str
         check_workers(workers)
-        n, L = len(pairs), self.num_labels
+        chosen = choose_prompt(self.prompts, prompt, prompt_name)
+        encodings = self.tokenizer.encode_pairs(pairs, prompt=chosen) if pairs else []
+        return self.score_encodings(
+            encodings,
+            batch_size=batch_size,
+            activation=name,
+            apply_softmax=apply_softmax,
+            max_tokens=max_tokens,
+            workers=workers,
+        )
+
+    def score_encodings(
+        self,
+        encodings: list,
+        *,
+        batch_size: int | None,
+        activation: str,
+        apply_softmax: bool,
+        max_tokens: int,
+        workers: int | None,
+    ) -> np.ndarray:
+        """:meth:`predict` after tokenizing (arguments checked): sort by length, batch, run
+        side by side, put rows back in input order. (n,) or (n, L) float32."""
+        name = activation
+        n, L = len(encodings), self.num_labels
         out = np.empty((n, L), dtype=np.float32)
-        encodings = self.tokenizer.encode_pairs(pairs) if n else []
         lengths = [len(e.ids) for e in encodings]
         tokens = sum(lengths)
         device = next(self.model.parameters()).device
