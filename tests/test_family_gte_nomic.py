@@ -244,3 +244,17 @@ def test_left_padding_without_a_pad_token_names_the_files(tmp_path):
         TextEncoder.from_pretrained(tmp_path)
     assert "'pad_token'" in str(info.value) and "'pad_token_id'" in str(info.value)
     assert TextEncoder.from_pretrained(tmp_path, padding_side="right").tokenizer.padding_side
+
+
+def test_lora_adapters_are_refused_naming_the_field(tmp_path):
+    """jina-embeddings-v3 is an XLM-R config with LoRA adapters: not a plain encoder."""
+    from .test_pretrained_checkpoints import make_checkpoint
+
+    make_checkpoint("roberta", tmp_path)
+    config = _config(tmp_path)
+    adapters = ["retrieval.query", "retrieval.passage"]
+    config.update(model_type="xlm-roberta", lora_adaptations=adapters)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="'lora_adaptations'=.*LoRA adapters") as info:
+        TextEncoder.from_pretrained(tmp_path)
+    assert str(tmp_path / "config.json") in str(info.value)
