@@ -39,12 +39,12 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from clearformer.bench.load import judge, load_average
+    from clearformer.bench.load import LoadMeter
     from clearformer.bench.timing import best_seconds
     from clearformer.fast import avx512
 
-    before = load_average()
     torch.set_num_threads(args.threads)
+    meter = LoadMeter(threads=args.threads).start()
     loaded = avx512.load(build=True)
     if loaded.choice != "loaded":
         parser.error(f"the AVX-512 kernel cannot run here: {loaded.reason}")
@@ -68,7 +68,7 @@ def main() -> None:
             want = F.scaled_dot_product_attention(*padded).transpose(1, 2).reshape(N, H, Dh)
             worst = max(worst, (avx512.attention(*packed) - want).abs().max().item())
             rows.append((T, flops / flash / 1e9, flops / ours / 1e9, flash / ours))
-    verdict = judge(before, load_average(), threads=args.threads)
+    verdict = meter.record()
     print(f"{args.threads} thread(s), {H} heads of {Dh}. {verdict.describe()}")
     print("| tokens per sequence | " + " | ".join(str(r[0]) for r in rows) + " |")
     print("| --- |" + " ---: |" * len(rows))

@@ -130,25 +130,29 @@ def main() -> int:
         help="write the medians and every run to OUT.json (default: print only)",
     )
     args = parser.parse_args()
+    from clearformer.bench.load import LoadMeter
+
+    # The timed processes are this one's children: their CPU time is the run's own.
+    meter = LoadMeter(threads=args.threads or os.cpu_count() or 1).start()
     runs: dict[str, list[dict[str, float]]] = {"base": [], "head": []}
     for i in range(args.rounds):
         order = ("base", "head") if i % 2 == 0 else ("head", "base")
         for which in order:
             runs[which].append(run(getattr(args, which), args.repeats, args.threads))
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
+    load = meter.record()
     rows = []
     for name in runs["head"][0]:
         base = statistics.median(r[name] for r in runs["base"])
         head = statistics.median(r[name] for r in runs["head"])
         rows.append({"workload": name, "base_ms": base, "head_ms": head, "ratio": base / head})
-    print(f"load average after the run: {' '.join(load)}")
+    print(load.describe())
     print(f"{'workload':36} {'base ms':>9} {'head ms':>9} {'base/head':>10}")
     for r in rows:
         print(f"{r['workload']:36} {r['base_ms']:9.2f} {r['head_ms']:9.2f} {r['ratio']:9.2f}x")
     if args.out is not None:
         from clearformer.cpu import cpu_description
 
-        record = {"load": load, "cpu": cpu_description(), "rows": rows, "runs": runs}
+        record = {"load": load.to_dict(), "cpu": cpu_description(), "rows": rows, "runs": runs}
         args.out.write_text(json.dumps(record, indent=1))
     return 0
 

@@ -146,10 +146,11 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from clearformer.cpu import cpu_description, cpu_info
+    from clearformer.bench.load import LoadMeter
+    from clearformer.cpu import cpu_description
 
     torch.set_num_threads(os.cpu_count() or 1)
-    load_before = os.getloadavg()
+    meter = LoadMeter(threads=torch.get_num_threads()).start()
     ours, theirs = build(args)
     g = torch.Generator().manual_seed(1)
     src = torch.randint(3, args.vocab, (args.batch, args.source), generator=g)
@@ -191,15 +192,14 @@ def main() -> None:
                     f"ratio {row['ratio']:.2f}",
                     flush=True,
                 )
-    load_after = os.getloadavg()
-    loaded = max(load_before[0], load_after[0]) > 0.5 * (os.cpu_count() or 1)
-    print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
-    if loaded:
+    load = meter.record()
+    print(load.describe())
+    if load.loaded:
         print("WARNING: the machine was loaded; these figures do not reproduce")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         result = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
-        result["load_average"] = {"before": load_before, "after": load_after, "loaded": loaded}
+        result["load"] = load.to_dict()
         result["cpu"] = cpu_description()
         args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
         lines = [
@@ -214,9 +214,9 @@ def main() -> None:
             )
         lines.append("")
         lines.append(
-            f"Load average before {load_before[0]:.2f}, after {load_after[0]:.2f}"
-            + (" (LOADED: not a quiet-machine figure)" if loaded else "")
-            + f". CPU: {cpu_info().summary()}"
+            "Machine: "
+            + load.describe()
+            + (" (LOADED: not a quiet-machine figure)" if load.loaded else "")
         )
         args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 

@@ -23,6 +23,11 @@ Configurations:
 ``clearformer int8 fused``      ``precision="int8", fuse_int8=True``: the same, with the
                                 element-wise steps compiled (compiled before timing starts).
 ``clearformer int8 fused workers 1``  the same, one batch at a time on all threads.
+``clearformer bf16``            ``precision="bf16"``: the bfloat16 copy of the model (bfloat16
+                                products, float32 norms, softmax and pooling).
+``clearformer bf16 workers 1``  the same, one batch at a time on all threads.
+``clearformer auto``            ``precision="auto"``: what auto takes on this CPU (the
+                                environment records which and why).
 
 ``onnxruntime``, ``onnxruntime optimised``, ``onnxruntime int8``, ``onnxruntime int8 per-channel``,
 ``onnxruntime int8 per-channel, attention float32``
@@ -32,7 +37,9 @@ Configurations:
 
 Every row is compared with clearformer's float32 embeddings: min and mean cosine, and how
 often a text's nearest neighbour in the corpus (itself left out) is the one float32 finds
-(retrieval agreement). ``--no-int8`` leaves clearformer's int8 rows out. Each figure is the sum
+(retrieval agreement). ``--precision`` names the precisions timed besides float32 (default
+int8; ``--precision bf16 int8 auto`` times them all); ``--no-int8`` leaves clearformer's int8
+rows out. Each figure is the sum
 of every chunk's best time; for the pairs in ``PAIRS`` the report also gives the ratio within
 each whole repeat, whose spread shows how far one figure can move between runs.
 
@@ -54,8 +61,9 @@ bound"; the target stays "of bound"). Every result records the load average befo
 and whether the run was quiet (:mod:`clearformer.bench.load`).
 
 Run: ``python benchmarks/encode_throughput.py [--texts 2000] [--repeats 4] [--corpus both]
-[--out benchmarks/results/encode-throughput]``: OUT.json, OUT.md and, with matplotlib, a
-chart OUT.png; ``--replot OUT.json`` redraws the markdown and the chart of a saved run.
+[--precision bf16 int8] [--out benchmarks/results/encode-throughput]``: OUT.json, OUT.md
+and, with matplotlib, a chart OUT.png; ``--replot OUT.json`` redraws the markdown and the
+chart of a saved run.
 """
 
 from __future__ import annotations
@@ -131,6 +139,17 @@ def measure(kind: str, args, ours, theirs, onnx: dict) -> dict:
         )
         runners["clearformer int8 fused workers 1"] = lambda chunk: ours.encode(
             chunk, workers=1, normalize=True, progress=False, precision="int8", fuse_int8=True
+        )
+    if "bf16" in args.precision:
+        runners["clearformer bf16"] = lambda chunk: ours.encode(
+            chunk, normalize=True, progress=False, precision="bf16"
+        )
+        runners["clearformer bf16 workers 1"] = lambda chunk: ours.encode(
+            chunk, workers=1, normalize=True, progress=False, precision="bf16"
+        )
+    if "auto" in args.precision:
+        runners["clearformer auto"] = lambda chunk: ours.encode(
+            chunk, normalize=True, progress=False, precision="auto"
         )
     for name, onnx_encoder in onnx.items():
         runners[name] = onnx_encoder.encode
@@ -269,6 +288,8 @@ def fraction_per_repeat(
 PAIRS = (
     ("clearformer", REFERENCE),
     ("clearformer int8 fused", REFERENCE),
+    ("clearformer bf16", REFERENCE),
+    ("clearformer bf16", "clearformer"),
     ("clearformer", "onnxruntime optimised"),
     ("clearformer int8 fused", "onnxruntime int8"),
     ("clearformer int8 fused", "onnxruntime int8 per-channel"),
@@ -309,7 +330,12 @@ def to_markdown(report: dict) -> str:
         "",
         f"Machine: {env['load_verdict']}",
         "",
-        f"clearformer's AVX-512 attention kernel: {env.get('attention_kernel', 'not recorded')}",
+        "clearformer's own kernels: "
+        + (
+            "; ".join(f"{k}: {v}" for k, v in env["routes"].items())
+            if env.get("routes")
+            else f"AVX-512 attention {env.get('attention_kernel', 'not recorded')}"
+        ),
         "",
     ]
     if env.get("onnx"):
@@ -489,7 +515,21 @@ def main() -> None:
         help="write OUT.json, OUT.md and OUT.png (default: print only)",
     )
     parser.add_argument(
-        "--no-int8", dest="int8", action="store_false", help="leave out the int8 rows"
+        "--precision",
+        nargs="+",
+        choices=("bf16", "int8", "auto"),
+        default=["int8"],
+        metavar="NAME",
+        help="clearformer's precisions timed besides float32 (which always runs: every row is "
+        "compared with its embeddings): bf16 (rows 'clearformer bf16' and '... workers 1'), "
+        "int8 (the three int8 rows), auto ('clearformer auto': what precision='auto' takes "
+        "here); default: int8",
+    )
+    parser.add_argument(
+        "--no-int8",
+        dest="int8",
+        action="store_false",
+        help="leave out the int8 rows (as --precision without int8)",
     )
     parser.add_argument(
         "--no-onnx", dest="onnx", action="store_false", help="leave out the ONNX Runtime rows"
@@ -502,26 +542,30 @@ def main() -> None:
         help="measure nothing: write the markdown and chart of a saved result beside it",
     )
     args = parser.parse_args()
+    args.int8 = args.int8 and "int8" in args.precision
     if args.replot is not None:
         write_report(json.loads(args.replot.read_text()), args.replot.with_suffix(""))
         return
-    from clearformer.bench.load import judge, load_average
+    import torch
+
+    from clearformer.bench.load import LoadMeter
     from clearformer.cpu import cpu_description
 
-    load_start = load_average()
+    meter = LoadMeter(threads=torch.get_num_threads()).start()
 
     from clearformer.runtime import retain_freed_memory
 
     retained = retain_freed_memory()  # before any large allocation, for both libraries alike
 
     import sentence_transformers
-    import torch
 
-    from clearformer.fast import avx512
+    from clearformer.text.encoder import attention_kernel_for
 
-    # Where encode would build clearformer's AVX-512 attention kernel for a large call (AMD
-    # CPUs), build it before timing, so every clearformer row runs what a large call runs.
-    kernel = avx512.load(build=avx512.preferred())
+    # What encode does for a large call, before timing, so that every clearformer row runs
+    # what a large call runs: where the AVX-512 kernels can be built (and no switch is off),
+    # build them and, where this CPU has no verdict yet, measure them against PyTorch's
+    # routes; auto then takes each only where it measured faster.
+    attention_kernel_for(10**9, torch.device("cpu"))
     from sentence_transformers import SentenceTransformer
 
     from clearformer import TextEncoder
@@ -536,6 +580,11 @@ def main() -> None:
         ours.int8_model(fused=True)  # calibration and compilation, before any timing
         ours.encode(warm, progress=False, precision="int8", fuse_int8=False)
         ours.encode(warm, progress=False, precision="int8", fuse_int8=True)
+    if "bf16" in args.precision:
+        ours.encode(warm, progress=False, precision="bf16")  # builds the copy before timing
+    auto = ours.precision_for("auto") if "auto" in args.precision else None
+    if auto is not None:
+        ours.encode(warm, progress=False, precision="auto")
     onnx, onnx_info = {}, None
     scratch = None
     if args.onnx:
@@ -584,10 +633,9 @@ def main() -> None:
             f"{[round(r['median']) for r in sustained]}; clearformer at "
             f"{run['fraction_of_sustained_bound']['clearformer']:.0%} of that bound"
         )
-    load_end = load_average()
+    load = meter.record()
     if scratch is not None:
         scratch.cleanup()  # the ONNX models (about 100 MB)
-    load = judge(load_start, load_end, torch.get_num_threads())
     print(load.describe())
     report = {
         "environment": {
@@ -597,12 +645,13 @@ def main() -> None:
             "retained": retained,
             "repeats": args.repeats,
             "onnx": onnx_info,
-            "load_average_start": load_start[0],
-            "load_average": load_end[0],
+            "load_average_start": load.before[0],
+            "load_average": load.after[0],
             "load": load.to_dict(),
             "load_verdict": load.describe(),
             "cpu": cpu_description(),
-            "attention_kernel": str(kernel) if avx512.is_loaded() else f"not used: {kernel}",
+            "routes": load.routes,
+            "auto_precision": None if auto is None else str(auto),
         },
         "runs": runs,
     }

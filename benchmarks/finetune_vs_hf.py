@@ -114,7 +114,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from clearformer.bench.load import judge, load_average
+    from clearformer.bench.load import LoadMeter
 
     ours, theirs = build(num_labels=5)
     batches = make_batches(ours.model.config.vocab_size, args)
@@ -134,7 +134,7 @@ def main() -> None:
     }
     wall: dict[str, list[float]] = {name: [] for name in runners}
     cpu: dict[str, list[float]] = {name: [] for name in runners}
-    before = load_average()
+    meter = LoadMeter(threads=args.threads).start()
     for index, (batch, label) in enumerate(zip(batches, labels, strict=True)):
         for name, (step, model, optimizer) in runners.items():
             start_wall, start_cpu = time.perf_counter(), time.process_time()
@@ -142,7 +142,7 @@ def main() -> None:
             if index >= args.warmup:
                 wall[name].append(time.perf_counter() - start_wall)
                 cpu[name].append(time.process_time() - start_cpu)
-    load = judge(before, load_average(), args.threads)
+    load = meter.record()
 
     timed = batches[args.warmup :]
     real = sum(len(s) for b in timed for s in b) / len(timed)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import threading
 import time
@@ -95,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         "epilogue": lambda: steps.epilogue(acc, x_scale, w_scale, bias, x_o, w_o_t),
     }
 
-    load_before = os.getloadavg()
+    from clearformer.bench.load import LoadMeter
+
+    meter = LoadMeter(threads=2).start()  # the step's thread and the watcher
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-4)  # the watcher gets the GIL back at once when it is free
     before = torch.get_num_threads()
@@ -115,11 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sys.setswitchinterval(interval)
         torch.set_num_threads(before)
-    after = os.getloadavg()
-    print(
-        f"load average {load_before[0]:.2f} before, {after[0]:.2f} after "
-        f"({os.cpu_count()} logical CPUs)"
-    )
+    print(meter.record().describe())
     return 0
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from clearformer.bench.load import judge, load_average  # noqa: E402
+from clearformer.bench.load import LoadMeter  # noqa: E402
 from clearformer.index.quantize import truncate  # noqa: E402
 
 
@@ -112,8 +112,13 @@ def machine(threads: int) -> dict:
     }
 
 
-def load_record(before, threads: int) -> str:
-    return judge(before, load_average(), threads).describe()
+def start_load(threads: int) -> LoadMeter:
+    """Count other processes' CPU time from here (an idle probe first: clearformer.bench.load)."""
+    return LoadMeter(threads=threads).start()
+
+
+def load_record(meter: LoadMeter) -> str:
+    return meter.record().describe()
 
 
 def write_report(

@@ -34,11 +34,11 @@ from index_common import (
     embeddings,
     exact_top,
     grow,
-    load_average,
     load_record,
     machine,
     per_query_ms,
     recall,
+    start_load,
     write_report,
 )
 
@@ -106,9 +106,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--embeddings", type=Path, required=True, help=".npy of unit rows")
     parser.add_argument("--texts", type=Path, help="texts to encode if --embeddings is missing")
-    parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument(
+        "--rows",
+        type=int,
+        nargs="+",
+        default=[100_000, 1_000_000],
+        help="index sizes in vectors; beyond the embeddings' count, noisy copies of them are "
+        "added (default 100000 1000000)",
+    )
     parser.add_argument("--queries", type=int, default=200, help="queries timed (200)")
-    parser.add_argument("--storage", default="float32", help="the index's storage (float32)")
+    parser.add_argument(
+        "--storage",
+        default="float32",
+        help="the index's storage: float32, int8 or binary (default float32)",
+    )
     parser.add_argument(
         "--brute-force-only", action="store_true", help="time the numpy scan alone (no index)"
     )
@@ -122,7 +133,7 @@ def main() -> None:
     noise = rng.standard_normal(picked.shape, dtype=np.float32) * (0.3 / np.sqrt(real.shape[1]))
     queries = picked + noise
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-    before = load_average()
+    meter = start_load(2)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for n in args.rows:
@@ -149,7 +160,7 @@ def main() -> None:
         f"search); {args.queries} queries; vectors grown from {args.embeddings.name}.",
     ]
     record = {"rows": rows, "machine": host}
-    write_report(intro, rows, host, load_record(before, 2), args.out, record)
+    write_report(intro, rows, host, load_record(meter), args.out, record)
 
 
 if __name__ == "__main__":

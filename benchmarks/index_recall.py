@@ -28,11 +28,11 @@ from index_common import (
     RowEncoder,
     embeddings,
     exact_top,
-    load_average,
     load_record,
     machine,
     per_query_ms,
     recall,
+    start_load,
     write_report,
 )
 
@@ -44,9 +44,23 @@ def main() -> None:
     parser.add_argument("--embeddings", type=Path, required=True, help=".npy of unit rows")
     parser.add_argument("--texts", type=Path, help="texts to encode if --embeddings is missing")
     parser.add_argument("--queries", type=int, default=500, help="held-out query rows (500)")
-    parser.add_argument("--storages", default="float32,int8,binary")
-    parser.add_argument("--ann", default="hnsw,exact", help="searches to measure")
-    parser.add_argument("--expansion-search", type=int, default=None, help="HNSW ef (default)")
+    parser.add_argument(
+        "--storages",
+        default="float32,int8,binary",
+        help="comma-separated storages of the index to measure (default %(default)s)",
+    )
+    parser.add_argument(
+        "--ann",
+        default="hnsw,exact",
+        help="comma-separated searches to measure: hnsw (the graph), exact (a full scan of the "
+        "index) (default %(default)s)",
+    )
+    parser.add_argument(
+        "--expansion-search",
+        type=int,
+        default=None,
+        help="the graph's candidate list while searching (HNSW ef; default: the index's, 128)",
+    )
     parser.add_argument("--out", type=Path, help="write the result as Markdown (and .json)")
     args = parser.parse_args()
 
@@ -56,7 +70,7 @@ def main() -> None:
     held[rng.choice(len(vectors), args.queries, replace=False)] = True
     corpus, queries = vectors[~held], vectors[held]
     truth = exact_top(corpus, queries, K)
-    before = load_average()
+    meter = start_load(2)
     encoder = RowEncoder(corpus)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -91,7 +105,7 @@ def main() -> None:
                 }
                 print(json.dumps(row))
                 rows.append(row)
-    report(args, rows, machine(threads=os.cpu_count() or 1), load_record(before, 2))
+    report(args, rows, machine(threads=os.cpu_count() or 1), load_record(meter))
 
 
 def report(args, rows, host, load) -> None:
@@ -104,3 +118,7 @@ def report(args, rows, host, load) -> None:
     ]
     record = {"rows": rows, "machine": host, "load": load}
     write_report(intro, rows, host, load, args.out, record)
+
+
+if __name__ == "__main__":
+    main()

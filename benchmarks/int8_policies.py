@@ -40,6 +40,7 @@ def main() -> None:
     patterns = parser.parse_args().patterns
 
     import numpy as np
+    import torch
 
     from clearformer import TextEncoder
     from clearformer.quant import calibrate, linear_names, outlier_channels, quantize_int8
@@ -88,7 +89,9 @@ def main() -> None:
         "8 float channels per layer": {"outliers": outliers(8)},
         "2 float channels, in_proj and fc_in only": {"outliers": outliers(2, "in_proj", "fc_in")},
     }
-    print(f"load average at start {os.getloadavg()[0]:.2f}")
+    from clearformer.bench.load import LoadMeter
+
+    meter = LoadMeter(threads=torch.get_num_threads()).start()
     print("| policy | sentences min / mean | mixed min / mean | top-1 | top-10 overlap |")
     print("| --- | --- | --- | ---: | ---: |")
     for label, options in policies.items():
@@ -108,7 +111,7 @@ def main() -> None:
             f"{cos['mixed'].min():.4f} / {cos['mixed'].mean():.5f} | {top1:.3f} | {top10:.3f} |",
             flush=True,
         )
-    print(f"load average at end {os.getloadavg()[0]:.2f}")
+    print(meter.record().describe())  # no timing here: for the record
 
 
 if __name__ == "__main__":

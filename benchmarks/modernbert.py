@@ -131,10 +131,10 @@ def main() -> int:
         "--out", type=Path, default=None, help="write OUT.json and OUT.md (default: print only)"
     )
     args = parser.parse_args()
-    from clearformer.bench.load import judge, load_average
+    from clearformer.bench.load import LoadMeter
     from clearformer.runtime import retain_freed_memory
 
-    load_before = load_average()
+    meter = LoadMeter(threads=torch.get_num_threads()).start()
 
     retain_freed_memory()
     torch.manual_seed(1)
@@ -174,7 +174,7 @@ def main() -> int:
                     row[f"{impl}_peak_mib"] = peak_memory(directory, impl, lengths[0]) / 2**20
             rows.append(row)
             print(json.dumps(row), flush=True)
-    load = judge(load_before, load_average(), torch.get_num_threads())
+    load = meter.record()
     lines = [
         f"# ModernBERT: clearformer vs transformers (sdpa), {args.layers} layers at base widths",
         "",

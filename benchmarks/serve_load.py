@@ -15,8 +15,9 @@ The sentences are random vocabulary words of sentence length (log-normal around 
 server can answer from a cache). Reported per server and workload: texts/s, word pieces/s,
 latency percentiles, the answers other than 200, and the server process's CPU seconds per
 1,000 texts (its own work, which other load distorts less than wall time). The servers take
-turns ``--rounds`` times and the median round is kept; the load average before and after each
-run, and the CPU's model, are recorded. The load generator shares the CPU with the server
+turns ``--rounds`` times and the median round is kept; other processes' busy CPUs during each
+run (the servers, child processes of this one, not counted: clearformer.bench.load), and the
+CPU's model, are recorded. The load generator shares the CPU with the server
 (both servers pay for it alike); on a machine shared with other work the figures are
 provisional, and the report says so.
 
@@ -24,8 +25,13 @@ The client is a minimal HTTP/1.1 client on asyncio streams (no library), so that
 cost is small and the same for both servers. Nothing leaves 127.0.0.1, every run is bounded in
 requests and time, and both servers are stopped by the script (SIGTERM, then SIGKILL).
 
-Run: ``python benchmarks/serve_load.py --infinity /path/to/venv/bin/infinity_emb
-[--clients 32] [--requests 1500] [--rounds 2] [--out benchmarks/results/serve-load]``.
+Each workload runs at every client count of ``--clients`` (default 1, 8 and 64). With
+``--unbatched`` the same clearformer server also runs one request at a time (``--workers 1
+--max-batch-tokens 1``: each input is a batch of its own), the baseline dynamic batching is
+measured against.
+
+Run: ``python benchmarks/serve_load.py --infinity /path/to/venv/bin/infinity_emb --unbatched
+[--clients 1,8,64] [--requests 1500] [--rounds 2] [--out benchmarks/results/serve-load]``.
 Without ``--infinity`` only clearformer is measured.
 """
 
@@ -119,11 +125,16 @@ class Server:
             self.proc.wait(60)
 
 
-def clearformer_server(port: int, model: str) -> Server:
+def clearformer_server(port: int, model: str, *, batched: bool = True) -> Server:
+    """clearformer serve with its defaults; ``batched=False``: one input per forward pass, one
+    at a time (an input over ``--max-batch-tokens`` runs alone)."""
     command = [sys.executable, "-m", "clearformer.cli", "serve", "--port", str(port)]
     command += ["--model", f"{MODEL_NAME}={model}"]
+    if not batched:
+        command += ["--workers", "1", "--max-batch-tokens", "1"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return Server("clearformer", command, port, "/v1/embeddings", env)
+    name = "clearformer" if batched else "clearformer-unbatched"
+    return Server(name, command, port, "/v1/embeddings", env)
 
 
 def infinity_server(port: int, model: str, executable: str, onnx_dir: str | None = None) -> Server:
@@ -199,7 +210,11 @@ def run_load(server: Server, texts: list[str], per_request: int, clients: int) -
         ).encode()
         for i in range(0, len(texts), per_request)
     ]
-    load_before = os.getloadavg()
+    from clearformer.bench.load import LoadMeter
+
+    # No idle probe per run (main's meter probed once): others' CPU during this run, the
+    # server (a child process) and this load generator not counted.
+    meter = LoadMeter(threads=os.cpu_count() or 1, probe_seconds=0).start()
     cpu_before = server.cpu_seconds()
     seconds, latencies, statuses = asyncio.run(_drive(server.port, server.path, bodies, clients))
     cpu = server.cpu_seconds() - cpu_before
@@ -222,8 +237,7 @@ def run_load(server: Server, texts: list[str], per_request: int, clients: int) -
         },
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "server_cpu_s_per_1000_texts": 1000 * cpu / max(ok * per_request, 1),
-        "load_before": load_before,
-        "load_after": os.getloadavg(),
+        "load": meter.record().to_dict(),
     }
 
 
@@ -247,30 +261,32 @@ def to_markdown(report: dict) -> str:
         "",
         f"CPU: {report['cpu']}; {report['cores']} logical CPUs, shared by the server and the "
         f"load generator. Model: {MODEL_NAME} (bundled checkpoint directory), float32. "
-        f"{report['clients']} concurrent clients, {report['rounds']} round(s) per server "
+        f"{', '.join(map(str, report['clients']))} concurrent clients, "
+        f"{report['rounds']} round(s) per server "
         f"(the median round by texts/s is shown; with an even count, the lower middle one). "
         f"Versions: {report['versions']}. Servers: `{report['commands']['clearformer']}`"
         + "".join(f"; `{c}`" for n, c in report["commands"].items() if n != "clearformer")
         + ".",
         "",
-        f"Load average (1 min) before the first run: {report['load_start'][0]:.2f}; "
         f"{'QUIET' if report['quiet'] else 'PROVISIONAL: the machine was shared with other work'}"
         f" ({report['quiet_reason']}).",
         "",
-        "| workload | server | texts/s | p50 ms | p95 ms | p99 ms | CPU s / 1k texts | "
-        "answers | load before / after |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+        "| workload | clients | server | requests/s | texts/s | p50 ms | p95 ms | p99 ms | "
+        "CPU s / 1k texts | answers | others' CPUs |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
-    for workload, per_server in report["results"].items():
+    for key, per_server in report["results"].items():
+        workload, clients = key.split("@")
         for name, run in per_server.items():
             m = run["median"]
             lat = m["latency_ms"]
             statuses = ", ".join(f"{k}: {v}" for k, v in m["statuses"].items())
             lines.append(
-                f"| {workload} ({WORKLOADS[workload]}/request) | {name} | "
+                f"| {workload} ({WORKLOADS[workload]}/request) | {clients} | {name} | "
+                f"{m['texts_per_s'] / WORKLOADS[workload]:.1f} | "
                 f"{m['texts_per_s']:.1f} | {lat['p50']:.1f} | {lat['p95']:.1f} | "
                 f"{lat['p99']:.1f} | {m['server_cpu_s_per_1000_texts']:.2f} | {statuses} | "
-                f"{m['load_before'][0]:.2f} / {m['load_after'][0]:.2f} |"
+                f"{m['load']['others_during']:.2f} |"
             )
         ours = per_server["clearformer"]
         for name, theirs in per_server.items():
@@ -280,15 +296,15 @@ def to_markdown(report: dict) -> str:
                 a["texts_per_s"] / b["texts_per_s"]
                 for a, b in zip(ours["rounds"], theirs["rounds"], strict=True)
             ]
-            report.setdefault("ratios", {}).setdefault(workload, {})[name] = ratios
+            report.setdefault("ratios", {}).setdefault(key, {})[name] = ratios
             cpu = (
                 theirs["median"]["server_cpu_s_per_1000_texts"]
                 / ours["median"]["server_cpu_s_per_1000_texts"]
             )
             lines.append(
-                f"| {workload} | **clearformer / {name}** | "
+                f"| {workload} | {clients} | **clearformer / {name}** | "
                 f"**{statistics.median(ratios):.2f}x** (rounds: "
-                f"{', '.join(f'{r:.2f}x' for r in ratios)}) | | | | {cpu:.2f}x less | | |"
+                f"{', '.join(f'{r:.2f}x' for r in ratios)}) | | | | | {cpu:.2f}x less | | |"
             )
     if "agreement" in report:
         lines += ["", f"Answers compared: {report['agreement']}."]
@@ -306,7 +322,17 @@ def main() -> None:
         "transformers DIR`, with the model's 1_Pooling/, modules.json and "
         "sentence_bert_config.json copied in",
     )
-    parser.add_argument("--clients", type=int, default=32, help="concurrent clients (32)")
+    parser.add_argument(
+        "--clients",
+        default="1,8,64",
+        help="comma-separated concurrent client counts; each workload runs at each (1,8,64)",
+    )
+    parser.add_argument(
+        "--unbatched",
+        action="store_true",
+        help="also run clearformer one request at a time (--workers 1 --max-batch-tokens 1), "
+        "the baseline of dynamic batching",
+    )
     parser.add_argument("--requests", type=int, default=1500, help="online requests per run (1500)")
     parser.add_argument("--bulk-requests", type=int, default=60, help="bulk requests per run (60)")
     parser.add_argument("--rounds", type=int, default=3, help="turns per server (3)")
@@ -323,7 +349,15 @@ def main() -> None:
 
     model = str(bundled_model_dir())
     workloads = [w for w in args.workloads.split(",") if w]
+    try:
+        client_counts = [int(c) for c in args.clients.split(",") if c]
+    except ValueError:
+        client_counts = []
+    if not client_counts or min(client_counts) < 1:
+        parser.error(f"--clients must be positive counts, got {args.clients!r}")
     servers = [clearformer_server(args.port, model)]
+    if args.unbatched:
+        servers.append(clearformer_server(args.port + 3, model, batched=False))
     versions = f"clearformer {__version__}"
     if args.infinity:
         servers.append(infinity_server(args.port + 1, model, args.infinity))
@@ -342,8 +376,11 @@ def main() -> None:
         ).stdout.strip()
         versions += f", infinity-emb {version or 'unknown'}"
     counts = {"online": args.requests, "bulk": args.bulk_requests * WORKLOADS["bulk"]}
-    load_start = os.getloadavg()
-    results: dict = {w: {s.name: {"rounds": []} for s in servers} for w in workloads}
+    from clearformer.bench.load import LoadMeter
+
+    meter = LoadMeter(threads=os.cpu_count() or 1).start()
+    keys = [f"{w}@{c}" for w in workloads for c in client_counts]
+    results: dict = {k: {s.name: {"rounds": []} for s in servers} for k in keys}
     answers = {}
     seed = 100
     for _ in range(args.rounds):
@@ -351,16 +388,18 @@ def main() -> None:
             server.start()
             try:
                 answers.setdefault(server.name, check_answers(server, make_sentences(8, 1)))
-                run_load(server, make_sentences(64, 2), 1, args.clients)  # warm the path
-                for workload in workloads:
+                run_load(server, make_sentences(64, 2), 1, max(client_counts))  # warm the path
+                for key in keys:
+                    workload, clients = key.split("@")
                     seed += 1
                     texts = make_sentences(counts[workload], seed)
-                    run = run_load(server, texts, WORKLOADS[workload], args.clients)
-                    results[workload][server.name]["rounds"].append(run)
+                    run = run_load(server, texts, WORKLOADS[workload], int(clients))
+                    results[key][server.name]["rounds"].append(run)
                     print(
-                        f"{workload:>6} {server.name:>11}: {run['texts_per_s']:8.1f} texts/s, "
+                        f"{workload:>6} x{clients:>3} {server.name:>21}: "
+                        f"{run['texts_per_s']:8.1f} texts/s, "
                         f"p50 {run['latency_ms']['p50']:7.1f} ms, statuses {run['statuses']}, "
-                        f"load {run['load_before'][0]:.2f} -> {run['load_after'][0]:.2f}",
+                        f"others busy on {run['load']['others_during']:.2f} CPUs",
                         flush=True,
                     )
             finally:
@@ -369,19 +408,17 @@ def main() -> None:
         for run in per_server.values():
             rounds = sorted(run["rounds"], key=lambda r: r["texts_per_s"])
             run["median"] = rounds[(len(rounds) - 1) // 2]
-    quiet = load_start[0] <= 0.5
+    load = meter.record()
     report = {
         "commands": {s.name: " ".join(s.command[1:]) for s in servers},
         "cpu": cpu_info().summary(),
         "cores": os.cpu_count(),
-        "clients": args.clients,
+        "clients": client_counts,
         "rounds": args.rounds,
         "versions": versions,
-        "load_start": load_start,
-        "quiet": quiet,
-        "quiet_reason": "load average at most 0.5 before the runs"
-        if quiet
-        else "load average above 0.5 before the runs: other processes were busy",
+        "load": load.to_dict(),
+        "quiet": not load.loaded,
+        "quiet_reason": load.describe(),
         "results": results,
     }
     ours = np.asarray(answers["clearformer"], dtype=np.float64)

@@ -6,8 +6,9 @@ competing processes: ``auto`` must not be slower than ``padded`` when the cores 
 ``--spinners N`` starts N busy Python processes (pure interpreter loops) for the duration, as
 other jobs on a shared machine would; 0 measures the machine as it is. The methods are forced
 per call through the plan's varlen decision; ``torch.nn`` is the post-norm encoder's
-nested-tensor path. Medians of ``--repeats`` rounds, taking turns; the load average before and
-after is printed. glibc keeps freed memory, as in ``clearformer bench``
+nested-tensor path. Medians of ``--repeats`` rounds, taking turns; how many CPUs other
+processes kept busy, the spinners counted among them (clearformer.bench.load), is printed.
+glibc keeps freed memory, as in ``clearformer bench``
 (:func:`clearformer.runtime.retain_freed_memory`).
 """
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import random
 import statistics
 import time
@@ -89,7 +89,11 @@ def main() -> None:
     spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.spinners)]
     for p in spinners:
         p.start()
-    before = os.getloadavg()
+    from clearformer.bench.load import LoadMeter
+
+    # The spinners are this process's children, but load on purpose: counted as others'.
+    meter = LoadMeter(threads=torch.get_num_threads(), exclude=lambda: [p.pid for p in spinners])
+    meter.start()
     times: dict[str, list[float]] = {name: [] for name in runs}
     try:
         with torch.inference_mode():
@@ -100,13 +104,13 @@ def main() -> None:
                     run()
                     if round_:  # the first round warms up
                         times[name].append(time.perf_counter() - start)
+        load = meter.record()  # before the spinners end: reaped, they would count as ours
     finally:
         for p in spinners:
             p.terminate()
-    after = os.getloadavg()
     print(
         f"{args.size} stack, ragged B 32 U[16, 256], {torch.get_num_threads()} threads, "
-        f"{args.spinners} spinners; load average {before[0]:.2f} before, {after[0]:.2f} after"
+        f"{args.spinners} spinners; {load.describe()}"
     )
     base = statistics.median(times["torch.nn nested"])
     for name, values in times.items():

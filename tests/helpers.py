@@ -45,16 +45,19 @@ def intra_op_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def write_tiny_bert(directory: Path, words: Sequence[str], *, n_layers: int = 1) -> Path:
-    """Write a random BERT checkpoint (width 16, 2 heads, ``n_layers`` layers, drawn from seed
-    0) to ``directory`` with ``words`` as its WordPiece vocabulary, one id per word in order.
-    Written by clearformer itself, so no transformers is needed. Returns ``directory``."""
+def write_tiny_bert(
+    directory: Path, words: Sequence[str], *, n_layers: int = 1, width: int = 16, heads: int = 2
+) -> Path:
+    """Write a random BERT checkpoint (``width`` wide, ``heads`` heads, ``n_layers`` layers,
+    feed-forward twice as wide, drawn from seed 0) to ``directory`` with ``words`` as its
+    WordPiece vocabulary, one id per word in order. Written by clearformer itself, so no
+    transformers is needed. Returns ``directory``."""
     torch.manual_seed(0)
     config = EncoderConfig(
-        d_model=16,
-        n_heads=2,
+        d_model=width,
+        n_heads=heads,
         n_layers=n_layers,
-        dim_mlp=32,
+        dim_mlp=2 * width,
         norm="post",
         activation="gelu",
         norm_eps=1e-12,

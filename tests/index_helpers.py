@@ -37,6 +37,48 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+# The CLI with faults put into clearformer's functions, for a run under torchrun (a script
+# file: torchrun runs a script, not ``-c``). argv[1] is a JSON list of faults: on the ``call``th
+# call of ``target`` ("module:attribute"), in the process of rank ``rank`` (any if null), first
+# create the file ``touch`` (if given: a signal to another process), then wait until the file
+# ``wait_for`` exists (if given), then SIGKILL the process if ``kill``; else the call goes on.
+# The rest of argv is the command line.
+FAULTS = """
+import importlib, json, os, signal, sys, time
+from pathlib import Path
+
+def install(target, call, rank=None, touch=None, wait_for=None, kill=False):
+    if rank is not None and os.environ.get("RANK") != str(rank):
+        return
+    module_name, attribute = target.split(":")
+    owner = importlib.import_module(module_name)
+    path = attribute.split(".")
+    for name in path[:-1]:
+        owner = getattr(owner, name)
+    original = getattr(owner, path[-1])
+    calls = [0]
+    def faulty(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == call:
+            if touch:
+                Path(touch).touch()
+            deadline = time.monotonic() + 120
+            while wait_for and not Path(wait_for).exists():
+                if time.monotonic() > deadline:
+                    sys.exit(f"fault in {target}: waited 120 s for {wait_for}")
+                time.sleep(0.02)
+            if kill:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return original(*args, **kwargs)
+    setattr(owner, path[-1], faulty)
+
+for fault in json.loads(sys.argv[1]):
+    install(**fault)
+from clearformer.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 def tiny_model(directory: Path) -> Path:
     return write_tiny_bert(directory, WORDS)
 
@@ -80,6 +122,21 @@ def killed_cli(target: str, *argv: str, timeout: float = 120) -> subprocess.Comp
 
 def torchrun(nproc: int, *argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
     command = torchrun_command(nproc, *argv)
+    return subprocess.run(
+        command, env=env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def faulty_torchrun(
+    nproc: int, script_dir: Path, faults: list[dict], *argv: str, timeout: float = 180
+) -> subprocess.CompletedProcess:
+    """``clearformer`` (``argv``) in ``nproc`` processes under torchrun, with ``faults`` put in
+    (see :data:`FAULTS`); the script is written to ``script_dir``."""
+    import json
+
+    script = script_dir / "faulty_cli.py"
+    script.write_text(FAULTS, encoding="utf-8")
+    command = torchrun_command(nproc, str(script), json.dumps(faults), *argv)
     return subprocess.run(
         command, env=env(), capture_output=True, text=True, timeout=timeout, check=False
     )

@@ -5,7 +5,9 @@ float32 on each backend, varlen method, with its linear layers fused and eager, 
 AVX-512 kernels where they build, and in int8 (compared by cosine). The batches have left and
 right padding, a fully padded row, holes in the mask (for global layers) and NaN at every padded
 position, so a route that lets padding leak, drops a residual or a norm, or moves a position
-gives another result than the reference.
+gives another result than the reference. The families cover every layer kind: post- and
+pre-norm, LayerNorm and RMSNorm (Gemma's 1 + weight too), branch norms, grouped keys and
+values, heads wider than D / H, q/k norms, causal and bidirectional, local and global layers.
 """
 
 from __future__ import annotations
@@ -53,6 +55,58 @@ FAMILIES = {
     # The seeds' post-norm layer with ReLU and tanh-GELU.
     "post-relu": dict(norm="post", activation="relu"),
     "pre-gelu-tanh": dict(norm="pre", activation="gelu_tanh"),
+    # Qwen3: causal, grouped keys (2 of 4 heads), heads wider than D / H, per-head q/k RMSNorm,
+    # RMSNorm, SwiGLU, rotary positions, no biases.
+    "qwen3": dict(
+        norm="pre",
+        activation="swiglu",
+        norm_kind="rms",
+        norm_eps=1e-6,
+        qk_norm=True,
+        n_kv_heads=2,
+        head_dim=24,
+        causal=True,
+        positions="rotary",
+        bias=False,
+    ),
+    # EmbeddingGemma (Gemma3, bidirectional): local, local, global layers with their own rotary
+    # bases, one key/value head, (1 + weight) RMSNorms on both sides of each branch, GeGLU with
+    # the tanh GELU, a score scale of its own.
+    "gemma3": dict(
+        norm="pre",
+        activation="geglu_tanh",
+        norm_kind="rms",
+        norm_unit_offset=True,
+        branch_norm=True,
+        qk_norm=True,
+        n_kv_heads=1,
+        head_dim=24,
+        attn_scale=20**-0.5,
+        positions="rotary",
+        rope_theta=1_000_000.0,
+        local_rope_theta=10_000.0,
+        layer_pattern=("local", "local", "global"),
+        local_window=4,
+        bias=False,
+    ),
+    # Gemma3 as a causal model: a causal window of the 3 most recent keys.
+    "gemma3-causal": dict(
+        norm="pre",
+        activation="geglu_tanh",
+        norm_kind="rms",
+        norm_unit_offset=True,
+        branch_norm=True,
+        qk_norm=True,
+        n_kv_heads=2,
+        head_dim=24,
+        positions="rotary",
+        layer_pattern=("local", "global", "local"),
+        local_window=3,
+        causal=True,
+        bias=False,
+    ),
+    # Post-norm causal attention with grouped keys, LayerNorms and biases.
+    "post-causal-gqa": dict(norm="post", activation="gelu", causal=True, n_kv_heads=2),
 }
 
 
@@ -184,7 +238,7 @@ def test_the_decoder_block_agrees_with_the_reference(norm, backend, fused):
     assert_agrees(out, want, mask, f"decoder {norm} {backend} fused={fused}")
 
 
-@pytest.mark.parametrize("family", ["bert", "modernbert", "mpnet"])
+@pytest.mark.parametrize("family", ["bert", "modernbert", "mpnet", "qwen3", "gemma3"])
 def test_int8_agrees_with_the_reference_by_cosine(family):
     from clearformer.quant import int8_support, quantize_int8
 
@@ -233,6 +287,33 @@ class TestWithTheAVX512Kernels:
             assert plan.method.choice == "avx512", str(plan)
         if FAMILIES[family]["activation"] == "gelu" or FAMILIES[family]["norm"] == "post":
             assert linear_calls, "the AVX-512 linear kernel was not taken"
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "varlen"])
+class TestGroupedKeysWithTheAVX512Kernels:
+    """The AVX-512 attention kernel reads one key/value head per query head: a grouped stack
+    (here bidirectional, which it would otherwise serve) goes to another method, and agrees."""
+
+    pytestmark = needs_avx512_library
+
+    def test_grouped_keys_take_another_method_and_agree(self, backend, monkeypatch):
+        monkeypatch.setenv("CLEARFORMER_AVX512", "on")
+        # heads of 32: the kernel takes widths in multiples of 16
+        FAMILIES["bidirectional-gqa"] = dict(FAMILIES["qwen3"], causal=False, head_dim=32)
+        try:
+            encoder = encoder_of("bidirectional-gqa")
+        finally:
+            del FAMILIES["bidirectional-gqa"]
+        x, mask = batch(holes=True)
+        want = reference_of(encoder, x, mask)
+        out = production(encoder, x, mask, backend=backend)
+        assert_agrees(out, want, mask, f"grouped {backend} avx512 on")
+        with torch.no_grad():
+            plan = encoder.plan_for(mask, backend="varlen")
+            ungrouped = Encoder(dataclasses.replace(encoder.config, n_kv_heads=None)).eval()
+            plain = ungrouped.plan_for(mask, backend="varlen")
+        assert plan.method.choice != "avx512", str(plan)
+        assert plain.method.choice == "avx512", str(plain)  # the same stack, keys not grouped
 
 
 def test_the_agreement_check_fails_on_a_fast_path_that_drops_its_residual(monkeypatch):

@@ -27,8 +27,8 @@ pytestmark = needs_avx512_library
 
 @pytest.fixture
 def preferred(monkeypatch):
-    """As on a CPU where ``auto`` takes the kernel (whatever this one is)."""
-    monkeypatch.setattr(avx512, "preferred", lambda: True)
+    """As on a CPU where ``auto`` takes the kernel (whatever this one is, measured or not)."""
+    monkeypatch.setenv("CLEARFORMER_AVX512", "on")
 
 
 def packed_qkv(lengths, heads, head_dim, seed=0, magnitude=1.0):
@@ -126,30 +126,37 @@ def test_auto_takes_it_where_preferred_and_not_for_causal_rows(preferred):
         assert causal_or_other.choice != "avx512"
 
 
-def test_auto_leaves_it_out_where_not_preferred(monkeypatch):
-    monkeypatch.setattr(avx512, "preferred", lambda: False)
+def test_auto_leaves_it_out_where_switched_off(monkeypatch):
+    monkeypatch.setenv("CLEARFORMER_AVX512", "off")
     layout = layout_from_cu_seqlens(torch.tensor([0, 5, 12], dtype=torch.int32))
     assert resolve_method("auto", layout, device=torch.device("cpu"), head_dim=32).choice != (
         "avx512"
     )
 
 
-def test_it_is_preferred_wherever_it_can_be_built_unless_switched_off(monkeypatch):
+@torch.no_grad()
+def test_it_may_be_built_wherever_it_can_be_but_auto_takes_it_only_on_or_measured(monkeypatch):
     monkeypatch.delenv("CLEARFORMER_AVX512", raising=False)
     assert avx512.preferred() == (avx512.support().choice == "available")  # any vendor
+    layout = layout_from_cu_seqlens(torch.tensor([0, 5, 12], dtype=torch.int32))
+    cpu = torch.device("cpu")
+    # auto without a measurement (the suite reads none): PyTorch's route, saying why
+    auto = resolve_method("auto", layout, device=cpu, head_dim=32)
+    assert auto.choice != "avx512" and "PyTorch's route kept" in auto.reason
+    assert not avx512.in_use()
     monkeypatch.setattr(avx512, "support", lambda: avx512.Decision("unavailable", "no AVX-512"))
     assert not avx512.preferred()
     monkeypatch.undo()
     monkeypatch.setenv("CLEARFORMER_AVX512", "on")
-    assert avx512.preferred() == (avx512.support().choice == "available")
+    assert avx512.preferred() and avx512.in_use()
+    assert resolve_method("auto", layout, device=cpu, head_dim=32).choice == "avx512"
     monkeypatch.setenv("CLEARFORMER_AVX512", "off")
     assert not avx512.preferred() and not avx512.in_use()
-    layout = layout_from_cu_seqlens(torch.tensor([0, 5, 12], dtype=torch.int32))
-    assert resolve_method("auto", layout, device=torch.device("cpu"), head_dim=32).choice != (
-        "avx512"
-    )
+    assert resolve_method("auto", layout, device=cpu, head_dim=32).choice != "avx512"
     monkeypatch.setenv("CLEARFORMER_AVX512", "maybe")
-    with pytest.raises(ValueError, match="CLEARFORMER_AVX512: expected 'on' or 'off', got 'maybe'"):
+    with pytest.raises(
+        ValueError, match="CLEARFORMER_AVX512: expected 'on', 'off' or 'auto', got 'maybe'"
+    ):
         avx512.preferred()
 
 
@@ -182,7 +189,7 @@ def test_an_encoder_gives_the_same_rows_with_it_padded_and_packed(preferred):
         got = encoder(x_masked, mask)
         unmasked = encoder(x)  # no padding: the padded layout, through the same kernel
     with torch.inference_mode(), pytest.MonkeyPatch.context() as patch:
-        patch.setattr(avx512, "preferred", lambda: False)  # PyTorch's kernels, as on Intel
+        patch.setenv("CLEARFORMER_AVX512", "off")  # PyTorch's kernels
         assert encoder.plan_for(mask).method.choice != "avx512"
         want = encoder(x, mask)
         want_unmasked = encoder(x)
@@ -205,7 +212,8 @@ def test_encode_builds_it_only_for_large_calls(monkeypatch, preferred):
 
     calls = []
     monkeypatch.setattr(avx512, "_state", {})
-    monkeypatch.setattr(avx512, "load", lambda build=True: calls.append(build))
+    not_built = avx512.Decision("not built", "a test")
+    monkeypatch.setattr(avx512, "load", lambda build=True: calls.append(build) or not_built)
     text_encoder.attention_kernel_for(1_000, torch.device("cpu"))
     text_encoder.attention_kernel_for(avx512.BUILD_MIN_TOKENS, torch.device("cpu"))
     text_encoder.attention_kernel_for(avx512.BUILD_MIN_TOKENS, torch.device("meta"))
@@ -298,6 +306,6 @@ def test_encode_with_it_gives_the_embeddings_of_pytorchs_kernels(preferred, monk
     texts = [f"sentence {i} " + "word " * (3 * i % 70) for i in range(40)]  # ragged, packed
     texts += ["the same length"] * 4  # and a batch of equal lengths
     with_kernel = encoder.encode(texts, progress=False)
-    monkeypatch.setattr(avx512, "preferred", lambda: False)
+    monkeypatch.setenv("CLEARFORMER_AVX512", "off")
     without = encoder.encode(texts, progress=False)
     np.testing.assert_allclose(with_kernel, without, atol=1e-5, rtol=0)

@@ -329,7 +329,9 @@ def test_a_trainable_norm_or_residual_keeps_its_gradient():
 
 def test_a_bad_switch_value_is_refused(monkeypatch):
     monkeypatch.setenv(avx512_linear.PREFERENCE_VARIABLE, "sometimes")
-    with pytest.raises(ValueError, match="CLEARFORMER_AVX512_LINEAR: expected 'on' or 'off'"):
+    with pytest.raises(
+        ValueError, match="CLEARFORMER_AVX512_LINEAR: expected 'on', 'off' or 'auto'"
+    ):
         avx512_linear.preferred()
 
 

@@ -97,7 +97,7 @@ def test_where_weights_cannot_be_reordered_the_layers_own_are_read(monkeypatch):
     import clearformer.fast.packed_weights as packed_weights
 
     layer = _layer()
-    monkeypatch.setattr(packed_weights, "reorder_available", lambda: False)
+    monkeypatch.setattr(packed_weights, "reorder_available", lambda dtype=None: False)
     packed = PackedWeights()
     with use_packed_weights(packed):
         assert packed_weight(layer) is layer.weight
@@ -105,12 +105,29 @@ def test_where_weights_cannot_be_reordered_the_layers_own_are_read(monkeypatch):
 
 
 def test_weights_it_cannot_watch_or_oneDNN_does_not_take_are_left_alone():
-    half = _layer().to(torch.bfloat16)
+    half = _layer().to(torch.float16)
     with torch.inference_mode():
         made_in_inference_mode = nn.Linear(48, 80)  # no version counter to watch
     with use_packed_weights(PackedWeights()):
         assert packed_weight(half) is half.weight
         assert packed_weight(made_in_inference_mode) is made_in_inference_mode.weight
+
+
+def test_bfloat16_weights_are_packed_and_give_the_plain_products():
+    import clearformer.fast.packed_weights as packed_weights
+
+    if not packed_weights.reorder_available(torch.bfloat16):
+        pytest.skip("oneDNN does not reorder bfloat16 weights here")
+    layer = _layer().to(torch.bfloat16)
+    x = torch.randn(7, 48, dtype=torch.bfloat16)
+    packed = PackedWeights()
+    with torch.no_grad():
+        plain = linear(x, layer, fused=True, residual=torch.ones(7, 80, dtype=torch.bfloat16))
+        with use_packed_weights(packed):
+            assert packed_weight(layer) is not layer.weight and len(packed) == 1
+            got = linear(x, layer, fused=True, residual=torch.ones(7, 80, dtype=torch.bfloat16))
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, plain, atol=0, rtol=0)
 
 
 @pytest.fixture(scope="module")

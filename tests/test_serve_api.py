@@ -524,7 +524,11 @@ def test_prompt_names_apply_the_checkpoints_prompts_as_encode_does(tmp_path):
         ("max_concurrent_requests", 1.5, "max_concurrent_requests must be a positive int"),
         ("request_timeout", 0, "request_timeout must be a float > 0, got 0"),
         ("port", 70000, "port must be an int in [0, 65536), got 70000"),
-        ("precision", "int4", "precision must be one of ('float32', 'int8'), got 'int4'"),
+        (
+            "precision",
+            "int4",
+            "precision must be one of ('float32', 'bf16', 'int8', 'auto', 'bfloat16'), got 'int4'",
+        ),
     ],
 )
 def test_the_config_names_a_bad_setting(field, value, message):
@@ -549,3 +553,20 @@ def test_int8_precision_serves_encodes_int8_rows(tiny):
         dtype = httpx.get(running.url + "/info").json()["model_dtype"]
     np.testing.assert_array_equal(rows, encoder.encode(TEXTS, precision="int8", normalize=True))
     assert dtype == "int8"
+
+
+def test_bf16_precision_serves_bf16_rows_and_scores(tiny, reranker):
+    encoder = TextEncoder.from_pretrained(tiny)
+    ranker = CrossEncoder.from_pretrained(reranker)
+    config = ServeConfig(port=0, workers=1, precision="bfloat16")
+    specs = [ModelSpec(str(tiny), "tiny"), ModelSpec(str(reranker), "ranker")]
+    with running_server(config, specs) as running:
+        rows = floats(post(running.url, "/embed", {"inputs": TEXTS}))
+        info = httpx.get(running.url + "/info").json()
+        ranked = post(running.url, "/rerank", {"model": "ranker", "query": "w1", "texts": TEXTS})
+    np.testing.assert_array_equal(rows, encoder.encode(TEXTS, precision="bf16", normalize=True))
+    assert np.abs(rows - encoder.encode(TEXTS, normalize=True)).max() > 0  # really bfloat16
+    assert info["model_dtype"] == "bf16"
+    want = ranker.predict([("w1", t) for t in TEXTS], precision="bf16")
+    got = {item["index"]: item["score"] for item in ranked.json()}
+    np.testing.assert_allclose([got[i] for i in range(len(TEXTS))], want, atol=1e-6, rtol=0)

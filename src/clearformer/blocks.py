@@ -7,6 +7,11 @@ Two norm placements, written as two separate paths:
     x = x + Dropout(Attn(Norm1(x)))
     x = x + Dropout(FFN(Norm2(x)))
 
+  with branch norms (Gemma3), each branch's output normed before its add::
+
+    x = x + Dropout(NormA(Attn(Norm1(x))))
+    x = x + Dropout(NormF(FFN(Norm2(x))))
+
 * post-norm (Vaswani et al., 2017; BERT)::
 
     x = Norm1(x + Dropout(Attn(x)))
@@ -25,6 +30,7 @@ from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
 from .checks import (
+    check_bool,
     check_choice,
     check_divisible,
     check_positive_float,
@@ -33,7 +39,8 @@ from .checks import (
 )
 from .dtypes import check_rows_dtype
 from .feedforward import FeedForward
-from .options import ACTIVATIONS, BACKENDS, NORMS
+from .norms import make_norm
+from .options import ACTIVATIONS, BACKENDS, NORM_KINDS, NORMS
 from .plan import ForwardPlan, plan_attention
 
 
@@ -60,12 +67,26 @@ class EncoderBlock(nn.Module):
         dim_mlp: hidden width of the feed-forward network.
         dropout: dropout after attention and after the feed-forward network.
         norm: ``"pre"`` or ``"post"``.
-        activation: ``relu``, ``gelu`` (exact), ``gelu_tanh``, ``swiglu`` or ``geglu``.
+        activation: ``relu``, ``gelu`` (exact), ``gelu_tanh``, ``swiglu``, ``geglu`` or
+            ``geglu_tanh``.
         attn_dropout: dropout on attention probabilities; default ``dropout``.
-        norm_eps: LayerNorm epsilon (BERT uses 1e-12).
-        bias: biases in every linear layer and norm.
+        norm_eps: every norm's epsilon (BERT uses 1e-12).
+        bias: biases in every linear layer and LayerNorm.
         backend: attention backend, see :class:`clearformer.attention.MultiHeadAttention`.
         attn_norm: False: no norm before attention (pre-norm only; ModernBERT's layer 0).
+        n_kv_heads: key/value heads (grouped-query attention); default ``n_heads``.
+        head_dim: each head's width; default ``d_model / n_heads``.
+        attn_scale: the scores' scale; default ``head_dim ** -0.5``.
+        qk_norm: a norm of each head's queries and keys (``attn.q_norm``, ``attn.k_norm``).
+        norm_kind: ``layer`` (LayerNorm) or ``rms`` (RMSNorm) for every norm of the block.
+        norm_unit_offset: RMSNorm scaled by ``1 + weight`` (Gemma).
+        branch_norm: pre-norm only: norms on the branches' outputs (``attn_out_norm``,
+            ``mlp_out_norm``) before the residual adds (Gemma3).
+
+    Parameters (the names a checkpoint's weights map to): ``attn_norm``, ``attn`` (``in_proj``:
+    query, key, value rows; ``out_proj``; ``q_norm``, ``k_norm``), ``attn_out_norm``,
+    ``mlp_norm``, ``mlp`` (``fc_in``: gate rows then value rows when gated; ``fc_out``),
+    ``mlp_out_norm``. Absent norms are identities without parameters.
     """
 
     def __init__(
@@ -82,11 +103,26 @@ class EncoderBlock(nn.Module):
         bias: bool = True,
         backend: str = "auto",
         attn_norm: bool = True,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        attn_scale: float | None = None,
+        qk_norm: bool = False,
+        norm_kind: str = "layer",
+        norm_unit_offset: bool = False,
+        branch_norm: bool = False,
     ) -> None:
         super().__init__()
         for value, name in ((d_model, "d_model"), (n_heads, "n_heads"), (dim_mlp, "dim_mlp")):
             check_positive_int(value, name)
-        check_divisible(d_model, n_heads, "d_model", "n_heads")
+        check_positive_int(head_dim, "head_dim", optional=True)
+        if head_dim is None:
+            check_divisible(d_model, n_heads, "d_model", "n_heads")
+            head_dim = d_model // n_heads
+        check_choice(norm_kind, NORM_KINDS, "norm_kind")
+        for value, name in ((qk_norm, "qk_norm"), (branch_norm, "branch_norm")):
+            check_bool(value, name)
+        if branch_norm and norm != "pre":
+            raise ValueError(f"branch_norm=True needs norm='pre', got norm={norm!r}")
         check_probability(dropout, "dropout")
         check_probability(attn_dropout, "attn_dropout", optional=True)
         check_positive_float(norm_eps, "norm_eps")
@@ -97,19 +133,33 @@ class EncoderBlock(nn.Module):
             )
         check_choice(activation, ACTIVATIONS, "activation")
         self._backend = check_choice(backend, BACKENDS, "backend")
-        self.d_model = d_model
+        self.d_model, self.head_dim, self.branch_norm = d_model, head_dim, branch_norm
         attn_dropout = dropout if attn_dropout is None else attn_dropout
 
+        def norm_of(width: int) -> nn.Module:
+            return make_norm(norm_kind, width, norm_eps, bias=bias, unit_offset=norm_unit_offset)
+
         # ModernBERT's first layer has no attention norm: its input is the normed embeddings.
-        self.attn_norm = (
-            nn.LayerNorm(d_model, eps=norm_eps, bias=bias) if attn_norm else nn.Identity()
-        )
+        self.attn_norm = norm_of(d_model) if attn_norm else nn.Identity()
+        width = n_heads * head_dim  # the attention's inner width, D unless head_dim says
         self.attn = MultiHeadAttention(
-            d_model, d_model, d_model, d_model, n_heads, attn_dropout, bias=bias
+            d_model,
+            width,
+            width,
+            d_model,
+            n_heads,
+            attn_dropout,
+            bias=bias,
+            n_kv_heads=n_kv_heads,
+            scale=attn_scale,
+            q_norm=norm_of(head_dim) if qk_norm else None,
+            k_norm=norm_of(head_dim) if qk_norm else None,
         )
+        self.attn_out_norm = norm_of(d_model) if branch_norm else nn.Identity()
         self.attn_residual_dropout = nn.Dropout(dropout)
-        self.mlp_norm = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
+        self.mlp_norm = norm_of(d_model)
         self.mlp = FeedForward(d_model, dim_mlp, activation, bias=bias)
+        self.mlp_out_norm = norm_of(d_model) if branch_norm else nn.Identity()
         self.mlp_residual_dropout = nn.Dropout(dropout)
 
     @property
@@ -133,7 +183,8 @@ class EncoderBlock(nn.Module):
             device=x.device,
             backend=self._backend if backend is None else backend,
             dtype=x.dtype,
-            head_dim=self.d_model // self.attn.n_heads,
+            head_dim=self.head_dim,
+            grouped=self.attn.kv_heads != self.attn.n_heads,
         )
 
     def forward(
@@ -185,8 +236,8 @@ class EncoderBlock(nn.Module):
         if self.norm == "pre":
             h = self.attn_norm(x)
             h, weights = self.attn.attend(h, h, h, plan)
-            x = x + self.attn_residual_dropout(h)
-            x = x + self.mlp_residual_dropout(self.mlp(self.mlp_norm(x)))
+            x = x + self.attn_residual_dropout(self.attn_out_norm(h))
+            x = x + self.mlp_residual_dropout(self.mlp_out_norm(self.mlp(self.mlp_norm(x))))
         else:
             h, weights = self.attn.attend(x, x, x, plan)
             x = self.attn_norm(x + self.attn_residual_dropout(h))

@@ -2,12 +2,16 @@
 
 Both look at autocast: under it the layers cast their inputs themselves, and attention sees
 autocast's dtype rather than the rows' own (which decides the kernel the plan may choose).
+
+A model's dtype is that of its matrix products' parameters (:func:`rows_dtype`): a bfloat16
+copy (:func:`clearformer.precision.bf16_copy`) keeps its norms' parameters in float32, and
+its rows are bfloat16 all the same.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def _autocast_on(device: torch.device) -> bool:
@@ -24,6 +28,25 @@ def compute_dtype(device: torch.device, dtype: torch.dtype | None) -> torch.dtyp
     return torch.float32 if dtype is None else dtype
 
 
+# Modules whose parameters may be kept in float32 while the rows are in a narrower dtype:
+# PyTorch's LayerNorm reads float32 parameters on bfloat16 or float16 rows.
+NORM_MODULES = (nn.LayerNorm,)
+
+
+def rows_dtype(module: nn.Module) -> torch.dtype | None:
+    """The dtype rows entering ``module`` must have: its first floating-point parameter's
+    outside the norms (None: it has none, an int8 model's layers say nothing)."""
+    fallback = None
+    for sub in module.modules():
+        for tensor in sub._parameters.values():
+            if tensor is None or not tensor.is_floating_point():
+                continue
+            if not isinstance(sub, NORM_MODULES):
+                return tensor.dtype
+            fallback = tensor.dtype if fallback is None else fallback
+    return fallback  # a module of norms only: theirs
+
+
 def check_rows_dtype(rows: Tensor, name: str, module: torch.nn.Module) -> None:
     """Raise TypeError unless ``rows`` are floating point in the dtype of ``module``'s floating
     parameters, before any work: otherwise the first matrix product or norm fails deep inside
@@ -31,7 +54,7 @@ def check_rows_dtype(rows: Tensor, name: str, module: torch.nn.Module) -> None:
     their inputs themselves, and a module without floating parameters (int8) is not checked."""
     if not rows.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {rows.dtype}")
-    want = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+    want = rows_dtype(module)
     if want is None or rows.dtype == want or _autocast_on(rows.device):
         return
     raise TypeError(

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import EncoderConfig
+from .norms import make_norm
 from .positions import sinusoidal_table
 from .tracing import record
 
@@ -14,7 +15,8 @@ class Embeddings(nn.Module):
     """``(B, T)`` token ids -> ``(B, T, D)`` vectors.
 
     ``x = Dropout(Norm(word[ids] + position[offset + t] + token_type[type_ids]))``; the norm
-    only when ``config.embedding_norm`` (BERT), token types only when ``type_vocab_size > 0``.
+    only when ``config.embedding_norm`` (BERT), token types only when ``type_vocab_size > 0``;
+    ``word[ids]`` times sqrt(D) when ``config.scale_embeddings`` (Gemma).
     """
 
     def __init__(self, config: EncoderConfig) -> None:
@@ -37,7 +39,13 @@ class Embeddings(nn.Module):
             nn.Embedding(config.type_vocab_size, d) if config.type_vocab_size > 0 else None
         )
         self.norm = (
-            nn.LayerNorm(d, eps=config.norm_eps, bias=config.bias)
+            make_norm(
+                config.norm_kind,
+                d,
+                config.norm_eps,
+                bias=config.bias,
+                unit_offset=config.norm_unit_offset,
+            )
             if config.embedding_norm
             else nn.Identity()
         )
@@ -53,6 +61,11 @@ class Embeddings(nn.Module):
         (N,) within their own sequences -> ``(N, D)``. Padded ids take ``positions`` (B, T)
         (each token's index among its sequence's real tokens) or, when None, 0 .. T-1."""
         x = self.word(input_ids)  # (B, T, D) or (N, D)
+        if self.config.scale_embeddings:
+            # Gemma: times sqrt(D), the factor rounded to float32 and then to the table's dtype,
+            # as Gemma's code does (bfloat16 holds sqrt(768) = 27.71 as 27.75).
+            factor = torch.tensor(self.config.d_model**0.5, dtype=torch.float32)
+            x = x * factor.to(device=x.device, dtype=x.dtype)
         if positions is None:
             positions = torch.arange(input_ids.shape[-1], device=input_ids.device)  # (T,)
         positions = positions + self.config.position_offset

@@ -19,8 +19,9 @@ from . import reference
 from .blocks import EncoderBlock
 from .checks import check_bool
 from .config import EncoderConfig
-from .dtypes import check_rows_dtype
+from .dtypes import check_rows_dtype, rows_dtype
 from .layer_plans import check_contiguous, with_linear, with_score_bias
+from .norms import make_norm
 from .padding import layout_from_cu_seqlens, repad
 from .plan import ForwardPlan, plan_stack
 from .relative_bias import RelativePositionBias
@@ -69,11 +70,24 @@ class Encoder(nn.Module):
                 bias=config.bias,
                 backend=config.backend,
                 attn_norm=config.first_attn_norm or index > 0,
+                n_kv_heads=config.n_kv_heads,
+                head_dim=config.head_width,
+                attn_scale=config.attn_scale,
+                qk_norm=config.qk_norm,
+                norm_kind=config.norm_kind,
+                norm_unit_offset=config.norm_unit_offset,
+                branch_norm=config.branch_norm,
             )
             for index in range(config.n_layers)
         )
         self.final_norm = (
-            nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+            make_norm(
+                config.norm_kind,
+                config.d_model,
+                config.norm_eps,
+                bias=config.bias,
+                unit_offset=config.norm_unit_offset,
+            )
             if config.use_final_norm
             else nn.Identity()
         )
@@ -137,11 +151,13 @@ class Encoder(nn.Module):
             output_hidden_states=output_hidden_states,
             checkpointing=self.config.checkpointing if checkpointing is None else checkpointing,
             dtype=self._dtype() if dtype is None else dtype,
-            head_dim=self.config.d_model // self.config.n_heads,
+            head_dim=self.config.head_width,
+            is_causal=self.config.causal,
             layers=self._layer_kinds(),
             mask_name=mask_name,
             packing=packing,
             score_bias=self.relative_bias is not None,
+            grouped=self.config.kv_heads != self.config.n_heads,
         )
         if self.relative_bias is not None and plan.token_mask is not None:
             # Distances are read off the row index on the padded layout: one run per row.
@@ -161,9 +177,10 @@ class Encoder(nn.Module):
         return tuple((cfg.window_of(t), cfg.rope_theta_of(t)) for t in cfg.layer_types)
 
     def _dtype(self) -> torch.dtype:
-        """The dtype the stack computes in (its parameters'), for the plan's kernel choice."""
-        param = next(self.parameters(), None)
-        return torch.float32 if param is None else param.dtype
+        """The dtype the stack computes in (its products' parameters'), for the plan's kernel
+        choice."""
+        dtype = rows_dtype(self)
+        return torch.float32 if dtype is None else dtype
 
     def forward(
         self,

@@ -1,7 +1,12 @@
 """The position-wise feed-forward network and its activations.
 
 Plain: ``fc_out(act(fc_in(x)))``. Gated (GLU family, Shazeer 2020): ``fc_in`` produces two halves,
-a gate and a value; ``fc_out(act(gate) * value)``. ``swiglu`` uses SiLU, ``geglu`` exact GELU.
+a gate and a value; ``fc_out(act(gate) * value)``. ``swiglu`` uses SiLU (Llama, Qwen3), ``geglu``
+exact GELU (ModernBERT), ``geglu_tanh`` the tanh GELU (Gemma's ``gelu_pytorch_tanh``).
+
+Gated layout: ``fc_in.weight`` is ``(2 * dim_mlp, D)``, the gate's rows first, then the value's.
+A checkpoint with separate ``gate_proj`` and ``up_proj`` maps to
+``torch.cat([gate_proj.weight, up_proj.weight])``; ``fc_out`` is its ``down_proj``.
 """
 
 from __future__ import annotations

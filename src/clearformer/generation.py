@@ -27,6 +27,7 @@ id is never generated: its probability is removed and the rest renormalised.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -35,8 +36,12 @@ from torch import Tensor
 
 from .checks import check_bool, check_int, check_positive_int
 from .fast.packed_weights import PackedWeights, use_packed_weights
+from .precision import check_precision
+
+log = logging.getLogger(__name__)
 
 EARLY_STOPPING = (True, False, "never")
+GENERATE_PRECISIONS = ("float32", "bf16", "auto")  # int8 is for embeddings only
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,7 @@ def generate(
     eos_id: int | None = None,
     pad_id: int | None = None,
     use_cache: bool = True,
+    precision: str = "float32",
 ) -> Generated:
     """Decode each source of ``src`` (B, S) with ``src_mask`` (B, S) (True/1 = real token).
 
@@ -78,6 +84,14 @@ def generate(
     prefix (the reference the cache is tested against). Ids default to the model's config.
     On a CPU in float32 the call holds a copy of every linear weight in oneDNN's layout
     (:mod:`clearformer.fast.packed_weights`) until it returns.
+
+    ``precision``: ``"float32"``; ``"bf16"`` (or ``"bfloat16"``): the call runs on a
+    bfloat16 copy of ``model`` (:func:`clearformer.precision.bf16_copy`, made per call and
+    dropped after it: convert once with ``bf16_copy`` and pass the copy to decode many
+    batches; a model already in bfloat16 runs as it is), log-probabilities in float32;
+    ``"auto"``: bf16 where :func:`clearformer.precision.auto_precision` takes it on this CPU,
+    else float32 (the choice and its reason are logged at INFO level). bfloat16 logits are
+    close to float32's, not equal: a near tie between two tokens can decode differently.
     """
     cfg = model.config
     bos = cfg.bos_id if bos_id is None else bos_id
@@ -101,13 +115,15 @@ def generate(
     ):
         raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
     check_bool(use_cache, "use_cache")
+    precision = check_precision(precision, "precision", GENERATE_PRECISIONS)
     if max_new_tokens + 1 > cfg.max_positions:
         raise ValueError(
             f"max_new_tokens={max_new_tokens} needs {max_new_tokens + 1} target positions "
             f"(the start token too), above max_positions={cfg.max_positions}"
         )
-    search = _Search(model, bos, eos, pad, max_new_tokens, min_length, float(length_penalty))
     _check_not_empty(src, src_mask)
+    model = _in_precision(model, precision)
+    search = _Search(model, bos, eos, pad, max_new_tokens, min_length, float(length_penalty))
     # Every decoding step is a forward pass with few rows, whose fused linear calls would each
     # reorder their weight into oneDNN's layout: reorder each once for the whole call.
     with torch.no_grad(), use_packed_weights(PackedWeights()):
@@ -116,6 +132,20 @@ def generate(
         if num_beams == 1:
             return search.greedy(memory, mask, use_cache)
         return search.beam(memory, mask, num_beams, early_stopping, use_cache)
+
+
+def _in_precision(model, precision: str):
+    """``model`` itself, or its bfloat16 copy where ``precision`` (checked) takes bf16."""
+    from .precision import bf16_copy, choose_precision, is_bf16
+
+    if precision == "float32":
+        return model  # as it is (a model the caller converted runs in its own dtype)
+    device = next(model.parameters()).device
+    decision = choose_precision(precision, device=device, offered=("float32", "bf16"))
+    log.info("generate in %s (%s)", decision.choice, decision.reason)
+    if decision.choice != "bf16" or is_bf16(model):
+        return model
+    return bf16_copy(model)
 
 
 def _check_not_empty(src: Tensor, src_mask: Tensor | None) -> None:
@@ -147,14 +177,19 @@ class _Search:
             )
         else:  # the reference: the whole prefix again, no cache
             logits = self.model.decode(state.prefix, state.memory, memory_mask=state.memory_mask)
-        logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (R, V)
+        logits = logits[:, -1].float()  # (R, V)
         if self.pad != self.eos:
-            # Padding is what follows an end, never a token: renormalised without it.
-            logp[:, self.pad] = -math.inf
-            logp = torch.log_softmax(logp, dim=-1)
+            # Padding is what follows an end, never a token: the distribution over the other
+            # tokens, in one log-softmax (removing it after a first one and renormalising gives
+            # the same values at twice the cost).
+            logits = logits.index_fill(1, self._pad_index(logits.device), -math.inf)
+        logp = torch.log_softmax(logits, dim=-1)
         if step < self.min_length:
             logp[:, self.eos] = -math.inf
         return logp
+
+    def _pad_index(self, device: torch.device) -> Tensor:
+        return torch.tensor([self.pad], device=device)
 
     # -- greedy --------------------------------------------------------------------------------
     def greedy(self, memory: Tensor, memory_mask: Tensor | None, use_cache: bool) -> Generated:

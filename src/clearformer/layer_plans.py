@@ -30,9 +30,11 @@ def with_layers(
     is_causal: bool,
     dtype: torch.dtype = torch.float32,
     score_bias: bool = False,
+    grouped: bool = False,
 ) -> ForwardPlan:
     """``base`` with one plan per distinct layer type (window, rotary base), built once each.
-    ``dtype`` and ``score_bias`` tell the routes what a local layer's varlen method must take."""
+    ``dtype``, ``score_bias`` and ``grouped`` tell the routes what a local layer's varlen
+    method must take."""
     if all(window is None and theta is None for window, theta in layers):
         return base
     if base.token_mask is not None and any(window is not None for window, _ in layers):
@@ -42,7 +44,14 @@ def with_layers(
     for kind in layers:
         if kind not in built:
             built[kind] = layer_plan(
-                base, *kind, positions, head_dim, is_causal, dtype=dtype, score_bias=score_bias
+                base,
+                *kind,
+                positions,
+                head_dim,
+                is_causal,
+                dtype=dtype,
+                score_bias=score_bias,
+                grouped=grouped,
             )
     return dataclasses.replace(base, per_layer=tuple(built[kind] for kind in layers))
 
@@ -83,6 +92,7 @@ def layer_plan(
     *,
     dtype: torch.dtype = torch.float32,
     score_bias: bool = False,
+    grouped: bool = False,
 ) -> ForwardPlan:
     rotary = None
     if theta is not None:
@@ -112,6 +122,7 @@ def layer_plan(
                 is_causal=is_causal,
                 window=window,
                 bias=score_bias,
+                grouped=grouped,
             )
         return dataclasses.replace(base, window=window, rotary=rotary, method=method)
     if base.kernel.choice == "sdpa" and slab_by_slab(base.tq, window):

@@ -10,12 +10,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 NORMS = ("pre", "post")  # where a block's LayerNorm sits (see clearformer.blocks)
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")  # feed-forward activations
-GATED_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu"}  # GLU variants -> their gate's function
+# Feed-forward activations. The gated ones (GLU variants, Shazeer 2020) name their gate's function:
+# swiglu (SiLU: Llama, Qwen3), geglu (exact GELU: ModernBERT), geglu_tanh (tanh GELU: Gemma's
+# "gelu_pytorch_tanh").
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
+GATED_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}
+# What a norm computes: LayerNorm (centre and scale, BERT) or RMSNorm (scale only: Qwen3, Gemma).
+NORM_KINDS = ("layer", "rms")
 # Positions: absolute embeddings added to the tokens (learned, sinusoidal), rotary positions
 # applied to queries and keys in every attention layer, or none.
 POSITIONS = ("learned", "sinusoidal", "rotary", "none")
-LAYER_TYPES = ("global", "local")  # full attention, or a window around each query
+# Full attention, or a window around each query (EncoderConfig.local_window says how wide).
+LAYER_TYPES = ("global", "local")
 
 # Attention kernels: ``math`` (the reference, the only one returning weights), ``sdpa``
 # (PyTorch's fused kernel on padded rows), ``varlen`` (packed rows, no padding computed).

@@ -55,6 +55,7 @@ def plan_stack(
     layers: tuple[tuple[int | None, float | None], ...] = (),
     packing: PackedLayout | None = None,
     score_bias: bool = False,
+    grouped: bool = False,
 ) -> ForwardPlan:
     """Plan one call of a stack on a (B, T) batch with an optional (B, T) key-padding mask,
     or on rows the caller packed already (``packing``).
@@ -76,6 +77,9 @@ def plan_stack(
         layers: per layer, ``(window, rotary theta)``: a local layer's half-window (None:
             global) and its rotary base (None: no rotary positions). Empty: every layer global,
             without rotary positions.
+        score_bias: the stack adds a score bias (the varlen method must take one).
+        grouped: keys and values have fewer heads than queries (grouped-query attention; the
+            varlen method must read grouped keys).
 
     Raises:
         TypeError, ValueError: a bad mask or backend, or a backend that cannot serve the call.
@@ -96,6 +100,7 @@ def plan_stack(
             output_hidden_states,
             checkpointing,
             score_bias,
+            grouped,
         )
     B, T = shape
     masks.prepare_attention_mask(
@@ -124,6 +129,7 @@ def plan_stack(
             head_dim=head_dim,
             is_causal=is_causal,
             bias=score_bias,
+            grouped=grouped,
         )
         base = ForwardPlan(
             layout,
@@ -139,7 +145,7 @@ def plan_stack(
             is_causal=is_causal,
             **flags,
         )
-        return with_layers(base, layers, head_dim, is_causal, dtype, score_bias)
+        return with_layers(base, layers, head_dim, is_causal, dtype, score_bias, grouped)
     # Padded: fold the key-padding and causal constraints into one mask, once for all layers.
     # An unmasked causal call keeps the flag instead: sdpa has a fast causal path.
     fold = is_causal and mask is not None
@@ -161,7 +167,7 @@ def plan_stack(
         is_causal=is_causal and not fold,
         **flags,
     )
-    return with_layers(base, layers, head_dim, is_causal, dtype, score_bias)
+    return with_layers(base, layers, head_dim, is_causal, dtype, score_bias, grouped)
 
 
 def _plan_packed_rows(
@@ -177,6 +183,7 @@ def _plan_packed_rows(
     output_hidden_states: bool,
     checkpointing: bool,
     score_bias: bool,
+    grouped: bool,
 ) -> ForwardPlan:
     if mask is not None:
         raise ValueError(
@@ -205,6 +212,7 @@ def _plan_packed_rows(
             head_dim=head_dim,
             is_causal=is_causal,
             bias=score_bias,
+            grouped=grouped,
         )
     base = ForwardPlan(
         layout,
@@ -221,7 +229,7 @@ def _plan_packed_rows(
         checkpointing=checkpointing,
         packed_input=True,
     )
-    return with_layers(base, layers, head_dim, is_causal, dtype, score_bias)
+    return with_layers(base, layers, head_dim, is_causal, dtype, score_bias, grouped)
 
 
 def plan_attention(
@@ -238,6 +246,7 @@ def plan_attention(
     packing: PackedLayout | None = None,
     dtype: torch.dtype | None = None,
     head_dim: int | None = None,
+    grouped: bool = False,
 ) -> ForwardPlan:
     """Plan one call of a lone attention module or block (no stack to pack for it).
 
@@ -277,6 +286,7 @@ def plan_attention(
                 dtype=compute_dtype(device, dtype),
                 head_dim=head_dim,
                 is_causal=is_causal,
+                grouped=grouped,
             )
         layout = Decision("packed", "the caller gave packed rows and their layout")
         return ForwardPlan(

@@ -12,12 +12,16 @@ It runs on a production model's own modules and parameters (``Encoder``, ``Encod
       -> final norm (pre-norm stacks) -> (B, T, D), zero at padded positions
 
 Attention is written as its four steps: scores -> mask -> softmax -> weighted sum. Rotary
-positions, local (sliding-window) layers and a relative position bias are plain tensor
-operations on the way. Packed rows, fused matrix products and kernels live elsewhere
-(:mod:`clearformer.plan` chooses them, :mod:`clearformer.fast` holds them); each gives these
-values up to float rounding.
+positions, local (sliding-window) layers, a causal mask, a relative position bias, grouped
+keys and values, and per-head query/key norms are plain tensor operations on the way; so is
+RMSNorm. Packed rows, fused matrix products and kernels live elsewhere (:mod:`clearformer.plan`
+chooses them, :mod:`clearformer.fast` holds them); each gives these values up to float rounding.
+Written for reading, not speed: where a kernel can avoid a copy (the repeated keys and values
+of grouped-query attention) or a (T, T) mask, this file still makes it, so that every step is
+a tensor one can print.
 
-Dimensions: B batch, T positions, D model width, H heads, Dh head width, Tq / Tk queries / keys.
+Dimensions: B batch, T positions, D model width, H heads, Hkv key/value heads, Dh head width,
+Tq / Tk queries / keys.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ __all__ = [
     "encoder",
     "encoder_block",
     "feed_forward",
+    "rms_norm",
     "scaled_dot_product",
 ]
 
@@ -52,15 +57,23 @@ def scaled_dot_product(
     """softmax(q k^T / sqrt(Dh) + bias, masked) v.
 
     Args:
-        q: (B, H, Tq, Dh) queries. k: (B, H, Tk, Dh) keys. v: (B, H, Tk, Dv) values.
+        q: (B, H, Tq, Dh) queries. k: (B, Hkv, Tk, Dh) keys. v: (B, Hkv, Tk, Dv) values; H a
+            multiple of Hkv (grouped-query attention: query head h reads key/value head
+            h // (H / Hkv), as Hugging Face's ``repeat_kv`` and SDPA's ``enable_gqa`` do).
         mask: bool, broadcastable to (B, H, Tq, Tk), True = the query may attend the key.
         bias: float, broadcastable to (B, H, Tq, Tk), added to the scores; or None.
         dropout_p: dropout on the probabilities (0 in eval).
+        scale: the scores' scale; None: Dh ** -0.5.
 
     Returns:
         out (B, H, Tq, Dv) and the probabilities (B, H, Tq, Tk). A query with no key to attend
         gets probabilities 0 and output 0.
     """
+    if k.shape[-3] != q.shape[-3]:
+        # Grouped keys and values, repeated here to one per query head: (B, Hkv, Tk, Dh) ->
+        # (B, H, Tk, Dh). The fast kernels read each group's keys in place instead.
+        groups = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
     # Dividing by sqrt(Dh) keeps the scores' variance near 1 whatever the head width: the dot
     # product of two random Dh-vectors has variance Dh, and a softmax of large scores saturates.
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -105,6 +118,21 @@ def rotate(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     return (wide * angles.cos() + rotated_half * angles.sin()).to(x.dtype)
 
 
+def rms_norm(norm: nn.Module, x: Tensor) -> Tensor:  # norm: an RMSNorm
+    """RMSNorm over the last dimension: ``x / sqrt(mean(x²) + eps)`` scaled, no centring.
+
+    Computed in float32 at least (a mean of squares in half precision overflows and rounds).
+    The two scalings are the checkpoints' own, rounding included: ``weight`` times the normed
+    rows cast back to x's dtype (Qwen3, Llama), or ``1 + weight`` applied in float32 before the
+    cast (Gemma, whose weights are stored as offsets from 1).
+    """
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    normed = wide * torch.rsqrt(wide.pow(2).mean(dim=-1, keepdim=True) + norm.eps)
+    if norm.unit_offset:
+        return (normed * (1.0 + norm.weight.to(wide.dtype))).to(x.dtype)
+    return norm.weight * normed.to(x.dtype)
+
+
 def attention(
     attn: nn.Module,  # a MultiHeadAttention
     x: Tensor,
@@ -128,26 +156,33 @@ def attention(
         out (B, Tq, D) and the attention probabilities (B, H, Tq, Tk).
     """
     B, T, _ = x.shape
-    H = attn.n_heads
     if memory is None:
-        # One product for queries, keys and values: in_proj's rows are W_q, W_k, W_v stacked.
-        q, k, v = attn.in_proj(x).split([attn.qk_dim, attn.qk_dim, attn.v_dim], dim=-1)
+        # One product: in_proj's rows are W_q (H * Dh), W_k and W_v (Hkv * Dh each; see mha.py).
+        q, k, v = attn.in_proj(x).split(attn.proj_sizes, dim=-1)
     else:
         # Cross-attention: queries from x, keys and values from the memory (one product).
         q = attn.q_proj(x)
-        k, v = attn.kv_proj(memory).split([attn.qk_dim, attn.v_dim], dim=-1)
+        k, v = attn.kv_proj(memory).split(attn.proj_sizes[1:], dim=-1)
     record("attn.q_proj", q)
     record("attn.k_proj", k)
     record("attn.v_proj", v)
-    # (B, T, H * Dh) -> (B, T, H, Dh) -> (B, H, T, Dh): each head attends on its own slice.
-    q, k, v = (t.view(B, t.shape[1], H, t.shape[-1] // H).transpose(1, 2) for t in (q, k, v))
+    # (B, T, heads * Dh) -> (B, T, heads, Dh) -> (B, heads, T, Dh): each head attends on its
+    # own slice; queries have H heads, keys and values Hkv.
+    q = q.view(B, T, attn.n_heads, -1).transpose(1, 2)
+    k, v = (t.view(B, t.shape[1], attn.kv_heads, -1).transpose(1, 2) for t in (k, v))
     record("attn.split_heads", q)
+    if attn.q_norm is not None:
+        # Each head's queries and keys normed over their Dh features (Qwen3, Gemma3).
+        q, k = attn.q_norm(q), attn.k_norm(k)
+        record("attn.qk_norm", q)
     if rope_theta is not None:
         q, k = rotate(q, positions, rope_theta), rotate(k, positions, rope_theta)
         record("attn.rotary", q)
     dropout_p = attn.attn_dropout if attn.training else 0.0
     bias = None if bias is None else bias[None]  # (1, H, T, T)
-    out, weights = scaled_dot_product(q, k, v, mask, bias=bias, dropout_p=dropout_p)
+    out, weights = scaled_dot_product(
+        q, k, v, mask, bias=bias, dropout_p=dropout_p, scale=attn.scale
+    )
     out = out.transpose(1, 2).reshape(B, T, attn.v_dim)  # (B, H, T, Dv) -> (B, T, H * Dv)
     record("attn.merge_heads", out)
     out = attn.out_proj(out)  # (B, T, D)
@@ -162,6 +197,7 @@ def feed_forward(mlp: nn.Module, x: Tensor) -> Tensor:  # mlp: a FeedForward
     h = mlp.fc_in(x)  # (..., dim_mlp), or (..., 2 * dim_mlp) when gated
     record("ffn.hidden", h)
     if mlp.gated:
+        # The first half is the gate (a checkpoint's gate_proj), the second the value (up_proj).
         gate, value = h.chunk(2, dim=-1)  # two (..., dim_mlp) halves
         h = mlp.act(gate) * value
     else:
@@ -188,15 +224,17 @@ def encoder_block(
     where = dict(positions=positions, rope_theta=rope_theta, bias=bias)
     if block.norm == "pre":
         # Pre-norm: the residual stream carries the raw input; each branch reads it normed.
+        # With branch norms (Gemma3) each branch's output is normed too before it is added;
+        # without, attn_out_norm and mlp_out_norm are identities.
         h = block.attn_norm(x)
         record("block.attn_input", h)
         h, weights = attention(block.attn, h, mask, **where)
-        x = x + block.attn_residual_dropout(h)
+        x = x + block.attn_residual_dropout(block.attn_out_norm(h))
         record("block.attn_residual", x)
         h = block.mlp_norm(x)
         record("block.mlp_input", h)
         # Calling the module runs feed_forward() above (and any hook a user put on it).
-        x = x + block.mlp_residual_dropout(block.mlp(h))
+        x = x + block.mlp_residual_dropout(block.mlp_out_norm(block.mlp(h)))
         record("block.mlp_residual", x)
     else:
         # Post-norm (BERT): each branch reads the raw rows; the sum is normed.
@@ -232,16 +270,21 @@ def encoder(
     # Each token's position among its sequence's real tokens (left padding counts from 0 too).
     positions = (keep.cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
     bias = None if stack.relative_bias is None else stack.relative_bias(T)  # (H, T, T)
+    # (B, 1, 1, T): every query may see the real keys (None: every key is real).
+    keys = None if mask is None else keep[:, None, None, :]
+    rows = torch.arange(T, device=x.device)
+    if config.causal:
+        # Query i sees keys j <= i only: row order is token order within each sequence (with
+        # holes in the mask too), so this is "earlier tokens of its own sequence".
+        before = rows[None, :] <= rows[:, None]  # (T, T)
+        keys = before if keys is None else keys & before  # (B, 1, T, T)
     hidden, attentions = [x], []
     for index, (block, layer_type) in enumerate(zip(stack.layers, config.layer_types, strict=True)):
         record("encoder.layer", x, layer=index)
-        # (B, 1, 1, T): every query may see the real keys (None: every key is real).
-        allowed = None if mask is None else keep[:, None, None, :]
-        window = config.window_of(layer_type)
+        allowed, window = keys, config.window_of(layer_type)
         if window is not None:
-            # A local layer: query i sees only keys j with |i - j| <= window. (Each sequence's
-            # real tokens are one run, so row distance is token distance.)
-            rows = torch.arange(T, device=x.device)
+            # A local layer: query i sees only keys j with |i - j| <= window (and j <= i when
+            # causal). Each sequence's real tokens are one run: row distance is token distance.
             band = (rows[:, None] - rows[None, :]).abs() <= window  # (T, T)
             allowed = band if allowed is None else allowed & band  # (B, 1, T, T)
         x, weights = encoder_block(

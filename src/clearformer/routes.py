@@ -9,7 +9,10 @@ runs it on this machine, each choice with its reason:
   norms fused into the matrix products (:mod:`clearformer.fast.fused_blocks`);
 * on packed rows, the varlen method (:mod:`clearformer.fast.varlen`), asking each method whether
   it serves the call (a causal mask, a local window, a score bias, the dtype, the device);
-* on long padded rows of a local layer, whether attention runs slab by slab.
+* on long padded rows of a local layer, whether attention runs slab by slab;
+* whether clearformer's own kernels are taken (:func:`kernel_route`): only where a switch
+  says ``on``, or where this CPU measured them faster than PyTorch's route and the verdict is
+  cached (:mod:`clearformer.calibration`); each decision above names the verdict it read.
 
 The layers never import :mod:`clearformer.fast`: they run the implementation the plan names.
 """
@@ -19,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .fast import fused_blocks
+from .fast import avx512, fused_blocks
 from .fast.fused_linear import fusion_decision
 from .fast.local import use_banded
 from .fast.varlen import VarlenCall, resolve_method
@@ -28,6 +31,7 @@ from .padding import PackedLayout
 
 __all__ = [
     "PACK_MIN_PADDING",
+    "kernel_route",
     "linear_route",
     "slab_by_slab",
     "stack_layout",
@@ -36,15 +40,36 @@ __all__ = [
 ]
 
 
+def kernel_route(kernel: str) -> Decision:
+    """``Decision("avx512" | "torch", reason)``: whether ``auto`` takes clearformer's
+    ``kernel`` (``avx512_attention``, ``avx512_linear``) for the calls it serves, read from the
+    switches (:mod:`clearformer.switches`) and this CPU's cached measurement
+    (:mod:`clearformer.calibration`; none yet: PyTorch's route). The layers' call-time checks
+    (:mod:`clearformer.kernels.sdpa`, :mod:`clearformer.fast.fused_linear`) read the same."""
+    return avx512.route(kernel)
+
+
+def _kernel_note(kernel: str) -> str:
+    """What a decision's reason adds about ``kernel``: nothing on a CPU that cannot run it."""
+    if avx512.support().choice != "available":
+        return ""
+    route = kernel_route(kernel)
+    where = "clearformer's AVX-512 kernel" if route.choice == "avx512" else "PyTorch's route"
+    return f"; {where} ({route.reason})"
+
+
 def linear_route(
     device: torch.device, dtype: torch.dtype, training: bool, module: nn.Module | None
 ) -> Decision:
     """``fused`` (naming :mod:`clearformer.fast.fused_blocks`) or ``eager``, and why, for a call
-    of ``module`` on rows on ``device`` in ``dtype``."""
+    of ``module`` on rows on ``device`` in ``dtype``; a fused route's reason says whether the
+    GELU and LayerNorm epilogues take clearformer's AVX-512 linear kernel."""
     decision = fusion_decision(device, dtype, training, module)
     if decision.choice != "fused":
         return decision
-    return Decision(decision.choice, decision.reason, impl=fused_blocks)
+    return Decision(
+        decision.choice, decision.reason + _kernel_note("avx512_linear"), impl=fused_blocks
+    )
 
 
 def varlen_method(
@@ -56,9 +81,11 @@ def varlen_method(
     is_causal: bool,
     window: int | None = None,
     bias: bool = False,
+    grouped: bool = False,
 ) -> Decision:
     """The varlen method for one layer's packed rows, and why: the first that serves the call
-    in the order of :func:`clearformer.fast.varlen.resolve_method`."""
+    in the order of :func:`clearformer.fast.varlen.resolve_method`. ``grouped``: keys and
+    values have fewer heads than the queries."""
     call = VarlenCall(
         device,
         dtype,
@@ -67,8 +94,10 @@ def varlen_method(
         window=window is not None,
         bias=bias,
         grad=torch.is_grad_enabled(),
+        grouped=grouped,
     )
-    return resolve_method("auto", layout, call=call)
+    route = kernel_route("avx512_attention") if avx512.support().choice == "available" else None
+    return resolve_method("auto", layout, call=call, avx512_route=route)
 
 
 def slab_by_slab(length: int, window: int) -> bool:
@@ -97,7 +126,8 @@ def stack_layout(
     mask: Tensor | None, backend: str, *, need_weights: bool, compiling: bool
 ) -> tuple[Decision, Decision]:
     """The layout and the attention kernel of a stack call on a (B, T) batch with this key
-    mask (None: no padding) and ``backend``, each with its reason."""
+    mask (None: no padding) and ``backend``, each with its reason (an ``sdpa`` kernel's
+    says whether unmasked rows and key runs take clearformer's AVX-512 attention)."""
     if need_weights:
         kernel = weights_kernel(backend)
         layout = Decision("padded", "attention weights are (B, H, T, T) on the padded layout")
@@ -127,4 +157,6 @@ def stack_layout(
         else:
             kernel = Decision("sdpa", "fused kernel, padded layout")
             layout = Decision("padded", f"only {padding:.0%} padding: packing would not pay")
+    if kernel.choice == "sdpa" and not compiling:
+        kernel = Decision("sdpa", kernel.reason + _kernel_note("avx512_attention"))
     return layout, kernel

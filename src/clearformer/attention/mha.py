@@ -3,8 +3,8 @@
 The interface follows seed 001: ``MultiHeadAttention(in_dim, qk_dim, v_dim, out_dim, n_heads,
 attn_dropout)`` returning ``(out, attn_weights)``, with bool masks where True = takes part.
 
-Dimensions: B batch, Tq queries, Tk keys, H heads, Dh = qk_dim / H, Dv = v_dim / H,
-N real tokens of a packed batch.
+Dimensions: B batch, Tq queries, Tk keys, H heads, Hkv key/value heads, Dh = qk_dim / H,
+Dv = v_dim / H, N real tokens of a packed batch.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ..checks import (
     check_bool,
     check_choice,
     check_divisible,
+    check_positive_float,
     check_positive_int,
     check_probability,
 )
@@ -44,11 +45,19 @@ class MultiHeadAttention(nn.Module):
             ``q_proj`` and ``kv_proj``, even when ``kv_dim == in_dim``.
         backend: the backend of calls that name none: ``"auto"``, ``"math"``, ``"sdpa"`` or
             ``"varlen"`` (see :mod:`clearformer.plan`). A stack's plan overrides it.
+        n_kv_heads: key/value heads Hkv (grouped-query attention: each serves H / Hkv query
+            heads; 1: multi-query); default ``n_heads``.
+        scale: the scores' scale; default Dh ** -0.5.
+        q_norm, k_norm: modules applied to each head's queries and keys (..., Dh) after the
+            head split, before rotary positions (Qwen3's and Gemma3's RMSNorm); default none.
 
     Parameters: for self-attention the query, key and value projections are stored as one
     ``in_proj`` (rows: queries, keys, values, as in ``torch.nn.MultiheadAttention``), so it costs
     one matrix product; for cross-attention (``cross=True`` or ``kv_dim != in_dim``) as
-    ``q_proj`` and ``kv_proj``, so keys and values of one memory are one product too.
+    ``q_proj`` and ``kv_proj``, so keys and values of one memory are one product too. Under
+    grouped-query attention the key and value rows are fewer: ``in_proj.weight`` is
+    ``(qk_dim + 2 * Hkv * Dh, in_dim)`` for Dh = Dv, a checkpoint's ``q_proj``, ``k_proj`` and
+    ``v_proj`` weights concatenated in that order (``proj_sizes`` gives the three row counts).
     """
 
     def __init__(
@@ -64,6 +73,10 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         backend: str = "auto",
         cross: bool = False,
+        n_kv_heads: int | None = None,
+        scale: float | None = None,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
     ) -> None:
         super().__init__()
         for value, name in ((n_heads, "n_heads"), (in_dim, "in_dim"), (out_dim, "out_dim")):
@@ -73,20 +86,34 @@ class MultiHeadAttention(nn.Module):
             check_divisible(value, n_heads, name, "n_heads")
         check_probability(attn_dropout, "attn_dropout")
         check_positive_int(kv_dim, "kv_dim", optional=True)
+        check_positive_int(n_kv_heads, "n_kv_heads", optional=True)
+        kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if n_heads % kv_heads:
+            raise ValueError(
+                f"n_kv_heads must divide n_heads, got n_kv_heads={kv_heads}, n_heads={n_heads}"
+            )
+        if scale is not None:
+            check_positive_float(scale, "scale")
+        if (q_norm is None) != (k_norm is None):
+            raise ValueError("give both q_norm and k_norm, or neither")
         kv_dim = in_dim if kv_dim is None else kv_dim
         self.in_dim, self.qk_dim, self.v_dim, self.out_dim = in_dim, qk_dim, v_dim, out_dim
-        self.kv_dim, self.n_heads = kv_dim, n_heads
-        self.attn_dropout = attn_dropout
+        self.kv_dim, self.n_heads, self.kv_heads = kv_dim, n_heads, kv_heads
+        self.attn_dropout, self.scale = attn_dropout, scale
         self._backend = check_choice(backend, BACKENDS, "backend")
+        # Rows of the query, key and value projections: H * Dh, Hkv * Dh, Hkv * Dv.
+        k_width, v_width = qk_dim // n_heads * kv_heads, v_dim // n_heads * kv_heads
+        self.proj_sizes = (qk_dim, k_width, v_width)
 
         # Parameters by role, fixed at construction: a call never concatenates weights.
         if kv_dim == in_dim and not cross:
-            self.in_proj = nn.Linear(in_dim, 2 * qk_dim + v_dim, bias=bias)
+            self.in_proj = nn.Linear(in_dim, sum(self.proj_sizes), bias=bias)
             self.q_proj = self.kv_proj = None
         else:
             self.in_proj = None
             self.q_proj = nn.Linear(in_dim, qk_dim, bias=bias)
-            self.kv_proj = nn.Linear(kv_dim, qk_dim + v_dim, bias=bias)
+            self.kv_proj = nn.Linear(kv_dim, k_width + v_width, bias=bias)
+        self.q_norm, self.k_norm = q_norm, k_norm
         self.out_proj = nn.Linear(v_dim, out_dim, bias=bias)
 
     @property
@@ -128,37 +155,39 @@ class MultiHeadAttention(nn.Module):
             packing=layout,
             dtype=query.dtype,
             head_dim=self.qk_dim // self.n_heads,
+            grouped=self.kv_heads != self.n_heads,
         )
 
     # -- projections ---------------------------------------------------------------------------
     def projection_weights(self) -> tuple[tuple[Tensor, Tensor | None], ...]:
         """``((W_q, b_q), (W_k, b_k), (W_v, b_v))`` as views of the stored parameters."""
-        qk, v = self.qk_dim, self.v_dim
+        sizes = list(self.proj_sizes)
         if self.in_proj is not None:
             w, b = self.in_proj.weight, self.in_proj.bias
-            ws = w.split([qk, qk, v], dim=0)
-            bs = b.split([qk, qk, v], dim=0) if b is not None else (None, None, None)
+            ws = w.split(sizes, dim=0)
+            bs = b.split(sizes, dim=0) if b is not None else (None, None, None)
         else:
-            wk, wv = self.kv_proj.weight.split([qk, v], dim=0)
+            wk, wv = self.kv_proj.weight.split(sizes[1:], dim=0)
             b = self.kv_proj.bias
-            bk, bv = b.split([qk, v], dim=0) if b is not None else (None, None)
+            bk, bv = b.split(sizes[1:], dim=0) if b is not None else (None, None)
             ws = (self.q_proj.weight, wk, wv)
             bs = (self.q_proj.bias, bk, bv)
         return tuple(zip(ws, bs, strict=True))
 
     def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values, ``(..., qk_dim)``, ``(..., qk_dim)``, ``(..., v_dim)``."""
-        sizes = [self.qk_dim, self.qk_dim, self.v_dim]
+        """Queries, keys and values, ``(..., H * Dh)``, ``(..., Hkv * Dh)``, ``(..., Hkv * Dv)``
+        (``proj_sizes``)."""
+        sizes = list(self.proj_sizes)
         if self.in_proj is not None:
             if key is query and value is query:
                 # Self-attention: one matrix product for all three.
-                return self.in_proj(query).split(sizes, dim=-1)  # (..., 2 * qk_dim + v_dim)
+                return self.in_proj(query).split(sizes, dim=-1)  # (..., sum(proj_sizes))
             (wq, bq), (wk, bk), (wv, bv) = self.projection_weights()
             return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
         q = self.q_proj(query)
         if value is key:
             # Cross-attention over one memory: keys and values in one stored product.
-            k, v = self.kv_proj(key).split([self.qk_dim, self.v_dim], dim=-1)
+            k, v = self.kv_proj(key).split(sizes[1:], dim=-1)
             return q, k, v
         (_, _), (wk, bk), (wv, bv) = self.projection_weights()
         return q, F.linear(key, wk, bk), F.linear(value, wv, bv)
@@ -230,33 +259,48 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """The one attention path, whatever the layout: project, split heads, attend with the
         plan's kernel, merge heads, project out."""
-        q, k, v = (self.split_heads(t, plan) for t in self.project(query, key, value))
+        q, k, v = self.heads(*self.project(query, key, value), plan)
         out, weights = self.context(q, k, v, plan)
         return self.out_proj(out), weights  # (B, Tq, out_dim) or (N, out_dim)
+
+    def heads(
+        self, q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Projected rows -> heads: split (H query heads, Hkv key/value heads), then the
+        per-head query and key norms where the layer has them. Every route (eager, fused)
+        splits here, so the norms apply on all of them."""
+        q = self.split_heads(q, plan)
+        k, v = (self.split_heads(t, plan, self.kv_heads) for t in (k, v))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # over each head's Dh features
+        return q, k, v
 
     def context(
         self, q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan
     ) -> tuple[Tensor, Tensor | None]:
         """Split heads in, merged context out (before ``out_proj``): (positions), the plan's
-        kernel, merge heads. ``q``/``k``/``v``: (B, H, T, Dh) padded or (N, H, Dh) packed;
-        the result (B, Tq, v_dim) or (N, v_dim), and the weights or None."""
+        kernel, merge heads. ``q``: (B, H, T, Dh) padded or (N, H, Dh) packed; ``k``/``v``
+        the same with Hkv heads; the result (B, Tq, v_dim) or (N, v_dim), and the weights or
+        None."""
         if plan.key_in_use is not None:
             # A key no query may see gets weight 0, but 0 * NaN is NaN: whatever a padded
             # position holds must not reach a real one, so its key and value become zeros.
-            k = torch.where(plan.key_in_use, k, 0.0)
-            v = torch.where(plan.key_in_use, v, 0.0)
+            used = _per_kv_head(plan.key_in_use, k.shape[1])
+            k = torch.where(used, k, 0.0)
+            v = torch.where(used, v, 0.0)
         if plan.rotary is not None:
             # Positions enter here, once, for every layout: the plan's tables hold each row's
             # position within its own sequence (packed rows restart at 0 in every sequence).
             cos, sin = plan.rotary
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         dropout_p = self.attn_dropout if self.training else 0.0
-        out, weights = KERNELS[plan.kernel.choice](q, k, v, plan, dropout_p)
+        out, weights = KERNELS[plan.kernel.choice](q, k, v, plan, dropout_p, self.scale)
         return self._merge_heads(out, plan), weights
 
-    def split_heads(self, t: Tensor, plan: ForwardPlan) -> Tensor:
-        """(B, T, H * Dh) -> (B, H, T, Dh) padded, (N, H * Dh) -> (N, H, Dh) packed."""
-        H = self.n_heads
+    def split_heads(self, t: Tensor, plan: ForwardPlan, heads: int | None = None) -> Tensor:
+        """(B, T, H * Dh) -> (B, H, T, Dh) padded, (N, H * Dh) -> (N, H, Dh) packed, for
+        ``heads`` heads (default H)."""
+        H = self.n_heads if heads is None else heads
         if plan.packed:
             # (N, H*Dh) -> (N, H, Dh); explicit widths, so that a batch of no tokens (N = 0) works.
             return t.view(t.shape[0], H, t.shape[-1] // H)
@@ -318,8 +362,21 @@ class MultiHeadAttention(nn.Module):
             )
 
     def extra_repr(self) -> str:
+        grouped = f", n_kv_heads={self.kv_heads}" if self.kv_heads != self.n_heads else ""
+        scale = f", scale={self.scale}" if self.scale is not None else ""
         return (
             f"in_dim={self.in_dim}, qk_dim={self.qk_dim}, v_dim={self.v_dim}, "
-            f"out_dim={self.out_dim}, n_heads={self.n_heads}, attn_dropout={self.attn_dropout}, "
-            f"backend={self._backend!r}"
+            f"out_dim={self.out_dim}, n_heads={self.n_heads}{grouped}, "
+            f"attn_dropout={self.attn_dropout}{scale}, backend={self._backend!r}"
         )
+
+
+def _per_kv_head(used: Tensor, kv_heads: int) -> Tensor:
+    """(B, H|1, Tk, 1) "some query uses this key" -> per key/value head (B, Hkv|1, Tk, 1): a
+    grouped key is in use when any query head of its group uses it."""
+    heads = used.shape[1]
+    if heads == 1 or heads == kv_heads:
+        return used
+    B, _, Tk, _ = used.shape
+    # (B, H, Tk, 1) -> (B, Hkv, H / Hkv, Tk, 1) -> any over each group's query heads.
+    return used.view(B, kv_heads, heads // kv_heads, Tk, 1).any(dim=2)

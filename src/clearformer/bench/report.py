@@ -48,13 +48,24 @@ def markdown(results: Results) -> str:
         first_last = ", ".join(
             f"{k} {v[0]:.0f} -> {v[-1]:.0f} GFLOP/s" for k, v in results.gemm_first_last.items()
         )
+        if load.get("others_during") is not None:
+            probe = load.get("others_before")
+            counted = (
+                f"other processes busy on {'' if probe is None else f'{probe:.2f} CPUs before, '}"
+                f"{load['others_during']:.2f} during the run, its own threads not counted; load "
+                f"average {load['before'][0]:.2f} -> {load['after'][0]:.2f}"
+            )
+        else:
+            counted = f"load average {load['before'][0]:.2f} before, {load['after'][0]:.2f} after"
+        routes = ", ".join(f"{k}: {v}" for k, v in load.get("routes", {}).items())
         lines += [
             "",
-            f"Machine: {state} (load average {load['before'][0]:.2f} before, "
-            f"{load['after'][0]:.2f} after; {load['threads']} threads on {load['cores']} cores: "
+            f"Machine: {state} ({counted}; {load['threads']} threads on {load['cores']} cores: "
             f"{load['reason']}). GEMM rate first -> last: {first_last}. cpu ms = process CPU "
             "time per call (median), the cross-check that other processes distort least.",
         ]
+        if routes:
+            lines += ["", f"clearformer's own kernels: {routes}."]
     sections = [s for s in TITLES if any(r["section"] == s for r in results.rows)]
     for section in sections:
         rows = [r for r in results.rows if r["section"] == section]

@@ -28,7 +28,7 @@ from ..checks import check_positive_int
 from . import memory
 from .flops import forward_flops, step_flops
 from .gemm import gemm_rate
-from .load import judge, load_average
+from .load import LoadMeter
 from .peers import Peer, long_sequence_peers, stack_peers
 from .timing import interleaved
 from .workloads import SIZES, Batch, ModelSize, fixed_batch, ragged_batch
@@ -121,7 +121,7 @@ class Results:
     environment: dict
     gemm_gflops: dict[str, float] = field(default_factory=dict)
     rows: list[dict] = field(default_factory=list)
-    # The load averages before and after, and whether the run was quiet (bench/load.py), and
+    # Whether the run was quiet: other processes' CPU time counted (bench/load.py), and
     # the GEMM rate measured first and last (a fall between them is load too).
     load: dict = field(default_factory=dict)
     gemm_first_last: dict[str, list[float]] = field(default_factory=dict)
@@ -139,7 +139,7 @@ def run_suite(
     say = progress or (lambda message: log.info("%s", message))
     if options.threads is not None:
         torch.set_num_threads(options.threads)
-    load_before = load_average()
+    meter = LoadMeter(threads=torch.get_num_threads()).start()
     results = Results(asdict(options), _environment())
     for name in options.sizes:
         say(f"GEMM rate at {name} shapes ...")
@@ -163,7 +163,7 @@ def run_suite(
                 rate = gemm_rate(SIZES[name])
                 results.gemm_gflops[name] = max(results.gemm_gflops[name], rate)
                 results.gemm_first_last[name][1:] = [rate]
-            results.load = judge(load_before, load_average(), torch.get_num_threads()).to_dict()
+            results.load = meter.record().to_dict()
             finalize(results)
             if on_section is not None:
                 on_section(results)

@@ -20,5 +20,6 @@ COMMANDS = (
     "translate",
     "export",
     "bench",
+    "calibrate",
     "demo",
 )

@@ -36,17 +36,32 @@ def register(sub: argparse._SubParsersAction) -> None:
         "setting; writes a markdown table, JSON and a PNG chart.",
     )
     p.add_argument("--quick", action="store_true", help="MiniLM size, small batches (< 2 min)")
-    p.add_argument("--sizes", type=_names, help="comma-separated: minilm,bert-base")
+    p.add_argument(
+        "--sizes", type=_names, help="comma-separated model sizes: minilm, bert-base (default both)"
+    )
     p.add_argument("--batch", type=int, help="sequences per inference batch (default 32)")
     p.add_argument("--seqlen", type=int, help="length of the fixed batches (default 128)")
     p.add_argument("--min-length", type=int, help="shortest ragged sequence (default 16)")
-    p.add_argument("--max-length", type=int, help="longest ragged sequence, padded to (256)")
+    p.add_argument(
+        "--max-length",
+        type=int,
+        help="longest ragged sequence, and the padded length (default 256)",
+    )
     p.add_argument("--train-batch", type=int, help="sequences per training step (default 16)")
-    p.add_argument("--long-seqlens", type=_int_list, help="one-layer lengths (512,2048,8192)")
+    p.add_argument(
+        "--long-seqlens",
+        type=_int_list,
+        help="comma-separated lengths of the one-layer long-sequence section (512,2048,8192)",
+    )
     p.add_argument("--repeats", type=int, help="timed rounds, medians reported (default 5)")
     p.add_argument("--train-repeats", type=int, help="timed training rounds (default 3)")
     p.add_argument("--warmup", type=int, help="untimed rounds first (default 1)")
-    p.add_argument("--sections", type=_names, help="kernels,inference,long,training,packing")
+    p.add_argument(
+        "--sections",
+        type=_names,
+        help="comma-separated sections to run: kernels (attention methods alone), inference, "
+        "long (one long layer), training, packing (the padding threshold) (default all)",
+    )
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--no-math", action="store_true", help="leave out the math backend")
     p.add_argument("--no-memory", action="store_true", help="skip peak-memory probes")

@@ -103,12 +103,23 @@ def run_sharded(args: argparse.Namespace) -> int:
         print(f"{who}{out} already holds this run's shards: nothing to do", file=sys.stderr)
         return 0
     start, stop = result.rows
-    resumed = f", {result.reused} reused" if result.reused else ""
-    print(
-        f"{who}wrote {out / result.file}: rows {start}-{stop} ({result.encoded} chunk(s) "
-        f"encoded{resumed})",
-        file=sys.stderr,
-    )
+    if result.kept:
+        print(
+            f"{who}kept {out / result.file}, written by an earlier run: rows {start}-{stop} "
+            f"(chunks {spans(result.reused_chunks)} reused)",
+            file=sys.stderr,
+        )
+    else:
+        resumed = (
+            f", {result.reused} reused: chunks {spans(result.reused_chunks)}"
+            if result.reused
+            else ""
+        )
+        print(
+            f"{who}wrote {out / result.file}: rows {start}-{stop} ({result.encoded} chunk(s) "
+            f"encoded{resumed})",
+            file=sys.stderr,
+        )
     if result.manifest:
         manifest = read_manifest(out)
         print(
@@ -117,3 +128,14 @@ def run_sharded(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def spans(indices: tuple[int, ...]) -> str:
+    """Sorted chunk indices as runs: (0, 1, 2, 5) -> "0-2, 5"."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][1] + 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..options import BACKENDS
 from ..text.batching import DEFAULT_MAX_TOKENS
-from .encode import add_workers_argument, positive_int
+from .encode import add_precision_argument, add_workers_argument, positive_int
 from .search import DISPLAY_WIDTH, non_negative_int, read_corpus, shorten
 
 
@@ -61,6 +61,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"padded tokens per forward pass without --batch-size (default {DEFAULT_MAX_TOKENS})",
     )
     add_workers_argument(p)
+    add_precision_argument(
+        p,
+        ("float32", "bf16"),
+        "bf16 (bfloat16): bfloat16 matrix products, several times faster on CPUs with AMX, "
+        "scores close to float32's",
+    )
     p.add_argument(
         "--backend",
         choices=BACKENDS,
@@ -105,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_tokens=args.max_tokens,
         workers=args.workers,
+        precision=args.precision,
     )  # (n,)
     bad = np.flatnonzero(~np.isfinite(scores))
     if len(bad):

@@ -6,7 +6,15 @@ import argparse
 import json
 import sys
 
-from .encode import add_model_arguments, load_encoder, positive_int, progress_for
+from .encode import (
+    ENCODE_PRECISION_HELP,
+    ENCODE_PRECISIONS,
+    add_model_arguments,
+    add_precision_argument,
+    load_encoder,
+    positive_int,
+    progress_for,
+)
 
 # Characters of a matching text shown per result: a corpus line can be megabytes long, and a
 # terminal shows a result, not a document. --json prints the texts whole, for programs.
@@ -50,6 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help=f"characters of each text shown (default {DISPLAY_WIDTH}; 0: all)",
     )
+    add_precision_argument(p, ENCODE_PRECISIONS, ENCODE_PRECISION_HELP)
     add_model_arguments(p)
     p.set_defaults(func=run)
 
@@ -94,9 +103,10 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         normalize=True,
         progress=progress_for(args, len(entries)),
+        precision=args.precision,
     )  # (n, D), unit rows
     check_finite(corpus, [t for _, t in entries])
-    query = encoder.encode([args.query], normalize=True)[0]  # (D,)
+    query = encoder.encode([args.query], normalize=True, precision=args.precision)[0]  # (D,)
     check_finite(query[None, :], [args.query])
     scores = corpus @ query  # (n,) cosine similarities
     k = min(args.top_k, len(entries))

@@ -13,9 +13,8 @@ import os
 import sys
 
 from ..options import BACKENDS
-from ..quant import PRECISIONS
 from ..text.batching import DEFAULT_MAX_TOKENS
-from .encode import positive_int
+from .encode import add_precision_argument, positive_int
 
 API_KEY_VARIABLE = "CLEARFORMER_API_KEY"
 # Imported by the server; their absence is the one error a fresh install without the extra
@@ -130,11 +129,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="batches run side by side, the CPU threads split between them (default: 2 on a "
         "CPU with 2 or more threads, else 1)",
     )
-    p.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default="float32",
-        help="embedding models: int8 runs encode --precision int8's model (default float32)",
+    add_precision_argument(
+        p,
+        ("float32", "bf16", "int8"),
+        "bf16 (bfloat16): embedding and reranking models run their bfloat16 copies, as "
+        "encode --precision bf16 does; int8: embedding models run encode --precision int8's "
+        "model (cross-encoders stay in float32)",
     )
     p.add_argument(
         "--backend", choices=BACKENDS, default="auto", help="attention backend (auto packs)"

@@ -45,6 +45,7 @@ _ACT_TEXT = {
     "gelu_tanh": ("GELU_tanh(u)  (tanh approximation)", r"\mathrm{GELU}_{\tanh}(u)"),
     "swiglu": ("SiLU(g) ⊙ v", r"\mathrm{SiLU}(g) \odot v"),
     "geglu": ("GELU(g) ⊙ v", r"\mathrm{GELU}(g) \odot v"),
+    "geglu_tanh": ("GELU_tanh(g) ⊙ v", r"\mathrm{GELU}_{\tanh}(g) \odot v"),
 }
 
 # Order of the steps inside one block; renderers and the --step filter use these names.

@@ -5,21 +5,24 @@ processors MKL runs its AVX2 code, so attention there ran at a quarter to a thir
 oneDNN's AVX-512 linear products reach on the same core; ``avx512_attention.cpp`` (beside this
 file) computes each sequence's attention in AVX-512 registers instead, 1.35-2.3x faster than
 the flash kernel at 8-256 tokens on such a CPU (docs/performance.md, "Attention on AMD
-processors"). On an Intel Xeon, where MKL runs AVX-512, it is 1.06-2.5x faster at 8-256 tokens
-on one thread, and whole ``encode`` calls were 1.04-1.07x faster with it ("On an Intel Xeon
-machine").
+processors"). On an Intel Xeon with AMX, where MKL runs AVX-512, it was faster alone but whole
+``encode`` calls were slower with the library on (0.89x-0.99x): which side wins depends on the
+CPU, so ``auto`` takes it only where this CPU measured it faster (:func:`route`,
+:mod:`clearformer.calibration`).
 
 The same library carries clearformer's AVX-512 linear kernel (``avx512_linear.cpp``, which
 :mod:`clearformer.fast.avx512_linear` routes calls to): one build, one load.
 
 It is C++, so it is compiled here, by the system's C++ compiler (``$CXX``, else ``g++``), once
-per source, PyTorch version and compiler, into ``$CLEARFORMER_CACHE`` (default
-``~/.cache/clearformer``)/kernels; later processes load the built library in milliseconds.
-Nothing is compiled unless asked: :func:`load` with ``build=True`` (``TextEncoder.encode`` asks
-for calls of at least ``BUILD_MIN_TOKENS`` tokens on CPUs that :func:`preferred` names), or a
-call with ``method="avx512"``. Once built, every forward pass on such a CPU takes it
-(:func:`in_use` loads it on the first ask). Where it cannot be built (no AVX-512, no
-compiler, another platform) :func:`load` says why and every call keeps PyTorch's kernels.
+per source, PyTorch version and compiler, into clearformer's cache folder
+(:func:`clearformer.calibration.cache.cache_root`)/kernels; later processes load the built
+library in milliseconds. Nothing is compiled unless asked: :func:`load` with ``build=True``
+(``TextEncoder.encode`` asks for calls of at least ``BUILD_MIN_TOKENS`` tokens on CPUs that
+:func:`preferred` names, and measures it there), ``clearformer calibrate``, or a call with
+``method="avx512"``. Where it cannot be built (no AVX-512, no compiler, another platform)
+:func:`load` says why and every call keeps PyTorch's kernels. The switches
+(:mod:`clearformer.switches`: ``CLEARFORMER_KERNELS``, ``CLEARFORMER_AVX512``) turn it off,
+a library already built and loaded included.
 
 What it serves: float32 CPU rows without gradients, heads a multiple of 16 wide, plain
 bidirectional attention (no causal mask, window, bias or dropout); the varlen kernel sends every
@@ -43,8 +46,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .. import switches
+from ..calibration.cache import CalibrationKey, cache_root, cached_verdicts
+from ..calibration.measure import Verdict
 from ..cpu import cpu_info
 from ..options import Decision
+from ..version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -89,34 +96,84 @@ def support() -> Decision:
     return Decision("available", "AVX-512 CPU with a C++ compiler")
 
 
-PREFERENCE_VARIABLE = "CLEARFORMER_AVX512"
+PREFERENCE_VARIABLE = switches.AVX512_VARIABLE
+# The library's kernels, as the switches and the calibration name them.
+KERNELS = ("avx512_attention", "avx512_linear")
 
 
 def preferred() -> bool:
-    """CPUs where ``auto`` takes the kernel once it is built, and ``encode`` builds it: every
-    CPU that can build it (:func:`support`). It was measured faster than PyTorch's flash kernel
-    in whole ``encode`` calls on both vendors' AVX-512 processors: on an AMD EPYC (Zen 5), where
-    that kernel's products run MKL's AVX2 code, and on an Intel Xeon with AMX, where MKL runs
-    AVX-512 (docs/performance.md, "Attention on AMD processors" and "On an Intel Xeon machine").
-
-    The environment variable ``CLEARFORMER_AVX512`` overrides the rule: ``off`` keeps ``auto``
-    on PyTorch's kernels everywhere, ``on`` (or unset) prefers the kernel on any CPU that can
-    build it."""
-    setting = os.environ.get(PREFERENCE_VARIABLE, "").strip().lower()
-    if setting in ("0", "off", "false", "no"):
+    """Whether the library may be built and taken here: a CPU that can build it
+    (:func:`support`), with not every kernel of it switched off (``CLEARFORMER_KERNELS=off``,
+    ``CLEARFORMER_AVX512=off``). Whether ``auto`` takes a kernel is :func:`route`'s answer."""
+    if all(switches.kernel_setting(kernel).choice == "off" for kernel in KERNELS):
         return False
-    if setting not in ("", "1", "on", "true", "yes"):
-        raise ValueError(f"{PREFERENCE_VARIABLE}: expected 'on' or 'off', got {setting!r}")
     return support().choice == "available"
 
 
+def route(kernel: str = "avx512_attention") -> Decision:
+    """``Decision("avx512" | "torch", reason)``: whether ``auto`` takes the library's
+    ``kernel`` (one of :data:`KERNELS`) in this process, for the calls it serves.
+
+    Off where a switch says so (:mod:`clearformer.switches`) or the library is not built (a
+    built one is loaded here; nothing is compiled). ``CLEARFORMER_AVX512=on`` takes it
+    unmeasured. Otherwise (``auto``) it is taken only where this CPU measured it decisively
+    faster than PyTorch's route, as the cached verdict says (:mod:`clearformer.calibration`);
+    with no verdict yet, PyTorch's route is kept."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+    setting = switches.kernel_setting(kernel)
+    if setting.choice == "off":
+        return Decision("torch", setting.reason)
+    supported = support()
+    if supported.choice != "available":
+        return Decision("torch", supported.reason)
+    label = kernel.replace("avx512_", "AVX-512 ")
+    if setting.choice == "on":
+        taken = Decision("avx512", f"{label}: {setting.reason}, taken unmeasured")
+    elif not switches.calibration_enabled():
+        return Decision(
+            "torch", f"{label}: {switches.CALIBRATION_VARIABLE}=off, PyTorch's route kept"
+        )
+    else:
+        verdicts, path = cached_verdicts(calibration_key())
+        verdict = None if verdicts is None else verdicts.get(kernel)
+        if verdict is None:
+            return Decision(
+                "torch",
+                f"{label}: not measured on this CPU yet, PyTorch's route kept "
+                "(`clearformer calibrate` measures it)",
+            )
+        measured_reason = f"{label}: {verdict.reason} on {calibration_key().cpu}, cached {path}"
+        if verdict.winner != "avx512":
+            return Decision("torch", measured_reason)
+        taken = Decision("avx512", measured_reason)
+    # Taken where the library is built: a built one is loaded here, nothing is compiled.
+    loaded = _state.get("load") or load(build=False)
+    if loaded.choice != "loaded":
+        return Decision("torch", f"{label}: the library is {loaded.choice}: {loaded.reason}")
+    return taken
+
+
+def measured(kernel: str) -> Verdict | None:
+    """This CPU's cached verdict on ``kernel`` against PyTorch's route (read once per
+    process), None where it was never measured with this build."""
+    verdicts, _ = cached_verdicts(calibration_key())
+    return None if verdicts is None else verdicts.get(kernel)
+
+
+@functools.cache
+def calibration_key() -> CalibrationKey:
+    """What this library's measured verdicts depend on: the CPU, PyTorch, clearformer and
+    this build (the library's hash, :func:`library_path`)."""
+    info = cpu_info()
+    cpu = f"{info.model} (family {info.family})" if info.family else info.model
+    build = library_path().stem.removeprefix("avx512_kernels-")
+    return CalibrationKey(cpu, torch.__version__, __version__, build)
+
+
 def in_use() -> bool:
-    """Whether ``auto`` takes the kernel in this process: on a CPU where it is
-    :func:`preferred`, once it is built (a built library is loaded on first ask; nothing is
-    compiled here)."""
-    if not preferred():
-        return False
-    return is_loaded() or load(build=False).choice == "loaded"
+    """Whether ``auto`` takes the attention kernel in this process (:func:`route`)."""
+    return route("avx512_attention").choice == "avx512"
 
 
 def is_loaded() -> bool:
@@ -196,10 +253,10 @@ def _tracing() -> bool:
 
 
 def cache_dir() -> Path:
-    """``$CLEARFORMER_CACHE/kernels``, else ``~/.cache/clearformer/kernels``."""
-    root = os.environ.get("CLEARFORMER_CACHE")
-    base = Path(root) if root else Path.home() / ".cache" / "clearformer"
-    return base / "kernels"
+    """clearformer's cache folder (:func:`~clearformer.calibration.cache.cache_root`:
+    ``$CLEARFORMER_CACHE``, ``$XDG_CACHE_HOME/clearformer`` or ``~/.cache/clearformer``)
+    /kernels."""
+    return cache_root() / "kernels"
 
 
 @functools.cache

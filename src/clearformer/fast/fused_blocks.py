@@ -25,10 +25,11 @@ __all__ = ["decoder_block", "encoder_block", "feed_forward"]
 
 
 def feed_forward(
-    mlp: nn.Module, x: Tensor, residual: Tensor, norm: nn.Module | None = None
+    mlp: nn.Module, x: Tensor, residual: Tensor | None, norm: nn.Module | None = None
 ) -> Tensor:
-    """``norm(residual + mlp(x))`` (no norm when None), the activation fused into the first
-    product and the residual add (and norm) into the second."""
+    """``norm(residual + mlp(x))`` (no norm when None; no add when ``residual`` is None), the
+    activation fused into the first product and the residual add (and norm) into the
+    second."""
     if mlp.gated:
         gate, value = linear(x, mlp.fc_in, fused=True).chunk(2, dim=-1)
         h = mlp.act(gate) * value  # (..., dim_mlp)
@@ -38,13 +39,13 @@ def feed_forward(
 
 
 def self_attention(
-    attn: nn.Module, x: Tensor, plan: Any, residual: Tensor, norm: nn.Module | None = None
+    attn: nn.Module, x: Tensor, plan: Any, residual: Tensor | None, norm: nn.Module | None = None
 ) -> tuple[Tensor, Tensor | None]:
     """``norm(residual + attn(x))``: the query, key and value product fused with its bias, the
-    residual add (and norm) fused into the output product."""
-    qkv = linear(x, attn.in_proj, fused=True)  # (..., 2 * qk_dim + v_dim)
-    q, k, v = qkv.split([attn.qk_dim, attn.qk_dim, attn.v_dim], dim=-1)
-    q, k, v = (attn.split_heads(t, plan) for t in (q, k, v))
+    residual add (and norm) fused into the output product (no add when ``residual`` is None).
+    The heads are split, and normed where the layer norms them, by the layer itself."""
+    qkv = linear(x, attn.in_proj, fused=True)  # (..., sum(attn.proj_sizes))
+    q, k, v = attn.heads(*qkv.split(list(attn.proj_sizes), dim=-1), plan)
     out, weights = attn.context(q, k, v, plan)
     return linear(out, attn.out_proj, fused=True, residual=residual, norm=norm), weights
 
@@ -52,6 +53,12 @@ def self_attention(
 def encoder_block(block: nn.Module, x: Tensor, plan: Any) -> tuple[Tensor, Tensor | None]:
     """One :class:`~clearformer.blocks.EncoderBlock` in inference (its dropouts are identities);
     returns the new rows and the attention weights (None)."""
+    if block.norm == "pre" and block.branch_norm:
+        # Gemma3: each branch is normed before its add, so no add can go into a product.
+        h, weights = self_attention(block.attn, block.attn_norm(x), plan, residual=None)
+        h = x + block.attn_out_norm(h)
+        out = feed_forward(block.mlp, block.mlp_norm(h), residual=None)
+        return h + block.mlp_out_norm(out), weights
     if block.norm == "pre":
         h, weights = self_attention(block.attn, block.attn_norm(x), plan, residual=x)
         return feed_forward(block.mlp, block.mlp_norm(h), residual=h), weights
@@ -86,9 +93,7 @@ def decoder_block(
 def _cached_self_attention(
     attn: nn.Module, x: Tensor, plan: Any, past: tuple[Tensor, Tensor] | None, residual: Tensor
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    q, k, v = linear(x, attn.in_proj, fused=True).split(
-        [attn.qk_dim, attn.qk_dim, attn.v_dim], dim=-1
-    )
+    q, k, v = linear(x, attn.in_proj, fused=True).split(list(attn.proj_sizes), dim=-1)
     q, k, v = (attn.split_heads(t, plan) for t in (q, k, v))  # (B, H, t, Dh)
     if past is not None:
         k = torch.cat([past[0], k], dim=2)  # (B, H, T_past + t, Dh)

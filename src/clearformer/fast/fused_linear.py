@@ -1,5 +1,5 @@
 """Linear layers with their bias, activation or residual add fused into the matrix product
-(CPU inference, float32), through oneDNN's ``mkldnn::_linear_pointwise``.
+(CPU inference, float32 or bfloat16), through oneDNN's ``mkldnn::_linear_pointwise``.
 
 In eager PyTorch a linear layer with a bias is ``addmm``, which on CPU first copies the bias
 into every row of the output and then accumulates the product onto it; the activation after it
@@ -52,14 +52,36 @@ def onednn_available() -> bool:
     return True
 
 
+@functools.cache
+def onednn_bf16_available() -> bool:
+    """The fused op runs bfloat16 rows and weights here, with its post-operations: oneDNN
+    takes bfloat16 on CPUs with AVX-512 (emulating what the CPU lacks) and AMX."""
+    if not onednn_available():
+        return False
+    try:
+        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False
+        op = torch.ops.mkldnn._linear_pointwise
+        rows, weight = (
+            torch.ones(2, 4, dtype=torch.bfloat16),
+            torch.ones(3, 4, dtype=torch.bfloat16),
+        )
+        with torch.inference_mode():
+            out = op.default(rows, weight, torch.zeros(3, dtype=torch.bfloat16), "gelu", [], "none")
+            added = op.binary(rows, out, weight, None, "add")
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return added.dtype == torch.bfloat16 and bool((added == 4.0 + out).all())
+
+
 def fusion_decision(
     device: torch.device, dtype: torch.dtype, training: bool, module: nn.Module | None = None
 ) -> Decision:
     """Whether a call on ``device`` in ``dtype`` by a module in ``training`` mode may run its
     linear layers fused, and why (``Decision("fused" | "eager", reason)``). ``module``: the
     stack making the call; forward hooks on any module inside it keep the eager layers."""
-    if device.type != "cpu" or dtype != torch.float32:
-        return Decision("eager", "fused linear layers serve float32 on CPU only")
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return Decision("eager", "fused linear layers serve float32 and bfloat16 on CPU only")
     if training or torch.is_grad_enabled():
         return Decision("eager", "gradients (or dropout) need the eager layers")
     if torch.is_autocast_enabled("cpu"):
@@ -74,6 +96,12 @@ def fusion_decision(
         return Decision("eager", "forward hooks inside the model see the eager layers")
     if not onednn_available():
         return Decision("eager", "this PyTorch build has no oneDNN fused linear op")
+    if dtype == torch.bfloat16:
+        if not onednn_bf16_available():
+            return Decision("eager", "oneDNN's fused linear op does not run bfloat16 here")
+        return Decision(
+            "fused", "CPU inference in bfloat16: bias, activation and residual fused (oneDNN)"
+        )
     return Decision("fused", "CPU inference: bias, activation and residual fused (oneDNN)")
 
 
@@ -126,20 +154,33 @@ def linear(
             rows, weight, layer, activation=activation, residual=other, norm=norm
         )
         return out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
+    weight = packed_weight(layer)  # reordered once per call where the caller packed it
+    out = onednn_linear(rows, weight, layer, activation=activation, residual=other)
+    out = out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
+    return residual_then_norm(out, None, norm)
+
+
+def onednn_linear(
+    rows: Tensor,
+    weight: Tensor,
+    layer: nn.Linear,
+    *,
+    activation: str | None = None,
+    residual: Tensor | None = None,
+) -> Tensor:
+    """oneDNN's fused product: ``act(rows @ W^T + bias)`` or ``rows @ W^T + bias + residual``,
+    ``rows`` (M, in), ``weight`` the layer's own or its reordered copy, ``residual`` (M, out);
+    returns (M, out). The route :func:`linear` takes where no clearformer kernel serves."""
     # The overloads are named: called through the packet, a binary call would first be
     # matched against the unary schema, and the failed match formats every argument
     # (weights included) into an error message that is then thrown away.
     op = torch.ops.mkldnn._linear_pointwise
-    weight = packed_weight(layer)  # reordered once per call where the caller packed it
-    if other is not None:
-        out = op.binary(rows, other, weight, layer.bias, "add")
-    elif activation is not None:
+    if residual is not None:
+        return op.binary(rows, residual, weight, layer.bias, "add")
+    if activation is not None:
         attr, algorithm = ONEDNN_ACTIVATIONS[activation]
-        out = op.default(rows, weight, layer.bias, attr, [], algorithm)
-    else:
-        out = op.default(rows, weight, layer.bias, "none", [], "")
-    out = out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
-    return residual_then_norm(out, None, norm)
+        return op.default(rows, weight, layer.bias, attr, [], algorithm)
+    return op.default(rows, weight, layer.bias, "none", [], "")
 
 
 def residual_then_norm(out: Tensor, residual: Tensor | None, norm: nn.Module | None) -> Tensor:

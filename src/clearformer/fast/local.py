@@ -13,8 +13,9 @@ instead, which is faster there.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+from .sdpa_call import sdpa
 
 # Below this length one call with the whole (T, T) band is cheaper than slabs.
 BANDED_MIN_LENGTH = 512
@@ -40,7 +41,7 @@ def banded_attention(
     """Attention within a window, slab by slab.
 
     Args:
-        q, k: (B, H, T, Dh); v: (B, H, T, Dv).
+        q: (B, H, T, Dh); k: (B, Hkv, T, Dh); v: (B, Hkv, T, Dv) (Hkv divides H).
         window: query i sees keys j with |i - j| <= window (and j <= i when ``is_causal``).
         key_mask: (B, 1|H, 1, T) bool, True = the key takes part; None = every key does.
         block: queries per slab; default max(window, 64).
@@ -66,7 +67,7 @@ def banded_attention(
         if key_mask is not None:
             allowed = allowed & key_mask[..., first:last]  # (B, 1|H, C, K)
         has_key = allowed.any(dim=-1, keepdim=True)  # (B|1, 1|H, C, 1)
-        out = F.scaled_dot_product_attention(
+        out = sdpa(
             q[:, :, start:end],
             k[:, :, first:last],
             v[:, :, first:last],

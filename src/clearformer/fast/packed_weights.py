@@ -58,17 +58,24 @@ class _Copy:
         )
 
 
+# The weight dtypes a copy in oneDNN's layout is made for (the fused route's, fused_linear).
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
+
+
 @functools.cache
-def reorder_available() -> bool:
-    """This build can reorder a linear weight for oneDNN and run the fused op on it."""
+def reorder_available(dtype: torch.dtype = torch.float32) -> bool:
+    """This build can reorder a linear weight in ``dtype`` for oneDNN and run the fused op on
+    it, with the result of the plain weight."""
     try:
+        weight = torch.arange(12.0).view(3, 4).to(dtype)
+        rows = torch.ones(2, 4, dtype=dtype)
         with torch.inference_mode():
-            packed = torch.ops.mkldnn._reorder_linear_weight(torch.ones(3, 4), None)
-            torch.ops.mkldnn._linear_pointwise(torch.ones(2, 4), packed, None, "none", [], "")
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+            got = torch.ops.mkldnn._linear_pointwise(rows, packed, None, "none", [], "")
     except (AttributeError, RuntimeError, NotImplementedError) as error:
-        log.info("linear weights are not packed for oneDNN here: %s", error)
+        log.info("%s linear weights are not packed for oneDNN here: %s", dtype, error)
         return False
-    return True
+    return bool((got.float() == torch.tensor([6.0, 22.0, 38.0])).all())
 
 
 class PackedWeights:
@@ -101,7 +108,7 @@ class PackedWeights:
                 from . import avx512_linear
 
                 packed = avx512_linear.pack(weight)
-            elif reorder_available():
+            elif reorder_available(weight.dtype):
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
             else:
                 return weight
@@ -112,13 +119,13 @@ class PackedWeights:
 
     def has_own_copy(self, layer: nn.Linear) -> bool:
         """Whether :meth:`weight_for` can give ``layer``'s weight in a layout of its own (a
-        float32 CPU weight with a version counter): else it hands back the weight itself. An
-        inference tensor (made under inference_mode) has no version counter, so an in-place
-        change of it could not be noticed: such a weight is read as it is."""
+        float32 or bfloat16 CPU weight with a version counter): else it hands back the weight
+        itself. An inference tensor (made under inference_mode) has no version counter, so an
+        in-place change of it could not be noticed: such a weight is read as it is."""
         weight = layer.weight
         return (
             weight.device.type == "cpu"
-            and weight.dtype == torch.float32
+            and weight.dtype in PACKED_DTYPES
             and not weight.is_inference()
         )
 

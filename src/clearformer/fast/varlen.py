@@ -15,10 +15,16 @@ Implementations (``method``), all returning the same values:
 ``flash``     ``flash_attn_varlen_func`` (CUDA, half precision, when the package is installed).
 ``avx512``    clearformer's own C++ kernel for AVX-512 CPUs (:mod:`.avx512`, built on request):
               float32, plain bidirectional attention without gradients; calls it cannot
-              serve (causal, a window, a bias, dropout) run as ``auto`` would without it.
+              serve (causal, a window, a bias, dropout, grouped keys) run as ``auto`` would
+              without it.
 
-``auto`` takes ``flash`` when it can serve the call, and ``avx512`` once it is built on the
-CPUs where it is measured faster (:func:`.avx512.preferred`: AVX-512 CPUs of both vendors).
+Grouped-query attention (keys and values with Hkv < H heads): ``sequence``, ``padded`` and
+``threads`` hand the grouped rows to SDPA with ``enable_gqa`` and ``flash`` to
+``flash_attn_varlen_func``, which both read each group's keys in place; the AVX-512 kernel reads
+one key/value head per query head, so it declines grouped calls rather than repeat them.
+
+``auto`` takes ``flash`` when it can serve the call, and ``avx512`` once it is built where this
+CPU measured it faster than PyTorch's route (:func:`.avx512.route`, :mod:`clearformer.calibration`).
 Otherwise on CPU it takes ``threads`` (``sequence`` for a single run or a single-threaded
 caller): every call of ``sequence`` is an OpenMP parallel region, and when other processes
 compete for the cores each region can wait for a descheduled thread, so ``sequence`` collapses
@@ -33,9 +39,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from .. import switches
 from ..checks import check_choice
 from ..masks import band_mask, fold_causal
 from ..options import VARLEN_METHODS, Decision
@@ -43,6 +49,7 @@ from ..padding import PackedLayout, equal_length_runs
 from ..reference import scaled_dot_product as reference_attention
 from . import avx512
 from .local import banded_attention, use_banded
+from .sdpa_call import sdpa
 from .varlen_threads import threaded_attention
 
 __all__ = [
@@ -90,6 +97,7 @@ class VarlenCall:
         bias: an additive score bias applies (a relative position bias).
         dropout: dropout on the attention probabilities.
         grad: gradients flow through the call.
+        grouped: keys and values have fewer heads than the queries (grouped-query attention).
     """
 
     device: torch.device
@@ -100,6 +108,7 @@ class VarlenCall:
     bias: bool = False
     dropout: bool = False
     grad: bool = False
+    grouped: bool = False
 
 
 def flash_serves(call: VarlenCall) -> Decision:
@@ -119,6 +128,8 @@ def avx512_serves(call: VarlenCall) -> Decision:
         return Decision("declines", "the AVX-512 kernel takes no window, bias, causal or dropout")
     if call.grad:
         return Decision("declines", "the AVX-512 kernel has no backward")
+    if call.grouped:
+        return Decision("declines", "the AVX-512 kernel reads one key/value head per query head")
     if not (
         call.device.type == "cpu"
         and call.dtype == torch.float32
@@ -137,11 +148,13 @@ def resolve_method(
     dtype: torch.dtype = torch.float32,
     head_dim: int | None = None,
     is_causal: bool = False,
+    avx512_route: Decision | None = None,
 ) -> Decision:
     """The implementation ``method`` runs on for ``call`` (or the call these keywords
     describe), and why. ``auto`` takes the first method that serves the call: ``flash``, then
-    ``avx512`` once built, then the CPU or CUDA rule among ``threads``, ``sequence``, ``padded``
-    (which serve every call). A method named explicitly that cannot serve raises."""
+    ``avx512`` where ``avx512_route`` (default: :func:`.avx512.route`, whether this process
+    takes the kernel) says so, then the CPU or CUDA rule among ``threads``, ``sequence``,
+    ``padded`` (which serve every call). A method named explicitly that cannot serve raises."""
     check_choice(method, VARLEN_METHODS, "method")
     if call is None:
         if device is None:
@@ -151,25 +164,23 @@ def resolve_method(
         flash, kernel = flash_serves(call), avx512_serves(call)
         if flash.choice == "serves":
             return Decision("flash", flash.reason)
-        if kernel.choice == "serves" and avx512.in_use():
-            return Decision("avx512", kernel.reason)
-        calls = len(layout.runs)
-        if call.device.type == "cpu":
-            if torch.get_num_threads() == 1:
-                # No parallel region, nothing to wait for: one call per run is the fastest.
-                return Decision("sequence", "a single-threaded caller: one call per run")
-            if calls > 1:
-                # No OpenMP region to wait in when other processes take the cores; slower
-                # than `sequence` on free cores (docs/performance.md).
-                return Decision(
-                    "threads", f"{calls} runs grouped over {torch.get_num_threads()} threads"
-                )
-        if calls <= MAX_SEQUENCE_CALLS:
-            return Decision("sequence", f"{calls} call(s) of fused attention per layer")
-        return Decision(
-            "padded", f"{calls} runs of equal lengths > {MAX_SEQUENCE_CALLS}: one padded call"
-        )
+        not_taken = ""
+        if call.device.type == "cpu" and avx512.support().choice == "available":
+            if kernel.choice == "serves":
+                taken = avx512.route("avx512_attention") if avx512_route is None else avx512_route
+                if taken.choice == "avx512":
+                    return Decision("avx512", taken.reason)
+                not_taken = f"; not avx512: {taken.reason}"
+            else:
+                # The kernel is there but cannot take this call (bfloat16 rows, a causal
+                # mask): the method taken instead says so.
+                not_taken = f"; avx512 declines: {kernel.reason}"
+        fallback = _pytorch_method(layout, call)
+        return Decision(fallback.choice, fallback.reason + not_taken)
     if method == "avx512":
+        off = switches.all_off()
+        if off is not None:
+            raise ValueError(f"method='avx512' cannot run here: {off.reason}")
         loaded = avx512.load(build=True)
         if loaded.choice != "loaded":
             raise ValueError(f"method='avx512' cannot run here: {loaded.reason}")
@@ -186,6 +197,26 @@ def resolve_method(
             f"device={call.device}, dtype={call.dtype}, head_dim={call.head_dim}"
         )
     return Decision(method, "requested by name")
+
+
+def _pytorch_method(layout: PackedLayout, call: VarlenCall) -> Decision:
+    """What ``auto`` takes among PyTorch's kernels (``threads``, ``sequence``, ``padded``)."""
+    calls = len(layout.runs)
+    if call.device.type == "cpu":
+        if torch.get_num_threads() == 1:
+            # No parallel region, nothing to wait for: one call per run is the fastest.
+            return Decision("sequence", "a single-threaded caller: one call per run")
+        if calls > 1:
+            # No OpenMP region to wait in when other processes take the cores; slower
+            # than `sequence` on free cores (docs/performance.md).
+            return Decision(
+                "threads", f"{calls} runs grouped over {torch.get_num_threads()} threads"
+            )
+    if calls <= MAX_SEQUENCE_CALLS:
+        return Decision("sequence", f"{calls} call(s) of fused attention per layer")
+    return Decision(
+        "padded", f"{calls} runs of equal lengths > {MAX_SEQUENCE_CALLS}: one padded call"
+    )
 
 
 def varlen_attention(
@@ -205,7 +236,8 @@ def varlen_attention(
     """Self-attention within each packed sequence.
 
     Args:
-        q, k: (N, H, Dh); v: (N, H, Dv); rows ordered as ``layout.offsets`` says.
+        q: (N, H, Dh); k: (N, Hkv, Dh); v: (N, Hkv, Dv), Hkv dividing H (grouped-query
+            attention); rows ordered as ``layout.offsets`` says.
         layout: where each sequence starts (see :class:`clearformer.padding.PackedLayout`).
         is_causal: token i of a sequence sees tokens j <= i of the same sequence.
         dropout_p: dropout on the attention probabilities.
@@ -224,7 +256,7 @@ def varlen_attention(
     if window is not None and bias is not None:
         raise ValueError("a relative position bias with a local window is not supported")
     if layout.num_tokens == 0:  # no rows: nothing to attend, whatever the method
-        return v.new_zeros(0, v.shape[1], v.shape[2])
+        return v.new_zeros(0, q.shape[1], v.shape[2])
     if reference:
         return _per_sequence(
             q, k, v, layout, is_causal, dropout_p, scale, window, bias, reference=True
@@ -238,9 +270,14 @@ def varlen_attention(
         bias is not None,
         dropout_p > 0.0,
         torch.is_grad_enabled() and q.requires_grad,
+        grouped=k.shape[1] != q.shape[1],
     )
-    if method == "avx512" and avx512_serves(call).choice != "serves":
-        method = "auto"  # a call the kernel does not serve: what auto takes without it
+    if method == "avx512":
+        off = switches.all_off()
+        if off is not None:  # a kernel named with every kernel off: refused, not ignored
+            raise ValueError(f"method='avx512' cannot run here: {off.reason}")
+        if avx512_serves(call).choice != "serves":
+            method = "auto"  # a call the kernel does not serve: what auto takes without it
     if method in ("auto", "flash"):
         # A named flash call it cannot serve raises, naming what it needs.
         method = resolve_method(method, layout, call=call).choice
@@ -294,7 +331,7 @@ def _per_sequence(
     """One fused call per run of ``runs`` (default: all of the layout's), which tile the rows of
     ``q``, ``k``, ``v`` in order. ``join=False`` returns the runs' outputs unconcatenated (the
     ``threads`` method joins every worker's pieces in one concatenation)."""
-    H, Dv = v.shape[1], v.shape[2]
+    H, Dv = q.shape[1], v.shape[2]  # keys and values may have fewer heads (grouped)
     runs = layout.runs if runs is None else runs
     if not runs:
         return v.new_zeros(0, H, Dv) if join else []
@@ -306,9 +343,9 @@ def _per_sequence(
     for (_, count, length), qs, ks, vs in zip(
         runs, q.split(sizes), k.split(sizes), v.split(sizes), strict=True
     ):
-        # (G*L, H, Dh) -> (G, L, H, Dh) -> (G, H, L, Dh): a strided view that the flash kernel
-        # (4-D inputs only) reads without a copy.
-        qs, ks, vs = (t.view(count, length, H, -1).transpose(1, 2) for t in (qs, ks, vs))
+        # (G*L, heads, Dh) -> (G, L, heads, Dh) -> (G, heads, L, Dh): a strided view that the
+        # flash kernel (4-D inputs only) reads without a copy.
+        qs, ks, vs = (t.view(count, length, t.shape[1], -1).transpose(1, 2) for t in (qs, ks, vs))
         # A window inside one sequence: every query keeps at least itself, so no row is empty.
         needs_band = window is not None and window < length - 1
         if needs_band and not reference and use_banded(length, window):
@@ -331,19 +368,13 @@ def _per_sequence(
             additive = corner.to(q.dtype)  # (H, L, L), broadcast over the G sequences
             if allowed is not None:
                 additive = additive.masked_fill(~allowed, float("-inf"))  # keeps the diagonal
-            out = F.scaled_dot_product_attention(
-                qs, ks, vs, attn_mask=additive, dropout_p=dropout_p, scale=scale
-            )
+            out = sdpa(qs, ks, vs, attn_mask=additive, dropout_p=dropout_p, scale=scale)
         elif band is not None:
             if is_causal:
                 band = fold_causal(band, length, length, q.device)
-            out = F.scaled_dot_product_attention(
-                qs, ks, vs, attn_mask=band, dropout_p=dropout_p, scale=scale
-            )
+            out = sdpa(qs, ks, vs, attn_mask=band, dropout_p=dropout_p, scale=scale)
         else:
-            out = F.scaled_dot_product_attention(
-                qs, ks, vs, dropout_p=dropout_p, is_causal=is_causal, scale=scale
-            )
+            out = sdpa(qs, ks, vs, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
         # (G, H, L, Dv) -> (G, L, H, Dv) -> (G*L, H, Dv); a view for the flash kernel's output.
         pieces.append(out.transpose(1, 2).reshape(count * length, H, Dv))
     if not join:
@@ -354,7 +385,7 @@ def _per_sequence(
 
 
 def _padded(q, k, v, layout, is_causal, dropout_p, scale, window, bias) -> Tensor:
-    N, H, Dv = v.shape
+    N, H, Dv = v.shape[0], q.shape[1], v.shape[2]
     B, L = layout.batch, max(layout.max_seqlen, 1)
     lengths = torch.tensor(layout.lengths, device=q.device)  # (B,)
     starts = torch.tensor(layout.offsets[:-1], device=q.device)  # (B,)
@@ -366,8 +397,8 @@ def _padded(q, k, v, layout, is_causal, dropout_p, scale, window, bias) -> Tenso
         return v.new_zeros(0, H, Dv)
     rows = torch.where(real, starts[:, None] + steps[None, :], 0).reshape(-1)  # (B*L,)
     qs, ks, vs = (
-        t.index_select(0, rows).view(B, L, H, -1).transpose(1, 2) for t in (q, k, v)
-    )  # (B, H, L, Dh)
+        t.index_select(0, rows).view(B, L, t.shape[1], -1).transpose(1, 2) for t in (q, k, v)
+    )  # (B, heads, L, Dh)
     mask = real[:, None, None, :]  # (B, 1, 1, L) keys
     if is_causal:
         mask = mask & torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
@@ -394,8 +425,8 @@ def _padded(q, k, v, layout, is_causal, dropout_p, scale, window, bias) -> Tenso
     if bias is not None:
         # (1, H, L, L) bias, -inf where the (B, 1, L|1, L) mask forbids: (B, H, L, L).
         attn_mask = bias[None, :, :L, :L].to(q.dtype).masked_fill(~mask, float("-inf"))
-    out = F.scaled_dot_product_attention(
-        qs, ks, vs, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale
-    ).transpose(1, 2)  # (B, L, H, Dv)
+    out = sdpa(qs, ks, vs, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale).transpose(
+        1, 2
+    )  # (B, L, H, Dv)
     keep = real.reshape(-1).nonzero().flatten()  # (N,) positions of the real tokens
     return out.reshape(B * L, H, Dv).index_select(0, keep)  # (N, H, Dv)

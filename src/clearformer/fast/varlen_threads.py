@@ -93,7 +93,7 @@ def threaded_attention(q, k, v, layout, is_causal, scale, window, bias, attend_r
     if workers <= 1:
         pieces = attend_runs(q, k, v, runs)
         if not pieces:
-            return v.new_zeros(0, v.shape[1], v.shape[2])
+            return v.new_zeros(0, q.shape[1], v.shape[2])
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)  # (N, H, Dv)
     groups = balanced_groups(runs, workers)
     # Rows of each group: from its first run's first row to the row after its last run.

@@ -70,7 +70,7 @@ def pool(hidden: Tensor, attention_mask: Tensor, mode: str = "mean", *, skip: in
     hidden = torch.where(keep, hidden, 0.0)  # (B, T, D)
     if mode == "weightedmean":
         return _weighted_mean(hidden, given, attention_mask)
-    total = hidden.sum(dim=1)  # (B, D)
+    total = sequential_sum(hidden)  # (B, D)
     # A row without tokens divides by a tiny count instead of zero (sentence-transformers' 1e-9).
     count = keep.sum(dim=1).to(hidden.dtype).clamp(min=1e-9)  # (B, 1)
     return total / (count if mode == "mean" else count.sqrt())
@@ -93,6 +93,21 @@ def _weighted_mean(hidden: Tensor, given: Tensor, kept: Tensor) -> Tensor:
     position = torch.arange(1, T + 1, device=hidden.device)  # (T,) 1-based
     weights = (position - first.unsqueeze(1)) * kept  # (B, T), 0 where not kept
     weights = weights.to(work).unsqueeze(-1)  # (B, T, 1)
-    total = (hidden.to(work) * weights).sum(dim=1)  # (B, D); left-out states are zeros already
+    total = sequential_sum(hidden.to(work) * weights)  # (B, D); left-out states are zeros
     # A row without tokens divides by a tiny total instead of zero (sentence-transformers' 1e-9).
     return (total / weights.sum(dim=1).clamp(min=1e-9)).to(hidden.dtype)
+
+
+def sequential_sum(hidden: Tensor) -> Tensor:
+    """(B, T, D) -> (B, D): the sum over T, position after position.
+
+    The same row gives the same bits whatever padding surrounds it, so a text's embedding does
+    not depend on its batch's padded length (nor on the padding side). ``hidden.sum(dim=1)``
+    does not promise that: ATen's reduction picks its order from the tensor's shape, and at
+    narrow widths (D = 16 here) the sum of the same real rows changed with T. A scan adds in
+    order (on a CPU, accumulating in float64 for float32 rows): zeros before or after the real
+    rows add nothing, exactly.
+    """
+    if hidden.shape[1] == 0:
+        return hidden.sum(dim=1)
+    return hidden.cumsum(dim=1)[:, -1]  # (B, T, D) running sums -> the last: (B, D)

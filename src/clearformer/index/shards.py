@@ -11,8 +11,18 @@ No process group is needed: ranks share nothing but the directory (on several no
 shared file system). Each rank, its shard written, records it in ``shard-<rank>-of-<N>.json``;
 the rank that finds every shard recorded writes ``manifest.json`` (rows, checksums, the
 model's identity) and removes the chunks. A killed run leaves its committed chunks in
-``DIR/.chunks``; run again (with any number of processes) it encodes only the others. A
-directory whose manifest already describes this job is left as it is.
+``DIR/.chunks``; run again (with any number of processes) it encodes only the others. A rank
+whose shard the killed run had already written and recorded keeps it and reads no chunk: so
+the rank that writes the manifest may remove the chunks at once, since every rank it counted
+has finished with them, whichever run it belongs to. A directory whose manifest already
+describes this job is left as it is.
+
+A row's embedding does not depend on the rank that computes it, nor on what that process
+computed before: each chunk is one ``encode`` call of its own rows (its batches cut from those
+rows alone), and every rank keeps its weights packed from the first chunk on
+(:meth:`~clearformer.TextEncoder.keep_weights_packed`), so every chunk takes the same products.
+The shards of N processes are therefore the bytes of a one-process run's, at the same thread
+count per process (see docs/index.md for the thread count).
 """
 
 from __future__ import annotations
@@ -52,6 +62,8 @@ class ShardResult:
     encoded: int  # chunks embedded by this run
     reused: int  # chunks a killed run had committed
     manifest: bool  # this rank wrote the manifest
+    reused_chunks: tuple[int, ...] = ()  # which chunks were reused, in order
+    kept: bool = False  # a killed run had written and recorded this rank's shard: kept as is
 
 
 def launch_rank() -> tuple[int, int]:
@@ -129,9 +141,29 @@ def encode_shard(
     if done:
         log.info("%s already holds this job's shards (%s)", out, MANIFEST)
         return ShardResult(rank, world, None, (first, stop), 0, 0, False)
+    name = shard_name(rank, world, fmt)
+    if _recorded(out, rank, world, job, fmt):
+        log.info("rank %d/%d: %s was written by an earlier run: kept", rank, world, name)
+        wrote = _finish(out, job, fmt, world, identity, source)
+        return ShardResult(
+            rank, world, name, (first, stop), 0, len(chunks), wrote, tuple(chunks), kept=True
+        )
     store = ChunkStore(out / CHUNKS, job)
     started = time.perf_counter()
     progress = encode_options.pop("progress", None)
+    if precision == "float32":
+        # From the first chunk on, whatever this rank computed before: packed weights may take
+        # other products than plain ones (clearformer's AVX-512 linear kernel, where loaded),
+        # and a one-process run packs once its first chunks have carried PACK_MIN_TOKENS.
+        encoder.keep_weights_packed()
+    reused_chunks: list[int] = []
+
+    def chunk_done(index: int, reused: bool) -> None:
+        if reused:
+            reused_chunks.append(index)
+        if on_chunk is not None:
+            on_chunk(index, reused)
+
     encoded, reused = embed_chunks(
         lambda chunk, start: encoder.encode(
             chunk,
@@ -144,7 +176,7 @@ def encode_shard(
         store,
         chunk_rows,
         chunks=chunks,
-        on_chunk=on_chunk,
+        on_chunk=chunk_done,
     )
     log.info(
         "rank %d/%d: rows %d-%d, %d chunks encoded, %d reused, in %.1fs",
@@ -159,7 +191,6 @@ def encode_shard(
     parts = [store.read(i) for i in chunks]
     dimensions = parts[0].shape[1] if parts else encoder.dim
     vectors = np.concatenate(parts) if parts else np.empty((0, dimensions), np.float32)
-    name = shard_name(rank, world, fmt)
     if fmt == "npy":
         with atomic_write(out / name, "wb") as handle:
             np.save(handle, vectors)
@@ -176,9 +207,11 @@ def encode_shard(
         "dimensions": int(dimensions),
         "sha256": file_sha256(out / name),
     }
-    write_json(out / f"shard-{rank:05d}-of-{world:05d}.json", record)
+    write_json(_record_path(out, rank, world), record)
     wrote = _finish(out, job, fmt, world, identity, source)
-    return ShardResult(rank, world, name, (first, stop), encoded, reused, wrote)
+    return ShardResult(
+        rank, world, name, (first, stop), encoded, reused, wrote, tuple(reused_chunks)
+    )
 
 
 def read_manifest(out: str | os.PathLike) -> dict[str, Any]:
@@ -223,12 +256,36 @@ def _complete_manifest(out: Path, job: dict, fmt: str) -> bool:
     )
 
 
+def _record_path(out: Path, rank: int, world: int) -> Path:
+    return out / f"shard-{rank:05d}-of-{world:05d}.json"
+
+
+def _recorded(out: Path, rank: int, world: int, job: dict, fmt: str) -> bool:
+    """Whether rank ``rank``'s shard of this job is written and recorded (by a run killed
+    after it), its file whole: its checksum is the record's."""
+    path = _record_path(out, rank, world)
+    if not path.is_file():
+        return False
+    record = read_json(path)
+    shard = out / str(record.get("file", ""))
+    return (
+        record.get("job") == job
+        and record.get("format") == fmt
+        and shard.is_file()
+        and file_sha256(shard) == record.get("sha256")
+    )
+
+
 def _finish(out: Path, job: dict, fmt: str, world: int, identity, source) -> bool:
     """Write the manifest if every shard of this run is recorded (any rank may find that;
-    two ranks that both do write the same bytes)."""
+    two ranks that both do write the same bytes).
+
+    A record may be a killed run's: its rank, run again, keeps that shard and reads no chunk
+    (:func:`_recorded`), so once every rank is recorded none reads a chunk any more and the
+    chunks can go."""
     records = []
     for rank in range(world):
-        path = out / f"shard-{rank:05d}-of-{world:05d}.json"
+        path = _record_path(out, rank, world)
         if not path.is_file():
             return False
         record = read_json(path)
@@ -252,6 +309,11 @@ def _finish(out: Path, job: dict, fmt: str, world: int, identity, source) -> boo
     for path in out.glob("shard-*"):
         if path.name not in kept:  # shards of an earlier, killed run with another world size
             path.unlink(missing_ok=True)
+    # A shard's temporary file (io.atomic_write's ".NAME.*.tmp") left by a process killed
+    # while writing it: every shard is written now, so none is being written. (A manifest's
+    # may be: another rank can be writing the same manifest.)
+    for path in out.glob(".shard-*.tmp"):
+        path.unlink(missing_ok=True)
     shutil.rmtree(out / CHUNKS, ignore_errors=True)
     log.info("wrote %s: %d rows in %d shards", out / MANIFEST, job["rows"], world)
     return True

@@ -92,7 +92,26 @@ def block_from_torch(layer: nn.TransformerEncoderLayer, backend: str = "auto") -
     return block
 
 
+def _torch_lacks(block: EncoderBlock) -> str | None:
+    """What of ``block`` a ``torch.nn.TransformerEncoderLayer`` cannot hold, or None."""
+    attn = block.attn
+    if attn.kv_heads != attn.n_heads:
+        return f"grouped-query attention (n_kv_heads={attn.kv_heads}, n_heads={attn.n_heads})"
+    if attn.qk_dim != block.d_model or attn.scale is not None:
+        return f"a head width or score scale of its own (head_dim={block.head_dim})"
+    if attn.q_norm is not None:
+        return "per-head query and key norms (qk_norm)"
+    if block.branch_norm:
+        return "norms on the branches' outputs (branch_norm)"
+    if not isinstance(block.mlp_norm, nn.LayerNorm):
+        return f"a {type(block.mlp_norm).__name__} (torch.nn's layers use LayerNorm)"
+    return None
+
+
 def block_to_torch(block: EncoderBlock) -> nn.TransformerEncoderLayer:
+    lacks = _torch_lacks(block)
+    if lacks is not None:
+        raise ValueError(f"torch.nn.TransformerEncoderLayer has no equivalent of {lacks}")
     if block.mlp.gated:
         raise ValueError(
             f"activation {block.mlp.activation!r} is gated (GLU); torch.nn.TransformerEncoderLayer "
@@ -178,6 +197,11 @@ def from_torch(module: nn.Module, backend: str = "auto"):
 
 def encoder_to_torch(encoder: Encoder) -> nn.TransformerEncoder:
     """A ``torch.nn.TransformerEncoder`` (batch first) with the stack's numerics."""
+    if encoder.config.causal:
+        raise ValueError(
+            "EncoderConfig.causal=True: a torch.nn.TransformerEncoder attends both ways unless "
+            "each call passes a causal mask, so it would not have this stack's numerics"
+        )
     layers = [block_to_torch(block) for block in encoder.layers]
     final = encoder.final_norm
     norm = copy.deepcopy(final) if isinstance(final, nn.LayerNorm) else None

@@ -1,8 +1,10 @@
-"""Attention kernels, all behind one signature: ``kernel(q, k, v, plan, dropout_p)``.
+"""Attention kernels, all behind one signature: ``kernel(q, k, v, plan, dropout_p, scale)``.
 
 Each takes queries, keys and values already split into heads in the plan's layout (padded:
-``(B, H, T, Dh)``; packed: ``(N, H, Dh)``) and returns ``(out, weights)``, ``out`` in the same
-layout and ``weights`` (B, H, Tq, Tk) from ``math`` on request, else None. They read what the
+``(B, H, T, Dh)``; packed: ``(N, H, Dh)``; keys and values may have fewer heads, Hkv, a
+divisor of H: grouped-query attention) and the scores' scale (None: Dh ** -0.5), and returns
+``(out, weights)``, ``out`` in the queries' layout and ``weights`` (B, H, Tq, Tk) from ``math``
+on request, else None. They read what the
 forward plan prepared once for the call (the mask with its causal fold, which rows have a key,
 the packed layout and the varlen method) and never re-check it.
 """
@@ -25,10 +27,12 @@ if TYPE_CHECKING:  # the plan imports the kernels' rules; the kernels only read 
 
 __all__ = ["KERNELS", "Kernel", "math_attention", "sdpa_attention", "varlen_attention"]
 
-Kernel = Callable[[Tensor, Tensor, Tensor, "ForwardPlan", float], tuple[Tensor, Tensor | None]]
+Kernel = Callable[
+    [Tensor, Tensor, Tensor, "ForwardPlan", float, "float | None"], tuple[Tensor, Tensor | None]
+]
 
 
-def _math(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float):
+def _math(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float, scale=None):
     if plan.packing is not None:  # the reference formula, sequence by sequence
         out = varlen_attention(
             q,
@@ -37,6 +41,7 @@ def _math(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float):
             plan.packing,
             is_causal=plan.is_causal,
             dropout_p=dropout_p,
+            scale=scale,
             reference=True,
             window=plan.window,
             bias=plan.score_bias,
@@ -49,6 +54,7 @@ def _math(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float):
         plan.mask,
         is_causal=plan.is_causal,
         dropout_p=dropout_p,
+        scale=scale,
         need_weights=plan.need_weights,
         bias=_padded_bias(plan),
     )
@@ -61,10 +67,17 @@ def _padded_bias(plan: ForwardPlan) -> Tensor | None:
     return plan.score_bias[None, :, : plan.tq, : plan.tk]
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float):
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float, scale=None):
     if plan.window is not None and not plan.band_in_mask:
         out = banded_attention(
-            q, k, v, plan.window, plan.mask, is_causal=plan.is_causal, dropout_p=dropout_p
+            q,
+            k,
+            v,
+            plan.window,
+            plan.mask,
+            is_causal=plan.is_causal,
+            dropout_p=dropout_p,
+            scale=scale,
         )
         return out, None
     return sdpa_attention(
@@ -74,12 +87,13 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float):
         plan.mask,
         is_causal=plan.is_causal,
         dropout_p=dropout_p,
+        scale=scale,
         query_has_key=plan.query_has_key,
         bias=_padded_bias(plan),
     )
 
 
-def _varlen(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float):
+def _varlen(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float, scale=None):
     out = varlen_attention(
         q,
         k,
@@ -87,6 +101,7 @@ def _varlen(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float
         plan.packing,
         is_causal=plan.is_causal,
         dropout_p=dropout_p,
+        scale=scale,
         method=plan.method.choice,
         window=plan.window,
         bias=plan.score_bias,

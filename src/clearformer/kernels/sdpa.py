@@ -2,19 +2,19 @@
 
 PyTorch picks a fused kernel (flash attention on CPU and CUDA, memory-efficient attention on
 CUDA) that never materialises the (Tq, Tk) score matrix, so memory stays linear in T. Unmasked
-float32 self-attention on a CPU where clearformer's AVX-512 kernel is loaded and preferred
-(:mod:`clearformer.fast.avx512`) runs that kernel instead, as the packed rows would, and so
-does attention
-under a key-padding mask whose keys are one run per sequence.
+float32 self-attention on a CPU where ``auto`` takes clearformer's AVX-512 kernel (built, and
+measured faster there: :func:`clearformer.routes.kernel_route`) runs that kernel instead, as the
+packed rows would, and so does attention under a key-padding mask whose keys are one run per
+sequence.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..fast import avx512
+from ..fast.sdpa_call import sdpa
 from ..masks import fold_causal, rows_with_key
 
 _UNKNOWN = object()  # query_has_key not computed by the caller: work it out here
@@ -36,8 +36,9 @@ def sdpa_attention(
     """Same contract as :func:`clearformer.kernels.math.math_attention`, without weights.
 
     Args:
-        q: (B, H, Tq, Dh), k: (B, H, Tk, Dh), v: (B, H, Tk, Dv), mask broadcastable to
-        (B, H, Tq, Tk) with True = takes part.
+        q: (B, H, Tq, Dh), k: (B, Hkv, Tk, Dh), v: (B, Hkv, Tk, Dv) (Hkv divides H: grouped
+        keys and values are read in place), mask broadcastable to (B, H, Tq, Tk) with True =
+        takes part.
         query_has_key: which query rows have a key, (B, H|1, Tq|1, 1) bool, or None when every
             row has one; a forward plan computes it once for all layers. Left out, it is
             computed here.
@@ -57,9 +58,7 @@ def sdpa_attention(
             return out, None
     # SDPA's own is_causal is top-left aligned; it equals ours only when Tq == Tk.
     if mask is None and (not is_causal or tq == tk):
-        out = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale
-        )
+        out = sdpa(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
         return out, None
     if is_causal:
         mask = fold_causal(mask, tq, tk, q.device)
@@ -71,13 +70,11 @@ def sdpa_attention(
             return out, None
     if query_has_key is None:
         # The usual case, every query has a key: no mask widening, no output zeroing.
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale
-        )
+        out = sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
         return out, None
     # A query with no key to attend must give zeros, with finite gradients, on every build and
     # kernel: let such rows attend everywhere (finite, harmless) and zero their output after.
-    out = F.scaled_dot_product_attention(
+    out = sdpa(
         q, k, v, attn_mask=mask | ~query_has_key, dropout_p=dropout_p, scale=scale
     )  # (B, H, Tq, Dv)
     # torch.where keeps the kernel's (B, Tq, H, Dv) memory order, so the head merge that follows
@@ -85,9 +82,16 @@ def sdpa_attention(
     return torch.where(query_has_key, out, 0.0), None
 
 
-def _avx512_may_run(q: Tensor) -> bool:
-    """float32 CPU rows in a process where ``auto`` takes the AVX-512 kernel."""
-    return q.dtype == torch.float32 and q.device.type == "cpu" and avx512.in_use()
+def _avx512_may_run(q: Tensor, k: Tensor) -> bool:
+    """float32 CPU rows in a process where ``auto`` takes the AVX-512 kernel, with as many
+    key/value heads as query heads (the kernel reads one per query head; grouped keys go to
+    SDPA, which reads them in place)."""
+    return (
+        q.dtype == torch.float32
+        and q.device.type == "cpu"
+        and k.shape[1] == q.shape[1]
+        and avx512.in_use()
+    )
 
 
 def _scale(scale: float | None, head_dim: int) -> float:
@@ -96,10 +100,9 @@ def _scale(scale: float | None, head_dim: int) -> float:
 
 def _avx512_unmasked(q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor | None:
     """Unmasked self-attention through clearformer's AVX-512 kernel where ``auto`` would take
-    it on packed rows (:mod:`clearformer.fast.avx512`: loaded, on a CPU it is preferred on),
-    every sequence as
-    long as the next; None where it does not serve these rows."""
-    if not _avx512_may_run(q):
+    it on packed rows (:func:`clearformer.fast.avx512.route`), every sequence as long as the
+    next; None where it does not serve these rows."""
+    if not _avx512_may_run(q, k):
         return None
     B, H, T, Dh = q.shape
     try:  # (B, H, T, Dh) -> (B * T, H, Dh): a view of the projection's rows, no copy
@@ -119,7 +122,7 @@ def _avx512_key_run(
     """Self-attention under a key-padding mask whose real keys are one run per sequence (right
     or left padding), through clearformer's AVX-512 kernel where ``auto`` would take it; None
     for any other mask or rows it does not serve."""
-    if not _avx512_may_run(q):
+    if not _avx512_may_run(q, k):
         return None
     B, H, T, Dh = q.shape
     if mask.dtype != torch.bool or mask.shape != (B, 1, 1, T):
@@ -150,7 +153,5 @@ def _with_bias(q, k, v, mask, bias, is_causal, dropout_p, scale, query_has_key) 
         # A query with no key attends everywhere (finite) and is zeroed after, as above.
         allowed = mask if query_has_key is None else mask | ~query_has_key
         scores_bias = scores_bias.masked_fill(~allowed, float("-inf"))  # (B|1, H, Tq, Tk)
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=scores_bias, dropout_p=dropout_p, scale=scale
-    )
+    out = sdpa(q, k, v, attn_mask=scores_bias, dropout_p=dropout_p, scale=scale)
     return out if query_has_key is None else torch.where(query_has_key, out, 0.0)

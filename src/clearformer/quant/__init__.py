@@ -5,15 +5,14 @@
   default policy :func:`quantize_int8_calibrated`;
 * :mod:`.calibration` -- the texts the default policy calibrates on.
 
-Names are imported on first use, so that the CLI can read :data:`PRECISIONS` without torch.
+Names are imported on first use. The precisions ``encode`` accepts (``float32``, ``bf16``,
+``int8``, ``auto``) are named in :mod:`clearformer.precision`.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
-
-PRECISIONS = ("float32", "int8")  # what TextEncoder.encode(precision=...) accepts
 
 _EXPORTS = {
     "Int8Linear": ".int8",
@@ -56,7 +55,6 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "PRECISIONS",
     "Int8Linear",
     "Int8Support",
     "calibrate",

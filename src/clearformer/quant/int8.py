@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from .. import switches
 from ..cpu import cpu_info
 from .fused import fused_steps
 from .onednn import int8_product, onednn_int8_available
@@ -239,12 +240,13 @@ class Int8Linear(nn.Module):
         """``self(x)``, ``activation(self(x))`` or ``self(x) + residual`` through the compiled
         steps, the activation or the residual add inside the epilogue's loop
         (:func:`clearformer.fast.fused_linear.linear` calls it); None where this layer does not run
-        compiled steps (not :attr:`fused`, a single row, no compiler here): the caller then
+        compiled steps (not :attr:`fused`, a single row, no compiler here, every clearformer
+        kernel switched off by ``CLEARFORMER_KERNELS=off``): the caller then
         runs the eager layer and applies the two itself. x (..., K), residual (..., N)."""
         if activation is not None and residual is not None:
             raise ValueError("fused_call applies an activation or a residual add, not both")
-        if not self.fused:
-            return None
+        if not self.fused or switches.kernel_setting("int8_steps").choice == "off":
+            return None  # CLEARFORMER_KERNELS=off: the eager steps, even where compiled
         rows = x.reshape(-1, self.in_features).float()  # (..., K) -> (M, K)
         steps = fused_steps() if rows.shape[0] > 1 else None
         if steps is None:

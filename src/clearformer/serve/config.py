@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..checks import check_choice, check_int, check_positive_float, check_positive_int
 from ..options import BACKENDS
-from ..quant import PRECISIONS
+from ..precision import check_precision
 from ..text.batching import DEFAULT_MAX_TOKENS
 
 
@@ -39,7 +39,9 @@ class ServeConfig:
     # Forward passes side by side, the CPU threads split between them as encode's workers do;
     # None: two on a CPU with two or more threads, else one.
     workers: int | None = None
-    precision: str = "float32"  # embedding models: "int8" runs encode(precision="int8")'s model
+    # "bf16" (alias "bfloat16"): every model runs its bfloat16 copy; "int8": embedding models
+    # run encode(precision="int8")'s model; "auto": each model's fastest accurate precision.
+    precision: str = "float32"
     backend: str = "auto"  # attention backend, as for encode
 
     def __post_init__(self) -> None:
@@ -57,5 +59,5 @@ class ServeConfig:
         check_positive_float(self.request_timeout, "request_timeout")
         check_positive_float(self.graceful_timeout, "graceful_timeout")
         check_positive_int(self.workers, "workers", optional=True)
-        check_choice(self.precision, PRECISIONS, "precision")
+        check_precision(self.precision)
         check_choice(self.backend, BACKENDS, "backend")

@@ -76,7 +76,9 @@ class ServedModel:
         model: the :class:`~clearformer.text.TextEncoder` or
             :class:`~clearformer.text.CrossEncoder`.
         max_input_tokens: tokens per input (per pair for rerank), special tokens included.
-        precision: what embedding batches run in (``"float32"`` or ``"int8"``).
+        precision: what its batches run in (``"float32"``, ``"bf16"``, or ``"int8"`` for
+            embedding models), decided once at load from the server's ``precision``
+            (``"auto"``: the model's :meth:`precision_for`, logged).
     """
 
     def __init__(
@@ -101,7 +103,9 @@ class ServedModel:
         self.model = model
         self.path: Path = model.path
         self.max_input_tokens = max_input_tokens
-        self.precision = precision if kind == "embed" else "float32"
+        if kind == "rerank" and precision == "int8":
+            precision = "float32"  # int8 is for embeddings; load_model warned
+        self.precision = model.precision_for(precision).choice
         base = model.tokenizer.tokenizer
         pad_id = model.tokenizer.pad_id
         # Copies of the checkpoint's tokenizer, truncating at the server's limit from either
@@ -174,13 +178,14 @@ class ServedModel:
                 skip=options.skip,
                 precision=self.precision,
             )
-        return self.model.score_batch(encodings, activation=options)
+        return self.model.score_batch(encodings, activation=options, precision=self.precision)
 
     def warm_up(self) -> None:
-        """Run one short input through the model (and build the int8 one, if asked), so the
-        first request pays no one-time cost. Float32 weights are packed for oneDNN from here
-        on, so every request takes the same products, the first as the thousandth."""
-        if self.precision == "float32":
+        """Run one short input through the model (and build the int8 or bfloat16 one, if
+        asked), so the first request pays no one-time cost. Float32 and bfloat16 weights are
+        packed for oneDNN from here on, so every request takes the same products, the first
+        as the thousandth."""
+        if self.precision in ("float32", "bf16"):
             self.model.keep_weights_packed()
         # Cut to the limit: a small model's may be shorter than the warm-up text.
         if self.kind == "embed":
@@ -294,10 +299,8 @@ def load_model(spec: ModelSpec, *, max_input_tokens: int | None, precision: str,
                 f"{name!r}, got {max_input_tokens}"
             )
         limit = max_input_tokens
-    if kind == "rerank" and precision != "float32":
-        log.warning(
-            "%s is a cross-encoder: it runs in float32 (precision applies to embeddings)", name
-        )
+    if kind == "rerank" and precision == "int8":
+        log.warning("%s is a cross-encoder: it runs in float32 (int8 applies to embeddings)", name)
     return ServedModel(
         name, model, kind, max_input_tokens=limit, precision=precision, aliases=aliases
     )

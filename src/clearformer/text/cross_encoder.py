@@ -28,9 +28,11 @@ from ..interop.hf.heads import LoadedClassifier, load_classifier
 from ..interop.hf.sentence_transformers import Prompts, prompts_from_files, score_activation
 from ..interop.hf.tokenizer import check_pairs, check_texts, max_length_for
 from ..model import EncoderModel
+from ..options import Decision
 from .batching import DEFAULT_MAX_TOKENS, balance_batches, check_batch_limits, plan_batches
-from .encoder import attention_kernel_for
+from .kernel_builds import attention_kernel_for
 from .llm_reranker import is_causal_lm, load_llm_reranker
+from .precisions import Precisions
 from .prompts import choose_prompt
 from .workers import auto_workers, check_workers, map_in_workers
 
@@ -84,6 +86,10 @@ class CrossEncoder:
         # not return token_type_ids even when a tokenizer.json template numbers the segments.
         self._token_types = self.model.config.type_vocab_size > 1
         self._packing = KeptPacking()  # weights in oneDNN's layout, once calls repay it
+        # int8 is for embeddings (TextEncoder.encode): a cross-encoder runs float32 or bf16.
+        self._precisions: Precisions[tuple[EncoderModel, SequenceClassifier]] = Precisions(
+            ("float32", "bf16"), self._device, self._copy_bf16
+        )
 
     @classmethod
     def from_pretrained(
@@ -119,11 +125,40 @@ class CrossEncoder:
         log.info("loaded cross-encoder %s in %.2fs", files.path, time.perf_counter() - started)
         return cls(loaded, tokenizer, activation, prompts)
 
-    def logits(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -> Tensor:
-        """(B, T) ids, bool mask and token types -> (B, L) logits."""
+    def logits(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        token_type_ids: Tensor,
+        *,
+        precision: str = "float32",
+    ) -> Tensor:
+        """(B, T) ids, bool mask and token types -> (B, L) float32 logits, computed in
+        ``precision`` (``"float32"`` or ``"bf16"``, a name as :meth:`predict` takes)."""
+        chosen = self._precisions.decide(self._precisions.check(precision)).choice
+        model, head = self.bf16_model() if chosen == "bf16" else (self.model, self.head)
         types = token_type_ids if self._token_types else None
-        hidden = self.model(input_ids, attention_mask, types)  # (B, T, D)
-        return self.head(hidden, attention_mask)  # (B, L)
+        hidden = model(input_ids, attention_mask, types)  # (B, T, D)
+        return head(hidden, attention_mask).float()  # (B, L)
+
+    def precision_for(self, precision: str = "auto") -> Decision:
+        """The precision ``predict(precision=...)`` runs in here, and why (``"auto"``: bf16
+        where :func:`clearformer.precision.auto_precision` takes it, else float32)."""
+        return self._precisions.decide(self._precisions.check(precision))
+
+    def bf16_model(self) -> tuple[EncoderModel, SequenceClassifier]:
+        """The bfloat16 copies of :attr:`model` and :attr:`head` that
+        ``predict(precision="bf16")`` runs, built once (:func:`clearformer.precision.bf16_copy`);
+        the float32 ones are not changed."""
+        return self._precisions.bf16()
+
+    def _copy_bf16(self) -> tuple[EncoderModel, SequenceClassifier]:
+        from ..precision import bf16_copy
+
+        return bf16_copy(self.model), bf16_copy(self.head)
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     def predict(
         self,
@@ -134,6 +169,7 @@ class CrossEncoder:
         apply_softmax: bool = False,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         workers: int | None = None,
+        precision: str = "float32",
         prompt: str | None = None,
         prompt_name: str | None = None,
     ) -> np.ndarray:
@@ -155,6 +191,10 @@ class CrossEncoder:
                 (:func:`~clearformer.text.batching.balance_batches`). A pair's score does not
                 depend on its batch-mates, so the scores are the same either way (to float32
                 rounding: a thread count can change how a kernel splits its sums).
+            precision: ``"float32"``; ``"bf16"`` (or ``"bfloat16"``): :meth:`bf16_model`,
+                bfloat16 matrix products with float32 norms and softmax, logits in float32;
+                ``"auto"``: bf16 where this CPU runs it faster (:meth:`precision_for` says
+                which and why; logged at INFO level).
             prompt: text put before each first text (an LLM reranker's instruction: a system
                 message of its chat template); ``prompt_name``: one of :attr:`prompts`; with
                 neither, the checkpoint's default prompt, if any (sentence-transformers' rule).
@@ -168,36 +208,17 @@ class CrossEncoder:
         name = self.activation if activation is None else activation
         check_choice(name, tuple(ACTIVATIONS), "activation")  # TypeError for a non-str
         check_workers(workers)
-        chosen = choose_prompt(self.prompts, prompt, prompt_name)
-        encodings = self.tokenizer.encode_pairs(pairs, prompt=chosen) if pairs else []
-        return self.score_encodings(
-            encodings,
-            batch_size=batch_size,
-            activation=name,
-            apply_softmax=apply_softmax,
-            max_tokens=max_tokens,
-            workers=workers,
-        )
-
-    def score_encodings(
-        self,
-        encodings: list,
-        *,
-        batch_size: int | None,
-        activation: str,
-        apply_softmax: bool,
-        max_tokens: int,
-        workers: int | None,
-    ) -> np.ndarray:
-        """:meth:`predict` after tokenizing (arguments checked): sort by length, batch, run
-        side by side, put rows back in input order. (n,) or (n, L) float32."""
-        name = activation
-        n, L = len(encodings), self.num_labels
+        precision = self._precisions.check(precision)  # before any work
+        chosen_prompt = choose_prompt(self.prompts, prompt, prompt_name)
+        n, L = len(pairs), self.num_labels
         out = np.empty((n, L), dtype=np.float32)
+        encodings = self.tokenizer.encode_pairs(pairs, prompt=chosen_prompt) if n else []
         lengths = [len(e.ids) for e in encodings]
         tokens = sum(lengths)
         device = next(self.model.parameters()).device
-        attention_kernel_for(tokens, device)
+        chosen = self._precisions.decide(precision).choice if n else "float32"
+        if chosen != "bf16":  # clearformer's AVX-512 kernels take float32 rows only
+            attention_kernel_for(tokens, device)
         batches = plan_batches(lengths, batch_size, max_tokens)
         if workers is None:
             workers = auto_workers(len(batches), device)
@@ -207,16 +228,24 @@ class CrossEncoder:
         # Each weight reordered for oneDNN once and kept for later calls, once calls repay it.
         packed = self._packing.for_call(tokens)
 
+        if n:
+            log.info("predict: %d pairs in %s", n, chosen)
+
         def score(rows: list[int]) -> tuple[list[int], np.ndarray]:
             chosen = [encodings[i] for i in rows]
-            return rows, self._forward(chosen, packed, name, apply_softmax)
+            return rows, self._forward(chosen, packed, name, apply_softmax, precision)
 
         for rows, scores in map_in_workers(score, batches, workers):
             out[rows] = scores
         return out[:, 0] if L == 1 else out
 
     def score_batch(
-        self, encodings: list, *, activation: str | None = None, apply_softmax: bool = False
+        self,
+        encodings: list,
+        *,
+        activation: str | None = None,
+        apply_softmax: bool = False,
+        precision: str = "float32",
     ) -> np.ndarray:
         """One forward pass over pairs already tokenized (``tokenizer.encode_pairs``), as
         :meth:`predict` runs each of its batches: (B, L) float32, row i for ``encodings[i]``.
@@ -229,22 +258,29 @@ class CrossEncoder:
         name = self.activation if activation is None else activation
         check_choice(name, tuple(ACTIVATIONS), "activation")
         check_bool(apply_softmax, "apply_softmax")
+        precision = self._precisions.check(precision)
         if not encodings:
             return np.empty((0, self.num_labels), dtype=np.float32)
         packed = self._packing.for_call(sum(len(e.ids) for e in encodings))
-        return self._forward(encodings, packed, name, apply_softmax)
+        return self._forward(encodings, packed, name, apply_softmax, precision)
 
     def _forward(
-        self, encodings: list, packed: PackedWeights | None, activation: str, apply_softmax: bool
+        self,
+        encodings: list,
+        packed: PackedWeights | None,
+        activation: str,
+        apply_softmax: bool,
+        precision: str,
     ) -> np.ndarray:
         """Pad, run the model and the head, apply the activation: (B, L) float32 (predict's
         and score_batch's one path)."""
         batch = self.tokenizer.pad(encodings, with_tokens=False)
         # Grad mode and the packed weights are per thread: each worker enters both itself.
         with torch.inference_mode(), use_packed_weights(packed):
-            scores = ACTIVATIONS[activation](
-                self.logits(batch.input_ids, batch.attention_mask, batch.token_type_ids)
-            )  # (B, L)
+            logits = self.logits(
+                batch.input_ids, batch.attention_mask, batch.token_type_ids, precision=precision
+            )  # (B, L) float32
+            scores = ACTIVATIONS[activation](logits)
             if apply_softmax and self.num_labels > 1:
                 scores = torch.softmax(scores, dim=-1)
         return scores.float().numpy()

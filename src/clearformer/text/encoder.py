@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,21 +26,22 @@ from ..interop.hf import (
     LoadReport,
     TextTokenizer,
     TokenBatch,
-    find_checkpoint,
-    load_model,
-    pooling_from_config,
-    save_model,
 )
-from ..interop.hf.files import CHECKPOINT_FILES
-from ..interop.hf.loading import read_family
-from ..interop.hf.sentence_transformers import Prompts, prompts_from_files
-from ..interop.hf.st_modules import build_head, read_head, truncate_dim_from_files, write_head
-from ..interop.hf.tokenizer import check_texts, max_length_for
-from ..io import atomic_write
+from ..interop.hf.sentence_transformers import Prompts
+from ..interop.hf.tokenizer import check_texts
 from ..model import EncoderModel
-from ..quant import PRECISIONS
-from .batching import balance_batches, check_batch_limits, default_max_tokens, plan_batches
+from ..options import Decision
+from .batching import (
+    balance_batches,
+    check_batch_limits,
+    default_max_tokens,
+    plan_batches,
+    row_backend,
+)
+from .encoder_files import read_encoder_parts, write_encoder_files
 from .int8_models import Int8Models
+from .kernel_builds import attention_kernel_for
+from .precisions import Precisions
 from .progress import ProgressFn, progress_reporter
 from .prompts import choose_prompt, prompt_length
 from .workers import auto_workers, check_workers, map_in_workers
@@ -113,6 +113,9 @@ class TextEncoder:
         self.path: Path = loaded.files.path
         self.report: LoadReport = loaded.report
         self._int8 = Int8Models(self.model, tokenizer)  # built on the first int8 call
+        self._precisions: Precisions[EncoderModel] = Precisions(
+            ("float32", "bf16", "int8"), self._device, self._copy_bf16
+        )
         self._packing = KeptPacking()  # weights in oneDNN's layout, once calls repay it
 
     @classmethod
@@ -140,43 +143,22 @@ class TextEncoder:
             ValueError: a ``truncate_dim`` wider than the embeddings or outside the model's
                 Matryoshka dimensions.
         """
-        started = time.perf_counter()
-        files = find_checkpoint(path)
-        pooling = pooling_from_config(files.pooling_config)
-        _, config = read_family(files, backend)  # the width the head needs, before any weight
-        head_config, dense = read_head(files, config.d_model)
-        head = build_head(head_config, dense)
-        if truncate_dim is None:
-            truncate_dim = truncate_dim_from_files(files)
-        head.check_dimensions(truncate_dim, "truncate_dim")
-        loaded = load_model(files, backend=backend, strict=strict)
-        config = loaded.model.config
-        pad_id = config.pad_token_id if config.pad_token_id is not None else 0
-        tokenizer = TextTokenizer.from_files(
-            files,
-            max_length_for(files, config.max_length),
-            pad_id,
-            vocab_size=config.vocab_size,
+        parts = read_encoder_parts(
+            path,
+            backend=backend,
+            strict=strict,
             padding_side=padding_side,
-        )
-        log.info("loaded %s in %.2fs", files.path, time.perf_counter() - started)
-        architectures = files.config.get("architectures") or []
-        if any(str(a).endswith("ForSequenceClassification") for a in architectures):
-            log.warning(
-                "%s is a %s checkpoint: its encoder was trained to score pairs (CrossEncoder), "
-                "not to embed texts, so its embeddings may mean little",
-                files.path,
-                architectures[0],
-            )
-        return cls(
-            loaded,
-            tokenizer,
-            pooling=pooling.mode,
-            normalize=head_config.normalize,
-            include_prompt=pooling.include_prompt,
-            prompts=prompts_from_files(files),
-            head=head,
             truncate_dim=truncate_dim,
+        )
+        return cls(
+            parts.loaded,
+            parts.tokenizer,
+            pooling=parts.pooling.mode,
+            normalize=parts.head.config.normalize,
+            include_prompt=parts.pooling.include_prompt,
+            prompts=parts.prompts,
+            head=parts.head,
+            truncate_dim=parts.truncate_dim,
         )
 
     @property
@@ -250,11 +232,17 @@ class TextEncoder:
             prompt_name: one of the checkpoint's named prompts (:attr:`prompts`); with neither
                 ``prompt`` nor ``prompt_name``, the checkpoint's default prompt, if any, is
                 applied, as sentence-transformers does. ``prompt`` wins over ``prompt_name``.
-            precision: ``"float32"``, or ``"int8"``: the linear layers' matrix products in
+            precision: ``"float32"``; ``"bf16"`` (or ``"bfloat16"``): :meth:`bf16_model`,
+                bfloat16 weights and matrix products with float32 norms, softmax, pooling and
+                normalisation, embeddings within cosine 0.995 of float32 ones (see
+                ``docs/performance.md``); ``"int8"``: the linear layers' matrix products in
                 int8 (:meth:`int8_model`, built on the first such call and reused), with
-                embeddings within cosine 0.99 of float32 ones (see ``docs/int8.md``). Where
-                this CPU has no int8 instructions, float32 with a logged warning
-                (:func:`clearformer.quant.int8_support` says why).
+                embeddings within cosine 0.99 of float32 ones (see ``docs/int8.md``; where
+                this CPU has no int8 instructions, float32 with a logged warning,
+                :func:`clearformer.quant.int8_support` says why); ``"auto"``: the fastest
+                of them whose accuracy floor holds on this CPU
+                (:func:`clearformer.precision.auto_precision`). :meth:`precision_for` says
+                which a name runs and why; ``encode`` logs it at INFO level.
             fuse_int8: with ``precision="int8"``, run the int8 layers' element-wise steps
                 compiled (``torch.compile``: the same arithmetic in fewer passes, after a
                 one-time compile; ``docs/int8.md`` has the costs and the gain); None = for
@@ -269,7 +257,7 @@ class TextEncoder:
             and memory, never the result: a text's embedding does not depend on its
             batch-mates.
 
-        On a CPU in float32, once this encoder's calls have carried
+        On a CPU in float32 or bfloat16, once this encoder's calls have carried
         :data:`~clearformer.fast.packed_weights.PACK_MIN_TOKENS` tokens in all, it keeps a copy
         of every linear weight in oneDNN's layout (:mod:`clearformer.fast.packed_weights`) for its
         later calls: as much memory again as those weights, until :meth:`drop_packed_weights`.
@@ -290,22 +278,25 @@ class TextEncoder:
         self.head.check_dimensions(dimensions)
         n = len(texts)
         out = np.empty((n, dimensions or self.head.width), dtype=np.float32)
-        check_choice(precision, PRECISIONS, "precision")  # before any work
-        if max_tokens is None:
-            max_tokens = default_max_tokens(precision)
-        check_batch_limits(batch_size, max_tokens)
+        precision = self._precisions.check(precision)  # before any work
+        check_batch_limits(batch_size, max_tokens if max_tokens is not None else 1)
         check_workers(workers)
         if n == 0:
             return out
+        chosen = self._precisions.decide(precision).choice
+        if max_tokens is None:
+            max_tokens = default_max_tokens(chosen)
         encodings = self.tokenizer.encode(texts)
         lengths = [len(e.ids) for e in encodings]
         tokens = sum(lengths)  # sets the int8 fusion, the kernel build and the weight packing
-        if precision == "int8":
+        log.info("encode: %d texts, %d tokens, in %s", n, tokens, chosen)
+        if chosen == "int8":
             auto = tokens >= FUSED_INT8_MIN_TOKENS
             model = self.int8_model(fused=auto if fuse_int8 is None else fuse_int8)
         else:
-            model = self.model
-        attention_kernel_for(tokens, next(model.parameters()).device)
+            model = self.bf16_model() if chosen == "bf16" else self.model
+        if chosen != "bf16":  # clearformer's AVX-512 kernels take float32 rows only
+            attention_kernel_for(tokens, next(model.parameters()).device)
         # Longest first: texts of similar length share a batch, and the longest batch (the peak
         # of memory) comes first, so a memory problem shows at once.
         batches = plan_batches(lengths, batch_size, max_tokens)
@@ -316,7 +307,7 @@ class TextEncoder:
         report = progress_reporter(progress, n)
         # Each fused linear call would reorder its weight into oneDNN's layout again: reorder
         # each weight once and keep it for later calls, once the calls are large enough to repay it.
-        packed = self._packing.for_call(tokens) if precision == "float32" else None
+        packed = self._packing.for_call(tokens) if chosen != "int8" else None
 
         def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:
             chosen = [encodings[i] for i in rows]
@@ -348,21 +339,24 @@ class TextEncoder:
         the texts of many requests: the rows are computed by the same code as ``encode``'s, and
         a row does not depend on its batch-mates, so they are ``encode``'s rows for the same
         texts. ``skip`` leaves a prompt's first tokens out of the pooling (see
-        :meth:`resolve_prompt`); ``precision="int8"`` runs :meth:`int8_model` unfused, as
-        ``encode`` does for calls under :data:`FUSED_INT8_MIN_TOKENS` tokens. Safe to call
-        from several threads at once, each at its own intra-op thread count.
+        :meth:`resolve_prompt`); ``precision`` as for ``encode``, where ``"int8"`` runs
+        :meth:`int8_model` unfused, as ``encode`` does for calls under
+        :data:`FUSED_INT8_MIN_TOKENS` tokens. Safe to call from several threads at once, each
+        at its own intra-op thread count.
         """
         check_bool(normalize, "normalize")
-        check_choice(precision, PRECISIONS, "precision")
+        precision = self._precisions.check(precision)
         dimensions = self.truncate_dim if dimensions is None else dimensions
         self.head.check_dimensions(dimensions)
         if not encodings:
             return np.empty((0, dimensions or self.head.width), dtype=np.float32)
         tokens = sum(len(e.ids) for e in encodings)
-        if precision == "int8":
+        chosen = self._precisions.decide(precision).choice
+        if chosen == "int8":
             model, packed = self.int8_model(fused=False), None
         else:
-            model, packed = self.model, self._packing.for_call(tokens)
+            model = self.bf16_model() if chosen == "bf16" else self.model
+            packed = self._packing.for_call(tokens)
         return self._forward(
             encodings, model, packed, skip=skip, normalize=normalize, dimensions=dimensions
         )
@@ -381,12 +375,16 @@ class TextEncoder:
         (encode's and embed_batch's one path)."""
         batch = self.tokenizer.pad(encodings, with_tokens=False)
         mask = batch.attention_mask  # (B, T) bool
+        backend = row_backend(model.config.backend, mask)
         # Grad mode and the packed weights are per thread: each worker enters both itself.
         with torch.inference_mode(), use_packed_weights(packed):
             # The mask goes as it is: the Encoder's plan drops one without padding itself.
-            hidden = model(batch.input_ids, mask, batch.token_type_ids)  # (B, T, D)
+            hidden = model(batch.input_ids, mask, batch.token_type_ids, backend=backend)
+            # The head (pooling, Dense modules, cut, normalisation) in float32 whatever the
+            # model's rows (bfloat16): a mean over hundreds of tokens would otherwise round at
+            # every partial sum.
             vectors = self.head(
-                hidden, mask, skip=skip, normalize=normalize, dimensions=dimensions
+                hidden.float(), mask, skip=skip, normalize=normalize, dimensions=dimensions
             )  # (B, dimensions or width)
         return vectors.float().numpy()
 
@@ -414,6 +412,29 @@ class TextEncoder:
         (:class:`~clearformer.fast.packed_weights.KeptPacking`); later calls make them again once
         they have carried enough tokens to repay it."""
         self._packing.drop()
+
+    def precision_for(self, precision: str = "auto") -> Decision:
+        """The precision ``encode(precision=...)`` runs in on this machine, and why: a
+        :class:`~clearformer.options.Decision` (``print`` shows both). ``"auto"`` is decided
+        on its first use and kept (:func:`clearformer.precision.auto_precision`)."""
+        return self._precisions.decide(self._precisions.check(precision))
+
+    def bf16_model(self) -> EncoderModel:
+        """The bfloat16 copy of :attr:`model` that ``encode(precision="bf16")`` runs.
+
+        Built once per encoder (:func:`clearformer.precision.bf16_copy`: bfloat16 weights,
+        the norms' parameters in float32); :attr:`model` is not changed. On a CPU without
+        bfloat16 instructions it runs, with products PyTorch emulates (slower than float32).
+        """
+        return self._precisions.bf16()
+
+    def _copy_bf16(self) -> EncoderModel:
+        from ..precision import bf16_copy
+
+        return bf16_copy(self.model)
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     def int8_model(self, fused: bool = False) -> EncoderModel:
         """The int8 copy of :attr:`model` that ``encode(precision="int8")`` runs.
@@ -459,20 +480,7 @@ class TextEncoder:
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write the checkpoint back in Hugging Face format, with tokenizer and pooling files."""
-        out = save_model(
-            self.model,
-            directory,
-            self._loaded.architecture,
-            base_config=self._loaded.hf_config,
-            kept=self._loaded.kept,
-        )
-        for name in CHECKPOINT_FILES:
-            if (self.path / name).is_file():
-                with atomic_write(out / name, "wb") as handle:
-                    handle.write((self.path / name).read_bytes())
-        # The Pooling, Dense and Normalize folders modules.json names, Dense weights from head.
-        write_head(self.head, self._loaded.files.modules or [], self.path, out)
-        return out
+        return write_encoder_files(self, directory)
 
     def __repr__(self) -> str:
         return (
@@ -480,14 +488,3 @@ class TextEncoder:
             f"{self._loaded.architecture.model_type!r}, dim={self.dim}, pooling={self.pooling!r}, "
             f"normalize={self.normalize}, max_length={self.max_length})"
         )
-
-
-def attention_kernel_for(tokens: int, device: torch.device) -> None:
-    """On a CPU where clearformer's AVX-512 attention kernel is faster than PyTorch's
-    (:func:`clearformer.fast.avx512.preferred`), build it for a call of at least
-    ``BUILD_MIN_TOKENS`` tokens, which repays the build; the forward plan takes it once built
-    (varlen method ``avx512``)."""
-    from ..fast import avx512
-
-    if device.type == "cpu" and tokens >= avx512.BUILD_MIN_TOKENS and avx512.preferred():
-        avx512.load(build=True)  # a built one is loaded by the plan without asking

@@ -1,11 +1,5 @@
-"""The int8 copies of a text model that ``encode(precision="int8")`` runs, built once each.
-
-Built on first use: every linear layer becomes an :class:`~clearformer.quant.Int8Linear`, with
-the two input channels of largest activation on a few calibration texts kept in float32
-(:func:`~clearformer.quant.quantize_int8_calibrated`); the float32 model is not changed. The
-fused variant shares every tensor with the eager one and is compiled and warmed up when it is
-built, before any worker thread runs it.
-"""
+"""The int8 copies of a ``TextEncoder``'s model that ``encode(precision="int8")`` runs: built
+once per encoder, calibrated on a few texts, and a compiled variant for large calls."""
 
 from __future__ import annotations
 
@@ -23,25 +17,30 @@ log = logging.getLogger(__name__)
 
 
 class Int8Models:
-    """The eager and the fused int8 copy of ``model``, calibrated on ``tokenizer``'s texts."""
+    """The eager int8 copy of ``model`` and, on request, its compiled variant, each built once.
+
+    Args:
+        model: the float32 model (never changed).
+        tokenizer: the encoder's tokenizer, for the calibration texts.
+    """
 
     def __init__(self, model: EncoderModel, tokenizer) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
+        self._model = model
+        self._tokenizer = tokenizer
         self._built: dict[bool, EncoderModel] = {}  # fused or not -> model, built once each
         self._lock = threading.Lock()
         self._calibration = None
 
-    def get(self, fused: bool = False) -> EncoderModel:
-        """The eager (``fused=False``) or the compiled copy, built on first use."""
+    def get(self, fused: bool) -> EncoderModel:
+        """The eager (``fused`` False) or compiled variant; see ``TextEncoder.int8_model``."""
         with self._lock:
             if False not in self._built:
                 from ..quant import quantize_int8_calibrated
                 from ..quant.calibration import CALIBRATION_TEXTS
 
                 started = time.perf_counter()
-                self._calibration = self.tokenizer(list(CALIBRATION_TEXTS))
-                self._built[False] = quantize_int8_calibrated(self.model, self._calibrate).eval()
+                self._calibration = self._tokenizer(list(CALIBRATION_TEXTS))
+                self._built[False] = quantize_int8_calibrated(self._model, self._calibrate).eval()
                 log.info("built the int8 model in %.2fs", time.perf_counter() - started)
             if fused and True not in self._built:
                 from ..quant import Int8Linear

@@ -1,0 +1,232 @@
+"""The AVX-512 kernels measured against PyTorch's routes, at MiniLM's shapes, on this CPU.
+
+Each of clearformer's AVX-512 kernels (:mod:`clearformer.fast.avx512`) replaces a PyTorch
+route that computes the same values. Which is faster depends on the CPU (MKL's AVX2 code on
+AMD processors, AVX-512 on Intel's), so :func:`calibrate` times both at the shapes a
+MiniLM-sized encoder (width 384, 12 heads of 32, feed-forward 1536) meets in ``encode``: two
+batches of short ragged sentences and one long sequence, each side alternately, a few rounds,
+medians (:func:`clearformer.calibration.measure.measure_choice`). The verdicts are cached per
+CPU model, PyTorch, clearformer and kernel build (:mod:`clearformer.calibration.cache`), and
+``auto`` reads them (:func:`clearformer.routes.kernel_route`).
+
+* ``avx512_attention``: the packed kernel against the varlen method ``auto`` takes without it
+  (``threads`` or ``sequence``), and on one long unpadded sequence against SDPA's flash kernel.
+* ``avx512_linear``: the three products of a post-norm block that carry an epilogue (the first
+  feed-forward product with the exact GELU; the attention output and the second feed-forward
+  product with the residual add and the LayerNorm) against oneDNN's fused products, both on
+  weights packed once, as ``encode`` runs them.
+
+It takes a second or two on two cores and runs only when asked: ``clearformer calibrate``, or
+an ``encode`` call large enough to build the kernels (:func:`measure_if_missing`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import switches
+from ..fast import avx512, avx512_linear
+from ..fast.fused_linear import onednn_linear
+from ..fast.packed_weights import PackedWeights
+from ..fast.varlen import VarlenCall, resolve_method, varlen_attention
+from ..options import Decision
+from ..padding import layout_from_cu_seqlens
+from . import cache
+from .measure import Verdict, Workload, measure_choice
+
+log = logging.getLogger(__name__)
+
+# MiniLM-L6's shapes (sentence-transformers' all-MiniLM-L6-v2, the bundled model's family).
+WIDTH, HEADS, HEAD_DIM, MLP = 384, 12, 32, 1536
+# (name, number of sequences, shortest, longest): short sentences, longer passages, and one
+# long sequence (unpadded: the padded layout, where SDPA's flash kernel is PyTorch's route).
+BATCHES = (
+    ("32 sentences of 8-48 tokens", 32, 8, 48),
+    ("8 passages of 48-160 tokens", 8, 48, 160),
+)
+LONG = 512
+BASELINE = "torch"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What :func:`calibrate` found: the verdicts by kernel (empty where nothing could be
+    measured), the file they are kept in, whether they were measured now, and why not."""
+
+    verdicts: dict[str, Verdict]
+    path: Path | None
+    measured: bool
+    reason: str
+    key: cache.CalibrationKey | None = None
+
+
+def calibrate(*, force: bool = False, rounds: int | None = None) -> Calibration:
+    """Measure the AVX-512 kernels against PyTorch's routes on this CPU and cache the
+    verdicts, building the library first if need be; with verdicts already cached for this
+    CPU and build, return those unless ``force``. Never raises for a machine that cannot run
+    the kernels: the result says why."""
+    supported = avx512.support()
+    if supported.choice != "available":
+        return Calibration({}, None, False, f"nothing to measure: {supported.reason}")
+    key = avx512.calibration_key()
+    if not force:
+        verdicts = cache.read(key)
+        if verdicts is not None and set(avx512.KERNELS) <= set(verdicts):
+            return Calibration(verdicts, key.path(), False, "cached", key)
+    loaded = avx512.load(build=True)
+    if loaded.choice != "loaded":
+        return Calibration(
+            {}, None, False, f"the AVX-512 library is {loaded.choice}: {loaded.reason}", key
+        )
+    from ..bench.load import LoadMeter
+
+    log.info("calibrating clearformer's AVX-512 kernels against PyTorch on %s", key.cpu)
+    # Other processes' CPU time while measuring (no idle probe: seconds matter here).
+    meter = LoadMeter(threads=torch.get_num_threads(), probe_seconds=0).start()
+    options = {} if rounds is None else {"rounds": rounds}
+    # Built outside inference mode: weights made inside it could not be packed.
+    workloads = {"avx512_attention": attention_workloads(), "avx512_linear": linear_workloads()}
+    with torch.inference_mode():
+        verdicts = {
+            kernel: measure_choice(kernel, work, baseline=BASELINE, **options)
+            for kernel, work in workloads.items()
+        }
+    load = meter.record()
+    if load.loaded:
+        log.warning(
+            "clearformer's kernels were measured while other processes were busy (%s); the "
+            "verdicts may not hold on a quiet machine: `clearformer calibrate --force` there "
+            "measures again",
+            load.reason,
+        )
+    context = {
+        "cpu": load.cpu,
+        "threads": torch.get_num_threads(),
+        "others_busy_cpus": load.others_during,
+        "loaded": load.loaded,
+        "load": load.reason,
+    }
+    verdicts = {k: dataclasses.replace(v, context=context) for k, v in verdicts.items()}
+    path = cache.write(key, verdicts)
+    return Calibration(verdicts, path, True, "measured", key)
+
+
+def measure_if_missing() -> Calibration | None:
+    """Calibrate where ``auto`` would read a verdict and there is none yet: an AVX-512 CPU
+    with the library built and loaded, neither kernel switched off or forced on, calibration
+    not switched off. None where nothing was needed. ``encode`` calls it once it has built
+    the library for a large call, which repays the seconds this takes."""
+    if not switches.calibration_enabled() or not avx512.is_loaded():
+        return None
+    settings = {switches.kernel_setting(kernel).choice for kernel in avx512.KERNELS}
+    if "auto" not in settings:
+        return None
+    verdicts, _ = cache.cached_verdicts(avx512.calibration_key())
+    if verdicts is not None and set(avx512.KERNELS) <= set(verdicts):
+        return None
+    return calibrate()
+
+
+def attention_workloads() -> list[Workload]:
+    """The attention kernel and PyTorch's route on MiniLM's heads: each ragged batch packed,
+    and the long sequence unpadded."""
+    workloads = []
+    for name, count, shortest, longest in BATCHES:
+        lengths = _lengths(count, shortest, longest)
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        layout = layout_from_cu_seqlens(cu)
+        # (N, 3, H, Dh) projection rows, split as attention gets them: strided views
+        q, k, v = torch.randn(layout.num_tokens, 3, HEADS, HEAD_DIM).unbind(1)
+        call = VarlenCall(torch.device("cpu"), torch.float32, HEAD_DIM)
+        without = Decision("torch", "calibration: PyTorch's side")
+        method = resolve_method("auto", layout, call=call, avx512_route=without).choice
+        scale = HEAD_DIM**-0.5
+        workloads.append(
+            Workload(
+                f"attention, {name}, packed",
+                {
+                    BASELINE: lambda q=q, k=k, v=v, la=layout, m=method: varlen_attention(
+                        q, k, v, la, method=m
+                    ),
+                    "avx512": lambda q=q, k=k, v=v, la=layout, s=scale: avx512.attention(
+                        q, k, v, la.cu_seqlens, s
+                    ),
+                },
+            )
+        )
+    x = torch.randn(1, LONG, 3, HEADS, HEAD_DIM)
+    q, k, v = (t.transpose(1, 2) for t in x.unbind(2))  # (1, H, T, Dh) views
+    rows = [t.view(LONG, HEADS, HEAD_DIM) for t in x.unbind(2)]  # (T, H, Dh) views
+    bounds = torch.tensor([0, LONG], dtype=torch.int64)
+    workloads.append(
+        Workload(
+            f"attention, one sequence of {LONG} tokens, unpadded",
+            {
+                BASELINE: lambda: F.scaled_dot_product_attention(q, k, v),
+                # (T, H, Dh) -> (1, H, T, Dh): a view, as clearformer.kernels.sdpa returns it
+                "avx512": lambda: (
+                    avx512.attention(*rows, bounds, HEAD_DIM**-0.5)
+                    .view(1, LONG, HEADS, HEAD_DIM)
+                    .transpose(1, 2)
+                ),
+            },
+        )
+    )
+    return workloads
+
+
+def linear_workloads() -> list[Workload]:
+    """A post-norm block's three products with an epilogue, on clearformer's kernel and on
+    oneDNN, weights packed once for each, at the rows of each batch and of the long
+    sequence."""
+    with torch.no_grad():  # packing needs weights that are not inference tensors
+        attn_out, fc_in, fc_out = (
+            nn.Linear(WIDTH, WIDTH),
+            nn.Linear(WIDTH, MLP),
+            nn.Linear(MLP, WIDTH),
+        )
+        norm = nn.LayerNorm(WIDTH)
+        packing = PackedWeights()
+        layers = (attn_out, fc_in, fc_out)
+        own = {id(layer): packing.weight_for(layer, "avx512") for layer in layers}
+        onednn = {id(layer): packing.weight_for(layer, "onednn") for layer in layers}
+
+    def block_kernel(x, residual):
+        a = avx512_linear.linear(x, own[id(attn_out)], attn_out, residual=residual, norm=norm)
+        g = avx512_linear.linear(a, own[id(fc_in)], fc_in, activation="gelu")
+        return avx512_linear.linear(g, own[id(fc_out)], fc_out, residual=a, norm=norm)
+
+    def block_onednn(x, residual):
+        a = norm(onednn_linear(x, onednn[id(attn_out)], attn_out, residual=residual))
+        g = onednn_linear(a, onednn[id(fc_in)], fc_in, activation="gelu")
+        return norm(onednn_linear(g, onednn[id(fc_out)], fc_out, residual=a))
+
+    workloads = []
+    # The products' cost grows with the rows alone: the short sentences and the long sequence
+    # span the row counts encode's batches have.
+    sizes = [(name, sum(_lengths(count, lo, hi))) for name, count, lo, hi in BATCHES[:1]]
+    for name, rows in [*sizes, (f"one sequence of {LONG} tokens", LONG)]:
+        x, residual = torch.randn(rows, WIDTH), torch.randn(rows, WIDTH)
+        workloads.append(
+            Workload(
+                f"linear epilogues, {name} ({rows} rows)",
+                {
+                    BASELINE: lambda x=x, r=residual: block_onednn(x, r),
+                    "avx512": lambda x=x, r=residual: block_kernel(x, r),
+                },
+            )
+        )
+    return workloads
+
+
+def _lengths(count: int, shortest: int, longest: int) -> list[int]:
+    """``count`` sentence lengths drawn from a fixed seed (the same batches every run)."""
+    g = torch.Generator().manual_seed(count * 1000 + longest)
+    return torch.randint(shortest, longest + 1, (count,), generator=g).tolist()

@@ -1,0 +1,65 @@
+"""The precision a call computes in: its names, their check, and where each is decided.
+
+* ``"float32"``: the model as loaded;
+* ``"bf16"`` (alias ``"bfloat16"``): a copy of the model with bfloat16 weights, its matrix
+  products in bfloat16 and float32 where accuracy needs it (:mod:`.bf16`);
+* ``"int8"``: int8 matrix products (:mod:`clearformer.quant`; ``TextEncoder.encode`` only);
+* ``"auto"``: the fastest of them whose accuracy floor holds on this CPU, decided from the
+  CPU's instruction sets and, where they do not settle it, a short measurement cached per CPU
+  model and PyTorch version (:mod:`.auto`, :mod:`.calibration`).
+
+Names are imported on first use, so that the command line can read :data:`PRECISIONS` without
+importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .names import ALIASES, PRECISION_NAMES, PRECISIONS, check_precision
+
+_EXPORTS = {
+    "Bf16Support": ".bf16",
+    "bf16_support": ".bf16",
+    "bf16_copy": ".bf16",
+    "is_bf16": ".bf16",
+    "choose_precision": ".auto",
+    "auto_precision": ".auto",
+    "CALIBRATION_VARIABLE": ".calibration",
+    "bf16_speedup": ".calibration",
+}
+
+if TYPE_CHECKING:
+    from .auto import auto_precision, choose_precision
+    from .bf16 import Bf16Support, bf16_copy, bf16_support, is_bf16
+    from .calibration import CALIBRATION_VARIABLE, bf16_speedup
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'clearformer.precision' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+__all__ = [
+    "ALIASES",
+    "PRECISIONS",
+    "PRECISION_NAMES",
+    "Bf16Support",
+    "CALIBRATION_VARIABLE",
+    "auto_precision",
+    "bf16_copy",
+    "bf16_speedup",
+    "bf16_support",
+    "check_precision",
+    "choose_precision",
+    "is_bf16",
+]

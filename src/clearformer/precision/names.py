@@ -1,0 +1,24 @@
+"""The precision names and their one check (no torch: the command line reads them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+PRECISIONS = ("float32", "bf16", "int8", "auto")  # the canonical names
+ALIASES = {"bfloat16": "bf16"}  # PyTorch's name for the dtype is accepted too
+PRECISION_NAMES = (*PRECISIONS, *ALIASES)  # every spelling a caller may pass (CLI choices)
+
+
+def check_precision(
+    value: Any, name: str = "precision", offered: tuple[str, ...] = PRECISIONS
+) -> str:
+    """``value`` as its canonical name (``"bfloat16"`` -> ``"bf16"``), or TypeError (not a
+    str) / ValueError (not one of ``offered``, or an alias of one), naming ``name``, what it
+    takes and what came. Callers run it before any work."""
+    spelled = (*offered, *(a for a, c in ALIASES.items() if c in offered))
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {spelled}, got {value!r}")
+    canonical = ALIASES.get(value, value)
+    if canonical not in offered:
+        raise ValueError(f"{name} must be one of {spelled}, got {value!r}")
+    return canonical

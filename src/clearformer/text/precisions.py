@@ -1,0 +1,75 @@
+"""The precisions a text application (``TextEncoder``, ``CrossEncoder``) runs: each call's
+decision, and the bfloat16 copy of its model, made once and kept.
+
+A decision depends on the precision asked for and the machine, never on the texts: each one is
+made on the application's first call that asks for it (``auto`` may measure once per CPU
+model, :mod:`clearformer.precision.calibration`) and reused by the later calls, so a server
+that calls once per batch does not decide again per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import torch
+
+from ..options import Decision
+from ..precision import check_precision
+
+log = logging.getLogger(__name__)
+
+Model = TypeVar("Model")
+
+
+class Precisions(Generic[Model]):
+    """Per application: the precision decided for each name asked, and the bfloat16 copy.
+
+    Args:
+        offered: the precisions the application runs (``auto`` picks among them).
+        device: where its model lives (``auto`` decides for CPUs; elsewhere float32).
+        copy_bf16: builds the bfloat16 copy of the application's model(s), on first need.
+    """
+
+    def __init__(
+        self,
+        offered: tuple[str, ...],
+        device: Callable[[], torch.device],
+        copy_bf16: Callable[[], Model],
+    ) -> None:
+        self.offered = offered
+        self._device = device
+        self._copy_bf16 = copy_bf16
+        self._decisions: dict[str, Decision] = {}
+        self._bf16: Model | None = None
+        self._lock = threading.Lock()
+
+    def check(self, precision: object, name: str = "precision") -> str:
+        """``precision``'s canonical name, or the argument error (before any work)."""
+        return check_precision(precision, name, (*self.offered, "auto"))
+
+    def decide(self, precision: str) -> Decision:
+        """What a call asking for ``precision`` (a checked name) runs in, and why."""
+        from ..precision import choose_precision
+
+        decision = self._decisions.get(precision)
+        if decision is None:
+            decision = choose_precision(precision, device=self._device(), offered=self.offered)
+            self._decisions[precision] = decision
+            # A name that runs as another (int8 without int8 instructions) is worth a warning.
+            level = logging.INFO if precision in ("auto", decision.choice) else logging.WARNING
+            log.log(level, "precision %s: %s (%s)", precision, decision.choice, decision.reason)
+        return decision
+
+    def bf16(self) -> Model:
+        """The bfloat16 copy, built on the first call (a few hundred milliseconds for the
+        bundled model) and returned by every later one."""
+        with self._lock:
+            if self._bf16 is None:
+                started = time.perf_counter()
+                self._bf16 = self._copy_bf16()
+                log.info("built the bfloat16 model in %.2fs", time.perf_counter() - started)
+            return self._bf16

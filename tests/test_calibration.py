@@ -1,0 +1,258 @@
+"""Routes chosen by measurement (clearformer.calibration): the verdict logic on the test's
+own clock (a winner, a tie within the margin, a loss), the cache (round trip, atomic, a
+damaged file ignored with a warning, the XDG folder), ``auto`` reading an injected verdict and
+naming it in the plan, the AVX-512 workloads computing the same values on both sides, and
+``clearformer calibrate``. Nothing here times real work: the suite runs with calibration off
+(conftest), and these tests inject the verdicts they need."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from clearformer.calibration import cache
+from clearformer.calibration.measure import Verdict, Workload, measure_choice
+from clearformer.cli import main
+
+from .helpers import needs_avx512_library
+
+
+class FakeClock:
+    """A clock that moves only when a candidate runs, by the candidate's set cost."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.calls: list[str] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def runs(self, costs: dict[str, float]) -> dict:
+        def make(name, cost):
+            def run():
+                self.calls.append(name)
+                self.now += cost
+
+            return run
+
+        return {name: make(name, cost) for name, cost in costs.items()}
+
+
+def verdict_of(costs: list[dict[str, float]], margin: float = 0.05, rounds: int = 3) -> Verdict:
+    clock = FakeClock()
+    workloads = [Workload(f"w{i}", clock.runs(c)) for i, c in enumerate(costs)]
+    return measure_choice(
+        "k", workloads, baseline="torch", rounds=rounds, margin=margin, clock=clock
+    )
+
+
+def test_a_decisively_faster_candidate_wins_by_its_geometric_mean():
+    verdict = verdict_of([{"torch": 0.02, "avx512": 0.01}, {"torch": 0.01, "avx512": 0.02 / 3}])
+    assert verdict.winner == "avx512"
+    assert verdict.speedups["avx512"] == pytest.approx((2 * 1.5) ** 0.5)
+    assert verdict.speedups["torch"] == 1
+    assert verdict.reason == "avx512 measured 1.73x torch's"
+    assert verdict.seconds["w0"] == pytest.approx({"torch": 0.02, "avx512": 0.01})
+
+
+def test_a_tie_within_the_margin_or_a_loss_keeps_the_baseline():
+    tie = verdict_of([{"torch": 0.0103, "avx512": 0.01}])
+    assert tie.winner == "torch" and "within the 5% margin" in tie.reason
+    loss = verdict_of([{"torch": 0.0089, "avx512": 0.01}])
+    assert loss.winner == "torch" and loss.reason == "avx512 measured slower: 0.89x torch's"
+    # the same tie with no margin is a win: the margin decided
+    assert verdict_of([{"torch": 0.0103, "avx512": 0.01}], margin=0.0).winner == "avx512"
+
+
+def test_the_candidates_alternate_and_no_one_always_goes_first():
+    clock = FakeClock()
+    measure_choice(
+        "k",
+        [Workload("w", clock.runs({"torch": 0.01, "avx512": 0.01}))],
+        baseline="torch",
+        rounds=3,
+        clock=clock,
+    )
+    # one untimed call each, then rounds in alternating order
+    assert clock.calls == [
+        "torch",
+        "avx512",
+        "torch",
+        "avx512",
+        "avx512",
+        "torch",
+        "torch",
+        "avx512",
+    ]
+
+
+def test_a_short_call_is_repeated_until_its_sample_is_long_enough():
+    clock = FakeClock()
+    measure_choice(
+        "k",
+        [Workload("w", clock.runs({"torch": 0.001, "avx512": 0.01}))],
+        baseline="torch",
+        rounds=1,
+        clock=clock,
+    )
+    assert clock.calls.count("torch") == 1 + 5 and clock.calls.count("avx512") == 2
+
+
+@pytest.mark.parametrize(
+    "workloads, message",
+    [
+        ([], "needs at least one workload"),
+        ([Workload("w", {"torch": print})], "two or more candidates"),
+        ([Workload("w", {"a": print, "b": print})], "expected a baseline 'torch'"),
+        (
+            [Workload("w", {"torch": print, "x": print}), Workload("v", {"torch": print})],
+            "workload 'v' has candidates",
+        ),
+    ],
+)
+def test_bad_workloads_are_refused_before_any_timing(workloads, message):
+    with pytest.raises(ValueError, match=message):
+        measure_choice("k", workloads, baseline="torch")
+
+
+def a_key() -> cache.CalibrationKey:
+    return cache.CalibrationKey("Test CPU (family 1 / 2)", "2.0", "0.1.0", "abc")
+
+
+def test_verdicts_round_trip_through_an_atomic_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLEARFORMER_CACHE", str(tmp_path))
+    verdict = verdict_of([{"torch": 0.02, "avx512": 0.01}])
+    path = cache.write(a_key(), {"k": verdict})
+    assert path.parent == tmp_path / "calibration"
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
+    assert cache.read(a_key()) == {"k": verdict}
+    other = cache.CalibrationKey("Test CPU (family 1 / 2)", "2.1", "0.1.0", "abc")
+    assert other.path() != path and cache.read(other) is None  # another torch: not measured
+
+
+def test_the_cache_folder_follows_xdg_unless_clearformer_names_one(tmp_path, monkeypatch):
+    monkeypatch.delenv("CLEARFORMER_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache.cache_root() == tmp_path / "clearformer"
+    monkeypatch.setenv("CLEARFORMER_CACHE", str(tmp_path / "own"))
+    assert cache.cache_root() == tmp_path / "own"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "{ not json",
+        json.dumps({"format": 99}),
+        json.dumps({"format": 1, "key": {"cpu": "another"}, "verdicts": {}}),
+        "KEY",  # the right key, a verdict with a field missing
+    ],
+)
+def test_a_damaged_file_is_ignored_with_a_warning_and_rebuilt(
+    tmp_path, monkeypatch, caplog, damage
+):
+    monkeypatch.setenv("CLEARFORMER_CACHE", str(tmp_path))
+    key = a_key()
+    key.path().parent.mkdir(parents=True)
+    if damage == "KEY":
+        from dataclasses import asdict
+
+        damage = json.dumps({"format": 1, "key": asdict(key), "verdicts": {"k": {"winner": 1}}})
+    key.path().write_text(damage)
+    with caplog.at_level(logging.WARNING, logger="clearformer.calibration.cache"):
+        assert cache.read(key) is None
+    assert "damaged" in caplog.text and str(key.path()) in caplog.text
+    verdict = verdict_of([{"torch": 0.02, "avx512": 0.01}])
+    cache.write(key, {"k": verdict})  # the next measurement replaces it
+    assert cache.read(key) == {"k": verdict}
+
+
+class TestAutoReadsTheVerdict:
+    pytestmark = needs_avx512_library
+
+    @pytest.fixture
+    def measured(self, tmp_path, monkeypatch):
+        """Auto with calibration on, reading verdicts injected into a cache of its own."""
+        from clearformer.fast import avx512
+
+        for variable in ("CLEARFORMER_AVX512", "CLEARFORMER_CALIBRATION", "CLEARFORMER_KERNELS"):
+            monkeypatch.delenv(variable, raising=False)
+        monkeypatch.setenv("CLEARFORMER_CACHE", str(tmp_path))
+        assert avx512.is_loaded()  # the library built and loaded (conftest's fixture)
+
+        def inject(**speeds):
+            verdicts = {
+                kernel: verdict_of([{"torch": 0.01 * speed, "avx512": 0.01}])
+                for kernel, speed in speeds.items()
+            }
+            return cache.write(avx512.calibration_key(), verdicts)
+
+        yield inject
+        cache.forget()
+
+    def test_auto_takes_a_kernel_measured_faster_and_names_the_measurement(self, measured):
+        from clearformer import Encoder, EncoderConfig
+        from clearformer.fast import avx512
+
+        path = measured(avx512_attention=1.2, avx512_linear=0.89)
+        route = avx512.route("avx512_attention")
+        assert route.choice == "avx512"
+        assert "avx512 measured 1.20x torch's on" in route.reason and str(path) in route.reason
+        linear = avx512.route("avx512_linear")
+        assert linear.choice == "torch" and "measured slower: 0.89x" in linear.reason
+        torch.manual_seed(0)
+        encoder = Encoder(EncoderConfig(d_model=64, n_heads=2, n_layers=1, dim_mlp=128)).eval()
+        mask = torch.arange(20) < torch.tensor([20, 5, 9])[:, None]
+        with torch.no_grad():
+            plan = encoder.plan_for(mask, backend="varlen")
+        assert plan.method.choice == "avx512" and "measured 1.20x" in str(plan)
+        assert "PyTorch's route (AVX-512 linear: avx512 measured slower: 0.89x" in str(plan)
+
+    def test_no_verdict_keeps_pytorchs_route_and_says_how_to_measure(self, measured):
+        from clearformer.fast import avx512
+
+        route = avx512.route("avx512_attention")
+        assert route.choice == "torch" and "clearformer calibrate" in route.reason
+
+    def test_a_verdict_measured_slower_keeps_pytorchs_route(self, measured):
+        from clearformer.fast import avx512
+
+        measured(avx512_attention=0.89, avx512_linear=1.0)
+        assert avx512.route("avx512_attention").choice == "torch"
+        linear = avx512.route("avx512_linear")
+        assert linear.choice == "torch" and "within the 5% margin" in linear.reason
+
+    def test_calibrate_show_prints_the_verdicts_and_auto_s_choice(self, measured, capsys):
+        assert main(["calibrate", "--show"]) == 1  # nothing cached yet
+        assert "no verdicts cached" in capsys.readouterr().out
+        measured(avx512_attention=1.5, avx512_linear=0.5)
+        assert main(["calibrate", "--show"]) == 0
+        out = capsys.readouterr().out
+        assert "| avx512_attention | 1.50x | avx512 | avx512 (" in out
+        assert "| avx512_linear | 0.50x | torch | torch (" in out
+        assert "| w0 | 15.00 | 10.00 |" in out
+
+    def test_both_sides_of_every_workload_compute_the_same_values(self):
+        from clearformer.calibration.kernels import attention_workloads, linear_workloads
+
+        workloads = attention_workloads() + linear_workloads()
+        with torch.inference_mode():
+            for workload in workloads:
+                got = workload.runs["avx512"]()
+                want = workload.runs["torch"]()
+                torch.testing.assert_close(got, want, atol=5e-5, rtol=1e-4, msg=workload.name)
+                assert got.abs().max() > 0.1  # not two zeros that agree
+
+
+def test_calibrate_refuses_force_with_show(capsys):
+    assert main(["calibrate", "--force", "--show"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+
+
+def test_nothing_is_measured_where_calibration_is_off(monkeypatch):
+    from clearformer.calibration import kernels
+
+    monkeypatch.setattr(kernels, "calibrate", lambda **_: pytest.fail("measured"))
+    assert kernels.measure_if_missing() is None  # the suite's CLEARFORMER_CALIBRATION=off
