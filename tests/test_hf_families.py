@@ -191,7 +191,8 @@ def test_unknown_model_type_lists_the_supported_ones():
     with pytest.raises(
         CheckpointError,
         match=r"unsupported architecture model_type='gpt2' in my/config\.json; "
-        r"supported: bert, distilbert, modernbert, mpnet, roberta",
+        r"supported: bert, distilbert, gemma3_text, gte, modernbert, mpnet, nomic_bert, qwen3, "
+        r"roberta",
     ):
         family_for({"model_type": "gpt2"}, "my/config.json")
     with pytest.raises(CheckpointError, match="model_type=None"):

@@ -132,6 +132,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="do not L2-normalise (default: as the checkpoint's pipeline says)",
     )
+    p.add_argument(
+        "--dimensions",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="keep the first N values of each embedding (a Matryoshka model's shorter "
+        "embedding), then normalise as the checkpoint says (default: the full width)",
+    )
     add_precision_argument(p, ENCODE_PRECISIONS, ENCODE_PRECISION_HELP)
     add_model_arguments(p)
     p.set_defaults(
@@ -231,6 +239,11 @@ def run(args: argparse.Namespace) -> int:
             f"got {len(texts)}; use --output to save the embeddings"
         )
     encoder = load_encoder(args)
+    if args.dimensions is not None:
+        try:  # before any work: a width the model cannot give is the caller's mistake
+            encoder.head.check_dimensions(args.dimensions, "--dimensions")
+        except ValueError as exc:
+            raise CliError(f"--model {encoder.path}: {exc}") from None
     embeddings = encoder.encode(
         texts,
         batch_size=args.batch_size,
@@ -239,7 +252,8 @@ def run(args: argparse.Namespace) -> int:
         normalize=args.normalize,
         progress=progress_for(args, len(texts)),
         precision=args.precision,
-    )  # (n, D) float32
+        dimensions=args.dimensions,
+    )  # (n, dimensions or width) float32
     if args.precision == "int8":
         from ..quant import int8_support
 

@@ -60,6 +60,11 @@ def run_sharded(args: argparse.Namespace) -> int:
         raise CliError("--similarity prints to the terminal; it does not go with --output DIR")
     if args.input is None or args.input == "-":
         raise CliError("--output DIR needs --input FILE: every process reads the same corpus")
+    if getattr(args, "dimensions", None) is not None:
+        raise CliError(
+            "--dimensions writes .npy, .jsonl or stdout; shards in --output DIR keep the full "
+            "width (cut them when reading)"
+        )
     rank, world = launch_rank()
     out = Path(args.output)
     if not out.parent.is_dir():

@@ -186,6 +186,12 @@ def export_onnx(
     target = _check_target(Path(out_dir), overwrite)
     model, text = _resolve(model_or_dir, pooling, say)
     mode = text.pooling if (pooling and text is not None) else None
+    if mode is not None and text.head.config.steps:
+        raise ValueError(
+            f"{text.path} runs sentence-transformers Dense modules after its pooling, which the "
+            "exported sentence_embedding would leave out; export with pooling=False "
+            "(--no-pooling) and apply them to the pooled last_hidden_state yourself"
+        )
     normalize = bool(pooling and text is not None and text.normalize)
     if text is not None and mode is not None and not text.include_prompt:
         log.warning(

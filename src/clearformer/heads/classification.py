@@ -9,6 +9,8 @@ BERT       first token  ``bert.pooler.dense``       tanh            ``classifier
 RoBERTa    first token  ``classifier.dense``        tanh            ``classifier.out_proj``
 DistilBERT first token  ``pre_classifier``          ReLU            ``classifier``
 ModernBERT cls or mean  ``head.dense`` (no bias)    GELU, LayerNorm ``classifier``
+GTE        first token  ``gte.pooler.dense``        tanh            ``classifier``
+Qwen3      last token   none                        none            ``score`` (no bias)
 =========  ===========  ==========================  ==============  ==========================
 
 so one module, configured by :class:`ClassifierConfig`, runs them all; the checkpoint families
@@ -38,7 +40,7 @@ CLASSIFIER_ACTIVATIONS = {
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu,
 }
-_POOLINGS = ("cls", "mean")
+_POOLINGS = ("cls", "mean", "lasttoken")
 
 
 @dataclass(frozen=True)
@@ -48,13 +50,17 @@ class ClassifierConfig:
     Attributes:
         d_model: width D of the encoder's states.
         num_labels: logits per sequence (1 for a relevance score).
-        pooling: ``cls`` (first token) or ``mean`` (average of the real tokens).
+        pooling: ``cls`` (first token), ``mean`` (average of the real tokens) or
+            ``lasttoken`` (the last real token, whatever the padding side: decoder-born
+            classifiers, whose last token has read the whole text).
+        dense: whether a dense layer and its activation come before ``out`` (Qwen3: no).
         activation: one of :data:`CLASSIFIER_ACTIVATIONS`, after the dense layer.
         dense_bias: whether the dense layer has a bias.
         norm: whether a LayerNorm follows the activation (ModernBERT).
         norm_eps: its epsilon.
         norm_bias: whether it has a bias.
         labels: the label names, ``labels[i]`` for logit ``i`` (empty: unnamed).
+        out_bias: whether ``out`` has a bias (Qwen3's ``score``: no).
     """
 
     d_model: int
@@ -66,6 +72,8 @@ class ClassifierConfig:
     norm_eps: float = 1e-5
     norm_bias: bool = True
     labels: tuple[str, ...] = ()
+    dense: bool = True
+    out_bias: bool = True
 
     def __post_init__(self) -> None:
         for name in ("d_model", "num_labels"):
@@ -79,6 +87,8 @@ class ClassifierConfig:
                 f"activation must be one of {tuple(CLASSIFIER_ACTIVATIONS)}, got "
                 f"{self.activation!r}"
             )
+        if self.norm and not self.dense:
+            raise ValueError("norm=True needs the dense layer it follows (dense=True)")
         if self.labels and len(self.labels) != self.num_labels:
             raise ValueError(
                 f"labels must name each of the num_labels={self.num_labels} logits, got "
@@ -87,7 +97,8 @@ class ClassifierConfig:
 
 
 class SequenceClassifier(nn.Module):
-    """Pool -> dense -> activation -> (LayerNorm) -> ``out``: (B, T, D) states -> (B, L) logits."""
+    """Pool -> (dense -> activation -> (LayerNorm)) -> ``out``: (B, T, D) states -> (B, L)
+    logits."""
 
     def __init__(self, config: ClassifierConfig) -> None:
         super().__init__()
@@ -95,17 +106,18 @@ class SequenceClassifier(nn.Module):
             raise TypeError(f"config must be a ClassifierConfig, got {type(config).__name__}")
         self.config = config
         D = config.d_model
-        self.dense = nn.Linear(D, D, bias=config.dense_bias)
+        self.dense = nn.Linear(D, D, bias=config.dense_bias) if config.dense else None
         self.norm = (
             nn.LayerNorm(D, eps=config.norm_eps, bias=config.norm_bias) if config.norm else None
         )
-        self.out = nn.Linear(D, config.num_labels)
+        self.out = nn.Linear(D, config.num_labels, bias=config.out_bias)
         self._activation = CLASSIFIER_ACTIVATIONS[config.activation]
 
     def forward(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
         """(B, T, D) token states + (B, T) bool mask (True = real token) -> (B, L) logits."""
         x = pool(hidden, attention_mask, self.config.pooling)  # (B, D)
-        x = self._activation(self.dense(x))
+        if self.dense is not None:
+            x = self._activation(self.dense(x))
         if self.norm is not None:
             x = self.norm(x)
         return self.out(x)  # (B, L)

@@ -91,6 +91,12 @@ class ServedModel:
         precision: str = "float32",
         aliases: tuple[str, ...] = (),
     ) -> None:
+        if getattr(model.tokenizer, "template", None) is not None:
+            # The server's own tokenizers truncate at its limit but know no chat template.
+            raise ValueError(
+                f"{model.path} is an LLM reranker laid out by a chat template, which clearformer "
+                "serve does not run yet; use CrossEncoder.predict or clearformer rerank"
+            )
         self.name = name
         self.aliases = aliases
         self.kind = kind

@@ -25,13 +25,15 @@ from ..fast.packed_weights import PACK_MIN_TOKENS, KeptPacking, PackedWeights, u
 from ..heads import SequenceClassifier
 from ..interop.hf import LoadReport, TextTokenizer, find_checkpoint
 from ..interop.hf.heads import LoadedClassifier, load_classifier
-from ..interop.hf.sentence_transformers import score_activation
+from ..interop.hf.sentence_transformers import Prompts, prompts_from_files, score_activation
 from ..interop.hf.tokenizer import check_pairs, check_texts, max_length_for
 from ..model import EncoderModel
 from ..options import Decision
 from .batching import DEFAULT_MAX_TOKENS, balance_batches, check_batch_limits, plan_batches
-from .encoder import attention_kernel_for
+from .kernel_builds import attention_kernel_for
+from .llm_reranker import is_causal_lm, load_llm_reranker
 from .precisions import Precisions
+from .prompts import choose_prompt
 from .workers import auto_workers, check_workers, map_in_workers
 
 log = logging.getLogger(__name__)
@@ -58,10 +60,18 @@ class CrossEncoder:
         max_length: pairs are truncated to this many pieces, special tokens included.
         path: the checkpoint directory.
         report: what the load did, the head's tensors included.
+        prompts: the checkpoint's named prompts and its default one, for ``predict``.
     """
 
-    def __init__(self, loaded: LoadedClassifier, tokenizer: TextTokenizer, activation: str):
+    def __init__(
+        self,
+        loaded: LoadedClassifier,
+        tokenizer: TextTokenizer,
+        activation: str,
+        prompts: Prompts | None = None,
+    ):
         self._loaded = loaded
+        self.prompts = Prompts() if prompts is None else prompts
         self.model: EncoderModel = loaded.loaded.model
         self.head: SequenceClassifier = loaded.head
         self.tokenizer = tokenizer
@@ -89,7 +99,9 @@ class CrossEncoder:
         backend: str = "auto",
         strict: bool = True,
     ) -> CrossEncoder:
-        """Load a ``*ForSequenceClassification`` checkpoint directory.
+        """Load a ``*ForSequenceClassification`` checkpoint directory, or a ``*ForCausalLM``
+        reranker (Qwen3-Reranker: its chat template, its yes/no logits; see
+        :mod:`~.llm_reranker`).
 
         Raises:
             FileNotFoundError: no such directory.
@@ -98,6 +110,11 @@ class CrossEncoder:
         """
         started = time.perf_counter()
         files = find_checkpoint(path)
+        prompts = prompts_from_files(files)
+        if is_causal_lm(files):  # a *ForCausalLM reranker: scored by its yes/no logits
+            loaded, tokenizer, activation = load_llm_reranker(files, backend=backend, strict=strict)
+            log.info("loaded LLM reranker %s in %.2fs", files.path, time.perf_counter() - started)
+            return cls(loaded, tokenizer, activation, prompts)
         loaded = load_classifier(files, backend=backend, strict=strict)
         config = loaded.loaded.model.config
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
@@ -106,7 +123,7 @@ class CrossEncoder:
         )
         activation = score_activation(files, loaded.head.config.num_labels)
         log.info("loaded cross-encoder %s in %.2fs", files.path, time.perf_counter() - started)
-        return cls(loaded, tokenizer, activation)
+        return cls(loaded, tokenizer, activation, prompts)
 
     def logits(
         self,
@@ -153,6 +170,8 @@ class CrossEncoder:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         workers: int | None = None,
         precision: str = "float32",
+        prompt: str | None = None,
+        prompt_name: str | None = None,
     ) -> np.ndarray:
         """Scores of (first, second) text pairs, as ``sentence_transformers.CrossEncoder``
         ``.predict`` gives them.
@@ -176,6 +195,9 @@ class CrossEncoder:
                 bfloat16 matrix products with float32 norms and softmax, logits in float32;
                 ``"auto"``: bf16 where this CPU runs it faster (:meth:`precision_for` says
                 which and why; logged at INFO level).
+            prompt: text put before each first text (an LLM reranker's instruction: a system
+                message of its chat template); ``prompt_name``: one of :attr:`prompts`; with
+                neither, the checkpoint's default prompt, if any (sentence-transformers' rule).
 
         Returns:
             float32 (n,) with one label, (n, L) with L labels; row i for ``pairs[i]``.
@@ -187,9 +209,10 @@ class CrossEncoder:
         check_choice(name, tuple(ACTIVATIONS), "activation")  # TypeError for a non-str
         check_workers(workers)
         precision = self._precisions.check(precision)  # before any work
+        chosen_prompt = choose_prompt(self.prompts, prompt, prompt_name)
         n, L = len(pairs), self.num_labels
         out = np.empty((n, L), dtype=np.float32)
-        encodings = self.tokenizer.encode_pairs(pairs) if n else []
+        encodings = self.tokenizer.encode_pairs(pairs, prompt=chosen_prompt) if n else []
         lengths = [len(e.ids) for e in encodings]
         tokens = sum(lengths)
         device = next(self.model.parameters()).device

@@ -7,35 +7,28 @@ of a ragged batch, so padding costs nothing); pool; normalise; put rows back in 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from ..checks import check_bool, check_choice, check_unicode
+from ..checks import check_bool, check_choice
 from ..config import EncoderConfig
 from ..fast.packed_weights import PACK_MIN_TOKENS, KeptPacking, PackedWeights, use_packed_weights
 from ..heads import POOLING_MODES, pool
+from ..heads.sentence import SentenceHead, SentenceHeadConfig
 from ..interop.hf import (
     LoadedModel,
     LoadReport,
     TextTokenizer,
     TokenBatch,
-    find_checkpoint,
-    load_model,
-    normalize_from_modules,
-    pooling_from_config,
-    save_model,
 )
-from ..interop.hf.files import CHECKPOINT_FILES
-from ..interop.hf.sentence_transformers import Prompts, prompts_from_files
-from ..interop.hf.tokenizer import check_texts, max_length_for
-from ..io import atomic_write
+from ..interop.hf.sentence_transformers import Prompts
+from ..interop.hf.tokenizer import check_texts
 from ..model import EncoderModel
 from ..options import Decision
 from .batching import (
@@ -45,9 +38,12 @@ from .batching import (
     plan_batches,
     row_backend,
 )
+from .encoder_files import read_encoder_parts, write_encoder_files
 from .int8_models import Int8Models
+from .kernel_builds import attention_kernel_for
 from .precisions import Precisions
 from .progress import ProgressFn, progress_reporter
+from .prompts import choose_prompt, prompt_length
 from .workers import auto_workers, check_workers, map_in_workers
 
 log = logging.getLogger(__name__)
@@ -68,10 +64,14 @@ class TextEncoder:
         config: its :class:`~clearformer.EncoderConfig`.
         pooling: one of :data:`clearformer.heads.POOLING_MODES` (``"mean"``, ``"cls"``,
             ``"weightedmean"``, ...).
+        head: the :class:`~clearformer.heads.sentence.SentenceHead`: the pooling, then the
+            checkpoint's sentence-transformers ``Dense`` and ``Normalize`` modules.
         include_prompt: whether a ``prompt`` given to :meth:`encode` counts in the pooling
             (the checkpoint's pooling config says; false leaves its tokens out).
         normalize: whether :meth:`encode` L2-normalises by default (the checkpoint's
-            sentence-transformers modules include ``Normalize``).
+            sentence-transformers modules end in ``Normalize``).
+        truncate_dim: the width :meth:`encode` cuts embeddings to by default (Matryoshka);
+            None = the full width.
         max_length: texts are truncated to this many pieces, special tokens included.
         prompts: the checkpoint's named prompts and its default one
             (``config_sentence_transformers.json``), for ``encode(prompt_name=...)``.
@@ -88,15 +88,27 @@ class TextEncoder:
         normalize: bool,
         include_prompt: bool = True,
         prompts: Prompts | None = None,
+        head: SentenceHead | None = None,
+        truncate_dim: int | None = None,
     ) -> None:
         self._loaded = loaded
         self.prompts = Prompts() if prompts is None else prompts
         self.model: EncoderModel = loaded.model
         self.config: EncoderConfig = loaded.model.config
         self.tokenizer = tokenizer
-        self.pooling = check_choice(pooling, POOLING_MODES, "TextEncoder pooling")
+        check_choice(pooling, POOLING_MODES, "TextEncoder pooling")
         self.include_prompt = include_prompt
         self.normalize = normalize
+        if head is None:
+            head = SentenceHead(SentenceHeadConfig(self.config.d_model, pooling)).eval()
+        if head.config.pooling != pooling or head.config.d_model != self.config.d_model:
+            raise ValueError(
+                f"head must pool with {pooling!r} from width {self.config.d_model}, got "
+                f"{head.config.pooling!r} from width {head.config.d_model}"
+            )
+        self.head = head
+        head.check_dimensions(truncate_dim, "truncate_dim")
+        self.truncate_dim = truncate_dim
         self.max_length = tokenizer.max_length
         self.path: Path = loaded.files.path
         self.report: LoadReport = loaded.report
@@ -113,45 +125,57 @@ class TextEncoder:
         *,
         backend: str = "auto",
         strict: bool = True,
+        padding_side: str | None = None,
+        truncate_dim: int | None = None,
     ) -> TextEncoder:
         """Load a checkpoint directory (None: the bundled all-MiniLM-L6-v2).
+
+        Args:
+            padding_side: ``"right"`` or ``"left"``; None = tokenizer_config.json's
+                ``padding_side`` (right when absent). Embeddings do not depend on it:
+                positions count each row's real tokens either way.
+            truncate_dim: the width :meth:`encode` cuts embeddings to by default; None =
+                config_sentence_transformers.json's ``truncate_dim``, else the full width.
 
         Raises:
             FileNotFoundError: no such directory (or the bundled model is not installed).
             CheckpointError: incomplete, unsupported, corrupt or mismatched checkpoint.
+            ValueError: a ``truncate_dim`` wider than the embeddings or outside the model's
+                Matryoshka dimensions.
         """
-        started = time.perf_counter()
-        files = find_checkpoint(path)
-        pooling = pooling_from_config(files.pooling_config)
-        normalize = normalize_from_modules(files.modules, files.path)
-        loaded = load_model(files, backend=backend, strict=strict)
-        config = loaded.model.config
-        pad_id = config.pad_token_id if config.pad_token_id is not None else 0
-        tokenizer = TextTokenizer.from_files(
-            files, max_length_for(files, config.max_length), pad_id, vocab_size=config.vocab_size
+        parts = read_encoder_parts(
+            path,
+            backend=backend,
+            strict=strict,
+            padding_side=padding_side,
+            truncate_dim=truncate_dim,
         )
-        log.info("loaded %s in %.2fs", files.path, time.perf_counter() - started)
-        architectures = files.config.get("architectures") or []
-        if any(str(a).endswith("ForSequenceClassification") for a in architectures):
-            log.warning(
-                "%s is a %s checkpoint: its encoder was trained to score pairs (CrossEncoder), "
-                "not to embed texts, so its embeddings may mean little",
-                files.path,
-                architectures[0],
-            )
         return cls(
-            loaded,
-            tokenizer,
-            pooling=pooling.mode,
-            normalize=normalize,
-            include_prompt=pooling.include_prompt,
-            prompts=prompts_from_files(files),
+            parts.loaded,
+            parts.tokenizer,
+            pooling=parts.pooling.mode,
+            normalize=parts.head.config.normalize,
+            include_prompt=parts.pooling.include_prompt,
+            prompts=parts.prompts,
+            head=parts.head,
+            truncate_dim=parts.truncate_dim,
         )
 
     @property
+    def pooling(self) -> str:
+        """The pooling mode (:attr:`head`'s); setting it changes how later calls pool."""
+        return self.head.config.pooling
+
+    @pooling.setter
+    def pooling(self, mode: str) -> None:
+        check_choice(mode, POOLING_MODES, "TextEncoder pooling")
+        self.head.config = dataclasses.replace(self.head.config, pooling=mode)
+
+    @property
     def dim(self) -> int:
-        """Width D of the embeddings."""
-        return self.config.d_model
+        """Width of the embeddings :meth:`encode` gives by default: :attr:`truncate_dim`, else
+        the head's (the last Dense module's, else the model's width D)."""
+        return self.head.width if self.truncate_dim is None else self.truncate_dim
 
     def tokenize(self, texts: list[str]) -> TokenBatch:
         """Tokenize and pad ``texts`` as :meth:`encode` does (one batch, input order)."""
@@ -159,16 +183,14 @@ class TextEncoder:
 
     def pool(self, hidden: Tensor, attention_mask: Tensor, skip: int = 0) -> Tensor:
         """(B, T, D) token states + (B, T) bool mask -> (B, D) with the checkpoint's pooling,
-        the first ``skip`` tokens (a prompt's) left out."""
+        the first ``skip`` tokens (a prompt's) left out; the pooling only, before any Dense
+        module (:attr:`head` runs them all)."""
         return pool(hidden, attention_mask, self.pooling, skip=skip)
 
     def prompt_length(self, prompt: str) -> int:
         """Tokens a ``prompt`` takes at the start of a text: its pieces and the opening special
         token, not a closing one (sentence-transformers' count)."""
-        check_unicode(prompt, "prompt")
-        (encoding,) = self.tokenizer.encode([prompt])
-        closing = bool(encoding.special_tokens_mask) and encoding.special_tokens_mask[-1] == 1
-        return len(encoding.ids) - int(closing)
+        return prompt_length(self.tokenizer, prompt)
 
     def encode(
         self,
@@ -183,6 +205,7 @@ class TextEncoder:
         prompt_name: str | None = None,
         precision: str = "float32",
         fuse_int8: bool | None = None,
+        dimensions: int | None = None,
     ) -> np.ndarray:
         """Sentence embeddings of ``texts``.
 
@@ -224,10 +247,15 @@ class TextEncoder:
                 compiled (``torch.compile``: the same arithmetic in fewer passes, after a
                 one-time compile; ``docs/int8.md`` has the costs and the gain); None = for
                 calls of at least :data:`FUSED_INT8_MIN_TOKENS` tokens.
+            dimensions: keep the first this many values of each embedding (a Matryoshka
+                model's shorter embedding), then normalise if the call normalises; None =
+                :attr:`truncate_dim`. At most the width, and one of the model's Matryoshka
+                dimensions where its files list them.
 
         Returns:
-            (n, D) float32, row i for ``texts[i]``. Batching changes speed and memory, never
-            the result: a text's embedding does not depend on its batch-mates.
+            (n, dimensions or width) float32, row i for ``texts[i]``. Batching changes speed
+            and memory, never the result: a text's embedding does not depend on its
+            batch-mates.
 
         On a CPU in float32 or bfloat16, once this encoder's calls have carried
         :data:`~clearformer.fast.packed_weights.PACK_MIN_TOKENS` tokens in all, it keeps a copy
@@ -246,8 +274,10 @@ class TextEncoder:
         if prompt is not None:
             texts = [prompt + text for text in texts]
         normalize = self.normalize if normalize is None else normalize
+        dimensions = self.truncate_dim if dimensions is None else dimensions
+        self.head.check_dimensions(dimensions)
         n = len(texts)
-        out = np.empty((n, self.dim), dtype=np.float32)
+        out = np.empty((n, dimensions or self.head.width), dtype=np.float32)
         precision = self._precisions.check(precision)  # before any work
         check_batch_limits(batch_size, max_tokens if max_tokens is not None else 1)
         check_workers(workers)
@@ -281,7 +311,10 @@ class TextEncoder:
 
         def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:
             chosen = [encodings[i] for i in rows]
-            return rows, self._forward(chosen, model, packed, skip=skip, normalize=normalize)
+            vectors = self._forward(
+                chosen, model, packed, skip=skip, normalize=normalize, dimensions=dimensions
+            )
+            return rows, vectors
 
         done = 0
         for rows, vectors in map_in_workers(embed, batches, workers):
@@ -297,6 +330,7 @@ class TextEncoder:
         normalize: bool,
         skip: int = 0,
         precision: str = "float32",
+        dimensions: int | None = None,
     ) -> np.ndarray:
         """One forward pass over texts already tokenized (``tokenizer.encode``), as
         :meth:`encode` runs each of its batches: (B, D) float32, row i for ``encodings[i]``.
@@ -312,8 +346,10 @@ class TextEncoder:
         """
         check_bool(normalize, "normalize")
         precision = self._precisions.check(precision)
+        dimensions = self.truncate_dim if dimensions is None else dimensions
+        self.head.check_dimensions(dimensions)
         if not encodings:
-            return np.empty((0, self.dim), dtype=np.float32)
+            return np.empty((0, dimensions or self.head.width), dtype=np.float32)
         tokens = sum(len(e.ids) for e in encodings)
         chosen = self._precisions.decide(precision).choice
         if chosen == "int8":
@@ -321,7 +357,9 @@ class TextEncoder:
         else:
             model = self.bf16_model() if chosen == "bf16" else self.model
             packed = self._packing.for_call(tokens)
-        return self._forward(encodings, model, packed, skip=skip, normalize=normalize)
+        return self._forward(
+            encodings, model, packed, skip=skip, normalize=normalize, dimensions=dimensions
+        )
 
     def _forward(
         self,
@@ -331,9 +369,10 @@ class TextEncoder:
         *,
         skip: int,
         normalize: bool,
+        dimensions: int | None,
     ) -> np.ndarray:
-        """Pad, run, pool and normalise one batch: (B, D) float32 (encode's and embed_batch's
-        one path)."""
+        """Pad, run, pool, the Dense modules, cut and normalise one batch: (B, width) float32
+        (encode's and embed_batch's one path)."""
         batch = self.tokenizer.pad(encodings, with_tokens=False)
         mask = batch.attention_mask  # (B, T) bool
         backend = row_backend(model.config.backend, mask)
@@ -341,11 +380,12 @@ class TextEncoder:
         with torch.inference_mode(), use_packed_weights(packed):
             # The mask goes as it is: the Encoder's plan drops one without padding itself.
             hidden = model(batch.input_ids, mask, batch.token_type_ids, backend=backend)
-            # Pooling and normalisation in float32 whatever the model's rows (bfloat16): a
-            # mean over hundreds of tokens would otherwise round at every partial sum.
-            vectors = self.pool(hidden.float(), mask, skip)  # (B, D)
-            if normalize:
-                vectors = F.normalize(vectors, p=2.0, dim=-1)
+            # The head (pooling, Dense modules, cut, normalisation) in float32 whatever the
+            # model's rows (bfloat16): a mean over hundreds of tokens would otherwise round at
+            # every partial sum.
+            vectors = self.head(
+                hidden.float(), mask, skip=skip, normalize=normalize, dimensions=dimensions
+            )  # (B, dimensions or width)
         return vectors.float().numpy()
 
     def resolve_prompt(
@@ -354,11 +394,9 @@ class TextEncoder:
         """The text :meth:`encode` puts before every text for these arguments (None: none) and
         how many of its tokens the pooling leaves out (non-zero only where the checkpoint's
         pooling excludes the prompt)."""
-        prompt = self._resolve_prompt(prompt, prompt_name)
+        prompt = choose_prompt(self.prompts, prompt, prompt_name)
         if prompt is None:
             return None, 0
-        if not isinstance(prompt, str):
-            raise TypeError(f"prompt must be a str or None, got {type(prompt).__name__}")
         return prompt, 0 if self.include_prompt else self.prompt_length(prompt)
 
     def keep_weights_packed(self) -> None:
@@ -440,45 +478,9 @@ class TextEncoder:
 
     rank = predict
 
-    def _resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
-        named = self.prompts.prompts
-        if prompt_name is not None and not isinstance(prompt_name, str):
-            raise TypeError(f"prompt_name must be a str or None, got {prompt_name!r}")
-        if prompt_name is not None and prompt_name not in named:
-            raise ValueError(
-                f"prompt_name must be one of the checkpoint's prompts {sorted(named)}, got "
-                f"{prompt_name!r}"
-            )
-        if prompt is not None:
-            if prompt_name is not None:
-                log.warning("both prompt and prompt_name given: prompt_name is ignored")
-            return prompt
-        name = prompt_name if prompt_name is not None else self.prompts.default
-        return None if name is None else named[name]
-
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write the checkpoint back in Hugging Face format, with tokenizer and pooling files."""
-        out = save_model(
-            self.model,
-            directory,
-            self._loaded.architecture,
-            base_config=self._loaded.hf_config,
-            kept=self._loaded.kept,
-        )
-        sources = [self.path / name for name in CHECKPOINT_FILES]
-        modules = self._loaded.files.modules or []
-        sources += [
-            self.path / str(m.get("path", "")) / "config.json"
-            for m in modules
-            if str(m.get("type", "")).endswith(".Pooling")
-        ]
-        for source in sources:
-            if source.is_file():
-                target = out / source.relative_to(self.path)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with atomic_write(target, "wb") as handle:
-                    handle.write(source.read_bytes())
-        return out
+        return write_encoder_files(self, directory)
 
     def __repr__(self) -> str:
         return (
@@ -486,22 +488,3 @@ class TextEncoder:
             f"{self._loaded.architecture.model_type!r}, dim={self.dim}, pooling={self.pooling!r}, "
             f"normalize={self.normalize}, max_length={self.max_length})"
         )
-
-
-def attention_kernel_for(tokens: int, device: torch.device) -> None:
-    """On a CPU that can build clearformer's AVX-512 kernels, with no switch off
-    (:func:`clearformer.fast.avx512.preferred`), build them for a call of at least
-    ``BUILD_MIN_TOKENS`` tokens, which repays the build, and measure them against PyTorch's
-    routes if this CPU has no verdict yet (:mod:`clearformer.calibration`): the forward plan
-    takes each kernel where it measured faster."""
-    from ..fast import avx512
-
-    if (
-        device.type == "cpu"
-        and tokens >= avx512.BUILD_MIN_TOKENS
-        and avx512.preferred()
-        and avx512.load(build=True).choice == "loaded"
-    ):
-        from ..calibration.kernels import measure_if_missing
-
-        measure_if_missing()

@@ -98,7 +98,7 @@ def load_state(
     report = LoadReport(source=source, architecture=family.model_type)
     inner, outer, prefix = _split_prefix(_normalise_keys(tensors), family)
     params = dict(model.named_parameters())
-    table = family.name_table(model.config.n_layers)
+    table = family.name_table(model.config.n_layers, model.config)
     if {t for t, _ in table} != set(params):
         raise CheckpointError(
             f"internal name table for {family.model_type} does not cover the model: "
@@ -108,21 +108,36 @@ def load_state(
     used: set[str] = set()
     for target, sources in table:
         param = params[target]
-        absent = [s for s in sources if s not in inner]
-        if absent:
-            report.missing += [prefix + s for s in absent]
+        if not sources:  # the layout lacks this bias: zeros compute what the checkpoint does
+            updates.append((param, torch.zeros_like(param)))
+            report.loaded.append(target)
             continue
-        # Fused q;k;v rows: each source holds an equal share of the first axis.
-        want = (param.shape[0] // len(sources), *param.shape[1:])
-        for s in sources:
-            if tuple(inner[s].shape) != want:
+        names = [source_part(s)[0] for s in sources]
+        absent = list(dict.fromkeys(n for n in names if n not in inner))
+        if absent:
+            report.missing += [prefix + n for n in absent]
+            continue
+        # Fused rows (q; k; v, or gate; up): each source holds its share of the first axis.
+        pieces = []
+        for s, rows in zip(sources, row_split(model, target, len(sources)), strict=True):
+            name, index, count = source_part(s)
+            tensor = inner[name]
+            if count > 1 and tensor.shape[0] % count:
                 raise CheckpointError(
-                    f"weight {s} in {source} has shape {tuple(inner[s].shape)}, expected "
-                    f"{want} from config.json"
+                    f"weight {name} in {source} has {tensor.shape[0]} rows, which do not split "
+                    f"into its {count} fused parts"
                 )
-        value = inner[sources[0]] if len(sources) == 1 else torch.cat([inner[s] for s in sources])
-        updates.append((param, value))
-        used.update(sources)
+            tensor = tensor.chunk(count, dim=0)[index] if count > 1 else tensor
+            want = (rows, *param.shape[1:])
+            if tuple(tensor.shape) != want:
+                shape = tuple(inner[name].shape)
+                raise CheckpointError(
+                    f"weight {name} in {source} has shape {shape}, expected "
+                    f"{(rows * count, *param.shape[1:])} from config.json"
+                )
+            pieces.append(tensor)
+        updates.append((param, pieces[0] if len(pieces) == 1 else torch.cat(pieces)))
+        used.update(names)
         report.loaded.append(target)
     kept: dict[str, Tensor] = {}
     for key in sorted(set(inner) - used):
@@ -153,12 +168,57 @@ def load_state(
     return report, kept
 
 
+def row_split(model: EncoderModel, target: str, count: int) -> list[int]:
+    """The rows each of ``count`` sources gives parameter ``target``: an attention's fused
+    ``in_proj`` says its own (``proj_sizes``: fewer key and value rows under grouped-query
+    attention); anything else splits evenly (a gated feed-forward's gate; up)."""
+    param = model.get_parameter(target)
+    if count == 1:
+        return [param.shape[0]]
+    linear, _ = target.rsplit(".", 1)
+    owner, name = linear.rsplit(".", 1) if "." in linear else ("", linear)
+    sizes = getattr(model.get_submodule(owner), "proj_sizes", None) if name == "in_proj" else None
+    if sizes is not None and len(sizes) == count:
+        return list(sizes)
+    return [param.shape[0] // count] * count
+
+
 def export_state(model: EncoderModel, family: Family) -> dict[str, Tensor]:
-    """``model``'s parameters under the Hugging Face base model's names (inverse of loading)."""
+    """``model``'s parameters under the Hugging Face base model's names (inverse of loading).
+
+    Raises:
+        CheckpointError: a parameter the family's layout lacks (ZEROS) is not all zeros.
+    """
     params = dict(model.named_parameters())
     out: dict[str, Tensor] = {}
-    for target, sources in family.name_table(model.config.n_layers):
-        pieces = params[target].detach().chunk(len(sources), dim=0)  # q; k; v rows apart
-        for name, piece in zip(sources, pieces, strict=True):
-            out[name] = piece.contiguous().clone()
+    fused: dict[str, list[Tensor | None]] = {}  # a tensor saved in parts: its parts in order
+    for target, sources in family.name_table(model.config.n_layers, model.config):
+        if not sources:
+            if params[target].detach().count_nonzero():
+                raise CheckpointError(
+                    f"{target} is not all zeros, but a {family.model_type} checkpoint has no "
+                    "such tensor (its layout has no bias there), so it cannot be saved"
+                )
+            continue
+        rows = row_split(model, target, len(sources))
+        pieces = params[target].detach().split(rows, dim=0)  # q; k; v rows apart
+        for s, piece in zip(sources, pieces, strict=True):
+            name, index, count = source_part(s)
+            if count == 1:
+                out[name] = piece.contiguous().clone()
+            else:
+                fused.setdefault(name, [None] * count)[index] = piece
+    for name, parts in fused.items():
+        out[name] = torch.cat(parts).contiguous()  # every part is in a complete table
     return out
+
+
+def source_part(source: str) -> tuple[str, int, int]:
+    """(checkpoint key, part, parts) of a name-table source: ``"mlp.up_gate_proj.weight#1/2"``
+    is the second of two equal row blocks of that tensor (a checkpoint that fuses what
+    clearformer stacks in another order); a plain key is the whole tensor, part 0 of 1."""
+    name, _, part = source.partition("#")
+    if not part:
+        return name, 0, 1
+    index, _, count = part.partition("/")
+    return name, int(index), int(count)

@@ -3,7 +3,8 @@
 
 The pooling mode comes from the pooling module's config (``1_Pooling/config.json``): the legacy
 ``pooling_mode_*_tokens`` booleans or the newer ``pooling_mode`` string. The pooling itself is
-:func:`clearformer.heads.pool`. Normalisation is a ``Normalize`` module in ``modules.json``.
+:func:`clearformer.heads.pool`. Normalisation is a ``Normalize`` module in ``modules.json``; the
+``Dense`` modules between them are read by :mod:`.st_modules`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any
 from ...heads import POOLING_MODES
 from .files import CheckpointError, CheckpointFiles, read_json
 
-# The sentence-transformers modules clearformer runs (as the last part of their type name).
-SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
+# The sentence-transformers modules clearformer runs (as the last part of their type name);
+# the Dense modules' files are read by .st_modules.
+SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
 
 _LEGACY_KEYS = {
     "pooling_mode_cls_token": "cls",
@@ -84,8 +86,8 @@ def normalize_from_modules(modules: list[dict[str, Any]] | None, root: Path) -> 
     """Whether sentence-transformers' modules include Normalize (False without modules.json).
 
     Raises:
-        CheckpointError: a module clearformer does not run (a Dense layer, say), whose
-            embeddings would silently differ.
+        CheckpointError: a module clearformer does not run (an LSTM, say), whose embeddings
+            would silently differ.
     """
     if modules is None:
         return False

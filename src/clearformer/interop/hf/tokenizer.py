@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...checks import check_unicode
+from ...checks import check_choice, check_unicode
 from .files import CheckpointError, CheckpointFiles
 
 log = logging.getLogger(__name__)
@@ -123,13 +123,20 @@ def check_vocab_size(tokenizer, files: CheckpointFiles, vocab_size: int) -> None
         )
 
 
-class TextTokenizer:
-    """The checkpoint's tokenizer with the model's truncation; pads batches itself."""
+PADDING_SIDES = ("right", "left")
 
-    def __init__(self, tokenizer, max_length: int, pad_id: int) -> None:
+
+class TextTokenizer:
+    """The checkpoint's tokenizer with the model's truncation; pads batches itself, on the
+    right (real tokens first) or on the left (real tokens last, as decoder-style models are
+    run in transformers: the last position is then every row's last real token)."""
+
+    def __init__(self, tokenizer, max_length: int, pad_id: int, padding_side: str = "right"):
+        check_choice(padding_side, PADDING_SIDES, "padding_side")
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.pad_id = pad_id
+        self.padding_side = padding_side
         tokenizer.no_padding()
         tokenizer.enable_truncation(max_length=max_length)
 
@@ -141,13 +148,15 @@ class TextTokenizer:
         pad_id: int,
         *,
         vocab_size: int | None = None,
+        padding_side: str | None = None,
     ) -> TextTokenizer:
         """The checkpoint's tokenizer; ``vocab_size`` (the model's embedding rows), when given,
-        bounds its vocabulary.
+        bounds its vocabulary. ``padding_side`` None = tokenizer_config.json's
+        ``padding_side`` (right when it has none).
 
         Raises:
-            CheckpointError: unreadable tokenizer files, or a vocabulary with more pieces than
-                the model has embedding rows.
+            CheckpointError: unreadable tokenizer files, a vocabulary with more pieces than the
+                model has embedding rows, or left padding without a pad token.
         """
         from tokenizers import Tokenizer
 
@@ -164,7 +173,10 @@ class TextTokenizer:
             raise CheckpointError(f"cannot read tokenizer {files.tokenizer}: {exc}") from None
         if vocab_size is not None:
             check_vocab_size(tokenizer, files, vocab_size)
-        return cls(tokenizer, max_length, pad_id)
+        side = padding_side_for(files, padding_side)
+        if side == "left":
+            pad_id = left_pad_id(tokenizer, files)
+        return cls(tokenizer, max_length, pad_id, side)
 
     def encode(self, texts: list[str], *, with_tokens: bool = False) -> list:
         """``tokenizers.Encoding`` per text (special tokens added, truncated, unpadded).
@@ -172,10 +184,15 @@ class TextTokenizer:
         types and overflow are the same), which is what the model needs."""
         return self._encode_batch(texts, with_tokens)
 
-    def encode_pairs(self, pairs: list[tuple[str, str]], *, with_tokens: bool = False) -> list:
+    def encode_pairs(
+        self, pairs: list[tuple[str, str]], *, with_tokens: bool = False, prompt: str | None = None
+    ) -> list:
         """``tokenizers.Encoding`` per (first, second) pair, as the checkpoint's pair template
         joins them (``[CLS] A [SEP] B [SEP]``, second segment token type 1, for BERT); the
-        longer side loses pieces first when a pair is too long."""
+        longer side loses pieces first when a pair is too long. A ``prompt`` goes before each
+        first text (sentence-transformers' rule for pairs)."""
+        if prompt is not None:
+            pairs = [(prompt + first, second) for first, second in pairs]
         return self._encode_batch(pairs, with_tokens)
 
     def _encode_batch(self, items: list, with_tokens: bool) -> list:
@@ -197,9 +214,11 @@ class TextTokenizer:
         mask = np.zeros((B, T), dtype=bool)
         for row, enc in enumerate(encodings):
             n = len(enc.ids)
-            ids[row, :n] = enc.ids
-            types[row, :n] = enc.type_ids
-            mask[row, :n] = True
+            # Real tokens first (right padding) or last (left padding); T - n pads either way.
+            at = slice(T - n, T) if self.padding_side == "left" else slice(0, n)
+            ids[row, at] = enc.ids
+            types[row, at] = enc.type_ids
+            mask[row, at] = True
         return TokenBatch(
             input_ids=torch.from_numpy(ids),
             attention_mask=torch.from_numpy(mask),
@@ -210,6 +229,42 @@ class TextTokenizer:
 
     def __call__(self, texts: list[str]) -> TokenBatch:
         return self.pad(self.encode(check_texts(texts), with_tokens=True))
+
+
+def padding_side_for(files: CheckpointFiles, padding_side: str | None) -> str:
+    """``padding_side`` if given, else tokenizer_config.json's (right when absent)."""
+    if padding_side is not None:
+        return check_choice(padding_side, PADDING_SIDES, "padding_side")
+    side = files.tokenizer_config.get("padding_side", "right")
+    if side not in PADDING_SIDES:
+        raise CheckpointError(
+            f"{files.path / 'tokenizer_config.json'} 'padding_side' must be 'right' or 'left', "
+            f"got {side!r}"
+        )
+    return side
+
+
+def left_pad_id(tokenizer, files: CheckpointFiles) -> int:
+    """The pad token's id for left padding: tokenizer_config.json's ``pad_token``, else
+    config.json's ``pad_token_id``. transformers refuses to pad without one, and so does this:
+    a left-padded row's first positions must hold a token the model knows as padding."""
+    name = _token_text(files.tokenizer_config.get("pad_token"), "")
+    if name:
+        found = tokenizer.token_to_id(name)
+        if found is None:
+            raise CheckpointError(
+                f"{files.path / 'tokenizer_config.json'} 'pad_token'={name!r} is not in the "
+                f"vocabulary of {files.tokenizer}"
+            )
+        return found
+    pad_id = files.config.get("pad_token_id")
+    if isinstance(pad_id, int) and not isinstance(pad_id, bool) and pad_id >= 0:
+        return pad_id
+    raise CheckpointError(
+        f"left padding needs a pad token, but {files.path / 'tokenizer_config.json'} has no "
+        f"'pad_token' and {files.path / 'config.json'} 'pad_token_id' is {pad_id!r}; name one "
+        "there, or pad on the right (padding_side='right')"
+    )
 
 
 def _wordpiece_from_vocab(vocab: Path, config: dict[str, Any]):

@@ -14,14 +14,15 @@ from types import MappingProxyType
 from typing import Any
 
 from ..files import CheckpointError
-from . import bert, distilbert, modernbert, mpnet, xlm_roberta
-from .family import Family, HeadLayout, NameTable
+from . import bert, distilbert, gemma3, gte, modernbert, mpnet, nomic_bert, qwen3, xlm_roberta
+from .family import ZEROS, Family, HeadLayout, NameTable
 
 __all__ = [
     "FAMILIES",
     "Family",
     "HeadLayout",
     "NameTable",
+    "ZEROS",
     "family_for",
     "family_named",
     "register",
@@ -77,8 +78,12 @@ def family_for(hf: dict[str, Any], source: str = "config.json") -> Family:
 _BUILT_IN = (
     *bert.FAMILIES,
     *distilbert.FAMILIES,
+    *gemma3.FAMILIES,
+    *gte.FAMILIES,
     *modernbert.FAMILIES,
     *mpnet.FAMILIES,
+    *nomic_bert.FAMILIES,
+    *qwen3.FAMILIES,
     *xlm_roberta.FAMILIES,
 )
 for _family in _BUILT_IN:

@@ -52,6 +52,12 @@ def read_config(hf: dict[str, Any], backend: str, *, roberta: bool) -> EncoderCo
         )
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
         raise CheckpointError("config.json describes a decoder; only encoders are supported")
+    for key in ("lora_adaptations", "lora_rank"):  # jina-embeddings-v3's task adapters
+        if hf.get(key):
+            raise CheckpointError(
+                f"config.json {key!r}={hf[key]!r}: LoRA adapters (jina-embeddings-v3) are not "
+                "supported; only plain BERT-family weights"
+            )
     # Every sizing or numeric field is checked (type and range) before EncoderConfig is built.
     sizes = {
         "width": integer(hf, "hidden_size", "width"),

@@ -18,7 +18,12 @@ from ....heads import ClassifierConfig, MaskedLMConfig
 
 # (clearformer parameter name, its Hugging Face sources). One source maps one to one; several
 # are stacked along the first axis, in order, to make the parameter (the fused q; k; v rows).
+# A source ending in "#k/n" is the k-th of n equal row blocks of that tensor (GTE's fused
+# up_gate_proj is up; gate, clearformer's fc_in gate; up). No source (ZEROS) is a parameter the
+# layout lacks, a bias the family's checkpoints do not have: it loads as zeros (so the same
+# arithmetic runs), and a save refuses it unless it is still all zeros.
 NameTable = list[tuple[str, tuple[str, ...]]]
+ZEROS: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,8 @@ class Family:
             Its tensors must be among ``unused_prefixes``, so a plain load reports them unused.
         masked_lm: ``config.json dict -> HeadLayout`` of the family's ``*ForMaskedLM`` head
             (a :class:`~clearformer.heads.MaskedLMConfig`); None = none in clearformer.
+        config_names: ``EncoderConfig -> NameTable`` for a family whose layout depends on more
+            than the depth (GTE has a token type table or none); None = ``names``.
     """
 
     model_type: str
@@ -68,6 +75,7 @@ class Family:
     kept_prefixes: tuple[str, ...] = ()
     classifier: Callable[[dict[str, Any]], HeadLayout] | None = None
     masked_lm: Callable[[dict[str, Any]], HeadLayout] | None = None
+    config_names: Callable[[EncoderConfig], NameTable] | None = None
 
     def encoder_config(self, hf: dict[str, Any], backend: str = "auto") -> EncoderConfig:
         """The :class:`EncoderConfig` of a config.json of this family."""
@@ -84,5 +92,9 @@ class Family:
             out.setdefault(key, value)
         return out
 
-    def name_table(self, n_layers: int) -> NameTable:
+    def name_table(self, n_layers: int, config: EncoderConfig | None = None) -> NameTable:
+        """The name table of a model of ``n_layers`` blocks (``config``: the model's, for a
+        family with :attr:`config_names`)."""
+        if self.config_names is not None and config is not None:
+            return self.config_names(config)
         return self.names(n_layers)

@@ -1,0 +1,105 @@
+"""What ``TextEncoder.from_pretrained`` reads from a checkpoint directory, in the order that
+finds a mistake before the weights are read (the family's config, the sentence-transformers
+modules after the pooling (:mod:`clearformer.interop.hf.st_modules`), a default Matryoshka cut,
+then the weights and the tokenizer), and what ``save_pretrained`` writes back."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..heads.sentence import SentenceHead
+from ..interop.hf import (
+    LoadedModel,
+    PoolingConfig,
+    TextTokenizer,
+    find_checkpoint,
+    load_model,
+    pooling_from_config,
+    save_model,
+)
+from ..interop.hf.files import CHECKPOINT_FILES
+from ..interop.hf.loading import read_family
+from ..interop.hf.sentence_transformers import Prompts, prompts_from_files
+from ..interop.hf.st_modules import build_head, read_head, truncate_dim_from_files, write_head
+from ..interop.hf.tokenizer import max_length_for
+from ..io import atomic_write
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EncoderParts:
+    """A checkpoint directory's parts, as :class:`~.encoder.TextEncoder` takes them."""
+
+    loaded: LoadedModel
+    tokenizer: TextTokenizer
+    pooling: PoolingConfig
+    head: SentenceHead
+    truncate_dim: int | None
+    prompts: Prompts
+
+
+def read_encoder_parts(
+    path: str | os.PathLike | None,
+    *,
+    backend: str,
+    strict: bool,
+    padding_side: str | None,
+    truncate_dim: int | None,
+) -> EncoderParts:
+    """The parts of the checkpoint at ``path`` (None: the bundled model); see
+    ``TextEncoder.from_pretrained`` for the arguments and the errors."""
+    started = time.perf_counter()
+    files = find_checkpoint(path)
+    pooling = pooling_from_config(files.pooling_config)
+    _, config = read_family(files, backend)  # the width the head needs, before any weight
+    head_config, dense = read_head(files, config.d_model)
+    head = build_head(head_config, dense)
+    if truncate_dim is None:
+        truncate_dim = truncate_dim_from_files(files)
+    head.check_dimensions(truncate_dim, "truncate_dim")
+    loaded = load_model(files, backend=backend, strict=strict)
+    config = loaded.model.config
+    pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+    tokenizer = TextTokenizer.from_files(
+        files,
+        max_length_for(files, config.max_length),
+        pad_id,
+        vocab_size=config.vocab_size,
+        padding_side=padding_side,
+    )
+    log.info("loaded %s in %.2fs", files.path, time.perf_counter() - started)
+    architectures = files.config.get("architectures") or []
+    if any(str(a).endswith("ForSequenceClassification") for a in architectures):
+        log.warning(
+            "%s is a %s checkpoint: its encoder was trained to score pairs (CrossEncoder), "
+            "not to embed texts, so its embeddings may mean little",
+            files.path,
+            architectures[0],
+        )
+    return EncoderParts(loaded, tokenizer, pooling, head, truncate_dim, prompts_from_files(files))
+
+
+def write_encoder_files(encoder, directory: str | os.PathLike) -> Path:
+    """Write ``encoder`` (a :class:`~.encoder.TextEncoder`) as a checkpoint directory: the
+    model in Hugging Face format, the tokenizer and sentence-transformers files it was loaded
+    with, and the Pooling, Dense and Normalize folders (Dense weights as the head now holds
+    them)."""
+    loaded = encoder._loaded
+    out = save_model(
+        encoder.model,
+        directory,
+        loaded.architecture,
+        base_config=loaded.hf_config,
+        kept=loaded.kept,
+    )
+    for name in CHECKPOINT_FILES:
+        if (encoder.path / name).is_file():
+            with atomic_write(out / name, "wb") as handle:
+                handle.write((encoder.path / name).read_bytes())
+    write_head(encoder.head, loaded.files.modules or [], encoder.path, out)
+    return out
