@@ -23,8 +23,8 @@ Two levels (``--levels``):
 
 For each kernel the report names what ``auto`` takes here and why (the switches and this CPU's
 cached verdict, :func:`clearformer.routes.kernel_route`), the faster side (whole ``encode``
-calls where measured, else the operations; within ``MARGIN`` it is a tie, where ``auto`` keeps
-PyTorch's route), and whether the two match. It also names the CPU and the load: other
+calls where measured, else the operations; within ``MARGIN`` it is a tie, where either choice
+is right), and whether the two match. It also names the CPU and the load: other
 processes' CPU time counted before and during the run (:mod:`clearformer.bench.load`; a LOADED
 run does not reproduce). Nothing needs stopping: run it where nothing else is busy.
 
@@ -231,15 +231,16 @@ def auto_choice(kernel: str, texts: list[str], encoder) -> tuple[str, str]:
 
 def judge_match(result: dict, margin: float) -> None:
     """The faster side (whole calls where measured, else the operations) and whether auto's
-    choice is it; within ``margin`` a tie, where keeping PyTorch's route is right."""
+    choice is it (``yes``, ``no``); within ``margin`` a ``tie``, where either choice is right."""
     level = "encode" if "speedup" in result.get("encode", {}) else "ops"
     speedup = result.get(level, {}).get("speedup")
     if speedup is None:
         result.update(faster="not measured", matches="not measured")
         return
     if abs(speedup - 1) < margin:
+        # Neither side is faster: either choice is as good (auto's own rule keeps PyTorch's).
         result["faster"] = f"tie ({speedup:.2f}x, within {margin:.0%}; {level})"
-        result["matches"] = "yes" if result["auto"] == "torch" else "no (a tie keeps PyTorch's)"
+        result["matches"] = "tie"
         return
     faster = "clearformer" if speedup > 1 else "torch"
     result["faster"] = f"{faster} ({speedup:.2f}x; {level})"

@@ -48,7 +48,6 @@ from torch import Tensor
 
 from .. import switches
 from ..calibration.cache import CalibrationKey, cache_root, cached_verdicts
-from ..calibration.measure import Verdict
 from ..cpu import cpu_info
 from ..options import Decision
 from ..version import __version__
@@ -152,13 +151,6 @@ def route(kernel: str = "avx512_attention") -> Decision:
     if loaded.choice != "loaded":
         return Decision("torch", f"{label}: the library is {loaded.choice}: {loaded.reason}")
     return taken
-
-
-def measured(kernel: str) -> Verdict | None:
-    """This CPU's cached verdict on ``kernel`` against PyTorch's route (read once per
-    process), None where it was never measured with this build."""
-    verdicts, _ = cached_verdicts(calibration_key())
-    return None if verdicts is None else verdicts.get(kernel)
 
 
 @functools.cache
