@@ -277,3 +277,29 @@ def test_cross_encoder_prompts_go_before_the_first_text(tmp_path):
     )
     again = CrossEncoder.from_pretrained(tmp_path)
     np.testing.assert_allclose(again.predict(pairs), got, atol=1e-6, rtol=0)
+
+
+def test_serve_refuses_dimensions_outside_the_matryoshka_list(dense_dir, tmp_path):
+    for module in ("uvicorn", "starlette", "prometheus_client", "httpx"):
+        pytest.importorskip(module)
+    from starlette.testclient import TestClient
+
+    from clearformer.serve import ModelSpec, ServeConfig, create_app
+
+    copy = _copy(dense_dir, tmp_path)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "matryoshka_dimensions": [8, 16, 32]}))
+    app = create_app(ServeConfig(workers=1), [ModelSpec(str(copy), "m")])
+    with TestClient(app) as client:  # entered: the lifespan loads the model, in the background
+        import time
+
+        deadline = time.monotonic() + 120
+        while client.get("/health").status_code == 503 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ok = client.post("/embed", json={"inputs": ["the cat"], "dimensions": 16})
+        assert ok.status_code == 200 and len(ok.json()[0]) == 16
+        want = TextEncoder.from_pretrained(copy).encode(["the cat"], dimensions=16)
+        np.testing.assert_allclose(np.asarray(ok.json(), dtype=np.float32), want, atol=1e-6)
+        bad = client.post("/embed", json={"inputs": ["the cat"], "dimensions": 12})
+        assert bad.status_code == 422
+        assert "Matryoshka dimensions [8, 16, 32], got 12" in bad.json()["error"]

@@ -75,10 +75,8 @@ class ChatPairTokenizer(TextTokenizer):
     def encode_pairs(
         self, pairs: list[tuple[str, str]], *, with_tokens: bool = False, prompt: str | None = None
     ) -> list:
-        if self.template is None:
-            if prompt is not None:  # sentence-transformers puts it before the first text
-                pairs = [(prompt + query, document) for query, document in pairs]
-            return super().encode_pairs(pairs, with_tokens=with_tokens)
+        if self.template is None:  # the pair template, the prompt before each query
+            return super().encode_pairs(pairs, with_tokens=with_tokens, prompt=prompt)
         texts = [self.template.render(q, d, prompt) for q, d in pairs]
         encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         out = []
