@@ -169,8 +169,12 @@ def attention(
     record("attn.v_proj", v)
     # (B, T, heads * Dh) -> (B, T, heads, Dh) -> (B, heads, T, Dh): each head attends on its
     # own slice; queries have H heads, keys and values Hkv.
-    q = q.view(B, T, attn.n_heads, -1).transpose(1, 2)
-    k, v = (t.view(B, t.shape[1], attn.kv_heads, -1).transpose(1, 2) for t in (k, v))
+    # (Head widths from the projections' own sizes: -1 cannot be inferred for an empty batch.)
+    q = q.view(B, T, attn.n_heads, q.shape[-1] // attn.n_heads).transpose(1, 2)
+    k, v = (
+        t.view(B, t.shape[1], attn.kv_heads, t.shape[-1] // attn.kv_heads).transpose(1, 2)
+        for t in (k, v)
+    )
     record("attn.split_heads", q)
     if attn.q_norm is not None:
         # Each head's queries and keys normed over their Dh features (Qwen3, Gemma3).
