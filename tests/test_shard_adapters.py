@@ -7,6 +7,8 @@ seconds; they are optional extras (``clearformer[ray]``, ``clearformer[spark]``)
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -58,9 +60,12 @@ def test_ray_embedder_takes_pandas_batches_and_names_a_missing_column(model):
         embedder({"text": np.array(["w1"])})
 
 
-def test_spark_iterator_pandas_udf(model):
+def test_spark_iterator_pandas_udf(model, monkeypatch):
     pytest.importorskip("pyspark")
     pytest.importorskip("pandas")
+    # Spark's workers start PYSPARK_PYTHON (else the system python3, which may lack pandas):
+    # run them on this interpreter, as a user's job does from its own environment.
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     from clearformer.index.spark_adapter import embedding_udf
