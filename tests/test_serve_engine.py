@@ -194,3 +194,74 @@ def test_rows_are_written_exactly_and_nan_is_refused():
     rows[2, 3] = np.nan
     with pytest.raises(ApiError, match="results of 1 of 3 inputs are not finite"):
         embed_body(rows)
+
+
+class ThreadRecorder(Recorder):
+    """Records each batch's intra-op thread count, and the thread counts of every batch that
+    ran at the same time (their sum must never pass the process's threads)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[int] = []
+        self.overlaps: list[int] = []
+        self._active: list[int] = []
+        self._lock = threading.Lock()
+
+    def run(self, encodings, options):
+        import torch
+
+        mine = torch.get_num_threads()
+        with self._lock:
+            self._active.append(mine)
+            self.overlaps.append(sum(self._active))
+        try:
+            rows = super().run(encodings, options)
+            if encodings[0].ids[0] != PLUG:
+                self.threads.append(mine)
+            return rows
+        finally:
+            with self._lock:
+                self._active.remove(mine)
+
+
+@pytest.fixture
+def two_workers_on_two_threads():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    model = ThreadRecorder()
+    engine = Engine(max_batch_tokens=4, workers=2, metrics=ServerMetrics())
+    engine.start([model])
+    assert engine.wait_ready(30)
+    yield engine, model
+    engine.close()
+    assert engine.join(30)
+    torch.set_num_threads(before)
+
+
+def test_a_lone_request_runs_on_every_thread(two_workers_on_two_threads):
+    engine, model = two_workers_on_two_threads
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        for first in (1, 2, 3):  # one after another, as one client sends them
+            job = Job(model, Prepared(_inputs((first, 2)), "x"), loop)
+            engine.submit(job)
+            await job.future
+
+    asyncio.run(main())
+    assert model.threads == [2, 2, 2]
+    assert max(model.overlaps) <= 2
+
+
+def test_busy_workers_run_on_their_share_and_never_oversubscribe(two_workers_on_two_threads):
+    engine, model = two_workers_on_two_threads
+    # The plug runs alone (on both threads); the requests behind it fill 4 batches (4 tokens
+    # each, the budget): with work waiting, a worker takes its one-thread share, and the other
+    # worker never starts while a batch runs on both threads.
+    rows = _run(engine, model, [(_inputs((i, 4)), "x") for i in range(1, 5)])
+    assert sorted(b[0] for b in model.batches) == [1, 2, 3, 4]
+    assert model.threads[0] == 1  # three more were waiting behind the first
+    assert max(model.overlaps) <= 2
+    assert [r[0, 0] for r in rows] == [1, 2, 3, 4]

@@ -8,6 +8,11 @@ request waits for no timer, a lone request runs at once, and under load batches 
 first input is always taken, even when it alone is over the budget: the queue can never stall
 on an input larger than a batch.
 
+When a worker takes a batch, the queue is empty behind it and no other worker is running, it
+runs that batch on every thread of the process and the other workers wait for it to end (a
+lone client's requests run as fast as one request at a time would, not on a share of the
+CPU); otherwise it runs on its own share, so that busy workers never oversubscribe the CPU.
+
 A request's inputs may be spread over several batches; its future resolves when its last row
 is in. A row does not depend on its batch-mates (``TextEncoder.embed_batch``), so a request's
 results are the same whatever else shares its batches. A cancelled request (its client gone, or
@@ -99,6 +104,9 @@ class Engine:
         self._lock = threading.Lock()
         self._has_work = threading.Condition(self._lock)
         self._closing = False
+        self._running = 0  # workers inside a batch
+        self._wide = False  # a batch runs on every thread: the other workers wait for it
+        self._total_threads = 1
         self._threads: list[threading.Thread] = []
         self._warmed = 0
         self._ready = threading.Event()
@@ -110,12 +118,13 @@ class Engine:
         import torch
 
         total = torch.get_num_threads()
+        self._total_threads = total
         shares = thread_shares(total, self.workers)
         started = [threading.Event() for _ in shares]
         for i, (share, event) in enumerate(zip(shares, started, strict=True)):
             thread = threading.Thread(
                 target=self._work,
-                args=(share, list(models), event),
+                args=(share, list(models), event, i == 0),
                 name=f"clearformer-serve-{i}",
                 daemon=True,  # a batch in progress at exit is abandoned, not waited for
             )
@@ -177,12 +186,20 @@ class Engine:
             thread.join(max(0.0, deadline - time.monotonic()))
         return not any(thread.is_alive() for thread in self._threads)
 
-    def _work(self, share: int, models: list[ServedModel], started: threading.Event) -> None:
+    def _work(
+        self, share: int, models: list[ServedModel], started: threading.Event, first: bool
+    ) -> None:
         set_own_thread_count(share)
         started.set()
         try:
             for model in models:
                 model.warm_up()
+            if first and share != self._total_threads and self.workers > 1:
+                # A batch may run on every thread (below): warm that count too, on one worker.
+                set_own_thread_count(self._total_threads)
+                for model in models:
+                    model.warm_up()
+                set_own_thread_count(share)
         except BaseException as exc:  # reported by the loader; the server does not start
             log.exception("warm-up failed")
             self.warm_up_error = exc
@@ -192,15 +209,31 @@ class Engine:
             self._warmed += 1
             if self._warmed == len(self._threads):
                 self._ready.set()
+        threads = share
         while True:
             with self._lock:
-                while not self._queue and not self._closing:
+                while (not self._queue and not self._closing) or self._wide:
                     self._has_work.wait()
                 if not self._queue:
                     return  # closing, and nothing left
                 batch = self._take_batch()
-            if batch:
-                self._run(batch)
+                # Alone with nothing behind it: every thread, while the others wait.
+                wide = self.workers > 1 and self._running == 0 and not self._queue
+                self._wide = wide
+                self._running += 1
+            wanted = self._total_threads if wide else share
+            if wanted != threads:
+                set_own_thread_count(wanted)
+                threads = wanted
+            try:
+                if batch:
+                    self._run(batch)
+            finally:
+                with self._lock:
+                    self._running -= 1
+                    if wide:
+                        self._wide = False
+                        self._has_work.notify_all()
 
     def _take_batch(self) -> list[_Input]:
         """The next batch (the lock held): the oldest live input, then the inputs with its key
