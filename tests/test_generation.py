@@ -283,3 +283,40 @@ def test_beam_two_beats_greedy_on_a_constructed_chain():
     assert beam.sequences[0].tolist() == [3, 1]
     assert beam.scores[0] > greedy.scores[0]
     assert beam.scores[0].item() == pytest.approx(math.log(0.4) + math.log(0.9), abs=1e-4)
+
+
+@pytest.mark.parametrize("tie_output", [False, True])
+def test_logits_under_packed_weights_read_the_packed_table(tie_output):
+    """Inside generate's packing, the output projection (a Linear, or the tied embedding
+    table) runs on its reordered copy: the same logits as the plain product; outside it, or
+    where a gradient is wanted, the plain product runs."""
+    from clearformer.fast.fused_linear import reorder_available
+    from clearformer.fast.packed_weights import PackedWeights, use_packed_weights
+    from clearformer.routes import projection_route
+
+    if not reorder_available():
+        pytest.skip("this PyTorch build cannot reorder weights for oneDNN")
+    torch.manual_seed(0)
+    config = Seq2SeqConfig(
+        src_vocab_size=50,
+        d_model=32,
+        n_heads=4,
+        encoder_layers=1,
+        decoder_layers=1,
+        dim_mlp=64,
+        max_positions=16,
+        tie_output=tie_output,
+    )
+    model = Seq2SeqTransformer(config).eval()
+    projection = model.target_embeddings.word if tie_output else model.output
+    hidden = torch.randn(3, 1, 32)
+    expected = torch.nn.functional.linear(hidden, projection.weight)
+    packing = PackedWeights()
+    with torch.no_grad(), use_packed_weights(packing):
+        got = model.logits(hidden)
+    assert len(packing) == 1  # the projection's copy was made, and read
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert projection_route(hidden, projection).choice == "eager"  # no packing active
+    with use_packed_weights(packing):  # gradients on: the plain product
+        route = projection_route(hidden, projection)
+        assert route.choice == "eager" and "gradients" in route.reason

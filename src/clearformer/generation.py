@@ -37,6 +37,7 @@ from torch import Tensor
 from .checks import check_bool, check_int, check_positive_int
 from .fast.packed_weights import PackedWeights, use_packed_weights
 from .precision import check_precision
+from .routes import routes_fixed_for_call
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,8 @@ def generate(
     search = _Search(model, bos, eos, pad, max_new_tokens, min_length, float(length_penalty))
     # Every decoding step is a forward pass with few rows, whose fused linear calls would each
     # reorder their weight into oneDNN's layout: reorder each once for the whole call.
-    with torch.no_grad(), use_packed_weights(PackedWeights()):
+    # The linear route (and its walk over the modules for hooks) is decided once for all steps.
+    with torch.no_grad(), use_packed_weights(PackedWeights()), routes_fixed_for_call():
         memory = model.encode(src, src_mask)  # (B, S, D), validates src and its mask
         mask = None if src_mask is None else src_mask.bool()
         if mask is not None and bool(mask.all()):

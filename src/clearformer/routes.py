@@ -19,11 +19,15 @@ The layers never import :mod:`clearformer.fast`: they run the implementation the
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor, nn
 
 from .fast import avx512, fused_blocks
-from .fast.fused_linear import fusion_decision
+from .fast.fused_linear import fusion_decision, packed_product, packing_serves
 from .fast.local import use_banded
 from .fast.varlen import VarlenCall, resolve_method
 from .options import Decision
@@ -33,6 +37,8 @@ __all__ = [
     "PACK_MIN_PADDING",
     "kernel_route",
     "linear_route",
+    "projection_route",
+    "routes_fixed_for_call",
     "slab_by_slab",
     "stack_layout",
     "varlen_method",
@@ -58,17 +64,56 @@ def _kernel_note(kernel: str) -> str:
     return f"; {where} ({route.reason})"
 
 
+# The linear routes of the passes inside routes_fixed_for_call, by (device, dtype, training,
+# module): a context variable, so that each thread sees only the block it entered.
+_fixed: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "clearformer_fixed_routes", default=None
+)
+
+
+@contextlib.contextmanager
+def routes_fixed_for_call() -> Iterator[None]:
+    """Within the block, :func:`linear_route` decides once per module, device, dtype and mode:
+    a call that makes many forward passes of one model (``generate``'s steps) pays the decision,
+    and its walk over every module for hooks, once. Hooks added inside the block are seen from
+    the next call on."""
+    token = _fixed.set({})
+    try:
+        yield
+    finally:
+        _fixed.reset(token)
+
+
 def linear_route(
     device: torch.device, dtype: torch.dtype, training: bool, module: nn.Module | None
 ) -> Decision:
     """``fused`` (naming :mod:`clearformer.fast.fused_blocks`) or ``eager``, and why, for a call
     of ``module`` on rows on ``device`` in ``dtype``; a fused route's reason says whether the
     GELU and LayerNorm epilogues take clearformer's AVX-512 linear kernel."""
+    fixed = _fixed.get()
+    key = (device, dtype, training, id(module))
+    if fixed is not None and key in fixed:
+        return fixed[key]
     decision = fusion_decision(device, dtype, training, module)
-    if decision.choice != "fused":
-        return decision
+    if decision.choice == "fused":
+        decision = Decision(
+            decision.choice, decision.reason + _kernel_note("avx512_linear"), impl=fused_blocks
+        )
+    if fixed is not None:
+        fixed[key] = decision
+    return decision
+
+
+def projection_route(x: Tensor, owner: nn.Module) -> Decision:
+    """``packed`` (naming :func:`clearformer.fast.fused_linear.packed_product`) or ``eager``,
+    and why, for an output projection ``x @ owner.weight^T`` (an ``nn.Linear`` or a tied
+    embedding table): packed where the call runs under weights packed once for it (a decoding
+    step inside ``generate``)."""
+    refusal = packing_serves(x, owner)
+    if refusal is not None:
+        return Decision("eager", refusal)
     return Decision(
-        decision.choice, decision.reason + _kernel_note("avx512_linear"), impl=fused_blocks
+        "packed", "the weight reordered once for the call (oneDNN)", impl=packed_product
     )
 
 

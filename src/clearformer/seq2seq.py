@@ -19,6 +19,7 @@ from .decoder import Decoder, DecoderCache, DecoderConfig
 from .embeddings import Embeddings
 from .masks import from_attention_mask
 from .model import EncoderModel, check_token_ids
+from .routes import projection_route
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,12 @@ class Seq2SeqTransformer(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """(..., D) decoder states -> (..., V_tgt) logits."""
+        projection = self.output if self.output is not None else self.target_embeddings.word
+        # Inside generate, the weights packed once for the call: each step's few rows would
+        # otherwise stream the whole (V, D) table through F.linear's kernel.
+        route = projection_route(hidden, projection)
+        if route.choice == "packed":
+            return route.impl(hidden, projection)
         if self.output is not None:
             return self.output(hidden)
         return F.linear(hidden, self.target_embeddings.word.weight)

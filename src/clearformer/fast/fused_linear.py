@@ -27,7 +27,7 @@ from ..activations import activation_fn
 from ..options import Decision
 from ..tracing import is_recording
 from . import avx512_linear
-from .packed_weights import active_packing, packed_weight
+from .packed_weights import active_packing, packed_weight, reorder_available
 
 # Activation name -> oneDNN post-op (attribute, algorithm).
 ONEDNN_ACTIVATIONS = {
@@ -158,6 +158,37 @@ def linear(
     out = onednn_linear(rows, weight, layer, activation=activation, residual=other)
     out = out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
     return residual_then_norm(out, None, norm)
+
+
+def packed_product(x: Tensor, owner: nn.Module) -> Tensor:
+    """``x @ owner.weight^T (+ owner.bias)`` on the active :class:`PackedWeights`' reordered
+    copy of ``owner``'s weight: an output projection (an ``nn.Linear``, or an embedding table
+    tied to it) called with few rows per pass, a decoding step, where oneDNN's kernel on the
+    packed weight reads it faster than ``F.linear`` does. The route where
+    :func:`clearformer.routes.projection_route` names it. ``x`` (..., in) -> (..., out)."""
+    rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (M, in)
+    weight = active_packing().weight_for(owner)
+    bias = getattr(owner, "bias", None)
+    out = torch.ops.mkldnn._linear_pointwise.default(rows, weight, bias, "none", [], "")
+    return out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
+
+
+def packing_serves(x: Tensor, owner: nn.Module) -> str | None:
+    """Why :func:`packed_product` does not serve ``x @ owner.weight^T``, or None if it does."""
+    packing = active_packing()
+    weight = owner.weight
+    if packing is None:
+        return "no packed weights for this call (only generate packs them)"
+    if x.numel() == 0 or x.dtype != weight.dtype or not packing.has_own_copy(owner):
+        return "rows and weight must be non-empty float32 or bfloat16 CPU tensors of one dtype"
+    if not reorder_available(weight.dtype):
+        return "this PyTorch build cannot reorder the weight for oneDNN"
+    if _has_hooks(owner):
+        return "forward hooks on the projection see the eager layer"
+    if _needs_grad(x, owner):
+        return "gradients need the eager product"
+    decision = fusion_decision(x.device, x.dtype, owner.training)
+    return None if decision.choice == "fused" else decision.reason
 
 
 def onednn_linear(
