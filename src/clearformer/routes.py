@@ -90,7 +90,8 @@ def linear_route(
     """``fused`` (naming :mod:`clearformer.fast.fused_blocks`) or ``eager``, and why, for a call
     of ``module`` on rows on ``device`` in ``dtype``; a fused route's reason says whether the
     GELU and LayerNorm epilogues take clearformer's AVX-512 linear kernel."""
-    fixed = _fixed.get()
+    # A graph being compiled or exported decides as it traces (dynamo cannot read the context).
+    fixed = None if torch.compiler.is_compiling() else _fixed.get()
     key = (device, dtype, training, id(module))
     if fixed is not None and key in fixed:
         return fixed[key]
