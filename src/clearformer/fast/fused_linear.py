@@ -185,8 +185,7 @@ def packing_serves(x: Tensor, owner: nn.Module) -> str | None:
         return "this PyTorch build cannot reorder the weight for oneDNN"
     if _has_hooks(owner):
         return "forward hooks on the projection see the eager layer"
-    if _needs_grad(x, owner):
-        return "gradients need the eager product"
+    # fusion_decision refuses any call with gradients enabled, so no per-tensor check here.
     decision = fusion_decision(x.device, x.dtype, owner.training)
     return None if decision.choice == "fused" else decision.reason
 
