@@ -125,19 +125,35 @@ class Server:
             self.proc.wait(60)
 
 
-def clearformer_server(port: int, model: str, *, batched: bool = True) -> Server:
+def clearformer_server(
+    port: int,
+    model: str,
+    *,
+    batched: bool = True,
+    precision: str = "float32",
+    workers: int | None = None,
+) -> Server:
     """clearformer serve with its defaults; ``batched=False``: one input per forward pass, one
     at a time (an input over ``--max-batch-tokens`` runs alone)."""
     command = [sys.executable, "-m", "clearformer.cli", "serve", "--port", str(port)]
-    command += ["--model", f"{MODEL_NAME}={model}"]
+    command += ["--model", f"{MODEL_NAME}={model}", "--precision", precision]
     if not batched:
         command += ["--workers", "1", "--max-batch-tokens", "1"]
+    elif workers is not None:
+        command += ["--workers", str(workers)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     name = "clearformer" if batched else "clearformer-unbatched"
     return Server(name, command, port, "/v1/embeddings", env)
 
 
-def infinity_server(port: int, model: str, executable: str, onnx_dir: str | None = None) -> Server:
+def infinity_server(
+    port: int,
+    model: str,
+    executable: str,
+    onnx_dir: str | None = None,
+    *,
+    precision: str = "float32",
+) -> Server:
     """infinity on its torch engine; with ``onnx_dir``, on its ONNX Runtime engine (optimum)."""
     env = {
         **os.environ,
@@ -146,6 +162,7 @@ def infinity_server(port: int, model: str, executable: str, onnx_dir: str | None
         "DO_NOT_TRACK": "1",
     }
     common = ["--served-model-name", MODEL_NAME, "--device", "cpu", "--no-vector-disk-cache"]
+    common += ["--dtype", INFINITY_DTYPES[precision]]
     common += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     if onnx_dir is None:
         command = [executable, "v2", "--model-id", model, "--engine", "torch", *common]
@@ -156,6 +173,10 @@ def infinity_server(port: int, model: str, executable: str, onnx_dir: str | None
     command = [executable, "v2", "--model-id", ".", "--engine", "optimum"]
     command += ["--pooling-method", "mean", *common]
     return Server("infinity-onnx", command, port, "/embeddings", env, cwd=onnx_dir)
+
+
+# infinity's --dtype for each of clearformer's --precision values the benchmark offers.
+INFINITY_DTYPES = {"float32": "float32", "bf16": "bfloat16"}
 
 
 # The load -----------------------------------------------------------------------------
@@ -260,7 +281,8 @@ def to_markdown(report: dict) -> str:
         "# `clearformer serve` against infinity-emb: loopback load test",
         "",
         f"CPU: {report['cpu']}; {report['cores']} logical CPUs, shared by the server and the "
-        f"load generator. Model: {MODEL_NAME} (bundled checkpoint directory), float32. "
+        f"load generator. Model: {MODEL_NAME} (bundled checkpoint directory), "
+        f"{report['precision']}. "
         f"{', '.join(map(str, report['clients']))} concurrent clients, "
         f"{report['rounds']} round(s) per server "
         f"(the median round by texts/s is shown; with an even count, the lower middle one). "
@@ -337,6 +359,18 @@ def main() -> None:
     parser.add_argument("--bulk-requests", type=int, default=60, help="bulk requests per run (60)")
     parser.add_argument("--rounds", type=int, default=3, help="turns per server (3)")
     parser.add_argument("--workloads", default="online,bulk", help="comma-separated: online, bulk")
+    parser.add_argument(
+        "--precision",
+        choices=sorted(INFINITY_DTYPES),
+        default="float32",
+        help="weights and matrix products of every server: clearformer's --precision, "
+        "infinity's --dtype (float32 or bfloat16) (float32)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help="the batching clearformer server's --workers (its default when left out)",
+    )
     parser.add_argument("--port", type=int, default=18080, help="first port to use (18080)")
     parser.add_argument("--out", type=Path, help="write OUT.json and OUT.md")
     args = parser.parse_args()
@@ -355,15 +389,18 @@ def main() -> None:
         client_counts = []
     if not client_counts or min(client_counts) < 1:
         parser.error(f"--clients must be positive counts, got {args.clients!r}")
-    servers = [clearformer_server(args.port, model)]
+    precision = args.precision
+    servers = [clearformer_server(args.port, model, precision=precision, workers=args.workers)]
     if args.unbatched:
-        servers.append(clearformer_server(args.port + 3, model, batched=False))
+        servers.append(clearformer_server(args.port + 3, model, batched=False, precision=precision))
     versions = f"clearformer {__version__}"
     if args.infinity:
-        servers.append(infinity_server(args.port + 1, model, args.infinity))
+        servers.append(infinity_server(args.port + 1, model, args.infinity, precision=precision))
         if args.infinity_onnx:
             onnx_dir = str(Path(args.infinity_onnx).resolve())
-            servers.append(infinity_server(args.port + 2, model, args.infinity, onnx_dir))
+            servers.append(
+                infinity_server(args.port + 2, model, args.infinity, onnx_dir, precision=precision)
+            )
         version = subprocess.run(
             [
                 str(Path(args.infinity).parent / "python"),
@@ -416,6 +453,7 @@ def main() -> None:
         "clients": client_counts,
         "rounds": args.rounds,
         "versions": versions,
+        "precision": precision,
         "load": load.to_dict(),
         "quiet": not load.loaded,
         "quiet_reason": load.describe(),

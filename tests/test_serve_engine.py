@@ -197,15 +197,28 @@ def test_rows_are_written_exactly_and_nan_is_refused():
 
 
 class ThreadRecorder(Recorder):
+    # A warm-up long enough that two workers' would overlap, were they run side by side.
+    WARM_UP_SECONDS = 0.05
+
     """Records each batch's intra-op thread count, and the thread counts of every batch that
     ran at the same time (their sum must never pass the process's threads)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.threads: list[int] = []
+        self.workers: list[str] = []  # the thread that ran each batch
         self.overlaps: list[int] = []
+        self.warm_ups: list[tuple[str, float, float]] = []  # (worker, start, end)
         self._active: list[int] = []
         self._lock = threading.Lock()
+
+    def warm_up(self) -> None:
+        import time
+
+        start = time.monotonic()
+        time.sleep(self.WARM_UP_SECONDS)
+        with self._lock:
+            self.warm_ups.append((threading.current_thread().name, start, time.monotonic()))
 
     def run(self, encodings, options):
         import torch
@@ -218,6 +231,7 @@ class ThreadRecorder(Recorder):
             rows = super().run(encodings, options)
             if encodings[0].ids[0] != PLUG:
                 self.threads.append(mine)
+                self.workers.append(threading.current_thread().name)
             return rows
         finally:
             with self._lock:
@@ -253,6 +267,30 @@ def test_a_lone_request_runs_on_every_thread(two_workers_on_two_threads):
     asyncio.run(main())
     assert model.threads == [2, 2, 2]
     assert max(model.overlaps) <= 2
+    # Always the first worker: one pool of compute threads for every lone input.
+    assert model.workers == ["clearformer-serve-0"] * 3
+
+
+def test_a_lone_batch_of_several_inputs_keeps_its_share(two_workers_on_two_threads):
+    engine, model = two_workers_on_two_threads
+
+    async def main():
+        job = Job(model, Prepared(_inputs((1, 2), (2, 2)), "x"), asyncio.get_running_loop())
+        engine.submit(job)
+        return await job.future
+
+    rows = asyncio.run(main())
+    # Several inputs: a load, not a lone client; a second worker could take the next batch.
+    assert model.threads == [1]
+    assert rows[:, 0].tolist() == [1, 2]
+
+
+def test_workers_warm_up_one_at_a_time(two_workers_on_two_threads):
+    _, model = two_workers_on_two_threads
+    # Two workers, the first warming at its share and at every thread: three warm-ups.
+    spans = sorted((start, end) for _, start, end in model.warm_ups)
+    assert len(spans) == 3
+    assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
 
 
 def test_busy_workers_run_on_their_share_and_never_oversubscribe(two_workers_on_two_threads):

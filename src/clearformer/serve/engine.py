@@ -8,10 +8,15 @@ request waits for no timer, a lone request runs at once, and under load batches 
 first input is always taken, even when it alone is over the budget: the queue can never stall
 on an input larger than a batch.
 
-When a worker takes a batch, the queue is empty behind it and no other worker is running, it
-runs that batch on every thread of the process and the other workers wait for it to end (a
-lone client's requests run as fast as one request at a time would, not on a share of the
-CPU); otherwise it runs on its own share, so that busy workers never oversubscribe the CPU.
+Idle work goes to the first worker; the others take batches only while it is busy. When the
+first worker takes a single input with the queue empty behind it and no other worker running
+(a lone client), it runs it on every thread of the process and the other workers wait for it
+to end, so a lone request runs as fast as one request at a time would, not on a share of the
+CPU; any other batch runs on its worker's share, so busy workers never oversubscribe the CPU
+(a batch of several inputs means load: the next batch is for another worker). Lone inputs stay
+on one worker so that one pool of compute threads, not one per worker, grows to every thread.
+The workers warm up one at a time: warmed side by side, the every-thread runs were measured
+lastingly slower (docs/serving.md).
 
 A request's inputs may be spread over several batches; its future resolves when its last row
 is in. A row does not depend on its batch-mates (``TextEncoder.embed_batch``), so a request's
@@ -106,9 +111,12 @@ class Engine:
         self._closing = False
         self._running = 0  # workers inside a batch
         self._wide = False  # a batch runs on every thread: the other workers wait for it
+        self._first_running = False  # the first worker is inside a batch: the others may work
         self._total_threads = 1
         self._threads: list[threading.Thread] = []
         self._warmed = 0
+        # One warm-up at a time (see the module's docstring).
+        self._warm_up_lock = threading.Lock()
         self._ready = threading.Event()
         self.warm_up_error: BaseException | None = None
 
@@ -124,7 +132,7 @@ class Engine:
         for i, (share, event) in enumerate(zip(shares, started, strict=True)):
             thread = threading.Thread(
                 target=self._work,
-                args=(share, list(models), event, i == 0),
+                args=(share, list(models), event, i),
                 name=f"clearformer-serve-{i}",
                 daemon=True,  # a batch in progress at exit is abandoned, not waited for
             )
@@ -154,7 +162,8 @@ class Engine:
                 self._queue.append(_Input(job, index, tokens))
                 self._queued_tokens += tokens
             self._update_queue_metrics()
-            self._has_work.notify(len(job.encodings))
+            # Every worker: which one may take the work depends on who is busy (_may_take).
+            self._has_work.notify_all()
 
     def cancel(self, job: Job) -> None:
         """Drop a job's waiting inputs (its running ones finish, their rows unused)."""
@@ -186,20 +195,30 @@ class Engine:
             thread.join(max(0.0, deadline - time.monotonic()))
         return not any(thread.is_alive() for thread in self._threads)
 
+    def _warm_up(self, models: list[ServedModel], share: int, index: int) -> None:
+        for model in models:
+            model.warm_up()
+        if index == 0 and share != self._total_threads and self.workers > 1:
+            # A lone batch runs on every thread (below): warm that count too, on this worker.
+            set_own_thread_count(self._total_threads)
+            for model in models:
+                model.warm_up()
+            set_own_thread_count(share)
+
+    def _may_take(self, index: int) -> bool:
+        """Whether worker ``index`` may take a batch now (the lock held)."""
+        if self._wide or not self._queue:
+            return False
+        return index == 0 or self._first_running
+
     def _work(
-        self, share: int, models: list[ServedModel], started: threading.Event, first: bool
+        self, share: int, models: list[ServedModel], started: threading.Event, index: int
     ) -> None:
         set_own_thread_count(share)
         started.set()
         try:
-            for model in models:
-                model.warm_up()
-            if first and share != self._total_threads and self.workers > 1:
-                # A batch may run on every thread (below): warm that count too, on one worker.
-                set_own_thread_count(self._total_threads)
-                for model in models:
-                    model.warm_up()
-                set_own_thread_count(share)
+            with self._warm_up_lock:
+                self._warm_up(models, share, index)
         except BaseException as exc:  # reported by the loader; the server does not start
             log.exception("warm-up failed")
             self.warm_up_error = exc
@@ -212,15 +231,21 @@ class Engine:
         threads = share
         while True:
             with self._lock:
-                while (not self._queue and not self._closing) or self._wide:
+                while not self._may_take(index) and not (self._closing and not self._queue):
                     self._has_work.wait()
                 if not self._queue:
                     return  # closing, and nothing left
                 batch = self._take_batch()
                 # Alone with nothing behind it: every thread, while the others wait.
-                wide = self.workers > 1 and self._running == 0 and not self._queue
+                wide = (
+                    self.workers > 1 and len(batch) == 1 and self._running == 0 and not self._queue
+                )
                 self._wide = wide
                 self._running += 1
+                if index == 0:
+                    self._first_running = True
+                    if self._queue and not wide:
+                        self._has_work.notify_all()  # the others may take what is left
             wanted = self._total_threads if wide else share
             if wanted != threads:
                 set_own_thread_count(wanted)
@@ -233,6 +258,9 @@ class Engine:
                     self._running -= 1
                     if wide:
                         self._wide = False
+                    if index == 0:
+                        self._first_running = False
+                    if wide or index == 0:
                         self._has_work.notify_all()
 
     def _take_batch(self) -> list[_Input]:
