@@ -276,6 +276,32 @@ def check_answers(server: Server, texts: list[str]) -> list[list[float]]:
 # The report ---------------------------------------------------------------------------
 
 
+def batching_ceiling(precision: str, batch: int, texts: int = 256) -> dict:
+    """What batching can gain on this CPU before any HTTP: ``encode``'s process CPU time per
+    text one text per call (one worker, every thread: the unbatched server's forward passes)
+    against ``batch`` texts per call (the largest batch ``batch`` clients can make), in this
+    process, with no server running."""
+    import time as clock
+
+    from clearformer import TextEncoder
+    from clearformer.interop.hf import bundled_model_dir
+
+    encoder = TextEncoder.from_pretrained(str(bundled_model_dir()))
+    sentences = make_sentences(texts, 99)
+    encoder.keep_weights_packed()  # as the servers' warm-up does
+
+    def cpu_ms_per_text(size: int) -> float:
+        encoder.encode(sentences[:size], batch_size=size, precision=precision, workers=1)
+        started = clock.process_time()
+        for i in range(0, texts, size):
+            chunk = sentences[i : i + size]
+            encoder.encode(chunk, batch_size=size, precision=precision, workers=1)
+        return 1000 * (clock.process_time() - started) / texts
+
+    alone, batched = cpu_ms_per_text(1), cpu_ms_per_text(batch)
+    return {"batch": batch, "alone_ms": alone, "batched_ms": batched, "ratio": alone / batched}
+
+
 def to_markdown(report: dict) -> str:
     lines = [
         "# `clearformer serve` against infinity-emb: loopback load test",
@@ -330,6 +356,15 @@ def to_markdown(report: dict) -> str:
             )
     if "agreement" in report:
         lines += ["", f"Answers compared: {report['agreement']}."]
+    if "ceiling" in report:
+        c = report["ceiling"]
+        lines += [
+            "",
+            f"Batching's ceiling here (`encode` in one process, no server, no HTTP): "
+            f"{c['alone_ms']:.2f} CPU ms per text one text per call, {c['batched_ms']:.2f} in "
+            f"calls of {c['batch']}: at most {c['ratio']:.2f}x the requests/s of one request "
+            f"at a time, before HTTP and the load generator take their share.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -353,7 +388,8 @@ def main() -> None:
         "--unbatched",
         action="store_true",
         help="also run clearformer one request at a time (--workers 1 --max-batch-tokens 1), "
-        "the baseline of dynamic batching",
+        "the baseline of dynamic batching, and measure batching's ceiling on this CPU "
+        "(encode's CPU time per text alone against in batches of the most clients)",
     )
     parser.add_argument("--requests", type=int, default=1500, help="online requests per run (1500)")
     parser.add_argument("--bulk-requests", type=int, default=60, help="bulk requests per run (60)")
@@ -412,6 +448,8 @@ def main() -> None:
             check=False,
         ).stdout.strip()
         versions += f", infinity-emb {version or 'unknown'}"
+    # Before any server starts: the CPU is the encoder's alone.
+    ceiling = batching_ceiling(precision, max(client_counts)) if args.unbatched else None
     counts = {"online": args.requests, "bulk": args.bulk_requests * WORKLOADS["bulk"]}
     from clearformer.bench.load import LoadMeter
 
@@ -459,6 +497,8 @@ def main() -> None:
         "quiet_reason": load.describe(),
         "results": results,
     }
+    if ceiling is not None:
+        report["ceiling"] = ceiling
     ours = np.asarray(answers["clearformer"], dtype=np.float64)
     agreement = []
     for name, theirs in answers.items():
