@@ -6,9 +6,9 @@ D model width, H heads, Dh head width, N real tokens of a packed batch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .lazy_exports import lazy_exports
 from .version import __version__
 
 # The public names and the modules that define them. They are imported on first use (PEP 562),
@@ -39,6 +39,8 @@ _EXPORTS = {
     "TrainConfig": ".train",
 }
 
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+
 if TYPE_CHECKING:  # for type checkers and editors: the names as if imported eagerly
     from .attention import MultiHeadAttention
     from .blocks import EncoderBlock
@@ -55,19 +57,6 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as if imported eag
     from .seq2seq import Seq2SeqConfig, Seq2SeqTransformer
     from .text import CrossEncoder, TextEncoder
     from .train import TrainConfig
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'clearformer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
 
 
 __all__ = [

@@ -14,9 +14,9 @@ importing torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ..lazy_exports import lazy_exports
 from .names import ALIASES, PRECISION_NAMES, PRECISIONS, check_precision
 
 _EXPORTS = {
@@ -30,23 +30,12 @@ _EXPORTS = {
     "bf16_speedup": ".calibration",
 }
 
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+
 if TYPE_CHECKING:
     from .auto import auto_precision, choose_precision
     from .bf16 import Bf16Support, bf16_copy, bf16_support, is_bf16
     from .calibration import CALIBRATION_VARIABLE, bf16_speedup
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'clearformer.precision' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
 
 
 __all__ = [

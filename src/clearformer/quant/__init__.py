@@ -11,8 +11,9 @@ Names are imported on first use. The precisions ``encode`` accepts (``float32``,
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy_exports import lazy_exports
 
 _EXPORTS = {
     "Int8Linear": ".int8",
@@ -28,6 +29,8 @@ _EXPORTS = {
     "smoothing_factors": ".quantize",
 }
 
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+
 if TYPE_CHECKING:
     from .int8 import Int8Linear, Int8Support, int8_support, quantize_rows
     from .quantize import (
@@ -39,19 +42,6 @@ if TYPE_CHECKING:
         quantize_int8_calibrated,
         smoothing_factors,
     )
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'clearformer.quant' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
 
 
 __all__ = [

@@ -22,20 +22,12 @@ How to run and deploy it: docs/serving.md.
 
 from __future__ import annotations
 
+from ..lazy_exports import lazy_exports
 from .config import ServeConfig
 from .models import ModelSpec
 
+# The app and the server import Starlette and uvicorn (the serve extra): on first use.
+_EXPORTS = {"create_app": ".app", "run_server": ".server"}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+
 __all__ = ["ModelSpec", "ServeConfig", "create_app", "run_server"]
-
-
-def __getattr__(name: str):
-    # The app and the server import Starlette and uvicorn (the serve extra) on first use.
-    if name == "create_app":
-        from .app import create_app
-
-        return create_app
-    if name == "run_server":
-        from .server import run_server
-
-        return run_server
-    raise AttributeError(f"module 'clearformer.serve' has no attribute {name!r}")

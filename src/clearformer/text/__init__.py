@@ -13,24 +13,17 @@ The checkpoint format it reads is :mod:`clearformer.interop.hf`; the pooling is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy_exports import lazy_exports
+
+# Imported on first use: the CLI reads batching defaults from .batching without paying for
+# torch (see clearformer/__init__.py).
+_EXPORTS = {"TextEncoder": ".encoder", "CrossEncoder": ".cross_encoder"}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from .cross_encoder import CrossEncoder
     from .encoder import TextEncoder
 
 __all__ = ["CrossEncoder", "TextEncoder"]
-
-
-def __getattr__(name: str) -> Any:
-    # Imported on first use: the CLI reads batching defaults from .batching without paying
-    # for torch (see clearformer/__init__.py).
-    if name == "TextEncoder":
-        from .encoder import TextEncoder
-
-        return TextEncoder
-    if name == "CrossEncoder":
-        from .cross_encoder import CrossEncoder
-
-        return CrossEncoder
-    raise AttributeError(f"module 'clearformer.text' has no attribute {name!r}")

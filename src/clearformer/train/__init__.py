@@ -15,8 +15,9 @@ flags from :class:`TrainConfig` without importing torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy_exports import lazy_exports
 
 _EXPORTS = {
     "TrainConfig": ".config",
@@ -26,19 +27,12 @@ _EXPORTS = {
     "load_config": ".tomlfile",
 }
 
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+
 if TYPE_CHECKING:
     from .config import TrainConfig
     from .loop import TrainResult, train
     from .tomlfile import dump_toml, load_config
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'clearformer.train' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
 
 
 __all__ = ["TrainConfig", "TrainResult", "dump_toml", "load_config", "train"]
