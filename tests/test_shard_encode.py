@@ -232,3 +232,31 @@ def test_another_job_in_the_same_directory_is_refused(tmp_path, setup):
     result = cli("encode", "--input", str(other), "--output", str(out), "--model", str(model))
     assert result.returncode == 2 and "already holds the shards of another run" in result.stderr
     assert json.loads((out / "manifest.json").read_text())["rows"] == 300
+
+
+def test_auto_precision_is_recorded_as_what_it_chose(tmp_path, monkeypatch):
+    from clearformer.index.shards import encode_shard
+    from clearformer.options import Decision
+    from clearformer.text import TextEncoder
+
+    model = tiny_model(tmp_path / "model")
+    texts = word_texts(40)
+    encoder = TextEncoder.from_pretrained(model)
+    chosen = encoder.precision_for("auto").choice
+    with intra_op_threads(1):
+        encode_shard(texts, tmp_path / "out", encoder, precision="auto", chunk_rows=CHUNK_ROWS)
+    assert read_manifest(tmp_path / "out")["job"]["precision"] == chosen != "auto"
+
+    # A machine whose "auto" chooses otherwise computes other rows: another job, refused in
+    # the same directory rather than mixed with these shards.
+    other = "float32" if chosen != "float32" else "bf16"
+    elsewhere = TextEncoder.from_pretrained(model)
+    monkeypatch.setattr(
+        elsewhere, "precision_for", lambda precision="auto": Decision(other, "another CPU")
+    )
+    with pytest.raises(ValueError, match="already holds the shards of another run"):
+        encode_shard(texts, tmp_path / "out", elsewhere, precision="auto", chunk_rows=CHUNK_ROWS)
+    # An unknown precision is refused before any work (no directory made).
+    with pytest.raises(ValueError, match="precision"):
+        encode_shard(texts, tmp_path / "never", encoder, precision="fp8", chunk_rows=CHUNK_ROWS)
+    assert not (tmp_path / "never").exists()

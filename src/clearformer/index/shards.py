@@ -113,7 +113,8 @@ def encode_shard(
         encoder: a :class:`~clearformer.TextEncoder`, loaded once by this process.
         fmt: ``"npy"`` (the (n, D) float32 array) or ``"parquet"`` (columns ``row``,
             ``text``, ``embedding``; needs pyarrow).
-        normalize, precision: as ``encoder.encode``; they are part of the job.
+        normalize, precision: as ``encoder.encode``; they are part of the job, the precision
+            as this machine resolves it (``"auto"`` is recorded as what it chose).
         encode_options: ``batch_size``, ``max_tokens``, ``workers``, ``progress``.
     """
     if fmt not in SHARD_FORMATS:
@@ -124,6 +125,9 @@ def encode_shard(
         raise ValueError("no texts to encode")
     identity = ModelIdentity.of(encoder)
     normalize = encoder.normalize if normalize is None else bool(normalize)
+    # The precision the rows are computed in, not the one asked for: "auto" (or an alias) may
+    # resolve otherwise on another machine, whose chunks must then not pass for this job's.
+    precision = encoder.precision_for(precision).choice
     job = {
         "texts": texts_sha256(texts),
         "rows": len(texts),
