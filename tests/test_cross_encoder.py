@@ -12,7 +12,7 @@ import pytest
 from clearformer import CrossEncoder, TextEncoder
 from clearformer.interop.hf import CheckpointError
 
-from .helpers import record_packings
+from .helpers import intra_op_threads, record_packings
 from .test_sequence_classification import make_classifier
 from .xlmr_helpers import make_xlmr
 
@@ -198,3 +198,30 @@ def test_an_unknown_activation_names_the_file_and_field(tmp_path):
     )
     with pytest.raises(CheckpointError, match="config_sentence_transformers.json 'activation_fn'"):
         CrossEncoder.from_pretrained(tmp_path)
+
+
+def test_a_score_does_not_depend_on_its_batch_mates(checkpoint):
+    import torch
+
+    path, _ = checkpoint
+    ours = CrossEncoder.from_pretrained(path)
+    # Two pairs one piece apart: about 1 % padding, under the share at which `auto` alone
+    # would run the batch padded; packed, each pair's token states are its own to the bit.
+    short = ("w1 w2 w3 w4 w5 w6", "w7 w8 w9 w10 w11")
+    long_ = ("w1 w2 w3 w4 w5 w6", "w7 w8 w9 w10 w11 w12")
+    encodings = ours.tokenizer.encode_pairs([long_, short])
+    assert len(encodings[0].ids) == len(encodings[1].ids) + 1
+    # On one thread: PyTorch's attention kernel splits its work by the thread count, and for
+    # heads as narrow as these a text alone on two threads may round otherwise than one of
+    # two texts given a thread each (docs/serving.md).
+    with intra_op_threads(1):
+        together = ours.score_batch(encodings)
+        for i, encoding in enumerate(encodings):
+            np.testing.assert_array_equal(ours.score_batch([encoding])[0], together[i])
+            alone = ours.predict([(long_, short)[i]], batch_size=1)
+            np.testing.assert_array_equal(alone.reshape(together[i].shape), together[i])
+    # Negative control: the head's dense layer on one row and on two rounds otherwise here,
+    # which the head's row-at-a-time products keep out of the scores.
+    rows = torch.randn(2, ours.head.dense.in_features, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        assert not torch.equal(ours.head.dense(rows)[:1], ours.head.dense(rows[:1]))

@@ -303,3 +303,20 @@ def test_serve_refuses_dimensions_outside_the_matryoshka_list(dense_dir, tmp_pat
         bad = client.post("/embed", json={"inputs": ["the cat"], "dimensions": 12})
         assert bad.status_code == 422
         assert "Matryoshka dimensions [8, 16, 32], got 12" in bad.json()["error"]
+
+
+def test_a_text_with_dense_modules_gets_its_bits_in_any_batch(dense_dir):
+    from .helpers import intra_op_threads
+
+    ours = TextEncoder.from_pretrained(dense_dir)
+    # One thread (as serve's shared batches run; see docs/serving.md), workers=1: each call
+    # one forward pass.
+    with intra_op_threads(1):
+        together = ours.encode(TEXTS, workers=1)
+        for i, text in enumerate(TEXTS):
+            np.testing.assert_array_equal(ours.encode([text], workers=1)[0], together[i])
+        # Negative control: the first Dense layer on one row and on several rounds otherwise.
+        rows = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
+        with torch.inference_mode():
+            layer = ours.head.dense[0]
+            assert not torch.equal(layer(rows)[:1], layer(rows[:1]))

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .pooling import pool
+from .rowwise import each_row
 
 __all__ = ["CLASSIFIER_ACTIVATIONS", "ClassifierConfig", "SequenceClassifier"]
 
@@ -116,8 +117,12 @@ class SequenceClassifier(nn.Module):
     def forward(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
         """(B, T, D) token states + (B, T) bool mask (True = real token) -> (B, L) logits."""
         x = pool(hidden, attention_mask, self.config.pooling)  # (B, D)
+        return each_row(self._after_pooling, x)  # (B, L)
+
+    def _after_pooling(self, x: Tensor) -> Tensor:
+        """(b, D) pooled rows -> (b, L) logits."""
         if self.dense is not None:
             x = self._activation(self.dense(x))
         if self.norm is not None:
             x = self.norm(x)
-        return self.out(x)  # (B, L)
+        return self.out(x)

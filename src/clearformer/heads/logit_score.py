@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from ..checks import check_int, check_positive_int
 from .pooling import pool
+from .rowwise import each_row
 
 __all__ = ["LogitScore", "LogitScoreConfig"]
 
@@ -85,7 +86,7 @@ class LogitScore(nn.Module):
     def forward(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
         """Scores at each row's last real token, whatever the padding side."""
         last = pool(hidden, attention_mask, "lasttoken")  # (B, D)
-        logits = last @ self.rows.T  # (B, 1 or 2): the two logits the score needs
+        logits = each_row(lambda row: row @ self.rows.T, last)  # (B, 1 or 2): the two logits
         if self.config.false_token_id is None:
             return logits[:, :1]
         return logits[:, :1] - logits[:, 1:]  # (B, 1)

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from ..checks import ArgumentTypeError, check_bool, check_choice, check_positive_int
 from .pooling import POOLING_MODES, pool
+from .rowwise import each_row
 
 __all__ = ["DENSE_ACTIVATIONS", "DenseConfig", "SentenceHead", "SentenceHeadConfig"]
 
@@ -197,7 +198,10 @@ class SentenceHead(nn.Module):
         vectors = pool(hidden, attention_mask, self.config.pooling, skip=skip)  # (B, D)
         for step, layer in zip(self.config.steps, self.dense, strict=True):
             # A Dense maps (B, in) -> (B, out); a Normalize step keeps the width.
-            vectors = F.normalize(vectors, p=2.0, dim=-1) if step == "normalize" else layer(vectors)
+            if step == "normalize":
+                vectors = F.normalize(vectors, p=2.0, dim=-1)
+            else:
+                vectors = each_row(layer, vectors)
         if dimensions is not None:
             vectors = vectors[:, :dimensions]  # (B, dimensions)
         if normalize:

@@ -29,7 +29,13 @@ from ..interop.hf.sentence_transformers import Prompts, prompts_from_files, scor
 from ..interop.hf.tokenizer import check_pairs, check_texts, max_length_for
 from ..model import EncoderModel
 from ..options import Decision
-from .batching import DEFAULT_MAX_TOKENS, balance_batches, check_batch_limits, plan_batches
+from .batching import (
+    DEFAULT_MAX_TOKENS,
+    balance_batches,
+    check_batch_limits,
+    plan_batches,
+    row_backend,
+)
 from .kernel_builds import attention_kernel_for
 from .llm_reranker import is_causal_lm, load_llm_reranker
 from .precisions import Precisions
@@ -132,13 +138,15 @@ class CrossEncoder:
         token_type_ids: Tensor,
         *,
         precision: str = "float32",
+        backend: str | None = None,
     ) -> Tensor:
         """(B, T) ids, bool mask and token types -> (B, L) float32 logits, computed in
-        ``precision`` (``"float32"`` or ``"bf16"``, a name as :meth:`predict` takes)."""
+        ``precision`` (``"float32"`` or ``"bf16"``, a name as :meth:`predict` takes), on
+        ``backend`` (None: the model's)."""
         chosen = self._precisions.decide(self._precisions.check(precision)).choice
         model, head = self.bf16_model() if chosen == "bf16" else (self.model, self.head)
         types = token_type_ids if self._token_types else None
-        hidden = model(input_ids, attention_mask, types)  # (B, T, D)
+        hidden = model(input_ids, attention_mask, types, backend=backend)  # (B, T, D)
         return head(hidden, attention_mask).float()  # (B, L)
 
     def precision_for(self, precision: str = "auto") -> Decision:
@@ -275,10 +283,17 @@ class CrossEncoder:
         """Pad, run the model and the head, apply the activation: (B, L) float32 (predict's
         and score_batch's one path)."""
         batch = self.tokenizer.pad(encodings, with_tokens=False)
+        # A row's score must not depend on its batch-mates (score_batch): packed wherever the
+        # batch has padding, as encode's batches are.
+        backend = row_backend(self.model.config.backend, batch.attention_mask)
         # Grad mode and the packed weights are per thread: each worker enters both itself.
         with torch.inference_mode(), use_packed_weights(packed):
             logits = self.logits(
-                batch.input_ids, batch.attention_mask, batch.token_type_ids, precision=precision
+                batch.input_ids,
+                batch.attention_mask,
+                batch.token_type_ids,
+                precision=precision,
+                backend=backend,
             )  # (B, L) float32
             scores = ACTIVATIONS[activation](logits)
             if apply_softmax and self.num_labels > 1:
