@@ -201,8 +201,6 @@ def test_an_unknown_activation_names_the_file_and_field(tmp_path):
 
 
 def test_a_score_does_not_depend_on_its_batch_mates(checkpoint):
-    import torch
-
     path, _ = checkpoint
     ours = CrossEncoder.from_pretrained(path)
     # Two pairs one piece apart: about 1 % padding, under the share at which `auto` alone
@@ -213,15 +211,12 @@ def test_a_score_does_not_depend_on_its_batch_mates(checkpoint):
     assert len(encodings[0].ids) == len(encodings[1].ids) + 1
     # On one thread: PyTorch's attention kernel splits its work by the thread count, and for
     # heads as narrow as these a text alone on two threads may round otherwise than one of
-    # two texts given a thread each (docs/serving.md).
+    # two texts given a thread each (docs/serving.md). Then the head's products are what
+    # could tell the rows apart: on CPUs whose kernels round a one-row product otherwise than
+    # a two-row one (AMD Zen 4 does, 1e-7), whole-batch products in the head fail this test.
     with intra_op_threads(1):
         together = ours.score_batch(encodings)
         for i, encoding in enumerate(encodings):
             np.testing.assert_array_equal(ours.score_batch([encoding])[0], together[i])
             alone = ours.predict([(long_, short)[i]], batch_size=1)
             np.testing.assert_array_equal(alone.reshape(together[i].shape), together[i])
-    # Negative control: the head's dense layer on one row and on two rounds otherwise here,
-    # which the head's row-at-a-time products keep out of the scores.
-    rows = torch.randn(2, ours.head.dense.in_features, generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        assert not torch.equal(ours.head.dense(rows)[:1], ours.head.dense(rows[:1]))

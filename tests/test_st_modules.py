@@ -310,13 +310,9 @@ def test_a_text_with_dense_modules_gets_its_bits_in_any_batch(dense_dir):
 
     ours = TextEncoder.from_pretrained(dense_dir)
     # One thread (as serve's shared batches run; see docs/serving.md), workers=1: each call
-    # one forward pass.
+    # one forward pass. On CPUs whose kernels round a one-row product otherwise than a
+    # several-row one (AMD Zen 4 does, 1e-7), whole-batch Dense products fail this test.
     with intra_op_threads(1):
         together = ours.encode(TEXTS, workers=1)
         for i, text in enumerate(TEXTS):
             np.testing.assert_array_equal(ours.encode([text], workers=1)[0], together[i])
-        # Negative control: the first Dense layer on one row and on several rounds otherwise.
-        rows = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
-        with torch.inference_mode():
-            layer = ours.head.dense[0]
-            assert not torch.equal(layer(rows)[:1], layer(rows[:1]))
