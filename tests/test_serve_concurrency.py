@@ -43,6 +43,8 @@ OPENAI_OK = '{endpoint="embeddings",status="200"}'
 # inputs the workers took before the gate opened.
 CHILD = f"""
 import sys, threading
+import torch
+torch.set_num_threads(2)  # two workers of one thread each, and 2 for a lone request
 from clearformer.serve.models import ServedModel
 
 go, gated = threading.Event(), threading.Event()
@@ -157,8 +159,8 @@ def test_64_concurrent_clients_each_get_their_own_rows_once(tiny):
     # Half the clients use TEI's /embed (normalised by default), half OpenAI's route (as the
     # checkpoint says: this one does not normalise).
     routes = ["/embed" if i % 2 == 0 else "/v1/embeddings" for i in range(CLIENTS)]
-    # At one thread, as each of the server's two workers runs a shared batch, and at every
-    # thread, as a lone input runs (a request's last input may end up alone in a batch):
+    # At one thread, as each of the server's two workers runs a batch of several requests,
+    # and at two (the server's every thread), as a batch of one request's inputs alone runs:
     # PyTorch's attention kernel may round otherwise at another thread count for heads as
     # narrow as these (8). Each row must equal one of the two to the bit.
     with intra_op_threads(1):
@@ -166,10 +168,11 @@ def test_64_concurrent_clients_each_get_their_own_rows_once(tiny):
             encoder.encode(texts, normalize=route == "/embed")
             for texts, route in zip(requests, routes, strict=True)
         ]
-    expected_wide = [
-        encoder.encode(texts, normalize=route == "/embed", workers=1)
-        for texts, route in zip(requests, routes, strict=True)
-    ]
+    with intra_op_threads(2):
+        expected_wide = [
+            encoder.encode(texts, normalize=route == "/embed", workers=1)
+            for texts, route in zip(requests, routes, strict=True)
+        ]
     rows = np.concatenate(expected)
     # Negative control: no two texts share a row, so a row sent to the wrong client (or to the
     # wrong place in a request) cannot pass for the right one.
@@ -206,7 +209,7 @@ def test_64_concurrent_clients_each_get_their_own_rows_once(tiny):
                 lambda: server.metric("clearformer_requests_in_flight") == CLIENTS + 1,
                 "every request admitted",
             )
-            # Each input is queued or in the one batch the other worker took (and holds).
+            # Each input is queued or in a batch a worker took (and holds).
             taken = 0
 
             def all_queued() -> bool:

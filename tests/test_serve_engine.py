@@ -197,11 +197,11 @@ def test_rows_are_written_exactly_and_nan_is_refused():
 
 
 class ThreadRecorder(Recorder):
-    # A warm-up long enough that two workers' would overlap, were they run side by side.
-    WARM_UP_SECONDS = 0.05
-
     """Records each batch's intra-op thread count, and the thread counts of every batch that
     ran at the same time (their sum must never pass the process's threads)."""
+
+    # A warm-up long enough that two workers' would overlap, were they run side by side.
+    WARM_UP_SECONDS = 0.05
 
     def __init__(self) -> None:
         super().__init__()
@@ -271,7 +271,7 @@ def test_a_lone_request_runs_on_every_thread(two_workers_on_two_threads):
     assert model.workers == ["clearformer-serve-0"] * 3
 
 
-def test_a_lone_batch_of_several_inputs_keeps_its_share(two_workers_on_two_threads):
+def test_a_lone_request_of_several_inputs_runs_on_every_thread(two_workers_on_two_threads):
     engine, model = two_workers_on_two_threads
 
     async def main():
@@ -280,9 +280,84 @@ def test_a_lone_batch_of_several_inputs_keeps_its_share(two_workers_on_two_threa
         return await job.future
 
     rows = asyncio.run(main())
-    # Several inputs: a load, not a lone client; a second worker could take the next batch.
-    assert model.threads == [1]
+    assert model.threads == [2] and model.workers == ["clearformer-serve-0"]
     assert rows[:, 0].tolist() == [1, 2]
+
+
+def test_a_batch_of_several_requests_keeps_its_share(two_workers_on_two_threads):
+    engine, model = two_workers_on_two_threads
+    # Queued behind the plug, two requests of one input each share the next batch (4 tokens,
+    # the budget): several clients, a load, though nothing else is queued or running then.
+    rows = _run(engine, model, [(_inputs((1, 2)), "x"), (_inputs((2, 2)), "x")])
+    assert model.batches == [[1, 2]]
+    assert model.threads == [1]
+    assert [r[0, 0] for r in rows] == [1, 2]
+
+
+class WrongRows(Recorder):
+    """Returns one row too many for its first batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def run(self, encodings, options):
+        self.calls += 1
+        rows = super().run(encodings, options)
+        return np.concatenate([rows, rows[:1]]) if self.calls == 1 else rows
+
+
+def test_a_model_returning_the_wrong_rows_fails_its_request_and_the_engine_goes_on():
+    model = WrongRows()
+    engine = Engine(max_batch_tokens=10, workers=2, metrics=ServerMetrics())
+    engine.start([model])
+    assert engine.wait_ready(30)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        bad = Job(model, Prepared(_inputs((1, 2)), "x"), loop)
+        engine.submit(bad)
+        with pytest.raises(RuntimeError, match="rows of shape \\(2, 2\\) for a batch of 1"):
+            await asyncio.wait_for(bad.future, 10)
+        good = Job(model, Prepared(_inputs((2, 2)), "x"), loop)
+        engine.submit(good)
+        return await asyncio.wait_for(good.future, 10)
+
+    assert asyncio.run(main())[0, 0] == 2
+    engine.close()
+    assert engine.join(30)
+
+
+# The first worker's thread ends on the exception: that is the case under test.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_work_goes_on_if_the_first_worker_stops(monkeypatch):
+    model = Recorder()
+    engine = Engine(max_batch_tokens=10, workers=2, metrics=ServerMetrics())
+    real_run = engine._run
+
+    def run(batch):
+        if threading.current_thread().name == "clearformer-serve-0":
+            raise KeyboardInterrupt  # not an Exception: nothing inside the worker catches it
+        real_run(batch)
+
+    monkeypatch.setattr(engine, "_run", run)
+    engine.start([model])
+    assert engine.wait_ready(30)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        engine.submit(Job(model, Prepared(_inputs((1, 2)), "x"), loop))  # lost with worker 0
+        for _ in range(1000):
+            if not engine._threads[0].is_alive():
+                break
+            await asyncio.sleep(0.01)
+        later = Job(model, Prepared(_inputs((2, 2)), "x"), loop)
+        engine.submit(later)
+        return await asyncio.wait_for(later.future, 10)
+
+    assert asyncio.run(main())[0, 0] == 2  # the second worker took it
+    engine.close()
+    assert engine.join(30)
 
 
 def test_workers_warm_up_one_at_a_time(two_workers_on_two_threads):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .lazy_exports import lazy_exports
+from .lazy_exports import lazy_exports as _lazy_exports
 from .version import __version__
 
 # The public names and the modules that define them. They are imported on first use (PEP 562),
@@ -39,7 +39,7 @@ _EXPORTS = {
     "TrainConfig": ".train",
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:  # for type checkers and editors: the names as if imported eagerly
     from .attention import MultiHeadAttention

@@ -25,7 +25,8 @@ from torch import Tensor
 
 def each_row(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     """``fn`` over (B, ...) ``x`` one row at a time, the rows stacked again: (B, ...)."""
-    if x.shape[0] <= 1 or torch.is_grad_enabled() or _tracing():
+    # Tracing first: reading the batch size under export would add a guard on it.
+    if _tracing() or torch.is_grad_enabled() or x.shape[0] <= 1:
         return fn(x)
     return torch.cat([fn(row) for row in x.split(1)])  # (B, ...)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..lazy_exports import lazy_exports
+from ..lazy_exports import lazy_exports as _lazy_exports
 from .names import ALIASES, PRECISION_NAMES, PRECISIONS, check_precision
 
 _EXPORTS = {
@@ -30,7 +30,7 @@ _EXPORTS = {
     "bf16_speedup": ".calibration",
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from .auto import auto_precision, choose_precision

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..lazy_exports import lazy_exports
+from ..lazy_exports import lazy_exports as _lazy_exports
 
 _EXPORTS = {
     "Int8Linear": ".int8",
@@ -29,7 +29,7 @@ _EXPORTS = {
     "smoothing_factors": ".quantize",
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from .int8 import Int8Linear, Int8Support, int8_support, quantize_rows

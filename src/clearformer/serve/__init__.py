@@ -22,12 +22,12 @@ How to run and deploy it: docs/serving.md.
 
 from __future__ import annotations
 
-from ..lazy_exports import lazy_exports
+from ..lazy_exports import lazy_exports as _lazy_exports
 from .config import ServeConfig
 from .models import ModelSpec
 
 # The app and the server import Starlette and uvicorn (the serve extra): on first use.
 _EXPORTS = {"create_app": ".app", "run_server": ".server"}
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
 
 __all__ = ["ModelSpec", "ServeConfig", "create_app", "run_server"]

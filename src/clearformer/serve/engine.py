@@ -8,15 +8,16 @@ request waits for no timer, a lone request runs at once, and under load batches 
 first input is always taken, even when it alone is over the budget: the queue can never stall
 on an input larger than a batch.
 
-Idle work goes to the first worker; the others take batches only while it is busy. When the
-first worker takes a single input with the queue empty behind it and no other worker running
-(a lone client), it runs it on every thread of the process and the other workers wait for it
-to end, so a lone request runs as fast as one request at a time would, not on a share of the
-CPU; any other batch runs on its worker's share, so busy workers never oversubscribe the CPU
-(a batch of several inputs means load: the next batch is for another worker). Lone inputs stay
-on one worker so that one pool of compute threads, not one per worker, grows to every thread.
-The workers warm up one at a time: warmed side by side, the every-thread runs were measured
-lastingly slower (docs/serving.md).
+Idle work goes to the first worker; the others take batches only while it is busy (or if it
+has stopped on an error). When the first worker takes one request's inputs with nothing queued
+behind them and no other worker running (a lone client), it runs them on every thread of the
+process and the other workers wait for it to end, so a lone request runs as fast as one
+request at a time would, not on a share of the CPU; any other batch runs on its worker's
+share, so busy workers never oversubscribe the CPU (a batch of several requests' inputs means
+load: the next batch is for another worker). Lone requests stay on one worker so that one pool
+of compute threads, not one per worker, grows to every thread. The workers warm up one at a
+time: warmed side by side, the every-thread runs were measured lastingly slower
+(docs/serving.md).
 
 A request's inputs may be spread over several batches; its future resolves when its last row
 is in. A row does not depend on its batch-mates (``TextEncoder.embed_batch``), so a request's
@@ -112,6 +113,7 @@ class Engine:
         self._running = 0  # workers inside a batch
         self._wide = False  # a batch runs on every thread: the other workers wait for it
         self._first_running = False  # the first worker is inside a batch: the others may work
+        self._first_alive = True  # the first worker takes work (False: it stopped on an error)
         self._total_threads = 1
         self._threads: list[threading.Thread] = []
         self._warmed = 0
@@ -209,7 +211,9 @@ class Engine:
         """Whether worker ``index`` may take a batch now (the lock held)."""
         if self._wide or not self._queue:
             return False
-        return index == 0 or self._first_running
+        # The others also take work if the first worker has stopped on an error it did not
+        # expect: the queue must never be left to nobody.
+        return index == 0 or self._first_running or not self._first_alive
 
     def _work(
         self, share: int, models: list[ServedModel], started: threading.Event, index: int
@@ -228,6 +232,16 @@ class Engine:
             self._warmed += 1
             if self._warmed == len(self._threads):
                 self._ready.set()
+        try:
+            self._take_work(share, index)
+        finally:
+            if index == 0:
+                with self._lock:
+                    self._first_alive = False
+                    self._has_work.notify_all()
+
+    def _take_work(self, share: int, index: int) -> None:
+        """Worker ``index``'s loop: take a batch, run it, until closed with nothing left."""
         threads = share
         while True:
             with self._lock:
@@ -236,9 +250,13 @@ class Engine:
                 if not self._queue:
                     return  # closing, and nothing left
                 batch = self._take_batch()
-                # Alone with nothing behind it: every thread, while the others wait.
+                # One request's inputs with nothing behind them (a lone client): every thread,
+                # while the others wait. A batch of several requests' inputs means load.
                 wide = (
-                    self.workers > 1 and len(batch) == 1 and self._running == 0 and not self._queue
+                    self.workers > 1
+                    and len({id(item.job) for item in batch}) == 1
+                    and self._running == 0
+                    and not self._queue
                 )
                 self._wide = wide
                 self._running += 1
@@ -246,11 +264,11 @@ class Engine:
                     self._first_running = True
                     if self._queue and not wide:
                         self._has_work.notify_all()  # the others may take what is left
-            wanted = self._total_threads if wide else share
-            if wanted != threads:
-                set_own_thread_count(wanted)
-                threads = wanted
             try:
+                wanted = self._total_threads if wide else share
+                if wanted != threads:
+                    set_own_thread_count(wanted)
+                    threads = wanted
                 if batch:
                     self._run(batch)
             finally:
@@ -301,6 +319,11 @@ class Engine:
         started = time.perf_counter()
         try:
             rows = first.model.run(encodings, first.options)  # (B, width)
+            if not isinstance(rows, np.ndarray) or rows.ndim != 2 or len(rows) != len(batch):
+                shape = getattr(rows, "shape", type(rows).__name__)
+                raise RuntimeError(
+                    f"the model returned rows of shape {shape} for a batch of {len(batch)} inputs"
+                )
         except Exception as exc:
             log.exception("a batch of %d inputs failed", len(batch))
             self._fail(batch, exc)

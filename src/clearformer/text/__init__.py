@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..lazy_exports import lazy_exports
+from ..lazy_exports import lazy_exports as _lazy_exports
 
 # Imported on first use: the CLI reads batching defaults from .batching without paying for
 # torch (see clearformer/__init__.py).
 _EXPORTS = {"TextEncoder": ".encoder", "CrossEncoder": ".cross_encoder"}
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from .cross_encoder import CrossEncoder

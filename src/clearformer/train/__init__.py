@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..lazy_exports import lazy_exports
+from ..lazy_exports import lazy_exports as _lazy_exports
 
 _EXPORTS = {
     "TrainConfig": ".config",
@@ -27,7 +27,7 @@ _EXPORTS = {
     "load_config": ".tomlfile",
 }
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from .config import TrainConfig
