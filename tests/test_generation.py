@@ -12,7 +12,11 @@ import torch
 from clearformer import Seq2SeqConfig, Seq2SeqTransformer
 
 
-def _model(vocab: int = 12, seed: int = 0, eos_boost: float = 2.0) -> Seq2SeqTransformer:
+def _model(
+    vocab: int = 12, seed: int = 0, eos_boost: float = 2.0, tie_output: bool = False
+) -> Seq2SeqTransformer:
+    """A small random model; untied, its output table is scaled so that decoding meets
+    spread-out distributions and the end token now and then (a tied one is left as drawn)."""
     torch.manual_seed(seed)
     config = Seq2SeqConfig(
         src_vocab_size=vocab,
@@ -23,12 +27,13 @@ def _model(vocab: int = 12, seed: int = 0, eos_boost: float = 2.0) -> Seq2SeqTra
         dim_mlp=64,
         dropout=0.0,
         max_positions=40,
-        tie_output=False,
+        tie_output=tie_output,
     )
     model = Seq2SeqTransformer(config).eval()
-    with torch.no_grad():  # spread-out distributions, with the end token likely now and then
-        model.output.weight.mul_(6.0)
-        model.output.weight[config.eos_id].mul_(eos_boost)
+    if not tie_output:
+        with torch.no_grad():  # spread-out distributions, with the end token likely now and then
+            model.output.weight.mul_(6.0)
+            model.output.weight[config.eos_id].mul_(eos_boost)
     return model
 
 
@@ -296,18 +301,7 @@ def test_logits_under_packed_weights_read_the_packed_table(tie_output):
 
     if not reorder_available():
         pytest.skip("this PyTorch build cannot reorder weights for oneDNN")
-    torch.manual_seed(0)
-    config = Seq2SeqConfig(
-        src_vocab_size=50,
-        d_model=32,
-        n_heads=4,
-        encoder_layers=1,
-        decoder_layers=1,
-        dim_mlp=64,
-        max_positions=16,
-        tie_output=tie_output,
-    )
-    model = Seq2SeqTransformer(config).eval()
+    model = _model(vocab=50, tie_output=tie_output)
     projection = model.target_embeddings.word if tie_output else model.output
     hidden = torch.randn(3, 1, 32)
     expected = torch.nn.functional.linear(hidden, projection.weight)
