@@ -1,5 +1,6 @@
 """Runtime settings a long-running command may choose for itself (never set on import): the
-allocator's, process-wide, and a thread's own intra-op thread count."""
+allocator's, process-wide, and a thread's own intra-op thread count; and whether a graph is
+being captured (compiled, exported or traced) around the running call."""
 
 from __future__ import annotations
 
@@ -45,3 +46,12 @@ def set_own_thread_count(count: int) -> None:
 
     torch.get_num_threads()
     torch.set_num_threads(count)
+
+
+def capturing_graph() -> bool:
+    """A compiler, exporter or TorchScript tracer is recording the call (``torch.compile``,
+    ``torch.export``, ONNX export, ``torch.jit.trace``): it needs PyTorch's own ops, and a
+    graph whose shape does not depend on the traced inputs' sizes."""
+    import torch
+
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()

@@ -50,6 +50,7 @@ from .. import switches
 from ..calibration.cache import CalibrationKey, cache_root, cached_verdicts
 from ..cpu import cpu_info
 from ..options import Decision
+from ..runtime import capturing_graph
 from ..version import __version__
 
 log = logging.getLogger(__name__)
@@ -226,7 +227,8 @@ def serves(q: Tensor, k: Tensor, v: Tensor) -> bool:
     caller has ruled out masks, windows, biases and dropout)."""
     return (
         is_loaded()
-        and not _tracing()
+        # A graph capture needs PyTorch's own kernels (this op has no shape function).
+        and not capturing_graph()
         and q.device.type == "cpu"
         and q.dtype == torch.float32
         and k.dtype == v.dtype == torch.float32
@@ -236,12 +238,6 @@ def serves(q: Tensor, k: Tensor, v: Tensor) -> bool:
         and q.stride(-1) == 1
         and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
     )
-
-
-def _tracing() -> bool:
-    """A compiler, exporter or TorchScript tracer is recording the call: it sees PyTorch's own
-    kernels, which it knows how to compile and export (this op has no shape function)."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
 
 
 def cache_dir() -> Path:

@@ -22,14 +22,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..runtime import capturing_graph
+
 
 def each_row(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     """``fn`` over (B, ...) ``x`` one row at a time, the rows stacked again: (B, ...)."""
     # Tracing first: reading the batch size under export would add a guard on it.
-    if _tracing() or torch.is_grad_enabled() or x.shape[0] <= 1:
+    if capturing_graph() or torch.is_grad_enabled() or x.shape[0] <= 1:
         return fn(x)
     return torch.cat([fn(row) for row in x.split(1)])  # (B, ...)
-
-
-def _tracing() -> bool:
-    return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export()
