@@ -6,6 +6,7 @@ never run, and a request's rows come back in its own order whatever its batches 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from types import SimpleNamespace
 
@@ -76,15 +77,24 @@ def _run(engine: Engine, model: Recorder, requests: list[tuple[list, object]]) -
     return asyncio.run(main())
 
 
+@contextlib.contextmanager
+def running_engine(model: Recorder, *, workers: int, max_batch_tokens: int = 10):
+    """An engine started on ``model`` and warmed; closed, its workers joined, on leaving."""
+    engine = Engine(max_batch_tokens=max_batch_tokens, workers=workers, metrics=ServerMetrics())
+    engine.start([model])
+    try:
+        assert engine.wait_ready(30)
+        yield engine
+    finally:
+        engine.close()
+    assert engine.join(30)
+
+
 @pytest.fixture
 def engine_and_model():
     model = Recorder()
-    engine = Engine(max_batch_tokens=10, workers=1, metrics=ServerMetrics())
-    engine.start([model])
-    assert engine.wait_ready(30)
-    yield engine, model
-    engine.close()
-    assert engine.join(30)
+    with running_engine(model, workers=1) as engine:
+        yield engine, model
 
 
 def test_batches_take_the_queue_in_order_within_the_budget(engine_and_model):
@@ -245,12 +255,8 @@ def two_workers_on_two_threads():
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     model = ThreadRecorder()
-    engine = Engine(max_batch_tokens=4, workers=2, metrics=ServerMetrics())
-    engine.start([model])
-    assert engine.wait_ready(30)
-    yield engine, model
-    engine.close()
-    assert engine.join(30)
+    with running_engine(model, workers=2, max_batch_tokens=4) as engine:
+        yield engine, model
     torch.set_num_threads(before)
 
 
@@ -309,11 +315,8 @@ class WrongRows(Recorder):
 
 def test_a_model_returning_the_wrong_rows_fails_its_request_and_the_engine_goes_on():
     model = WrongRows()
-    engine = Engine(max_batch_tokens=10, workers=2, metrics=ServerMetrics())
-    engine.start([model])
-    assert engine.wait_ready(30)
 
-    async def main():
+    async def main(engine):
         loop = asyncio.get_running_loop()
         bad = Job(model, Prepared(_inputs((1, 2)), "x"), loop)
         engine.submit(bad)
@@ -323,9 +326,8 @@ def test_a_model_returning_the_wrong_rows_fails_its_request_and_the_engine_goes_
         engine.submit(good)
         return await asyncio.wait_for(good.future, 10)
 
-    assert asyncio.run(main())[0, 0] == 2
-    engine.close()
-    assert engine.join(30)
+    with running_engine(model, workers=2) as engine:
+        assert asyncio.run(main(engine))[0, 0] == 2
 
 
 # The first worker's thread ends on the exception: that is the case under test.
