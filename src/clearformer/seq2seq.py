@@ -161,7 +161,7 @@ class Seq2SeqTransformer(nn.Module):
             return route.impl(hidden, projection)
         if self.output is not None:
             return self.output(hidden)
-        return F.linear(hidden, self.target_embeddings.word.weight)
+        return F.linear(hidden, projection.weight)  # the tied embedding table
 
     def decode(
         self,
