@@ -77,6 +77,14 @@ def _run(engine: Engine, model: Recorder, requests: list[tuple[list, object]]) -
     return asyncio.run(main())
 
 
+async def _until(condition, seconds: float = 5.0) -> None:
+    """Wait for ``condition`` a bounded time; the test's assertions tell if it never came."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not condition() and loop.time() < deadline:
+        await asyncio.sleep(0.001)
+
+
 @contextlib.contextmanager
 def running_engine(model: Recorder, *, workers: int, max_batch_tokens: int = 10):
     """An engine started on ``model`` and warmed; closed, its workers joined, on leaving."""
@@ -277,27 +285,73 @@ def test_a_lone_request_runs_on_every_thread(two_workers_on_two_threads):
     assert model.workers == ["clearformer-serve-0"] * 3
 
 
-def test_a_lone_request_of_several_inputs_runs_on_every_thread(two_workers_on_two_threads):
+def test_a_lone_request_of_several_inputs_is_shared_by_the_workers(two_workers_on_two_threads):
     engine, model = two_workers_on_two_threads
 
     async def main():
+        model.go.clear()  # each batch waits: the two run side by side, neither ends first
         job = Job(model, Prepared(_inputs((1, 2), (2, 2)), "x"), asyncio.get_running_loop())
         engine.submit(job)
+        await _until(lambda: len(model.overlaps) >= 2)
+        model.go.set()
         return await job.future
 
     rows = asyncio.run(main())
-    assert model.threads == [2] and model.workers == ["clearformer-serve-0"]
+    # 4 tokens, two idle workers: a batch of 2 tokens each, side by side on one thread each.
+    assert sorted(model.batches) == [[1], [2]]
+    assert model.threads == [1, 1]
+    assert sorted(model.workers) == ["clearformer-serve-0", "clearformer-serve-1"]
     assert rows[:, 0].tolist() == [1, 2]
 
 
-def test_a_batch_of_several_requests_keeps_its_share(two_workers_on_two_threads):
-    engine, model = two_workers_on_two_threads
-    # Queued behind the plug, two requests of one input each share the next batch (4 tokens,
-    # the budget): several clients, a load, though nothing else is queued or running then.
-    rows = _run(engine, model, [(_inputs((1, 2)), "x"), (_inputs((2, 2)), "x")])
-    assert model.batches == [[1, 2]]
-    assert model.threads == [1]
-    assert [r[0, 0] for r in rows] == [1, 2]
+class HeldRecorder(ThreadRecorder):
+    """Every batch but the plug's waits for ``hold``: batches taken one after another stay
+    running side by side, as real batches (milliseconds long) do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold = threading.Event()
+        self.held = 0  # batches waiting for hold
+
+    def run(self, encodings, options):
+        if encodings[0].ids[0] != PLUG:
+            with self._lock:
+                self.held += 1
+            self.hold.wait()
+        return super().run(encodings, options)
+
+
+def test_queued_work_is_shared_by_the_workers_not_taken_whole():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    model = HeldRecorder()
+
+    async def main(engine):
+        loop = asyncio.get_running_loop()
+        plug = await _plug(engine, model)  # on both threads: the other worker waits
+        jobs = [Job(model, Prepared(_inputs((i, 2)), "x"), loop) for i in range(1, 9)]
+        for job in jobs:
+            engine.submit(job)
+        model.go.set()
+        await plug.future
+        await _until(lambda: model.held >= 2)
+        model.hold.set()
+        return [await job.future for job in jobs]
+
+    try:
+        with running_engine(model, workers=2, max_batch_tokens=100) as engine:
+            rows = asyncio.run(main(engine))
+    finally:
+        torch.set_num_threads(before)
+    # The budget would take all eight requests (16 tokens) in one batch. Shared: the first
+    # free worker takes half of the work queued and running (8 tokens), the other worker the
+    # rest (8 queued + 8 running, halved).
+    assert sorted(model.batches) == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    assert model.threads == [1, 1]
+    assert max(model.overlaps) <= 2
+    assert [r[0, 0] for r in rows] == list(range(1, 9))
 
 
 class WrongRows(Recorder):

@@ -8,15 +8,21 @@ request waits for no timer, a lone request runs at once, and under load batches 
 first input is always taken, even when it alone is over the budget: the queue can never stall
 on an input larger than a batch.
 
+With several workers, a worker's batch is also held to its fair share of the work: the tokens
+queued and running, divided by the workers. One worker taking the whole queue would leave the
+others to the requests that come back one at a time as its answers go out, each a batch of one,
+and the workers stay that way: one serving nearly every client in large batches, the others
+single requests at a fraction of the throughput (docs/serving.md). Shared, the workers' batches
+stay even and both grow with the load.
+
 Idle work goes to the first worker; the others take batches only while it is busy (or if it
-has stopped on an error). When the first worker takes one request's inputs with nothing queued
-behind them and no other worker running (a lone client), it runs them on every thread of the
-process and the other workers wait for it to end, so a lone request runs as fast as one
+has stopped on an error). When the first worker takes one request's only input with nothing
+queued behind it and no other worker running (a lone client), it runs it on every thread of
+the process and the other workers wait for it to end, so a lone request runs as fast as one
 request at a time would, not on a share of the CPU; any other batch runs on its worker's
-share, so busy workers never oversubscribe the CPU (a batch of several requests' inputs means
-load: the next batch is for another worker). Lone requests stay on one worker so that one pool
-of compute threads, not one per worker, grows to every thread. The workers warm up one at a
-time: warmed side by side, the every-thread runs were measured lastingly slower
+share, so busy workers never oversubscribe the CPU. Lone requests stay on one worker so that
+one pool of compute threads, not one per worker, grows to every thread. The workers warm up
+one at a time: warmed side by side, the every-thread runs were measured lastingly slower
 (docs/serving.md).
 
 A request's inputs may be spread over several batches; its future resolves when its last row
@@ -111,6 +117,7 @@ class Engine:
         self._has_work = threading.Condition(self._lock)
         self._closing = False
         self._running = 0  # workers inside a batch
+        self._running_tokens = 0  # their batches' tokens
         self._wide = False  # a batch runs on every thread: the other workers wait for it
         self._first_running = False  # the first worker is inside a batch: the others may work
         self._first_alive = True  # the first worker takes work (False: it stopped on an error)
@@ -249,7 +256,15 @@ class Engine:
                     self._has_work.wait()
                 if not self._queue:
                     return  # closing, and nothing left
-                batch = self._take_batch()
+                # Its fair share of the work (the module's docstring).
+                alive = self.workers - (0 if self._first_alive else 1)
+                budget = self.max_batch_tokens
+                if alive > 1:
+                    work = self._queued_tokens + self._running_tokens
+                    budget = min(budget, math.ceil(work / alive))
+                batch = self._take_batch(budget)
+                batch_tokens = sum(item.tokens for item in batch)
+                self._running_tokens += batch_tokens
                 # One request's inputs with nothing behind them (a lone client): every thread,
                 # while the others wait. A batch of several requests' inputs means load.
                 wide = (
@@ -274,6 +289,7 @@ class Engine:
             finally:
                 with self._lock:
                     self._running -= 1
+                    self._running_tokens -= batch_tokens
                     if wide:
                         self._wide = False
                     if index == 0:
@@ -281,7 +297,7 @@ class Engine:
                     if wide or index == 0:
                         self._has_work.notify_all()
 
-    def _take_batch(self) -> list[_Input]:
+    def _take_batch(self, budget: int) -> list[_Input]:
         """The next batch (the lock held): the oldest live input, then the inputs with its key
         behind it while the budget holds. Inputs of other keys keep their places."""
         taken: list[_Input] = []
@@ -295,7 +311,7 @@ class Engine:
             if taken and item.job.key != taken[0].job.key:
                 passed.append(item)
                 continue
-            if taken and tokens + item.tokens > self.max_batch_tokens:
+            if taken and tokens + item.tokens > budget:
                 self._queue.appendleft(item)
                 break
             taken.append(item)
