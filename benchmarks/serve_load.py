@@ -175,8 +175,10 @@ def infinity_server(
     return Server("infinity-onnx", command, port, "/embeddings", env, cwd=onnx_dir)
 
 
-# infinity's --dtype for each of clearformer's --precision values the benchmark offers.
-INFINITY_DTYPES = {"float32": "float32", "bf16": "bfloat16"}
+# infinity's --dtype for each of clearformer's --precision values the benchmark offers. Its
+# int8 on the CPU is torch's dynamic quantization of every Linear (quantize_dynamic: one
+# activation scale per tensor); clearformer's int8 scales each token's row (docs/int8.md).
+INFINITY_DTYPES = {"float32": "float32", "bf16": "bfloat16", "int8": "int8"}
 
 
 # The load -----------------------------------------------------------------------------
@@ -400,7 +402,7 @@ def main() -> None:
         choices=sorted(INFINITY_DTYPES),
         default="float32",
         help="weights and matrix products of every server: clearformer's --precision, "
-        "infinity's --dtype (float32 or bfloat16) (float32)",
+        "infinity's --dtype (float32, bfloat16 or int8) (float32)",
     )
     parser.add_argument(
         "--workers",

@@ -285,23 +285,40 @@ def test_a_lone_request_runs_on_every_thread(two_workers_on_two_threads):
     assert model.workers == ["clearformer-serve-0"] * 3
 
 
-def test_a_lone_request_of_several_inputs_is_shared_by_the_workers(two_workers_on_two_threads):
+def test_a_lone_request_of_several_inputs_runs_whole_on_every_thread(two_workers_on_two_threads):
+    engine, model = two_workers_on_two_threads
+
+    async def main():
+        job = Job(model, Prepared(_inputs((1, 2), (2, 2)), "x"), asyncio.get_running_loop())
+        engine.submit(job)
+        return await job.future
+
+    rows = asyncio.run(main())
+    # A lone client's request is not split into fair shares: one batch, every thread.
+    assert model.batches == [[1, 2]]
+    assert model.threads == [2]
+    assert model.workers == ["clearformer-serve-0"]
+    assert rows[:, 0].tolist() == [1, 2]
+
+
+def test_a_lone_request_over_the_budget_is_shared_by_the_workers(two_workers_on_two_threads):
     engine, model = two_workers_on_two_threads
 
     async def main():
         model.go.clear()  # each batch waits: the two run side by side, neither ends first
-        job = Job(model, Prepared(_inputs((1, 2), (2, 2)), "x"), asyncio.get_running_loop())
+        job = Job(model, Prepared(_inputs((1, 2), (2, 2), (3, 2)), "x"), asyncio.get_running_loop())
         engine.submit(job)
         await _until(lambda: len(model.overlaps) >= 2)
         model.go.set()
         return await job.future
 
     rows = asyncio.run(main())
-    # 4 tokens, two idle workers: a batch of 2 tokens each, side by side on one thread each.
-    assert sorted(model.batches) == [[1], [2]]
+    # 6 tokens, a 4-token budget: the first batch leaves work behind, so it runs on its
+    # worker's share and the other worker takes the rest, side by side.
+    assert sorted(model.batches) == [[1, 2], [3]]
     assert model.threads == [1, 1]
     assert sorted(model.workers) == ["clearformer-serve-0", "clearformer-serve-1"]
-    assert rows[:, 0].tolist() == [1, 2]
+    assert rows[:, 0].tolist() == [1, 2, 3]
 
 
 class HeldRecorder(ThreadRecorder):

@@ -12,18 +12,19 @@ With several workers, a worker's batch is also held to its fair share of the wor
 queued and running, divided by the workers. One worker taking the whole queue would leave the
 others to the requests that come back one at a time as its answers go out, each a batch of one,
 and the workers stay that way: one serving nearly every client in large batches, the others
-single requests at a fraction of the throughput (docs/serving.md). Shared, the workers' batches
-stay even and both grow with the load.
+single requests. Shared, the workers' batches stay even and both grow with the load, and the
+slowest answers come sooner (docs/serving.md).
 
 Idle work goes to the first worker; the others take batches only while it is busy (or if it
-has stopped on an error). When the first worker takes one request's only input with nothing
-queued behind it and no other worker running (a lone client), it runs it on every thread of
-the process and the other workers wait for it to end, so a lone request runs as fast as one
-request at a time would, not on a share of the CPU; any other batch runs on its worker's
-share, so busy workers never oversubscribe the CPU. Lone requests stay on one worker so that
-one pool of compute threads, not one per worker, grows to every thread. The workers warm up
-one at a time: warmed side by side, the every-thread runs were measured lastingly slower
-(docs/serving.md).
+has stopped on an error). A lone client's request (the only one queued, no worker running) is
+not shared: the first worker takes it whole, up to the budget, and when nothing is left behind
+it runs it on every thread of the process while the other workers wait for it to end, so a
+lone request runs as fast as one request at a time would, not on a share of the CPU (nor split
+between workers at one thread each, which was slower: docs/serving.md). Any other batch runs
+on its worker's share, so busy workers never oversubscribe the CPU. Lone requests stay on one
+worker so that one pool of compute threads, not one per worker, grows to every thread. The
+workers warm up one at a time: warmed side by side, the every-thread runs were measured
+lastingly slower (docs/serving.md).
 
 A request's inputs may be spread over several batches; its future resolves when its last row
 is in. A row does not depend on its batch-mates (``TextEncoder.embed_batch``), so a request's
@@ -256,10 +257,12 @@ class Engine:
                     self._has_work.wait()
                 if not self._queue:
                     return  # closing, and nothing left
-                # Its fair share of the work (the module's docstring).
+                # Its fair share of the work (the module's docstring), but for a lone client's
+                # request: one job queued (its inputs are queued together) and none running.
                 alive = self.workers - (0 if self._first_alive else 1)
+                lone = self._running == 0 and self._queue[0].job is self._queue[-1].job
                 budget = self.max_batch_tokens
-                if alive > 1:
+                if alive > 1 and not lone:
                     work = self._queued_tokens + self._running_tokens
                     budget = min(budget, math.ceil(work / alive))
                 batch = self._take_batch(budget)
