@@ -62,7 +62,12 @@ def test_every_load_record_names_the_cpu_and_the_routes_of_clearformers_kernels(
     assert f". CPU: {record.cpu}. Routes: " in record.describe()
     # the suite runs with CLEARFORMER_AVX512=off (conftest): PyTorch's routes, saying why
     assert record.routes["avx512_attention"].startswith("torch (")
-    assert set(record.to_dict()["routes"]) == {"avx512_attention", "avx512_linear", "int8_steps"}
+    assert set(record.to_dict()["routes"]) == {
+        "avx512_attention",
+        "avx512_attention_bf16",
+        "avx512_linear",
+        "int8_steps",
+    }
 
 
 # Direct accounting (LoadMeter): fake tick readings, so that the verdict logic is checked

@@ -117,7 +117,9 @@ def plan_stack(
         checkpointing=checkpointing,
     )
 
-    layout, kernel = stack_layout(mask, backend, need_weights=need_weights, compiling=compiling)
+    layout, kernel = stack_layout(
+        mask, backend, need_weights=need_weights, compiling=compiling, dtype=dtype
+    )
 
     if layout.choice == "packed":
         keep = mask if mask is not None else torch.ones(B, T, dtype=torch.bool, device=device)

@@ -142,7 +142,8 @@ def varlen_method(
         grad=torch.is_grad_enabled(),
         grouped=grouped,
     )
-    route = kernel_route("avx512_attention") if avx512.support().choice == "available" else None
+    available = avx512.support().choice == "available"
+    route = kernel_route(avx512.attention_kernel(dtype)) if available else None
     return resolve_method("auto", layout, call=call, avx512_route=route)
 
 
@@ -169,11 +170,17 @@ def weights_kernel(backend: str) -> Decision:
 
 
 def stack_layout(
-    mask: Tensor | None, backend: str, *, need_weights: bool, compiling: bool
+    mask: Tensor | None,
+    backend: str,
+    *,
+    need_weights: bool,
+    compiling: bool,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[Decision, Decision]:
     """The layout and the attention kernel of a stack call on a (B, T) batch with this key
     mask (None: no padding) and ``backend``, each with its reason (an ``sdpa`` kernel's
-    says whether unmasked rows and key runs take clearformer's AVX-512 attention)."""
+    says whether unmasked rows and key runs of ``dtype`` take clearformer's AVX-512
+    attention)."""
     if need_weights:
         kernel = weights_kernel(backend)
         layout = Decision("padded", "attention weights are (B, H, T, T) on the padded layout")
@@ -204,5 +211,5 @@ def stack_layout(
             kernel = Decision("sdpa", "fused kernel, padded layout")
             layout = Decision("padded", f"only {padding:.0%} padding: packing would not pay")
     if kernel.choice == "sdpa" and not compiling:
-        kernel = Decision("sdpa", kernel.reason + _kernel_note("avx512_attention"))
+        kernel = Decision("sdpa", kernel.reason + _kernel_note(avx512.attention_kernel(dtype)))
     return layout, kernel

@@ -11,6 +11,8 @@ CPU model, PyTorch, clearformer and kernel build (:mod:`clearformer.calibration.
 
 * ``avx512_attention``: the packed kernel against the varlen method ``auto`` takes without it
   (``threads`` or ``sequence``), and on one long unpadded sequence against SDPA's flash kernel.
+* ``avx512_attention_bf16``: the same on bfloat16 rows, the kernel's widening to float32 and
+  rounding back included, against PyTorch's bfloat16 routes.
 * ``avx512_linear``: the three products of a post-norm block that carry an epilogue (the first
   feed-forward product with the exact GELU; the attention output and the second feed-forward
   product with the residual add and the LayerNorm) against oneDNN's fused products, both on
@@ -92,7 +94,11 @@ def calibrate(*, force: bool = False, rounds: int | None = None) -> Calibration:
     meter = LoadMeter(threads=torch.get_num_threads(), probe_seconds=0).start()
     options = {} if rounds is None else {"rounds": rounds}
     # Built outside inference mode: weights made inside it could not be packed.
-    workloads = {"avx512_attention": attention_workloads(), "avx512_linear": linear_workloads()}
+    workloads = {
+        "avx512_attention": attention_workloads(),
+        "avx512_attention_bf16": attention_workloads(torch.bfloat16),
+        "avx512_linear": linear_workloads(),
+    }
     with torch.inference_mode():
         verdicts = {
             kernel: measure_choice(kernel, work, baseline=BASELINE, **options)
@@ -134,17 +140,17 @@ def measure_if_missing() -> Calibration | None:
     return calibrate()
 
 
-def attention_workloads() -> list[Workload]:
-    """The attention kernel and PyTorch's route on MiniLM's heads: each ragged batch packed,
-    and the long sequence unpadded."""
+def attention_workloads(dtype: torch.dtype = torch.float32) -> list[Workload]:
+    """The attention kernel and PyTorch's route on MiniLM's heads, rows of ``dtype``: each
+    ragged batch packed, and the long sequence unpadded."""
     workloads = []
     for name, count, shortest, longest in BATCHES:
         lengths = _lengths(count, shortest, longest)
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
         layout = layout_from_cu_seqlens(cu)
         # (N, 3, H, Dh) projection rows, split as attention gets them: strided views
-        q, k, v = torch.randn(layout.num_tokens, 3, HEADS, HEAD_DIM).unbind(1)
-        call = VarlenCall(torch.device("cpu"), torch.float32, HEAD_DIM)
+        q, k, v = torch.randn(layout.num_tokens, 3, HEADS, HEAD_DIM, dtype=dtype).unbind(1)
+        call = VarlenCall(torch.device("cpu"), dtype, HEAD_DIM)
         without = Decision("torch", "calibration: PyTorch's side")
         method = resolve_method("auto", layout, call=call, avx512_route=without).choice
         scale = HEAD_DIM**-0.5
@@ -161,7 +167,7 @@ def attention_workloads() -> list[Workload]:
                 },
             )
         )
-    x = torch.randn(1, LONG, 3, HEADS, HEAD_DIM)
+    x = torch.randn(1, LONG, 3, HEADS, HEAD_DIM, dtype=dtype)
     q, k, v = (t.transpose(1, 2) for t in x.unbind(2))  # (1, H, T, Dh) views
     rows = [t.view(LONG, HEADS, HEAD_DIM) for t in x.unbind(2)]  # (T, H, Dh) views
     bounds = torch.tensor([0, LONG], dtype=torch.int64)

@@ -26,7 +26,11 @@ a library already built and loaded included.
 
 What it serves: float32 CPU rows without gradients, heads a multiple of 16 wide, plain
 bidirectional attention (no causal mask, window, bias or dropout); the varlen kernel sends every
-other call to PyTorch's kernels.
+other call to PyTorch's kernels. bfloat16 rows are widened to float32 for the kernel and its
+output rounded back to bfloat16: PyTorch's bfloat16 attention on the CPU also computes in
+float32 and rounds once at the end, so the two differ by that rounding only. Whether ``auto``
+takes it for bfloat16 rows is a verdict of its own (``avx512_attention_bf16``), measured with
+the conversions included: PyTorch's bfloat16 route is not its float32 one.
 """
 
 from __future__ import annotations
@@ -97,8 +101,20 @@ def support() -> Decision:
 
 
 PREFERENCE_VARIABLE = switches.AVX512_VARIABLE
-# The library's kernels, as the switches and the calibration name them.
-KERNELS = ("avx512_attention", "avx512_linear")
+# The library's kernels, as the switches and the calibration name them: the attention kernel
+# has a verdict for float32 rows and one for bfloat16 rows (widened for it), under one switch.
+KERNELS = ("avx512_attention", "avx512_attention_bf16", "avx512_linear")
+_LABELS = {
+    "avx512_attention": "AVX-512 attention",
+    "avx512_attention_bf16": "AVX-512 attention on bfloat16 rows",
+    "avx512_linear": "AVX-512 linear",
+}
+
+
+def attention_kernel(dtype: torch.dtype) -> str:
+    """The attention kernel's name in :data:`KERNELS` for rows of ``dtype``: its own verdict
+    for bfloat16 rows, the float32 one otherwise."""
+    return "avx512_attention_bf16" if dtype == torch.bfloat16 else "avx512_attention"
 
 
 def preferred() -> bool:
@@ -127,7 +143,7 @@ def route(kernel: str = "avx512_attention") -> Decision:
     supported = support()
     if supported.choice != "available":
         return Decision("torch", supported.reason)
-    label = kernel.replace("avx512_", "AVX-512 ")
+    label = _LABELS[kernel]
     if setting.choice == "on":
         taken = Decision("avx512", f"{label}: {setting.reason}, taken unmeasured")
     elif not switches.calibration_enabled():
@@ -164,9 +180,10 @@ def calibration_key() -> CalibrationKey:
     return CalibrationKey(cpu, torch.__version__, __version__, build)
 
 
-def in_use() -> bool:
-    """Whether ``auto`` takes the attention kernel in this process (:func:`route`)."""
-    return route("avx512_attention").choice == "avx512"
+def in_use(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether ``auto`` takes the attention kernel for rows of ``dtype`` in this process
+    (:func:`route`)."""
+    return route(attention_kernel(dtype)).choice == "avx512"
 
 
 def is_loaded() -> bool:
@@ -208,18 +225,33 @@ def load(build: bool = True) -> Decision:
 
 def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, scale: float) -> Tensor:
     """softmax(q k^T * scale) v within each sequence of ``cu_seqlens``: q, k, v (N, H, Dh)
-    with equal strides and a contiguous last dimension; returns (N, H, Dh). Needs
-    :func:`load` first."""
-    return torch.ops.clearformer_avx512.varlen_attention(q, k, v, cu_seqlens, scale)
+    with equal strides and a contiguous last dimension, float32 or bfloat16 (widened);
+    returns (N, H, Dh) in their dtype. Needs :func:`load` first."""
+    dtype = q.dtype
+    q, k, v = _widened(q, k, v)
+    out = torch.ops.clearformer_avx512.varlen_attention(q, k, v, cu_seqlens, scale)
+    return out.to(dtype)
 
 
 def padded_attention(
     q: Tensor, k: Tensor, v: Tensor, key_start: Tensor, key_count: Tensor, scale: float
 ) -> Tensor:
     """Every query of sequence b attends its keys ``key_start[b] : key_start[b] + key_count[b]``
-    (at least one): q, k, v (B, T, H, Dh) with equal strides and a contiguous last dimension;
-    returns (B, T, H, Dh). Needs :func:`load` first."""
-    return torch.ops.clearformer_avx512.padded_attention(q, k, v, key_start, key_count, scale)
+    (at least one): q, k, v (B, T, H, Dh) with equal strides and a contiguous last dimension,
+    float32 or bfloat16 (widened); returns (B, T, H, Dh) in their dtype. Needs :func:`load`
+    first."""
+    dtype = q.dtype
+    q, k, v = _widened(q, k, v)
+    out = torch.ops.clearformer_avx512.padded_attention(q, k, v, key_start, key_count, scale)
+    return out.to(dtype)
+
+
+def _widened(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """float32 rows as they are; bfloat16 rows as float32 copies, each contiguous, so that the
+    three share their strides as the kernel needs."""
+    if q.dtype != torch.bfloat16:
+        return q, k, v  # float32, or a dtype the kernel refuses by name
+    return tuple(t.to(torch.float32, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
 def serves(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -230,8 +262,8 @@ def serves(q: Tensor, k: Tensor, v: Tensor) -> bool:
         # A graph capture needs PyTorch's own kernels (this op has no shape function).
         and not capturing_graph()
         and q.device.type == "cpu"
-        and q.dtype == torch.float32
-        and k.dtype == v.dtype == torch.float32
+        and q.dtype in (torch.float32, torch.bfloat16)
+        and k.dtype == v.dtype == q.dtype
         and q.shape == k.shape == v.shape
         and q.shape[-1] % 16 == 0
         and q.stride() == k.stride() == v.stride()

@@ -14,7 +14,8 @@ Implementations (``method``), all returning the same values:
               single-threaded worker (:mod:`.varlen_threads`): no parallel region to wait in.
 ``flash``     ``flash_attn_varlen_func`` (CUDA, half precision, when the package is installed).
 ``avx512``    clearformer's own C++ kernel for AVX-512 CPUs (:mod:`.avx512`, built on request):
-              float32, plain bidirectional attention without gradients; calls it cannot
+              float32 (bfloat16 rows widened for it), plain bidirectional attention without
+              gradients; calls it cannot
               serve (causal, a window, a bias, dropout, grouped keys) run as ``auto`` would
               without it.
 
@@ -122,8 +123,9 @@ def flash_serves(call: VarlenCall) -> Decision:
 
 
 def avx512_serves(call: VarlenCall) -> Decision:
-    """``serves`` or ``declines`` the call, and why (clearformer's AVX-512 kernel: float32 CPU
-    rows, heads a multiple of 16 wide, plain bidirectional attention without gradients)."""
+    """``serves`` or ``declines`` the call, and why (clearformer's AVX-512 kernel: float32 or
+    bfloat16 CPU rows, heads a multiple of 16 wide, plain bidirectional attention without
+    gradients)."""
     if call.window or call.bias or call.is_causal or call.dropout:
         return Decision("declines", "the AVX-512 kernel takes no window, bias, causal or dropout")
     if call.grad:
@@ -132,10 +134,12 @@ def avx512_serves(call: VarlenCall) -> Decision:
         return Decision("declines", "the AVX-512 kernel reads one key/value head per query head")
     if not (
         call.device.type == "cpu"
-        and call.dtype == torch.float32
+        and call.dtype in (torch.float32, torch.bfloat16)
         and (call.head_dim is None or call.head_dim % 16 == 0)
     ):
-        return Decision("declines", "the AVX-512 kernel needs float32 CPU rows, heads of 16k")
+        return Decision(
+            "declines", "the AVX-512 kernel needs float32 or bfloat16 CPU rows, heads of 16k"
+        )
     return Decision("serves", "clearformer's AVX-512 kernel (built, on an AVX-512 CPU)")
 
 
@@ -167,13 +171,14 @@ def resolve_method(
         not_taken = ""
         if call.device.type == "cpu" and avx512.support().choice == "available":
             if kernel.choice == "serves":
-                taken = avx512.route("avx512_attention") if avx512_route is None else avx512_route
+                kernel_name = avx512.attention_kernel(call.dtype)  # its verdict for this dtype
+                taken = avx512.route(kernel_name) if avx512_route is None else avx512_route
                 if taken.choice == "avx512":
                     return Decision("avx512", taken.reason)
                 not_taken = f"; not avx512: {taken.reason}"
             else:
-                # The kernel is there but cannot take this call (bfloat16 rows, a causal
-                # mask): the method taken instead says so.
+                # The kernel is there but cannot take this call (half-precision rows, a
+                # causal mask): the method taken instead says so.
                 not_taken = f"; avx512 declines: {kernel.reason}"
         fallback = _pytorch_method(layout, call)
         return Decision(fallback.choice, fallback.reason + not_taken)

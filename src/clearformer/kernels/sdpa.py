@@ -2,10 +2,10 @@
 
 PyTorch picks a fused kernel (flash attention on CPU and CUDA, memory-efficient attention on
 CUDA) that never materialises the (Tq, Tk) score matrix, so memory stays linear in T. Unmasked
-float32 self-attention on a CPU where ``auto`` takes clearformer's AVX-512 kernel (built, and
-measured faster there: :func:`clearformer.routes.kernel_route`) runs that kernel instead, as the
-packed rows would, and so does attention under a key-padding mask whose keys are one run per
-sequence.
+float32 or bfloat16 self-attention on a CPU where ``auto`` takes clearformer's AVX-512 kernel
+(built, and measured faster there: :func:`clearformer.routes.kernel_route`) runs that kernel
+instead, as the packed rows would, and so does attention under a key-padding mask whose keys
+are one run per sequence.
 """
 
 from __future__ import annotations
@@ -83,14 +83,14 @@ def sdpa_attention(
 
 
 def _avx512_may_run(q: Tensor, k: Tensor) -> bool:
-    """float32 CPU rows in a process where ``auto`` takes the AVX-512 kernel, with as many
-    key/value heads as query heads (the kernel reads one per query head; grouped keys go to
-    SDPA, which reads them in place)."""
+    """float32 or bfloat16 CPU rows in a process where ``auto`` takes the AVX-512 kernel for
+    them, with as many key/value heads as query heads (the kernel reads one per query head;
+    grouped keys go to SDPA, which reads them in place)."""
     return (
-        q.dtype == torch.float32
+        q.dtype in (torch.float32, torch.bfloat16)
         and q.device.type == "cpu"
         and k.shape[1] == q.shape[1]
-        and avx512.in_use()
+        and avx512.in_use(q.dtype)
     )
 
 
