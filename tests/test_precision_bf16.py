@@ -231,21 +231,24 @@ def test_the_plan_says_bf16_and_its_linear_route():
 class TestWithTheAVX512Kernels:
     pytestmark = needs_avx512_library
 
-    def test_the_plan_routes_bf16_away_from_the_avx512_kernel(self, monkeypatch):
+    def test_bf16_rows_take_the_avx512_kernel_and_agree_with_the_reference(self, monkeypatch):
         monkeypatch.setenv("CLEARFORMER_AVX512", "on")
         encoder = encoder_of("bert")
         x, mask = batch(holes=True)
         want = reference_of(encoder, x, mask)
         copy16 = bf16_copy(encoder)
         with torch.no_grad():
-            assert encoder.plan_for(mask, backend="varlen").method.choice == "avx512"
             plan = copy16.plan_for(mask, backend="varlen")
-            assert plan.method.choice != "avx512"
-            assert "avx512 declines" in plan.method.reason and "float32" in plan.method.reason
+            assert plan.method.choice == "avx512"  # widened to float32 for the kernel
             out = copy16.run(x.bfloat16(), plan)
-            padded = copy16(x.bfloat16(), mask, backend="sdpa")  # sdpa's avx512 path declines
-        assert_bf16_agrees(out, want, mask, "varlen without the AVX-512 kernel")
-        assert_bf16_agrees(padded, want, mask, "sdpa without the AVX-512 kernel")
+            padded = copy16(x.bfloat16(), mask, backend="sdpa")  # its key runs, same kernel
+            monkeypatch.setenv("CLEARFORMER_AVX512_ATTENTION", "off")
+            without = copy16.plan_for(mask, backend="varlen")
+            assert without.method.choice != "avx512" and "not avx512" in without.method.reason
+            pytorchs = copy16.run(x.bfloat16(), without)
+        assert_bf16_agrees(out, want, mask, "varlen through the AVX-512 kernel")
+        assert_bf16_agrees(padded, want, mask, "sdpa through the AVX-512 kernel")
+        assert_bf16_agrees(pytorchs, want, mask, "varlen on PyTorch's bfloat16 kernels")
 
 
 @pytest.fixture(scope="module")
