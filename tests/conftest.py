@@ -45,3 +45,30 @@ def avx512_library():
     assert outcome.choice == "loaded", outcome.reason
     yield outcome
     avx512._state.pop("load", None)
+
+
+@pytest.fixture
+def measured(tmp_path, monkeypatch):
+    """``auto`` with calibration on, reading kernel verdicts injected into a cache of its own:
+    ``measured(avx512_attention=1.2, ...)`` records each kernel as that many times faster than
+    PyTorch's route (below 1: slower) and returns the cache file. Needs the AVX-512 library
+    loaded (``helpers.needs_avx512_library``)."""
+    from clearformer.calibration import cache
+    from clearformer.fast import avx512
+
+    from .test_calibration import verdict_of
+
+    for variable in ("CLEARFORMER_AVX512", "CLEARFORMER_CALIBRATION", "CLEARFORMER_KERNELS"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("CLEARFORMER_CACHE", str(tmp_path))
+    assert avx512.is_loaded()  # the library built and loaded (avx512_library)
+
+    def inject(**speeds):
+        verdicts = {
+            kernel: verdict_of([{"torch": 0.01 * speed, "avx512": 0.01}])
+            for kernel, speed in speeds.items()
+        }
+        return cache.write(avx512.calibration_key(), verdicts)
+
+    yield inject
+    cache.forget()

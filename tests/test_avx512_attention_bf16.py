@@ -8,14 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from clearformer import Encoder, EncoderConfig
-from clearformer.calibration import cache
 from clearformer.fast import avx512
 from clearformer.fast.varlen import resolve_method, varlen_attention
 from clearformer.padding import layout_from_cu_seqlens
 
 from .helpers import needs_avx512_library
 from .test_avx512_attention import packed_qkv, reference
-from .test_calibration import verdict_of
 
 pytestmark = needs_avx512_library
 
@@ -54,24 +52,6 @@ def test_other_dtypes_are_still_refused_by_name():
     assert not avx512.serves(q.half(), k.half(), v.half())
     with pytest.raises(RuntimeError, match="float32"):
         avx512.attention(q.half(), k.half(), v.half(), cu, 1.0)
-
-
-@pytest.fixture
-def measured(tmp_path, monkeypatch):
-    """Auto with calibration on, reading verdicts injected into a cache of its own."""
-    for variable in ("CLEARFORMER_AVX512", "CLEARFORMER_CALIBRATION", "CLEARFORMER_KERNELS"):
-        monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setenv("CLEARFORMER_CACHE", str(tmp_path))
-
-    def inject(**speeds):
-        verdicts = {
-            kernel: verdict_of([{"torch": 0.01 * speed, "avx512": 0.01}])
-            for kernel, speed in speeds.items()
-        }
-        return cache.write(avx512.calibration_key(), verdicts)
-
-    yield inject
-    cache.forget()
 
 
 @torch.no_grad()

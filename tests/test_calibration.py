@@ -172,26 +172,6 @@ def test_a_damaged_file_is_ignored_with_a_warning_and_rebuilt(
 class TestAutoReadsTheVerdict:
     pytestmark = needs_avx512_library
 
-    @pytest.fixture
-    def measured(self, tmp_path, monkeypatch):
-        """Auto with calibration on, reading verdicts injected into a cache of its own."""
-        from clearformer.fast import avx512
-
-        for variable in ("CLEARFORMER_AVX512", "CLEARFORMER_CALIBRATION", "CLEARFORMER_KERNELS"):
-            monkeypatch.delenv(variable, raising=False)
-        monkeypatch.setenv("CLEARFORMER_CACHE", str(tmp_path))
-        assert avx512.is_loaded()  # the library built and loaded (conftest's fixture)
-
-        def inject(**speeds):
-            verdicts = {
-                kernel: verdict_of([{"torch": 0.01 * speed, "avx512": 0.01}])
-                for kernel, speed in speeds.items()
-            }
-            return cache.write(avx512.calibration_key(), verdicts)
-
-        yield inject
-        cache.forget()
-
     def test_auto_takes_a_kernel_measured_faster_and_names_the_measurement(self, measured):
         from clearformer import Encoder, EncoderConfig
         from clearformer.fast import avx512
