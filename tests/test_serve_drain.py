@@ -8,6 +8,7 @@ closed. No step depends on timing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -158,5 +159,26 @@ def test_a_drain_past_its_bound_answers_503_and_exits_1(tiny):
             assert cut.status_code == 503 and cut.headers["retry-after"] == "1"
             assert "shut down before this request was finished" in cut.json()["error"]
         child.wait_line("stopped: 1 request(s) not finished within graceful_timeout")
+    finally:
+        child.close()
+
+
+def test_a_second_signal_stops_at_once_without_a_traceback(tiny):
+    child = Child(tiny)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            stuck = pool.submit(post, child.url, "/embed", {"inputs": "dog"})
+            assert child.proc.stdout.readline() == "batch\n"
+            child.proc.send_signal(signal.SIGTERM)
+            child.wait_line("SIGTERM: draining, 1 request(s) in flight")
+            child.proc.send_signal(signal.SIGTERM)  # never released: only the second stops it
+            child.proc.wait(WAIT)
+            with contextlib.suppress(httpx.HTTPError):
+                stuck.result()  # cut off, however the connection ended
+        child.wait_line("SIGTERM again: stopping without waiting")
+        with contextlib.suppress(queue.Empty):
+            while True:  # the rest of stderr, to its end
+                child.seen.append(child.lines.get(timeout=2))
+        assert "Traceback" not in "".join(child.seen)
     finally:
         child.close()

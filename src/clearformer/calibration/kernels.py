@@ -18,8 +18,9 @@ CPU model, PyTorch, clearformer and kernel build (:mod:`clearformer.calibration.
   product with the residual add and the LayerNorm) against oneDNN's fused products, both on
   weights packed once, as ``encode`` runs them.
 
-It takes a second or two on two cores and runs only when asked: ``clearformer calibrate``, or
-an ``encode`` call large enough to build the kernels (:func:`measure_if_missing`).
+It takes a few seconds on two cores and runs only when asked: ``clearformer calibrate``, an
+``encode`` call large enough to build the kernels (:func:`measure_if_missing`), or the start
+of ``clearformer serve`` (:func:`measure_before_serving`).
 """
 
 from __future__ import annotations
@@ -129,15 +130,34 @@ def measure_if_missing() -> Calibration | None:
     with the library built and loaded, neither kernel switched off or forced on, calibration
     not switched off. None where nothing was needed. ``encode`` calls it once it has built
     the library for a large call, which repays the seconds this takes."""
-    if not switches.calibration_enabled() or not avx512.is_loaded():
-        return None
-    settings = {switches.kernel_setting(kernel).choice for kernel in avx512.KERNELS}
-    if "auto" not in settings:
-        return None
-    verdicts, _ = cache.cached_verdicts(avx512.calibration_key())
-    if verdicts is not None and set(avx512.KERNELS) <= set(verdicts):
+    if not avx512.is_loaded() or not _verdicts_wanted():
         return None
     return calibrate()
+
+
+def measure_before_serving() -> Calibration | None:
+    """Build the library and calibrate where ``auto`` would read a verdict and none is cached,
+    on a CPU that can build it (:func:`clearformer.fast.avx512.preferred`); None where nothing
+    was needed or possible. ``clearformer serve`` calls it before it loads its models: a
+    server runs for hours, so seconds once per machine repay at once, and done before it
+    reports ready, the measurement meets no request and no route changes while it serves."""
+    if not avx512.preferred() or not _verdicts_wanted():
+        return None
+    if avx512.load(build=True).choice != "loaded":
+        return None  # no compiler, or a failed build: load says why, PyTorch's routes stay
+    return calibrate()
+
+
+def _verdicts_wanted() -> bool:
+    """Calibration on, a kernel left to ``auto``, and this CPU and build without a verdict for
+    every kernel."""
+    if not switches.calibration_enabled():
+        return False
+    settings = {switches.kernel_setting(kernel).choice for kernel in avx512.KERNELS}
+    if "auto" not in settings:
+        return False
+    verdicts, _ = cache.cached_verdicts(avx512.calibration_key())
+    return verdicts is None or not set(avx512.KERNELS) <= set(verdicts)
 
 
 def attention_workloads(dtype: torch.dtype = torch.float32) -> list[Workload]:

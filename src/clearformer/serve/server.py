@@ -16,6 +16,7 @@ things differ here:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import signal
@@ -71,9 +72,12 @@ def run_server(
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     log.info("listening on %s", url)
     report(f"listening on {url} (loading {len(state.specs)} model(s); /health says when ready)")
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addFilter(_forced_stop_cancellation)
     try:
         server.run(sockets=[sock])
     finally:
+        uvicorn_log.removeFilter(_forced_stop_cancellation)
         sock.close()
     if state.load_error is not None:
         raise state.load_error
@@ -123,6 +127,20 @@ class DrainingServer(uvicorn.Server):
     def stop(self) -> None:
         """Stop as on a signal (from any thread): used when the models fail to load."""
         self.should_exit = True
+
+
+def _forced_stop_cancellation(record: logging.LogRecord) -> bool:
+    """Drops uvicorn's error record of the lifespan task cancelled by a forced stop (a second
+    signal skips the lifespan's shutdown, and the event loop's end cancels it; Starlette
+    reports that as a failed shutdown with the traceback as its message): a stop the operator
+    asked for, not an error."""
+    error = record.exc_info[1] if record.exc_info else None
+    if isinstance(error, asyncio.CancelledError):
+        return False
+    text = record.getMessage()
+    return not (
+        text.startswith("Traceback") and text.rstrip().endswith("asyncio.exceptions.CancelledError")
+    )
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -66,6 +66,7 @@ class ServerState:
 
         started = time.perf_counter()
         try:
+            self._calibrate()
             models = [self._load_one(spec) for spec in self.specs]
             self._index(models)
             workers = self.config.workers or (2 if torch.get_num_threads() >= 2 else 1)
@@ -96,6 +97,17 @@ class ServerState:
         seconds = time.perf_counter() - started
         log.info("ready in %.1f s: %s, %d batch workers", seconds, names, workers)
         self.report(f"ready in {seconds:.1f} s: {names}; {workers} batch workers")
+
+    def _calibrate(self) -> None:
+        """clearformer's own kernels measured on this CPU, once per machine, before any model
+        loads (:func:`clearformer.calibration.kernels.measure_before_serving`), so that the
+        server takes each where it is faster from its first request on."""
+        from ..calibration.kernels import measure_before_serving
+
+        calibration = measure_before_serving()
+        if calibration is not None and calibration.measured:
+            taken = ", ".join(f"{k} {v.winner}" for k, v in calibration.verdicts.items())
+            self.report(f"measured clearformer's kernels on this CPU: {taken} (cached)")
 
     def _load_one(self, spec: ModelSpec) -> ServedModel:
         return load_model(
