@@ -120,9 +120,11 @@ class DrainingServer(uvicorn.Server):
             self.report(f"{name} again: stopping without waiting")
             self.force_exit = True
             return
+        # Set before anything else: a second signal's handler can run inside this one (Python
+        # runs handlers between bytecodes), and must see the first.
+        self.should_exit = True
         self.state.begin_drain()
         self.report(f"{name}: draining, {self.state.in_flight} request(s) in flight")
-        self.should_exit = True
 
     def stop(self) -> None:
         """Stop as on a signal (from any thread): used when the models fail to load."""
