@@ -136,15 +136,15 @@ def measure_if_missing() -> Calibration | None:
 
 
 def measure_before_serving() -> Calibration | None:
-    """Build the library and calibrate where ``auto`` would read a verdict and none is cached,
-    on a CPU that can build it (:func:`clearformer.fast.avx512.preferred`); None where nothing
-    was needed or possible. ``clearformer serve`` calls it before it loads its models: a
-    server runs for hours, so seconds once per machine repay at once, and done before it
-    reports ready, the measurement meets no request and no route changes while it serves."""
+    """Calibrate, building the library first (:func:`calibrate` does), where ``auto`` would
+    read a verdict and none is cached, on a CPU that can build it
+    (:func:`clearformer.fast.avx512.preferred`); None where nothing was needed. A build that
+    fails gives a calibration that measured nothing and says why. ``clearformer serve`` calls
+    it before it loads its models: a server runs for hours, so seconds once per machine repay
+    at once, and done before it reports ready, the measurement meets no request and no route
+    changes while it serves."""
     if not avx512.preferred() or not _verdicts_wanted():
         return None
-    if avx512.load(build=True).choice != "loaded":
-        return None  # no compiler, or a failed build: load says why, PyTorch's routes stay
     return calibrate()
 
 
