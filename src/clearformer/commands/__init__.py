@@ -13,6 +13,7 @@ COMMANDS = (
     "encode_shards",
     "search_index",
     "rerank",
+    "eval",
     "serve",
     "explain",
     "train",

