@@ -18,7 +18,7 @@ from typing import Any
 
 from ..checks import ArgumentTypeError, check_choice, check_int, check_positive_int
 
-TASKS = ("digits", "classify", "reverse", "mlm", "translate")
+TASKS = ("digits", "classify", "reverse", "mlm", "translate", "contrastive")
 DECAYS = ("cosine", "linear", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -76,6 +76,15 @@ DATA_ORDER_FIELDS = (
     "text_unit",
     "reverse_min_length",
     "reverse_examples",
+    "eval_data",
+    "eval_split",
+    "mini_batch_size",
+    "scale",
+    "symmetric",
+    "matryoshka_dims",
+    "query_prompt",
+    "document_prompt",
+    "negatives",
 )
 # Fields that change nothing already computed: a resume that changes one is a warning only.
 HARMLESS_FIELDS = ("eval_every", "log_every", "checkpoint_every", "keep_last", "device")
@@ -167,6 +176,18 @@ class TrainConfig:
     # model, from_scratch, max_length, eval_file, eval_fraction as for classify).
     text_unit: str = "line"  # a .txt file's texts: line (each non-blank one) | paragraph
 
+    # contrastive: retrieval fine-tuning on train_file rows (anchor, positive, negative); model
+    # and max_length as for classify. See docs/retrieval.md.
+    eval_data: str = ""  # a BEIR folder: NDCG@10 before training and at each evaluation
+    eval_split: str = "dev"  # its qrels file evaluated (never the test split while tuning)
+    mini_batch_size: int = 0  # GradCache: texts embedded at a time with gradients; 0: all at once
+    scale: float = 20.0  # cosine x scale are the logits (sentence-transformers' MNRL default)
+    symmetric: bool = False  # also each positive picking its anchor; the two losses averaged
+    matryoshka_dims: str = ""  # "384,256,128": the loss summed at each width; "": full width only
+    query_prompt: str = ""  # put before every anchor ("query: ")
+    document_prompt: str = ""  # put before every positive and negative ("passage: ")
+    negatives: int = 0  # hard negatives per row used; 0: every one the row has
+
     def __post_init__(self) -> None:
         for f in fields(self):
             _check_type(f.name, getattr(self, f.name), f.type)
@@ -236,6 +257,23 @@ class TrainConfig:
                     f"{given[0]} is for task='classify', 'mlm' or 'translate'; "
                     f"task={self.task!r} uses {generated[self.task]}, "
                     f"got {given[0]}={getattr(self, given[0])!r}"
+                )
+        check_int(self.mini_batch_size, "mini_batch_size")
+        check_int(self.negatives, "negatives")
+        for name in ("mini_batch_size", "negatives"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        _check_range("scale", self.scale, low=0.0, low_open=True)
+        if self.task == "contrastive":
+            if not self.train_file:
+                raise ValueError(
+                    "train_file must name a JSONL, CSV or TSV file of (anchor, positive, "
+                    "negative) rows for task='contrastive', got ''"
+                )
+            if self.accumulation != 1:
+                raise ValueError(
+                    "accumulation must be 1 for task='contrastive' (in-batch negatives couple "
+                    f"the whole batch; use mini_batch_size for memory), got {self.accumulation}"
                 )
         if self.task == "mlm" and not self.train_file:
             raise ValueError("train_file must name a .txt or JSONL file for task='mlm', got ''")

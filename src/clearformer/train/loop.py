@@ -24,7 +24,7 @@ from .early_stopping import EarlyStopping
 from .plots import write_loss_plot
 from .precision import Precision, resolve_device
 from .resume import check_resume, restore
-from .rng import rng_state, seed_everything
+from .rng import rng_state, seed_everything, set_rng_state
 from .run_folder import MetricsLog, RunFolder
 from .sampler import BucketSampler
 from .schedule import learning_rate
@@ -137,7 +137,14 @@ def _train(
     model = distributed.wrap(task.build_model().to(device), context, device)
     optimizer = build_optimizer(model, config)  # after FSDP: it shards the parameters
     scaler = precision.grad_scaler()
-    sampler = BucketSampler(task.train_lengths, config.batch_size, seed=config.seed)
+    # A task whose batches follow a rule of their own (contrastive: no text twice in a batch)
+    # makes its sampler; the others bucket by length.
+    make_sampler = getattr(task, "make_sampler", None)
+    sampler = (
+        make_sampler(config.batch_size, config.seed)
+        if make_sampler is not None
+        else BucketSampler(task.train_lengths, config.batch_size, seed=config.seed)
+    )
     stopper = EarlyStopping(resolve_mode(config.mode, metric), config.patience, config.min_delta)
     seed_everything(config.seed + 1_000_003 * context.rank)
     step, window = 0, {"sum": 0.0, "count": 0}  # the training loss since the last record
@@ -152,6 +159,32 @@ def _train(
     metrics = MetricsLog(run.metrics if main else None, keep=keep)
     last_eval: dict[str, float] = _last_eval(metrics.records)
     eval_batch = max(config.batch_size // config.accumulation, 1)
+    # A task may own its step (contrastive: GradCache over the whole batch) and its
+    # evaluation (retrieval metrics); the others take the classification ones.
+    step_fn = getattr(task, "train_step", None)
+    step_fn = (lambda m, t, i, **kw: t.train_step(m, i, **kw)) if step_fn else train_step
+    evaluate_fn = getattr(task, "evaluate", None)
+    evaluate_fn = (lambda m, t, **kw: t.evaluate(m, **kw)) if evaluate_fn else evaluate
+
+    if resume is None and getattr(task, "evaluate_before_training", False):
+        # The starting point, recorded as step 0: what training is measured against. It
+        # takes no part in the best checkpoint (there is none of step 0). The random state is
+        # put back after it, so that a run with it and a resumed run draw the same.
+        before = rng_state()
+        model.eval()
+        scores = evaluate_fn(
+            model,
+            task,
+            batch_size=eval_batch,
+            precision=precision,
+            metrics=task.metrics,
+            device=device,
+        )
+        model.train()
+        set_rng_state(before)
+        record = {"step": 0, **{f"eval_{k}": v for k, v in scores.items()}, "best": False}
+        metrics.write(record)
+        emit("eval", record)
 
     model.train()
     while step < config.steps and not stopper.stopped:
@@ -167,7 +200,7 @@ def _train(
             group["lr"] = lr
         indices = sampler.next_batch()
         epoch = sampler.epoch  # after the call: the batch may be the first of a new epoch
-        loss, grad_norm = train_step(
+        loss, grad_norm = step_fn(
             model,
             task,
             indices,
@@ -199,7 +232,7 @@ def _train(
 
         is_best = False
         if step % config.eval_every == 0 or last:
-            scores = evaluate(
+            scores = evaluate_fn(
                 model,
                 task,
                 batch_size=eval_batch,

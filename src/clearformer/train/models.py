@@ -17,6 +17,7 @@ from ..config import EncoderConfig
 from ..encoder import Encoder
 from ..heads import MaskedLMHead, pool
 from ..model import EncoderModel
+from ..padding import layout_from_cu_seqlens, repad
 from .collate import PackedBatch, PaddedBatch, VectorBatch
 from .masking import MaskedBatch
 
@@ -128,3 +129,32 @@ class MaskedLanguageModel(nn.Module):
             rows = hidden.reshape(-1, hidden.shape[-1])  # (B * T, D)
         picked = rows.index_select(0, batch.positions)  # (N, D) -> (n, D): masked rows only
         return self.head(picked, self.decoder_weight)  # (n, V)
+
+
+class SentenceEmbedder(nn.Module):
+    """Token ids -> EncoderModel -> SentenceHead (pooling, then the checkpoint's Dense and
+    Normalize modules) -> (B, width) embeddings: what ``TextEncoder.encode`` computes, with
+    gradients. Packed batches are repadded for the head only, after the encoder: no padded
+    position reaches a linear layer."""
+
+    def __init__(self, model: EncoderModel, head: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.head = head
+
+    def forward(
+        self, batch: PackedBatch | PaddedBatch, checkpointing: bool | None = None
+    ) -> Tensor:
+        if isinstance(batch, PackedBatch):
+            rows = self.model(
+                batch.input_ids, cu_seqlens=batch.cu_seqlens, checkpointing=checkpointing
+            )  # (N, D)
+            layout = layout_from_cu_seqlens(batch.cu_seqlens)
+            hidden = repad(rows, layout)  # (N, D) -> (B, T, D), zeros at padded positions
+            lengths = batch.cu_seqlens.diff().long()  # (B,)
+            positions = torch.arange(layout.seqlen, device=rows.device)  # (T,)
+            mask = positions[None, :] < lengths[:, None]  # (B, T)
+        else:
+            mask = batch.attention_mask
+            hidden = self.model(batch.input_ids, mask, checkpointing=checkpointing)
+        return self.head(hidden, mask)  # (B, width)

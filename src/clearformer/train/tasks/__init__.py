@@ -28,6 +28,10 @@ def build_task(config: TrainConfig) -> Task:
         from .mlm import MlmTask
 
         return MlmTask(config)
+    if config.task == "contrastive":
+        from .contrastive import ContrastiveTask
+
+        return ContrastiveTask(config)
     raise ValueError(f"task must be one of {TASKS}, got {config.task!r}")
 
 

@@ -1,0 +1,108 @@
+"""Retrieval training rows: an anchor (a query), its positive (a relevant text) and, optionally,
+hard negatives (texts close to the anchor that are not relevant).
+
+Files: JSONL rows ``{"anchor": str, "positive": str, "negative": [str, ...]}`` (``negative``
+optional; one string is one negative), or CSV / TSV with a header naming ``anchor``,
+``positive`` and optionally ``negative`` (one negative a row) or ``negative_1``,
+``negative_2``, ... columns, as sentence-transformers' datasets have them. Every fault is an
+error naming the file, the line and the field, raised before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Pair:
+    anchor: str
+    positive: str
+    negatives: tuple[str, ...]
+    line: int  # in the file, for messages
+
+
+def read_pairs(path: str | Path) -> list[Pair]:
+    """Every row of ``path``, checked; a clear error for any fault."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"train_file {path}: no such file")
+    if path.suffix in (".jsonl", ".json"):
+        rows = _jsonl_rows(path)
+    elif path.suffix in (".csv", ".tsv"):
+        rows = _table_rows(path, "\t" if path.suffix == ".tsv" else ",")
+    else:
+        raise ValueError(
+            f"train_file {path}: expected a .jsonl, .csv or .tsv file, got {path.suffix!r}"
+        )
+    pairs = [_pair(path, line, row) for line, row in rows]
+    if not pairs:
+        raise ValueError(f"train_file {path}: no rows")
+    return pairs
+
+
+def _jsonl_rows(path: Path):
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+            except (ValueError, RecursionError) as exc:
+                raise ValueError(f"{path}, line {number}: not a JSON object ({exc})") from None
+            if not isinstance(row, dict):
+                raise ValueError(
+                    f"{path}, line {number}: expected a JSON object, got {type(row).__name__}"
+                )
+            yield number, row
+
+
+def _table_rows(path: Path, delimiter: str):
+    with path.open(encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f, delimiter=delimiter)
+        header = reader.fieldnames or []
+        for name in ("anchor", "positive"):
+            if name not in header:
+                raise ValueError(f"{path}, line 1: the header has no {name!r} column: {header}")
+        negative_columns = [h for h in header if h == "negative" or h.startswith("negative_")]
+        for row in reader:
+            negatives = [row[h] for h in negative_columns if row[h] not in (None, "")]
+            yield (
+                reader.line_num,
+                {
+                    "anchor": row["anchor"],
+                    "positive": row["positive"],
+                    "negative": negatives,
+                },
+            )
+
+
+def _pair(path: Path, line: int, row: dict) -> Pair:
+    where = f"{path}, line {line}"
+    for name in ("anchor", "positive"):
+        if name not in row:
+            raise ValueError(f"{where}: field {name!r} is missing")
+        value = row[name]
+        if not isinstance(value, str):
+            raise ValueError(
+                f"{where}: field {name!r} must be a string, got {type(value).__name__}"
+            )
+        if not value.strip():
+            raise ValueError(f"{where}: field {name!r} is empty")
+    negatives = row.get("negative", [])
+    if isinstance(negatives, str):
+        negatives = [negatives]
+    if not isinstance(negatives, list):
+        raise ValueError(
+            f"{where}: field 'negative' must be a list of strings, got {type(negatives).__name__}"
+        )
+    for i, negative in enumerate(negatives):
+        if not isinstance(negative, str) or not negative.strip():
+            raise ValueError(f"{where}: field 'negative' item {i} must be a non-empty string")
+    if row["anchor"].strip() == row["positive"].strip():
+        raise ValueError(f"{where}: the anchor equals its positive: nothing to learn from it")
+    if row["positive"] in negatives:
+        raise ValueError(f"{where}: the positive is also among the negatives")
+    return Pair(row["anchor"], row["positive"], tuple(negatives), line)
