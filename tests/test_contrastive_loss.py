@@ -61,9 +61,7 @@ def test_symmetric_loss_equals_sentence_transformers(st_dir):
 def test_matryoshka_loss_is_the_sum_of_the_truncated_losses():
     anchors, positives, negatives = _columns(3, negatives=1)
     candidates = torch.cat([positives, negatives])
-    expected = sum(
-        multiple_negatives_loss(anchors[:, :d], candidates[:, :d]) for d in (16, 8, 4)
-    )
+    expected = sum(multiple_negatives_loss(anchors[:, :d], candidates[:, :d]) for d in (16, 8, 4))
     assert torch.allclose(matryoshka_loss(anchors, candidates, (16, 8, 4)), expected)
 
 

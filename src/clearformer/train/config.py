@@ -270,6 +270,11 @@ class TrainConfig:
                     "train_file must name a JSONL, CSV or TSV file of (anchor, positive, "
                     "negative) rows for task='contrastive', got ''"
                 )
+            if self.distributed == "fsdp":
+                raise ValueError(
+                    "distributed must be 'none' or 'ddp' for task='contrastive' (its embedding "
+                    "model is small enough to replicate), got 'fsdp'"
+                )
             if self.accumulation != 1:
                 raise ValueError(
                     "accumulation must be 1 for task='contrastive' (in-batch negatives couple "

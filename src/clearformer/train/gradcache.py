@@ -19,7 +19,8 @@ Under ``torchrun`` each rank embeds its slice of the batch; the cached embedding
 are gathered so that each anchor sees every rank's candidates (the same negatives as one
 process with the whole batch); the loss's gradient is taken for this rank's rows; DDP averages
 the ranks' parameter gradients, so each rank's are multiplied by the world size, as in
-:func:`.step.train_step`.
+:func:`.step.train_step`; with GradCache the passes run on the module itself and the
+gradients are summed over the ranks after the last mini-batch.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from .distributed import Context, no_sync
+from .distributed import Context, unwrap
 from .precision import Precision
 from .rng import rng_state, set_rng_state
 
@@ -81,24 +82,34 @@ def contrastive_step(
         loss = _global_loss(embeddings, counts, context, loss_fn)
         _backward(loss * context.world, scaler)
     else:
+        # Under DDP the mini-batches run on the module itself, and the gradients are summed
+        # over the ranks once, by hand, after the last one: every rank's passes are its own
+        # and nothing is all-reduced half-way.
+        module = unwrap(model)
+
+        def embed_local(chunk: Sequence[Sequence[int]]) -> Tensor:
+            batch = collate(chunk).to(device)
+            with precision.autocast():
+                return module(batch, **options).float()  # (n, d)
+
         chunks = [texts[i : i + mini_batch_size] for i in range(0, len(texts), mini_batch_size)]
         states, cached = [], []
         with torch.no_grad():
             for chunk in chunks:  # pass 1: embeddings only, each chunk's random state kept
                 states.append(rng_state())
-                cached.append(embed(chunk))
+                cached.append(embed_local(chunk))
         after = rng_state()
         embeddings = torch.cat(cached).requires_grad_()  # (n, d)
         loss = _global_loss(embeddings, counts, context, loss_fn)  # pass 2: the loss
         loss.backward()
         grads = embeddings.grad.split([len(c) for c in chunks])
-        for number, (chunk, state, grad) in enumerate(zip(chunks, states, grads, strict=True)):
+        for chunk, state, grad in zip(chunks, states, grads, strict=True):
             set_rng_state(state)  # the same dropout masks as pass 1
-            with no_sync(model, context, last=number == len(chunks)):
-                again = embed(chunk)  # pass 3: with gradients, one chunk at a time
-                surrogate = (again * grad).sum() * context.world  # its gradient is `grad`
-                _backward(surrogate, scaler)
+            again = embed_local(chunk)  # pass 3: with gradients, one chunk at a time
+            _backward((again * grad).sum(), scaler)  # its gradient is `grad`
         set_rng_state(after)
+        if context.world > 1:
+            _sum_over_ranks(module)
     if scaler is not None:
         scaler.unscale_(optimizer)
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -109,6 +120,16 @@ def contrastive_step(
     else:
         optimizer.step()
     return loss.item(), norm.item()
+
+
+def _sum_over_ranks(module: nn.Module) -> None:
+    """Each parameter's gradient summed over the ranks: each rank's is its rows' share of the
+    whole batch's gradient, so the sum is the whole."""
+    import torch.distributed as dist
+
+    for parameter in module.parameters():
+        if parameter.grad is not None:
+            dist.all_reduce(parameter.grad)
 
 
 def _backward(loss: Tensor, scaler) -> None:
