@@ -51,11 +51,13 @@ sys.exit(main(["serve", "--model", sys.argv[1], "--port", "0", "--workers", "1",
 
 
 class Child:
-    """The server process, its stderr read line by line on a thread."""
+    """The server process, its stderr read line by line on a thread; ``script`` is the Python
+    that runs it (its argv: the model, then ``flags``), ``ready`` whether to wait for the
+    models to be ready."""
 
-    def __init__(self, model, *flags: str) -> None:
+    def __init__(self, model, *flags: str, script: str = CHILD, ready: bool = True) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(model), *flags],
+            [sys.executable, "-c", script, str(model), *flags],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -68,7 +70,8 @@ class Child:
         listening = self.wait_line("listening on ")
         self.url = listening.split("listening on ")[1].split()[0]
         self.port = int(self.url.rsplit(":", 1)[1])
-        self.wait_line("ready in ")
+        if ready:
+            self.wait_line("ready in ")
 
     def _read(self) -> None:
         for line in self.proc.stderr:

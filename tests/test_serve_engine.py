@@ -451,3 +451,27 @@ def test_busy_workers_run_on_their_share_and_never_oversubscribe(two_workers_on_
     assert model.threads[0] == 1  # three more were waiting behind the first
     assert max(model.overlaps) <= 2
     assert [r[0, 0] for r in rows] == [1, 2, 3, 4]
+
+
+def test_abandon_drops_the_queue_and_the_workers_end_after_their_batch(engine_and_model):
+    """A forced stop: the inputs still queued never run, the batch running ends, and then
+    every worker stops, busy no more."""
+    engine, model = engine_and_model
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        plug = await _plug(engine, model)
+        queued = Job(model, Prepared(_inputs((1, 2), (2, 2)), "x"), loop)
+        engine.submit(queued)
+        assert engine.busy and engine.queued == 2
+        engine.abandon()
+        assert engine.queued == 0 and engine.busy  # the plug's batch is still running
+        with pytest.raises(Closed):
+            engine.submit(Job(model, Prepared(_inputs((3, 1)), "x"), loop))
+        model.go.set()
+        await plug.future  # its rows still come
+        return queued
+
+    queued = asyncio.run(main())
+    assert engine.join(30) and not engine.busy
+    assert model.batches == [] and not queued.future.done()  # its inputs never ran

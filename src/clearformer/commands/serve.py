@@ -112,7 +112,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=positive_float,
         default=60.0,
         metavar="SECONDS",
-        help="a request not answered by then is 503 and its work dropped (default 60)",
+        help="a request not answered this long after it arrived (its body's upload included) "
+        "is 503 and its work dropped (default 60)",
     )
     p.add_argument(
         "--graceful-timeout",
@@ -182,7 +183,9 @@ def run(args: argparse.Namespace) -> int:
         from ..interop.hf import bundled_model_dir
 
         bundled_model_dir()  # FileNotFoundError with the install hint, before listening
-    return run_server(config, specs, report=_report)
+    # A forward pass left running by a forced stop cannot outlive a normal interpreter exit
+    # (run_server's _leave): the command ends the process there instead.
+    return run_server(config, specs, report=_report, exit_when_busy=True)
 
 
 def _report(message: str) -> None:

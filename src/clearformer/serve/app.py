@@ -9,9 +9,13 @@ need; Starlette is the routing and request layer FastAPI itself is built on.
 
 Every route but ``/health`` needs the API key when one is set. The routes that compute
 (``/embed``, ``/v1/embeddings``, ``/rerank``) take a slot first: at ``max_concurrent_requests``
-slots taken the answer is 429 at once, before the body is even read. A request then waits for
-its batches, its client's disconnection (which frees the slot and drops its waiting inputs) or
-``request_timeout`` (503), whichever comes first.
+slots taken the answer is 429 at once, before the body is even read. ``request_timeout``
+starts then, at arrival: the body must be in before it ends (503, the slot freed), and the
+request then waits for its batches, its client's disconnection (which frees the slot and drops
+its waiting inputs) or the rest of ``request_timeout`` (503), whichever comes first.
+
+Every answer of a route, and of a path or method no route has (``endpoint="unknown"``), is
+counted in ``clearformer_requests_total`` by its status; a client gone is counted as 499.
 """
 
 from __future__ import annotations
@@ -20,21 +24,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from . import routes
 from .config import ServeConfig
-from .errors import ApiError
+from .errors import ApiError, ClientGone
 from .guards import check_key
 from .models import ModelSpec
 from .routes import Handler
 from .state import ServerState
-from .waiting import ClientGone
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ def create_app(
     app = Starlette(
         routes=table,
         lifespan=lifespan,
-        exception_handlers={404: _not_found, 405: _not_allowed},
+        exception_handlers={404: _counted(state, _not_found), 405: _counted(state, _not_allowed)},
     )
     app.state.serve = state
     return app
@@ -96,6 +99,9 @@ def _endpoint(
     async def endpoint(request: Request) -> Response:
         started = time.perf_counter()
         admitted = False
+        # request_timeout bounds everything from here on: the body's arrival (guards.read_json)
+        # and the wait for the rows (waiting.wait_for_rows).
+        request.state.deadline = time.monotonic() + state.config.request_timeout
         try:
             check_key(state.config, request)
             if compute:
@@ -106,7 +112,7 @@ def _endpoint(
             response = await handler(request)
         except ApiError as exc:
             response = _error(exc, api)
-        except ClientGone:
+        except (ClientGone, ClientDisconnect):
             # Nobody reads this answer; 499 (nginx's "client closed request") in the metrics.
             response = Response(status_code=499)
         except asyncio.CancelledError:
@@ -114,11 +120,15 @@ def _endpoint(
             # signal. The client gets a 503 it can retry elsewhere (uvicorn would send a bare
             # 500), and the exit status says some work was left undone.
             state.cut_off += 1
+            why = (
+                "a second signal stopped it at once"
+                if state.forced
+                else f"graceful_timeout, {state.config.graceful_timeout:g} s"
+            )
             response = _error(
                 ApiError(
                     "Unhealthy",
-                    "the server shut down before this request was finished "
-                    f"(graceful_timeout, {state.config.graceful_timeout:g} s); retry it",
+                    f"the server shut down before this request was finished ({why}); retry it",
                     headers={"Retry-After": "1", "Connection": "close"},
                 ),
                 api,
@@ -142,6 +152,21 @@ def _error(exc: ApiError, api: str) -> Response:
     return Response(
         exc.body(api), status_code=exc.status, headers=exc.headers, media_type="application/json"
     )
+
+
+def _counted(
+    state: ServerState, answer: Callable[[Request, Exception], Awaitable[Response]]
+) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """An answer to a path or a method no route has, counted as ``endpoint="unknown"`` (one
+    label for all of them: a label per path would let clients grow the metrics)."""
+
+    async def counted(request: Request, exc: Exception) -> Response:
+        started = time.perf_counter()
+        response = await answer(request, exc)
+        state.metrics.answered("unknown", response.status_code, time.perf_counter() - started)
+        return response
+
+    return counted
 
 
 async def _not_found(request: Request, exc) -> Response:

@@ -34,7 +34,8 @@ class ServeConfig:
     # A longer input is 413 unless the request asks to truncate.
     max_input_tokens: int | None = None
     payload_limit: int = 2_000_000  # bytes of request body; more is 413
-    request_timeout: float = 60.0  # seconds from admission to answer; then 503, work dropped
+    # Seconds from arrival to answer, the body's upload included; then 503, work dropped.
+    request_timeout: float = 60.0
     graceful_timeout: float = 30.0  # seconds a drain (SIGTERM, SIGINT) waits for requests
     # Forward passes side by side, the CPU threads split between them as encode's workers do;
     # None: two on a CPU with two or more threads, else one.

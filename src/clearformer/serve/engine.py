@@ -198,6 +198,25 @@ class Engine:
             self._closing = True
             self._has_work.notify_all()
 
+    def abandon(self) -> None:
+        """Take no new jobs and drop every input still queued (their requests were answered:
+        a forced stop, or a drain past its bound): each worker stops at the end of the batch it
+        is in, none starts another."""
+        with self._lock:
+            self._closing = True
+            for item in self._queue:
+                item.job.cancelled = True
+            self._queue.clear()
+            self._queued_tokens = 0
+            self._update_queue_metrics()
+            self._has_work.notify_all()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a worker is inside a batch (a forward pass in torch's code)."""
+        with self._lock:
+            return self._running > 0
+
     def join(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the workers to stop; whether they all did."""
         deadline = time.monotonic() + timeout

@@ -5,6 +5,7 @@ does; the OpenAI routes (``/v1/...``) answer ``{"error": {"message", "type", "pa
 "code"}}``, which the ``openai`` client reads into its exceptions. The status codes are one
 table for both (:data:`STATUS`): the size limits are 413, a malformed body 400, a well-formed
 body with a wrong field 422, a full queue 429, a server not ready or draining 503.
+:class:`ClientGone` is the one outcome with no answer: the client left (499 in the metrics).
 """
 
 from __future__ import annotations
@@ -74,3 +75,9 @@ class ApiError(Exception):
         else:
             payload = {"error": self.message, "error_type": self.kind}
         return json.dumps(payload, ensure_ascii=False).encode()
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready: while it sent its body, or while
+    its request waited for its rows. Nobody reads an answer; the metrics count it as 499
+    (nginx's "client closed request")."""

@@ -82,7 +82,7 @@ def models(state: ServerState) -> Handler:
 
 def embed(state: ServerState) -> Handler:
     async def embed(request: Request) -> Response:
-        parsed = parse_embed(await read_json(request, state.config.payload_limit))
+        parsed = parse_embed(await read_json(request, state.config))
         rows, _ = await _embeddings(state, request, parsed, field="inputs")
         return Response(embed_body(rows), media_type="application/json")
 
@@ -91,7 +91,7 @@ def embed(state: ServerState) -> Handler:
 
 def openai_embeddings(state: ServerState) -> Handler:
     async def embeddings(request: Request) -> Response:
-        parsed = parse_openai_embeddings(await read_json(request, state.config.payload_limit))
+        parsed = parse_openai_embeddings(await read_json(request, state.config))
         rows, (model, tokens) = await _embeddings(state, request, parsed, field="input")
         body = openai_embeddings_body(rows, parsed.encoding_format, model.name, tokens)
         return Response(body, media_type="application/json")
@@ -148,7 +148,7 @@ def _shorten(rows: np.ndarray, dimensions: int, normalize: bool) -> np.ndarray:
 
 def rerank(state: ServerState) -> Handler:
     async def rerank(request: Request) -> Response:
-        parsed = parse_rerank(await read_json(request, state.config.payload_limit))
+        parsed = parse_rerank(await read_json(request, state.config))
         model = state.model_for(parsed.model, "rerank")
         if model.width != 1:
             raise ApiError(
@@ -182,7 +182,7 @@ def rerank(state: ServerState) -> Handler:
 def tokenize(state: ServerState) -> Handler:
     async def tokenize(request: Request) -> Response:
         state.require_ready()
-        parsed = parse_tokenize(await read_json(request, state.config.payload_limit))
+        parsed = parse_tokenize(await read_json(request, state.config))
         model = state.any_model(parsed.model)
         check_count(len(parsed.inputs), state.config, "inputs")
         return _json(

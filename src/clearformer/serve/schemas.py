@@ -189,7 +189,7 @@ def _direction(body: dict) -> str:
     if not isinstance(value, str) or value.lower() not in DIRECTIONS:
         raise ApiError(
             "Validation",
-            f"truncation_direction must be 'right' or 'left', got {value!r}",
+            f"truncation_direction must be 'right' or 'left', got {_shown(value)}",
             param="truncation_direction",
         )
     return value.lower()
@@ -202,10 +202,20 @@ def _dimensions(body: dict) -> int | None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ApiError(
             "Validation",
-            f"dimensions must be a positive integer, got {value!r}",
+            f"dimensions must be a positive integer, got {_shown(value)}",
             param="dimensions",
         )
     return value
+
+
+def _shown(value: Any) -> str:
+    """A wrong value as a message shows it: a string or a number itself, anything else by its
+    kind (a list or an object may be nested a thousand deep, or megabytes long)."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else f"a string of {len(value):,} characters"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value)
+    return _kind(value)
 
 
 def _kind(value: Any) -> str:

@@ -11,7 +11,10 @@ things differ here:
 * uvicorn re-raises the signal once it has stopped, so that the process dies of it; a drained
   server has answered the signal, so ``run_server`` returns instead and the process exits 0
   (1 if the drain's bound cut requests off: they are answered 503). A second signal stops
-  at once.
+  at once (1 as well if it cut requests off).
+
+A stop that cuts requests off can leave a batch worker inside a forward pass; the CLI then ends
+the process with ``os._exit`` rather than let the interpreter finish (:func:`_leave` says why).
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable, Generator
+from typing import NoReturn
 
 import uvicorn
 
@@ -41,15 +47,23 @@ def run_server(
     specs: list[ModelSpec] | None = None,
     *,
     report: Callable[[str], None] | None = None,
+    exit_when_busy: bool = False,
 ) -> int:
     """Serve until SIGTERM or SIGINT, then drain. Returns the exit status: 0 when every
-    request in flight was answered, 1 when ``graceful_timeout`` cut some off.
+    request in flight was answered, 1 when ``graceful_timeout`` or a second signal cut some
+    off.
 
     Args:
         config: the server's settings.
         specs: the models (none: the bundled all-MiniLM-L6-v2).
         report: called with a line for the operator at each step (listening, ready,
             draining, stopped); the CLI prints them.
+        exit_when_busy: when a thread still computes once the server has stopped (a batch
+            worker inside a forward pass, or the models still loading), end the process with
+            ``os._exit(status)`` after flushing the logs instead of returning (the CLI's
+            choice, see :func:`_leave`). Otherwise the thread finishes its batch in the
+            background and then ends; a process that exits at once meets what ``_leave``
+            avoids.
 
     Raises:
         OSError: the address cannot be bound.
@@ -79,16 +93,45 @@ def run_server(
     finally:
         uvicorn_log.removeFilter(_forced_stop_cancellation)
         sock.close()
+    busy = state.stop_work()
     if state.load_error is not None:
         raise state.load_error
-    if state.cut_off:
+    status = 1 if state.cut_off else 0
+    if not state.cut_off:
+        report("stopped: every request answered")
+    elif state.forced:
+        report(f"stopped at once: {state.cut_off} request(s) not finished (answered 503)")
+    else:
         report(
             f"stopped: {state.cut_off} request(s) not finished within graceful_timeout "
             "(answered 503)"
         )
-        return 1
-    report("stopped: every request answered")
-    return 0
+    if busy and exit_when_busy:
+        log.info("a thread still computes (a forward pass, or loading): leaving without it")
+        _leave(status)
+    return status
+
+
+def _leave(status: int) -> NoReturn:
+    """End the process now with ``status``, skipping the interpreter's finalization.
+
+    Why not a normal exit: a batch worker still inside a forward pass is a daemon thread in
+    torch's C++ code, which releases the GIL for each operation and takes it back as the
+    operation returns. Once the interpreter finalizes, a daemon thread that takes the GIL is
+    ended with pthread_exit (Python 3.13 and before), whose unwinding cannot pass torch's C++
+    frame (``THPVariable_matmul`` and the like, under ``PyEval_RestoreThread``): std::terminate,
+    "terminate called without an active exception", SIGABRT and a core where exit status 1
+    was promised. Waiting for the batch instead would take as long as
+    a forward pass does, which nothing can interrupt, after a second signal that means now or
+    a graceful_timeout already spent. ``os._exit`` ends every thread at once, and leaves
+    nothing of the server undone: every request has its answer (200, or 503 if cut off), the
+    listener is closed, and the server writes no files. What finalization would still do for
+    the operator, flushing the log and the report lines, is done here first."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 class DrainingServer(uvicorn.Server):
@@ -118,6 +161,7 @@ class DrainingServer(uvicorn.Server):
         name = signal.Signals(sig).name
         if self.should_exit:
             self.report(f"{name} again: stopping without waiting")
+            self.state.forced = True
             self.force_exit = True
             return
         # Set before anything else: a second signal's handler can run inside this one (Python

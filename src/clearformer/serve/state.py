@@ -27,6 +27,22 @@ log = logging.getLogger(__name__)
 STATUSES = ("loading", "ready", "draining", "failed")
 _KIND_NAMES = {"embed": "embedding", "rerank": "cross-encoder (rerank)"}
 _KIND_ROUTES = {"embed": "/embed or /v1/embeddings", "rerank": "/rerank"}
+# What a route needs when no model of its kind is served, and how to serve one (models.py's
+# load_model tells the kinds apart by config.json's architectures).
+_KIND_MISSING = {
+    "embed": (
+        "/embed and /v1/embeddings need an embedding model, and none is served here",
+        "start the server with --model DIR for an embedding checkpoint (with no --model at "
+        "all it serves the bundled all-MiniLM-L6-v2)",
+    ),
+    "rerank": (
+        "/rerank needs a cross-encoder, and none is served here",
+        "clearformer bundles none: start the server with --model DIR, DIR a cross-encoder "
+        "checkpoint (config.json's architectures name a *ForSequenceClassification model with "
+        "one label), such as cross-encoder/ms-marco-MiniLM-L-6-v2 from the Hugging Face Hub "
+        "(hf download cross-encoder/ms-marco-MiniLM-L-6-v2 --local-dir DIR)",
+    ),
+}
 
 
 class ServerState:
@@ -50,6 +66,9 @@ class ServerState:
         self.load_error: BaseException | None = None
         self.in_flight = 0
         self.cut_off = 0  # requests the drain's time bound stopped unfinished (answered 503)
+        self.forced = False  # a second signal stopped the server without waiting
+        self.stopped = False  # the server has stopped: no engine may take work any more
+        self._loader: threading.Thread | None = None
         self.settled = threading.Event()  # set once loading has ended, ready or failed
         self.on_failure: Callable[[], None] = lambda: None  # set by the server: stop it
 
@@ -58,6 +77,7 @@ class ServerState:
     def start_loading(self) -> threading.Thread:
         """Load and warm the models on a thread of their own; the server listens meanwhile."""
         thread = threading.Thread(target=self._load, name="clearformer-serve-load", daemon=True)
+        self._loader = thread
         thread.start()
         return thread
 
@@ -89,6 +109,8 @@ class ServerState:
             self.on_failure()
             return
         self.models, self.engine = models, engine
+        if self.stopped:  # the server stopped while the models loaded: nothing will come
+            engine.close()
         if self.status == "loading":  # not draining already
             self.status = "ready"
             self.metrics.ready.set(1)
@@ -143,6 +165,23 @@ class ServerState:
             if not self.cut_off:
                 self.engine.join(timeout=self.config.graceful_timeout)
 
+    def stop_work(self) -> bool:
+        """Once the server has stopped (the lifespan's end skipped, on a forced stop): drop the
+        inputs still queued, so that each batch worker ends after the batch it is in, and let
+        the idle ones end. Returns whether a thread still computes: a worker inside a forward
+        pass (a forced stop, or a drain cut off by graceful_timeout, left it running) or the
+        models still loading (a stop before they were ready)."""
+        self.stopped = True
+        self.begin_drain()
+        busy = self._loader is not None and self._loader.is_alive()
+        engine = self.engine
+        if engine is not None:
+            engine.abandon()
+            # A worker in a batch is not waited for; idle ones end at once.
+            if engine.busy or not engine.join(timeout=self.config.graceful_timeout):
+                busy = True
+        return busy
+
     # Requests ---------------------------------------------------------------------------
 
     def require_ready(self) -> Engine:
@@ -176,15 +215,16 @@ class ServerState:
 
     def model_for(self, name: str | None, kind: str) -> ServedModel:
         """The model a request names (None: the first served model of ``kind``); 404 for an
-        unknown name, 422 for a model of the other kind."""
+        unknown name, 422 for a model of the other kind or for no model of ``kind`` at all."""
         if name is None:
             for model in self.models:
                 if model.kind == kind:
                     return model
+            # The route exists: a 404 would read as a wrong URL. The server as started cannot
+            # do this, whatever the body says: 422, with how to start one that can.
+            missing, remedy = _KIND_MISSING[kind]
             raise ApiError(
-                "NotFound",
-                f"no {_KIND_NAMES[kind]} model is served here; served: {self._listing()}",
-                param="model",
+                "Validation", f"{missing} (served: {self._listing()}); {remedy}", param="model"
             )
         model = self._by_name.get(name)
         if model is None:

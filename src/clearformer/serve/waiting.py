@@ -1,5 +1,6 @@
 """A request waiting for its rows: whichever comes first of its answer, its client's
-disconnection (which frees the slot and drops its waiting inputs) or ``request_timeout`` (503).
+disconnection (which frees the slot and drops its waiting inputs) or the end of its
+``request_timeout`` (503), which began when it arrived: the time its body took counts.
 """
 
 from __future__ import annotations
@@ -10,13 +11,11 @@ import time
 from starlette.requests import Request
 
 from .engine import Closed, Job
-from .errors import ApiError
+from .errors import ApiError, ClientGone
 from .models import Prepared, ServedModel
 from .state import ServerState
 
-
-class ClientGone(Exception):
-    """The client disconnected before its answer was ready."""
+__all__ = ["ClientGone", "disconnected", "wait_for_rows"]
 
 
 async def wait_for_rows(
@@ -26,9 +25,11 @@ async def wait_for_rows(
 
     The request was admitted while the server was ready; a drain that began since still lets
     it finish (the engine takes work until the drain has answered every request admitted).
-    ``request_timeout`` counts from the admission (``request.state.admitted``)."""
+    ``request_timeout`` counts from the admission (``request.state.admitted``), where the
+    app's wrapper set ``request.state.deadline``."""
     engine = state.engine
     admitted = getattr(request.state, "admitted", None) or time.monotonic()
+    deadline = getattr(request.state, "deadline", None) or admitted + state.config.request_timeout
     job = Job(model, prepared, asyncio.get_running_loop(), admitted=admitted)
     try:
         engine.submit(job)
@@ -37,7 +38,7 @@ async def wait_for_rows(
             "Unhealthy", "not ready: the server is shutting down", headers={"Retry-After": "1"}
         ) from None
     gone = asyncio.ensure_future(disconnected(request))
-    left = admitted + state.config.request_timeout - time.monotonic()
+    left = deadline - time.monotonic()
     try:
         done, _ = await asyncio.wait(
             {job.future, gone}, timeout=max(left, 0.0), return_when=asyncio.FIRST_COMPLETED
