@@ -14,6 +14,7 @@ COMMANDS = (
     "search_index",
     "rerank",
     "eval",
+    "mine",
     "serve",
     "explain",
     "train",

@@ -1,0 +1,185 @@
+"""``clearformer mine``: hard negatives for (anchor, positive) pairs, through a persistent index,
+written as the JSONL rows ``clearformer train --task contrastive`` reads."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .encode import add_model_arguments, positive_int
+
+
+def _non_negative_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}") from None
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}")
+    return number
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "mine",
+        help="hard negatives for (anchor, positive) pairs, through an index",
+        description="Embed a corpus once into an index, search it for every anchor, and keep "
+        "the nearest texts that are not its positives (within the rank range and margins) as "
+        "hard negatives. Writes JSONL rows {anchor, positive, negative: [...]}.",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--pairs",
+        metavar="FILE",
+        help="(anchor, positive) rows: JSONL, CSV or TSV (as train reads them)",
+    )
+    source.add_argument(
+        "--data",
+        metavar="DIR",
+        help="a BEIR folder: its --split's queries and relevant documents are "
+        "the pairs, its corpus the texts negatives come from",
+    )
+    p.add_argument("--split", default="train", help="with --data: the qrels file (default train)")
+    p.add_argument(
+        "--corpus",
+        metavar="FILE",
+        help="with --pairs: more texts to draw negatives from, one per line",
+    )
+    p.add_argument("--out", required=True, metavar="FILE.jsonl", help="the rows to write")
+    p.add_argument(
+        "--index",
+        metavar="DIR",
+        help="the corpus index (default: OUT.index; reused when it holds these texts)",
+    )
+    p.add_argument(
+        "-n", "--negatives", type=positive_int, default=3, help="negatives per anchor (default 3)"
+    )
+    p.add_argument("--range-min", type=int, default=0, help="nearest ranks skipped (default 0)")
+    p.add_argument(
+        "--range-max",
+        type=positive_int,
+        default=50,
+        help="candidates looked at per anchor (default 50)",
+    )
+    p.add_argument(
+        "--absolute-margin",
+        type=_non_negative_float,
+        default=None,
+        help="a negative scores at least this much below the positive",
+    )
+    p.add_argument(
+        "--relative-margin",
+        type=_non_negative_float,
+        default=None,
+        help="a negative scores at most positive x (1 - this)",
+    )
+    p.add_argument("--max-score", type=float, default=None, help="a negative scores at most this")
+    p.add_argument("--min-score", type=float, default=None, help="a negative scores at least this")
+    p.add_argument(
+        "--sampling",
+        choices=("top", "random"),
+        default="top",
+        help="top: the best-ranked survivors; random: drawn from them (default top)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="for --sampling random (default 0)")
+    p.add_argument(
+        "--cross-encoder",
+        metavar="DIR",
+        help="rescore the candidates and the positive with this cross-encoder",
+    )
+    add_model_arguments(p)
+    p.set_defaults(func=run, writes_stdout=lambda args: False)
+
+
+def _pairs(args) -> tuple[list[tuple[str, str]], list[str]]:
+    from ..cli import CliError
+    from ..retrieval import DataError, load_beir
+    from ..train.pairs import read_pairs
+
+    if args.data is not None:
+        if args.corpus is not None:
+            raise CliError("--corpus is for --pairs; a BEIR folder's corpus is used with --data")
+        try:
+            data = load_beir(args.data, args.split)
+        except DataError as exc:
+            raise CliError(str(exc)) from None
+        text = dict(zip(data.corpus_ids, data.corpus_texts, strict=True))
+        queries = dict(zip(data.query_ids, data.query_texts, strict=True))
+        pairs = [
+            (queries[q], text[d])
+            for q in data.query_ids
+            for d, level in data.qrels[q].items()
+            if level >= 1
+        ]
+        return pairs, data.corpus_texts
+    rows = read_pairs(args.pairs)
+    corpus: list[str] = []
+    if args.corpus is not None:
+        path = Path(args.corpus)
+        if not path.is_file():
+            raise CliError(f"--corpus {path}: no such file")
+        corpus = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        corpus = [line for line in corpus if line]
+    return [(r.anchor, r.positive) for r in rows], corpus
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cli import CliError
+    from ..io import atomic_write
+    from ..retrieval.mining import MiningSettings, mine_hard_negatives
+    from .encode import load_encoder
+    from .phase_progress import PhaseProgress
+
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise CliError(f"--out {out}: the folder {out.parent} does not exist")
+    try:
+        settings = MiningSettings(
+            negatives=args.negatives,
+            range_min=args.range_min,
+            range_max=args.range_max,
+            absolute_margin=args.absolute_margin,
+            relative_margin=args.relative_margin,
+            max_score=args.max_score,
+            min_score=args.min_score,
+            sampling=args.sampling,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc).replace("range_", "--range-")) from None
+    pairs, corpus = _pairs(args)
+    if not pairs:
+        raise CliError("no (anchor, positive) pairs to mine for")
+    cross_encoder = None
+    if args.cross_encoder is not None:
+        from ..text import CrossEncoder
+
+        cross_encoder = CrossEncoder.from_pretrained(args.cross_encoder)
+    encoder = load_encoder(args)
+    progress = PhaseProgress("mine", enabled=args.progress is not False)
+    rows, report = mine_hard_negatives(
+        pairs,
+        encoder,
+        args.index or str(out) + ".index",
+        corpus=corpus,
+        settings=settings,
+        cross_encoder=cross_encoder,
+        progress=progress,
+        encode_options={
+            "batch_size": args.batch_size,
+            "max_tokens": args.max_tokens,
+            "workers": args.workers,
+        },
+    )
+    with atomic_write(out) as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(
+        f"mine: wrote {out}: {report.rows:,} rows, {report.negatives:,} negatives for "
+        f"{report.anchors:,} anchors from {report.corpus:,} texts ({report.without_negatives:,} "
+        f"rows without a negative; candidates dropped: {report.dropped})",
+        file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,188 @@
+"""Hard negatives for (anchor, positive) pairs, mined through a persistent index.
+
+A hard negative is a text the model already ranks close to an anchor that is not one of its
+positives: training against it teaches what the easy in-batch negatives cannot. The corpus (the
+positives, and any other texts given) is embedded once into an index
+(:func:`~clearformer.index.build_index`; a rerun with the same texts reuses it, and a killed
+build resumes); the anchors are then embedded and searched a block at a time, so memory is
+bounded by the index and one block of results, never by anchors x corpus.
+
+For each anchor, the candidates are its ``range_max`` nearest texts, without its own positives
+(an anchor with several rows has several) and the first ``range_min`` ranks; then, as
+sentence-transformers' ``mine_hard_negatives`` does:
+
+* ``absolute_margin``: keep a candidate only if its score is at least this much below the
+  positive's (``score <= positive - margin``), and ``relative_margin``: at most
+  ``positive * (1 - margin)``: a candidate nearly as close as the positive is likely a false
+  negative (a relevant text nobody labelled);
+* ``max_score`` / ``min_score``: bounds on a candidate's own score;
+* with a cross-encoder, the candidates and the positive are scored by it instead, which judges
+  relevance better than the embeddings (the usual guard against false negatives);
+* ``sampling``: the ``negatives`` best-ranked survivors (``top``), or that many drawn at random
+  from them (``random``, seeded).
+
+Anchors with no surviving candidate keep their row with no negatives (and are counted).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+QUERY_BLOCK = 1024  # anchors embedded and searched at a time
+
+
+@dataclass(frozen=True)
+class MiningSettings:
+    negatives: int = 3
+    range_min: int = 0  # ranks skipped before taking candidates (the very nearest)
+    range_max: int = 50  # candidates looked at per anchor
+    absolute_margin: float | None = None
+    relative_margin: float | None = None
+    max_score: float | None = None
+    min_score: float | None = None
+    sampling: str = "top"  # top | random
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("negatives", "range_max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.range_min, int) or self.range_min < 0:
+            raise ValueError(f"range_min must be an integer >= 0, got {self.range_min!r}")
+        if self.range_min >= self.range_max:
+            raise ValueError(
+                f"range_min must be below range_max={self.range_max}, got {self.range_min}"
+            )
+        if self.sampling not in ("top", "random"):
+            raise ValueError(f"sampling must be 'top' or 'random', got {self.sampling!r}")
+        for name in ("absolute_margin", "relative_margin"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+
+
+@dataclass
+class MiningReport:
+    anchors: int = 0
+    rows: int = 0
+    negatives: int = 0
+    without_negatives: int = 0
+    corpus: int = 0
+    dropped: dict[str, int] = field(
+        default_factory=lambda: {"positive": 0, "range": 0, "margin": 0, "score": 0}
+    )
+
+
+def mine_hard_negatives(
+    pairs: Sequence[tuple[str, str]],
+    encoder,
+    index_path: str | Path,
+    *,
+    corpus: Sequence[str] = (),
+    settings: MiningSettings | None = None,
+    cross_encoder=None,
+    progress: Callable[[str, int, int], None] | None = None,
+    encode_options: dict | None = None,
+) -> tuple[list[dict], MiningReport]:
+    """Rows ``{"anchor", "positive", "negative": [...]}``, one per pair, in the pairs' order.
+
+    Args:
+        pairs: (anchor, positive) texts.
+        encoder: a :class:`~clearformer.TextEncoder`.
+        index_path: the index of the corpus: built there (or reused when it holds these texts
+            with this model already).
+        corpus: texts besides the positives that negatives may be drawn from.
+        cross_encoder: a :class:`~clearformer.CrossEncoder` that rescores the candidates.
+    """
+    from ..index import build_index
+    from ..index.quantize import truncate
+
+    settings = MiningSettings() if settings is None else settings
+    report_progress = progress or (lambda phase, done, total: None)
+    encode_options = dict(encode_options or {})
+    texts = list(dict.fromkeys([*(p for _, p in pairs), *corpus]))  # unique, positives first
+    row_of = {text: row for row, text in enumerate(texts)}
+    positives: dict[str, set[int]] = {}
+    for anchor, positive in pairs:
+        positives.setdefault(anchor, set()).add(row_of[positive])
+    anchors = list(positives)
+    report = MiningReport(anchors=len(anchors), corpus=len(texts))
+    report_progress("corpus", 0, len(texts))
+    index = build_index(
+        index_path,
+        texts,
+        encoder,
+        ids=[str(i) for i in range(len(texts))],
+        progress=lambda done, total: report_progress("corpus", done, total),
+        **encode_options,
+    ).with_encoder(encoder)
+    depth = min(settings.range_max + max(len(r) for r in positives.values()), index.rows)
+    chosen: dict[str, list[str]] = {}
+    rng = random.Random(settings.seed)
+    report_progress("anchors", 0, len(anchors))
+    for start in range(0, len(anchors), QUERY_BLOCK):
+        block = anchors[start : start + QUERY_BLOCK]
+        vectors = truncate(  # (b, d) unit rows, cut as the index's were
+            encoder.encode(block, normalize=True, progress=False, **encode_options),
+            index.dimensions,
+        )
+        rows, scores = index.search_vectors(vectors, depth)  # (b, depth) each, best first
+        for i, anchor in enumerate(block):
+            own = positives[anchor]
+            positive_vectors = index.vectors(np.array(sorted(own), dtype=np.int64))
+            positive_score = float((positive_vectors @ vectors[i]).min())
+            found = [(int(r), float(s)) for r, s in zip(rows[i], scores[i], strict=True) if r >= 0]
+            candidates = [(r, s) for r, s in found if r not in own]
+            report.dropped["positive"] += len(found) - len(candidates)
+            kept = candidates[settings.range_min : settings.range_max]
+            report.dropped["range"] += len(candidates) - len(kept)
+            chosen[anchor] = _filter(
+                anchor, kept, positive_score, own, texts, settings, cross_encoder, rng, report
+            )
+        report_progress("anchors", min(start + QUERY_BLOCK, len(anchors)), len(anchors))
+    rows_out = []
+    for anchor, positive in pairs:
+        negatives = chosen[anchor]
+        rows_out.append({"anchor": anchor, "positive": positive, "negative": negatives})
+        report.negatives += len(negatives)
+        report.without_negatives += not negatives
+    report.rows = len(rows_out)
+    return rows_out, report
+
+
+def _filter(anchor, kept, positive_score, own, texts, settings, cross_encoder, rng, report):
+    if cross_encoder is not None and kept:
+        pairs = [(anchor, texts[r]) for r, _ in kept] + [(anchor, texts[r]) for r in sorted(own)]
+        scores = cross_encoder.predict(pairs).tolist()
+        kept = [(r, s) for (r, _), s in zip(kept, scores[: len(kept)], strict=True)]
+        positive_score = min(scores[len(kept) :])
+        kept.sort(key=lambda item: -item[1])
+    survivors = []
+    for row, score in kept:
+        if (
+            (
+                settings.absolute_margin is not None
+                and score > positive_score - settings.absolute_margin
+            )
+            or settings.relative_margin is not None
+            and score > positive_score * (1 - settings.relative_margin)
+        ):
+            report.dropped["margin"] += 1
+        elif (settings.max_score is not None and score > settings.max_score) or (
+            settings.min_score is not None and score < settings.min_score
+        ):
+            report.dropped["score"] += 1
+        else:
+            survivors.append(row)
+    if settings.sampling == "random" and len(survivors) > settings.negatives:
+        survivors = rng.sample(survivors, settings.negatives)
+    return [texts[r] for r in survivors[: settings.negatives]]
