@@ -1,0 +1,136 @@
+"""``clearformer mine`` against a brute-force ranking of the same embeddings: the negatives are
+the nearest non-positives within the rank range and margin, never an anchor's own positive; the
+corpus index is reused by a rerun; bad settings are refused before any work."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from clearformer.retrieval.mining import MiningSettings, mine_hard_negatives
+
+from .contrastive_helpers import write_retrieval_data, write_sentence_transformer
+from .faults.conftest import run_cli
+from .index_helpers import cli
+
+pytest.importorskip("sentence_transformers")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from clearformer import TextEncoder
+
+    root = tmp_path_factory.mktemp("mine")
+    model = write_sentence_transformer(root / "st")
+    pairs_file, beir = write_retrieval_data(root / "data", rows=30)
+    rows = [json.loads(x) for x in pairs_file.read_text().splitlines()]
+    # Two rows share an anchor: both positives are its own, neither may be its negative.
+    rows.append({"anchor": rows[0]["anchor"], "positive": rows[7]["positive"]})
+    pairs = [(r["anchor"], r["positive"]) for r in rows]
+    return TextEncoder.from_pretrained(model), pairs, root, model, beir
+
+
+def _brute_force(encoder, pairs, corpus):
+    texts = list(dict.fromkeys([*(p for _, p in pairs), *corpus]))
+    anchors = list(dict.fromkeys(a for a, _ in pairs))
+    docs = encoder.encode(texts, normalize=True)
+    queries = encoder.encode(anchors, normalize=True)
+    scores = queries @ docs.T  # (anchors, texts)
+    return texts, anchors, scores
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        MiningSettings(negatives=2, range_max=10),
+        MiningSettings(negatives=3, range_min=2, range_max=8),
+        MiningSettings(negatives=5, range_max=20, absolute_margin=0.05),
+    ],
+    ids=["top", "range", "margin"],
+)
+def test_negatives_equal_a_brute_force_ranking(setup, tmp_path, settings):
+    encoder, pairs, *_ = setup
+    corpus = ["w59 w58 w57", "w1 w2 w3 w4"]
+    rows, report = mine_hard_negatives(
+        pairs, encoder, tmp_path / "idx", corpus=corpus, settings=settings
+    )
+    assert [(r["anchor"], r["positive"]) for r in rows] == pairs
+    texts, anchors, scores = _brute_force(encoder, pairs, corpus)
+    own = {a: {p for b, p in pairs if b == a} for a in anchors}
+    for i, anchor in enumerate(anchors):
+        order = [texts[j] for j in np.argsort(-scores[i], kind="stable")]
+        candidates = [t for t in order if t not in own[anchor]]
+        candidates = candidates[settings.range_min : settings.range_max]
+        positive = min(scores[i, texts.index(p)] for p in own[anchor])
+        if settings.absolute_margin is not None:
+            candidates = [
+                t
+                for t in candidates
+                if scores[i, texts.index(t)] <= positive - settings.absolute_margin
+            ]
+        expected = candidates[: settings.negatives]
+        for row in (r for r in rows if r["anchor"] == anchor):
+            assert row["negative"] == expected, anchor
+            assert not set(row["negative"]) & own[anchor]
+    assert report.negatives == sum(len(r["negative"]) for r in rows)
+
+
+def test_random_sampling_is_seeded_and_draws_from_the_survivors(setup, tmp_path):
+    encoder, pairs, *_ = setup
+    top, _ = mine_hard_negatives(
+        pairs, encoder, tmp_path / "idx", settings=MiningSettings(negatives=10, range_max=10)
+    )
+    draw = MiningSettings(negatives=2, range_max=10, sampling="random", seed=3)
+    a, _ = mine_hard_negatives(pairs, encoder, tmp_path / "idx", settings=draw)
+    b, _ = mine_hard_negatives(pairs, encoder, tmp_path / "idx", settings=draw)
+    assert a == b
+    for row, pool in zip(a, top, strict=True):
+        assert set(row["negative"]) <= set(pool["negative"]) and len(row["negative"]) == 2
+
+
+def test_cli_writes_rows_train_reads_and_reuses_the_index(setup, tmp_path):
+    from clearformer.index import VectorIndex
+    from clearformer.train.pairs import read_pairs
+
+    _, _, root, model, beir = setup
+    out = tmp_path / "mined.jsonl"
+    argv = [
+        "mine",
+        "--data",
+        str(beir),
+        "--split",
+        "dev",
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "-n",
+        "2",
+        "--no-progress",
+    ]
+    done = cli(*argv)
+    assert done.returncode == 0, done.stderr
+    rows = read_pairs(out)  # the training reader takes the file as it is
+    assert len(rows) == 30 and all(len(r.negatives) == 2 for r in rows)
+    generation = VectorIndex.open(str(out) + ".index").generation
+    assert cli(*argv).returncode == 0
+    assert VectorIndex.open(str(out) + ".index").generation == generation  # nothing re-embedded
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--range-min", "9", "--range-max", "5"], "--range-min must be below"),
+        (["--absolute-margin", "-1"], "expected a number >= 0"),
+        (["--split", "nope"], "split 'nope' has no qrels"),
+    ],
+)
+def test_bad_settings_are_one_line_errors_before_any_work(setup, tmp_path, flags, fragment):
+    _, _, _, model, beir = setup
+    out = tmp_path / "mined.jsonl"
+    done = run_cli("mine", "--data", str(beir), "--model", str(model), "--out", str(out), *flags)
+    assert done.returncode == 2 and fragment in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not out.exists() and not (tmp_path / "mined.jsonl.index").exists()
