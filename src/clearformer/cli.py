@@ -15,6 +15,7 @@ Faults the process itself meets are handled here, for every command:
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import os
@@ -38,8 +39,63 @@ class Terminated(BaseException):
     no ``except Exception`` swallows it and every ``finally`` and atomic write cleans up."""
 
 
+class _HelpShowsDefaults(argparse.HelpFormatter):
+    """``--help`` names the default of every option that takes a value, unless its help
+    already says it: a reader should not have to guess what ``-k`` shows when not given."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or action.nargs == 0  # a switch: its default is its absence
+            or default is None
+            or default is argparse.SUPPRESS
+            or "default" in text
+        ):
+            return action.help
+        return f"{text} (default %(default)s)".lstrip()
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of ``clearformer`` and of each command under it.
+
+    An argument no parser knows is reported by the innermost command's parser, with that
+    command's usage and the closest option it has (``clearformer train --lrr``: did you mean
+    ``--lr``?). argparse would hand it up to the top-level parser, whose usage names no
+    option of the command.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _HelpShowsDefaults)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(self._unrecognized(extras))
+        return namespace, extras
+
+    def _unrecognized(self, extras: list[str]) -> str:
+        guesses = []
+        for arg in extras:
+            if not arg.startswith("-") or arg == "-":
+                continue  # a value or a stray word: nothing to compare with the options
+            flag = arg.split("=", 1)[0]
+            close = difflib.get_close_matches(flag, list(self._option_string_actions), n=1)
+            if close:
+                guesses.append((flag, close[0]))
+        message = f"unrecognized arguments: {' '.join(extras)}"
+        if len(guesses) == 1:
+            return f"{message} (did you mean {guesses[0][1]}?)"
+        if guesses:
+            meant = ", ".join(f"{close} for {flag}" for flag, close in guesses)
+            return f"{message} (did you mean {meant}?)"
+        return message
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="clearformer",
         description="A readable, verified and fast Transformer encoder.",
     )

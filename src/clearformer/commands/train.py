@@ -22,12 +22,12 @@ _FLAG_TYPES = {"int": int, "float": float, "str": str}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..train.config import CHOICES, TrainConfig
+    from ..train.config import CHOICES, TASKS, TrainConfig
     from ..train.tomlfile import _field_comments
 
     p = sub.add_parser(
         "train",
-        help="train a model (digits, text classification) into a run folder",
+        help=f"train a model into a run folder (--task: {', '.join(TASKS)})",
         description="Train a model into the run folder RUN: checkpoints, metrics.jsonl, the "
         "resolved config.toml and a loss plot. The same command again resumes the run. "
         "Default: the digits task (scikit-learn's bundled 8x8 images), a few minutes on a CPU.",
