@@ -233,6 +233,33 @@ class TestAutoReadsTheVerdict:
         assert "| avx512_linear | 0.50x | torch | torch (" in out
         assert "| w0 | 15.00 | 10.00 |" in out
 
+    def test_calibrating_says_so_and_counts_its_workloads(self, measured, monkeypatch, capsys):
+        # `clearformer serve`'s first start measures for seconds: the command line says what
+        # it is doing and how far it is, from the calibration's own progress records.
+        from clearformer.calibration import kernels
+
+        def workloads(*names):
+            return [
+                Workload(name, {"torch": lambda: None, "avx512": lambda: None}) for name in names
+            ]
+
+        monkeypatch.setattr(kernels, "attention_workloads", lambda dtype=None: workloads("a", "b"))
+        monkeypatch.setattr(kernels, "linear_workloads", lambda: workloads("c"))
+        assert main(["calibrate", "--force"]) == 0
+        said = [
+            line.removeprefix("clearformer calibrate: ")
+            for line in capsys.readouterr().err.splitlines()
+            if line.startswith("clearformer calibrate: calibrating")
+        ]
+        assert said[0] == (
+            "calibrating kernels for this CPU (once per machine): 3 kernels against PyTorch's "
+            "routes, 5 workloads..."
+        )
+        counts = [line.split(", ")[0] for line in said[1:]]
+        assert counts == [f"calibrating: {done}/5 workloads" for done in range(1, 6)]
+        assert all(" workloads/s" in line for line in said[1:])
+        assert all(", ETA " in line for line in said[1:-1]) and ", ETA" not in said[-1]
+
     def test_both_sides_of_every_workload_compute_the_same_values(self):
         from clearformer.calibration.kernels import attention_workloads, linear_workloads
 

@@ -24,6 +24,7 @@ import sys
 import threading
 
 from .commands import COMMANDS
+from .progress import LOGGER_NAME as PROGRESS_LOGGER
 
 EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
 EXIT_SIGTERM = 128 + signal.SIGTERM
@@ -141,6 +142,30 @@ def _report(args, exc: BaseException) -> int:
     return 2
 
 
+def _show_progress(args) -> logging.Handler | None:
+    """Long work's phases and progress (``clearformer.progress``) as lines on stderr, by
+    default: "clearformer serve: calibrating kernels for this CPU (once per machine)...".
+    Not with ``-q``. Returns the handler, removed when the command ends."""
+    if getattr(args, "quiet", False):
+        return None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"clearformer {args.command}: %(message)s"))
+    logger = logging.getLogger(PROGRESS_LOGGER)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # shown once, also under --verbose
+    return handler
+
+
+def _hide_progress(handler: logging.Handler | None) -> None:
+    if handler is None:
+        return
+    logger = logging.getLogger(PROGRESS_LOGGER)
+    logger.removeHandler(handler)
+    logger.setLevel(logging.NOTSET)
+    logger.propagate = True
+
+
 def _stdout_reader_gone() -> bool:
     """stdout is a pipe or socket whose reader has closed it (poll reports an error on it)."""
     import select
@@ -188,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     retain_freed_memory()
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
+    progress = _show_progress(args)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -207,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     except (CliError, ValueError, TypeError, OSError, UnicodeDecodeError) as exc:
         return _report(args, exc)
     finally:
+        _hide_progress(progress)
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
 
