@@ -141,6 +141,22 @@ def test_the_cache_folder_follows_xdg_unless_clearformer_names_one(tmp_path, mon
     assert cache.cache_root() == tmp_path / "own"
 
 
+def test_a_cache_file_is_named_from_the_setting_that_chose_the_folder(tmp_path, monkeypatch):
+    # A plan's reason or an explain report travels: it names no folder of this machine.
+    for variable in ("CLEARFORMER_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    file = cache.cache_root() / "calibration" / "verdicts-1.json"
+    assert cache.shown(file) == "~/.cache/clearformer/calibration/verdicts-1.json"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    file = cache.cache_root() / "calibration" / "verdicts-1.json"
+    assert cache.shown(file) == "$XDG_CACHE_HOME/clearformer/calibration/verdicts-1.json"
+    monkeypatch.setenv("CLEARFORMER_CACHE", str(tmp_path / "own"))
+    file = cache.cache_root() / "calibration" / "verdicts-1.json"
+    assert cache.shown(file) == "$CLEARFORMER_CACHE/calibration/verdicts-1.json"
+    assert cache.shown(tmp_path / "elsewhere" / "verdicts-1.json") == "verdicts-1.json"
+
+
 @pytest.mark.parametrize(
     "damage",
     [
@@ -179,7 +195,10 @@ class TestAutoReadsTheVerdict:
         path = measured(avx512_attention=1.2, avx512_linear=0.89)
         route = avx512.route("avx512_attention")
         assert route.choice == "avx512"
-        assert "avx512 measured 1.20x torch's on" in route.reason and str(path) in route.reason
+        assert "avx512 measured 1.20x torch's on" in route.reason
+        # The file, named from the setting that chose the folder: no folder of this machine.
+        assert f"cached $CLEARFORMER_CACHE/calibration/{path.name}" in route.reason
+        assert str(path.parent) not in route.reason
         linear = avx512.route("avx512_linear")
         assert linear.choice == "torch" and "measured slower: 0.89x" in linear.reason
         torch.manual_seed(0)
@@ -213,6 +232,33 @@ class TestAutoReadsTheVerdict:
         assert "| avx512_attention | 1.50x | avx512 | avx512 (" in out
         assert "| avx512_linear | 0.50x | torch | torch (" in out
         assert "| w0 | 15.00 | 10.00 |" in out
+
+    def test_calibrating_says_so_and_counts_its_workloads(self, measured, monkeypatch, capsys):
+        # `clearformer serve`'s first start measures for seconds: the command line says what
+        # it is doing and how far it is, from the calibration's own progress records.
+        from clearformer.calibration import kernels
+
+        def workloads(*names):
+            return [
+                Workload(name, {"torch": lambda: None, "avx512": lambda: None}) for name in names
+            ]
+
+        monkeypatch.setattr(kernels, "attention_workloads", lambda dtype=None: workloads("a", "b"))
+        monkeypatch.setattr(kernels, "linear_workloads", lambda: workloads("c"))
+        assert main(["calibrate", "--force"]) == 0
+        said = [
+            line.removeprefix("clearformer calibrate: ")
+            for line in capsys.readouterr().err.splitlines()
+            if line.startswith("clearformer calibrate: calibrating")
+        ]
+        assert said[0] == (
+            "calibrating kernels for this CPU (once per machine): 3 kernels against PyTorch's "
+            "routes, 5 workloads..."
+        )
+        counts = [line.split(", ")[0] for line in said[1:]]
+        assert counts == [f"calibrating: {done}/5 workloads" for done in range(1, 6)]
+        assert all(" workloads/s" in line for line in said[1:])
+        assert all(", ETA " in line for line in said[1:-1]) and ", ETA" not in said[-1]
 
     def test_both_sides_of_every_workload_compute_the_same_values(self):
         from clearformer.calibration.kernels import attention_workloads, linear_workloads

@@ -129,8 +129,15 @@ def test_bad_inputs_are_one_line_errors(reranker, corpus, tmp_path):
         "rerank", QUERY, "--corpus", str(corpus), "--model", str(reranker), "--workers", "0"
     )  # refused by the parser, before the model loads
     assert workers.returncode == 2 and "argument --workers" in workers.stderr, workers.stderr
-    usage = run_cli("rerank", QUERY, "--corpus", str(corpus))  # --model is required
-    assert usage.returncode == 2 and "--model" in usage.stderr
+
+
+def test_without_a_model_says_how_to_get_a_cross_encoder(corpus):
+    # No cross-encoder is bundled: one line that says what to give and where to get it,
+    # not the parser's usage.
+    done = run_cli("rerank", QUERY, "--corpus", str(corpus))
+    _one_line_error(done, "--model DIR is required: no cross-encoder is bundled")
+    assert "sentence-transformers CrossEncoder" in done.stderr
+    assert "*ForSequenceClassification" in done.stderr and "save_pretrained" in done.stderr
 
 
 def test_help_lists_rerank_and_parsing_imports_nothing_heavy():

@@ -83,6 +83,30 @@ def test_report_renders_without_console_errors(report, tmp_path):
     assert "<svg" in result.stdout  # the residual-stream chart
 
 
+def _status(result: subprocess.CompletedProcess) -> dict[str, str]:
+    status = re.search(r'<span id="status"([^>]*)>', result.stdout)
+    assert status is not None, result.stdout[-2000:]
+    return dict(re.findall(r'data-(\w+)="([^"]*)"', status.group(1)))
+
+
+@pytest.mark.parametrize("width", [1280, 800])
+def test_the_attention_grid_fits_the_window(tmp_path, width):
+    # MiniLM's 12 heads of a 9-token text were cut at 1280 px: the maps shrink to fit.
+    torch.manual_seed(0)
+    config = EncoderConfig(d_model=48, n_heads=12, n_layers=2, dim_mlp=96, vocab_size=50)
+    trace = explain(EncoderModel(config).eval(), torch.randint(1, 50, (1, 9)))
+    path = tmp_path / "wide.html"
+    write_html(trace, path)
+    result = _run(
+        _browser(), tmp_path, f"--window-size={width},900", "--dump-dom", path.resolve().as_uri()
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    attrs = _status(result)
+    assert attrs.get("status") == "ok" and attrs["heatmaps"] == str(2 * 12), attrs
+    assert attrs["cut"] == "0", attrs
+    assert float(attrs["fill"]) >= 0.8, attrs  # shrunk to fit, not further
+
+
 def test_screenshot(report, tmp_path):
     browser = _browser()
     path, _ = report

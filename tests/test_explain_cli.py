@@ -41,8 +41,32 @@ def test_outputs_are_written(capsys, tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
     data = json.loads(js.read_text())
     assert data["inputs"]["batch"] == 2 and data["inputs"]["mask"][0] == [1, 1, 1, 1, 0, 0, 0]
-    assert "note:" in err and "reference path" in err
+    assert err == (
+        f"clearformer explain: wrote {html} (html), {png} (png), {js} (json): 2 layers x 4 heads, "
+        f"2 texts; max |trace - production| = {data['fidelity']['max_abs_diff']:.1e}, within "
+        "the tolerance 1e-05\n"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "r.html", "t.json"]
+
+
+@pytest.mark.parametrize("flag", ["--html", "--png", "--json"])
+def test_writing_a_file_prints_one_line_naming_it_not_the_listing(capsys, tmp_path, flag):
+    # The listing runs to hundreds of lines for a real model: asked for a file, the terminal
+    # gets one line naming it, without -q.
+    if flag == "--png":
+        pytest.importorskip("matplotlib")
+    target = tmp_path / f"out.{flag[2:]}"
+    code, out, err = run(capsys, "The cat sat on the mat.", flag, str(target))
+    assert code == 0, err
+    assert out == ""
+    assert len(err.splitlines()) == 1 and err.startswith(f"clearformer explain: wrote {target}")
+    assert target.exists()
+
+
+def test_quiet_without_files_gives_the_notes(capsys):
+    code, out, err = run(capsys, "The cat sat.", "-q")
+    assert code == 0 and out == ""
+    assert "note:" in err and "reference path" in err
 
 
 def test_json_to_stdout(capsys):

@@ -15,7 +15,7 @@ from clearformer.attention import MultiHeadAttention
 from clearformer.explainer.recorder import TraceRecorder
 from clearformer.explainer.steps import BLOCK_STEPS
 
-from .helpers import lengths_mask
+from .helpers import lengths_mask, needs_avx512_library
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -272,6 +272,40 @@ def test_notes_say_when_the_reference_path_replaced_production():
     trace = explain(math_model, torch.randn(2, 4, 32), lengths_mask([4, 1], 4))
     assert not trace.fidelity.switched
     assert any("production path" in n for n in trace.notes)
+
+
+def _paren_depth(text: str) -> int:
+    depth = deepest = 0
+    for char in text:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        deepest = max(deepest, depth)
+    return deepest
+
+
+class TestNotesOfAMeasuredMachine:
+    # The kernels' verdicts (or their absence) are what the plan's reasons name.
+    pytestmark = needs_avx512_library
+
+    @pytest.mark.parametrize("speed", [None, 0.5, 2.0], ids=["unmeasured", "slower", "faster"])
+    @pytest.mark.parametrize("lengths", [[4, 4], [4, 1]], ids=["padded", "packed"])
+    def test_notes_read_plainly_and_name_no_folder_of_this_machine(
+        self, measured, tmp_path, speed, lengths
+    ):
+        # A report is mailed around: its notes say why production took its path without
+        # parentheses three deep, and name the verdicts' file without this machine's folders.
+        from clearformer.explainer import render_html
+
+        if speed is not None:
+            measured(avx512_attention=speed, avx512_linear=speed, avx512_attention_bf16=speed)
+        model = Encoder(small_config(n_heads=2)).eval()  # Dh 16: the AVX-512 kernel's width
+        trace = explain(model, torch.randn(2, 4, 32), lengths_mask(lengths, 4))
+        assert any(n.startswith("why production takes that path: ") for n in trace.notes)
+        for note in trace.notes:
+            assert _paren_depth(note) <= 2, note
+            assert str(tmp_path) not in note, note
+        assert str(tmp_path) not in render_html(trace) and str(tmp_path) not in trace.to_json()
+        if speed is not None:
+            assert any("cached $CLEARFORMER_CACHE/calibration/verdicts-" in n for n in trace.notes)
 
 
 # -- bad input ---------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_the_in_python_sample_runs():
+def test_the_in_python_sample_runs(capsys):
+    import torch
+
     text = README.read_text()
     section = text.split("## In Python", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
@@ -18,6 +20,11 @@ def test_the_in_python_sample_runs():
     assert len(every.hidden_states) == namespace["config"].n_layers + 1
     assert every.attentions[0].shape == (3, 12, 10, 10)
     assert (hidden[~mask] == 0).all()
+    # The plan it prints is the one of the forward pass it describes, `hidden`'s: made under
+    # no_grad like that call (outside it, gradients would make the linear layers eager).
+    with torch.no_grad():
+        described = namespace["encoder"].plan_for(mask)
+    assert capsys.readouterr().out == f"{described}\n"
 
 
 def test_the_seq2seq_sample_runs():

@@ -2,12 +2,16 @@
 loaded once per worker, and gives the embeddings ``TextEncoder.encode`` gives.
 
 Both frameworks start their own runtime (Ray's processes, Spark's JVM), which takes several
-seconds; they are optional extras (``clearformer[ray]``, ``clearformer[spark]``) outside the
-``test`` extra, and these tests skip where they are not installed."""
+seconds. They are optional extras for users (``clearformer[ray]``, ``clearformer[spark]``) and
+part of the ``test`` extra; these tests skip where a package, or Spark's Java runtime, is
+missing (``.ci/run`` installs one)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -63,6 +67,8 @@ def test_ray_embedder_takes_pandas_batches_and_names_a_missing_column(model):
 def test_spark_iterator_pandas_udf(model, monkeypatch):
     pytest.importorskip("pyspark")
     pytest.importorskip("pandas")
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        pytest.skip("Spark needs a Java runtime: apt-get install openjdk-17-jre-headless")
     # Spark's workers start PYSPARK_PYTHON (else the system python3, which may lack pandas):
     # run them on this interpreter, as a user's job does from its own environment.
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
@@ -87,3 +93,16 @@ def test_spark_iterator_pandas_udf(model, monkeypatch):
         spark.stop()
     got = np.array([r["embedding"] for r in rows], dtype=np.float32)
     np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+def test_the_test_extra_installs_what_these_tests_need():
+    # Without them every test here skips, and nothing shows that the adapters work: the
+    # README's test command (which .ci/run runs) installs the `test` extra.
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    test = {Requirement(r).name: Requirement(r) for r in extras["test"]}
+    assert {"ray", "pandas", "pyspark"} <= set(test)
+    assert "data" in test["ray"].extras  # Ray Data's map_batches

@@ -15,6 +15,7 @@ Faults the process itself meets are handled here, for every command:
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import os
@@ -23,6 +24,7 @@ import sys
 import threading
 
 from .commands import COMMANDS
+from .progress import LOGGER_NAME as PROGRESS_LOGGER
 
 EXIT_SIGINT = 130  # 128 + SIGINT, as shells report it
 EXIT_SIGTERM = 128 + signal.SIGTERM
@@ -38,8 +40,63 @@ class Terminated(BaseException):
     no ``except Exception`` swallows it and every ``finally`` and atomic write cleans up."""
 
 
+class _HelpShowsDefaults(argparse.HelpFormatter):
+    """``--help`` names the default of every option that takes a value, unless its help
+    already says it: a reader should not have to guess what ``-k`` shows when not given."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or action.nargs == 0  # a switch: its default is its absence
+            or default is None
+            or default is argparse.SUPPRESS
+            or "default" in text
+        ):
+            return action.help
+        return f"{text} (default %(default)s)".lstrip()
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of ``clearformer`` and of each command under it.
+
+    An argument no parser knows is reported by the innermost command's parser, with that
+    command's usage and the closest option it has (``clearformer train --lrr``: did you mean
+    ``--lr``?). argparse would hand it up to the top-level parser, whose usage names no
+    option of the command.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _HelpShowsDefaults)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(self._unrecognized(extras))
+        return namespace, extras
+
+    def _unrecognized(self, extras: list[str]) -> str:
+        guesses = []
+        for arg in extras:
+            if not arg.startswith("-") or arg == "-":
+                continue  # a value or a stray word: nothing to compare with the options
+            flag = arg.split("=", 1)[0]
+            close = difflib.get_close_matches(flag, list(self._option_string_actions), n=1)
+            if close:
+                guesses.append((flag, close[0]))
+        message = f"unrecognized arguments: {' '.join(extras)}"
+        if len(guesses) == 1:
+            return f"{message} (did you mean {guesses[0][1]}?)"
+        if guesses:
+            meant = ", ".join(f"{close} for {flag}" for flag, close in guesses)
+            return f"{message} (did you mean {meant}?)"
+        return message
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="clearformer",
         description="A readable, verified and fast Transformer encoder.",
     )
@@ -83,6 +140,30 @@ def _report(args, exc: BaseException) -> int:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     print(f"clearformer {args.command}: error: {message}", file=sys.stderr)
     return 2
+
+
+def _show_progress(args) -> logging.Handler | None:
+    """Long work's phases and progress (``clearformer.progress``) as lines on stderr, by
+    default: "clearformer serve: calibrating kernels for this CPU (once per machine)...".
+    Not with ``-q``. Returns the handler, removed when the command ends."""
+    if getattr(args, "quiet", False):
+        return None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"clearformer {args.command}: %(message)s"))
+    logger = logging.getLogger(PROGRESS_LOGGER)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # shown once, also under --verbose
+    return handler
+
+
+def _hide_progress(handler: logging.Handler | None) -> None:
+    if handler is None:
+        return
+    logger = logging.getLogger(PROGRESS_LOGGER)
+    logger.removeHandler(handler)
+    logger.setLevel(logging.NOTSET)
+    logger.propagate = True
 
 
 def _stdout_reader_gone() -> bool:
@@ -132,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     retain_freed_memory()
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
+    progress = _show_progress(args)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -151,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     except (CliError, ValueError, TypeError, OSError, UnicodeDecodeError) as exc:
         return _report(args, exc)
     finally:
+        _hide_progress(progress)
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
 

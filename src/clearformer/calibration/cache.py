@@ -48,6 +48,27 @@ def cache_root() -> Path:
     return base / "clearformer"
 
 
+def shown(path: Path) -> str:
+    """``path`` as a reason, a log line or a report names it: a file in the cache folder
+    spelled from the setting that chose the folder (``$CLEARFORMER_CACHE/...``,
+    ``$XDG_CACHE_HOME/clearformer/...``, ``~/.cache/clearformer/...``), so that a plan or an
+    explain report sent to someone else names no folder of this machine; the file name alone
+    for a file outside it."""
+    own = os.environ.get(CACHE_VARIABLE)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if own:
+        folder, spelled = Path(own), f"${CACHE_VARIABLE}"
+    elif xdg and Path(xdg).is_absolute():
+        folder, spelled = Path(xdg) / "clearformer", "$XDG_CACHE_HOME/clearformer"
+    else:
+        folder, spelled = Path.home() / ".cache" / "clearformer", "~/.cache/clearformer"
+    try:
+        inside = Path(path).relative_to(folder)
+    except ValueError:
+        return Path(path).name
+    return f"{spelled}/{inside.as_posix()}"
+
+
 @dataclass(frozen=True)
 class CalibrationKey:
     """What a verdict depends on."""

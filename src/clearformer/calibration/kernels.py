@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import switches
+from .. import progress, switches
 from ..fast import avx512, avx512_linear
 from ..fast.fused_linear import onednn_linear
 from ..fast.packed_weights import PackedWeights
@@ -83,7 +83,12 @@ def calibrate(*, force: bool = False, rounds: int | None = None) -> Calibration:
         verdicts = cache.read(key)
         if verdicts is not None and set(avx512.KERNELS) <= set(verdicts):
             return Calibration(verdicts, key.path(), False, "cached", key)
-    loaded = avx512.load(build=True)
+    loaded = avx512.load(build=False)
+    if loaded.choice == "not built":
+        # A compile of several seconds, which a person at a terminal should not wait through
+        # in silence.
+        progress.phase("building clearformer's AVX-512 kernels (once per machine)")
+        loaded = avx512.load(build=True)
     if loaded.choice != "loaded":
         return Calibration(
             {}, None, False, f"the AVX-512 library is {loaded.choice}: {loaded.reason}", key
@@ -100,9 +105,22 @@ def calibrate(*, force: bool = False, rounds: int | None = None) -> Calibration:
         "avx512_attention_bf16": attention_workloads(torch.bfloat16),
         "avx512_linear": linear_workloads(),
     }
+    total = sum(len(work) for work in workloads.values())
+    progress.phase(
+        f"calibrating kernels for this CPU (once per machine): {len(workloads)} kernels "
+        f"against PyTorch's routes, {total} workloads"
+    )
+    timed = progress.Meter("calibrating", total, "workloads")
+    done = 0
+
+    def one_more(workload: Workload) -> None:
+        nonlocal done
+        done += 1
+        timed.report(done)
+
     with torch.inference_mode():
         verdicts = {
-            kernel: measure_choice(kernel, work, baseline=BASELINE, **options)
+            kernel: measure_choice(kernel, work, baseline=BASELINE, on_workload=one_more, **options)
             for kernel, work in workloads.items()
         }
     load = meter.record()

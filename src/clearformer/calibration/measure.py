@@ -111,6 +111,7 @@ def measure_choice(
     margin: float = MARGIN,
     clock: Callable[[], float] = time.perf_counter,
     context: Mapping | None = None,
+    on_workload: Callable[[Workload], None] | None = None,
 ) -> Verdict:
     """Time every candidate of every workload and name the winner.
 
@@ -119,7 +120,8 @@ def measure_choice(
     a sample repeats the call until it lasts ``MIN_SAMPLE_SECONDS``. A candidate's speedup is
     the geometric mean over the workloads of the baseline's median over its own. The winner
     is the fastest candidate whose speedup reaches ``1 + margin``; the baseline otherwise.
-    ``clock`` is injectable so that tests decide the outcome without wall time.
+    ``clock`` is injectable so that tests decide the outcome without wall time;
+    ``on_workload`` is called after each workload is timed (a caller's progress).
     """
     if not workloads:
         raise ValueError(f"{choice}: measure_choice needs at least one workload")
@@ -136,7 +138,11 @@ def measure_choice(
                 f"{choice}: workload {workload.name!r} has candidates {list(workload.runs)}, "
                 f"expected {names}"
             )
-    seconds = {w.name: _time_workload(w, names, rounds, clock) for w in workloads}
+    seconds = {}
+    for workload in workloads:
+        seconds[workload.name] = _time_workload(workload, names, rounds, clock)
+        if on_workload is not None:
+            on_workload(workload)
     speedups = {
         name: _geometric_mean([seconds[w][baseline] / seconds[w][name] for w in seconds])
         for name in names

@@ -28,10 +28,10 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run a small encoder on a random ragged batch")
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--n-heads", type=int, default=4)
-    p.add_argument("--n-layers", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--d-model", type=int, default=64, help="width D")
+    p.add_argument("--n-heads", type=int, default=4, help="attention heads")
+    p.add_argument("--n-layers", type=int, default=2, help="blocks")
+    p.add_argument("--seed", type=int, default=0, help="initialises the parameters and the batch")
     p.set_defaults(func=run)
 
 
@@ -56,11 +56,11 @@ def run(args: argparse.Namespace) -> int:
     with torch.no_grad():
         packed = encoder(x, mask)
         alone = [encoder(x[b : b + 1, : int(n)])[0] for b, n in enumerate(lengths)]
+        plan = encoder.plan_for(mask)  # under no_grad, as the call above ran
     print(
         f"encoder: {config.n_layers} x {config.norm}-norm blocks, d_model={config.d_model}, "
         f"{config.n_heads} heads, {sum(p.numel() for p in encoder.parameters()):,} parameters"
     )
-    plan = encoder.plan_for(mask)
     print(f"batch: lengths {lengths.tolist()} padded to T={T}; path: {plan.layout}")
     print(f"attention kernel: {plan.kernel}")
     worst = max((packed[b, : int(n)] - alone[b]).abs().max().item() for b, n in enumerate(lengths))

@@ -51,7 +51,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.add_argument("--head", type=int, help="attention of this head (0-based)")
     show.add_argument("--step", help="only these steps: a name (attn.scores) or group (attn)")
     show.add_argument("--sequence", type=int, default=0, help="which text of the batch to show")
-    show.add_argument("-q", "--quiet", action="store_true", help="no listing on stdout")
+    show.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no listing on stdout (the default with --html, --png or --json FILE)",
+    )
     out = p.add_argument_group("outputs (written atomically)")
     out.add_argument("--html", metavar="FILE", help="self-contained HTML report")
     out.add_argument("--png", metavar="FILE", help="attention maps (needs matplotlib)")
@@ -64,9 +69,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(
         func=run,
-        writes_stdout=lambda args: not args.quiet or args.json == "-",
-        stdout_hint="; add --quiet (and --html, --png or --json FILE)",
+        writes_stdout=lambda args: _prints_listing(args) or args.json == "-",
+        stdout_hint="; give --html, --png or --json FILE",
     )
+
+
+def _files(args: argparse.Namespace) -> dict[str, str]:
+    """The files asked for, by flag (``--json`` alone writes to stdout, not a file)."""
+    outputs = {"--html": args.html, "--png": args.png, "--json": args.json}
+    return {flag: path for flag, path in outputs.items() if path is not None and path != "-"}
+
+
+def _prints_listing(args: argparse.Namespace) -> bool:
+    """The listing runs to hundreds of lines: it is printed only when nothing else is asked
+    for. With a report or a trace to write, the terminal gets one line naming the files."""
+    return not args.quiet and args.json is None and not _files(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,10 +104,9 @@ def run(args: argparse.Namespace) -> int:
         if not text.strip():
             raise CliError(f"TEXT {i + 1} is empty: give a text with at least one word")
         check_unicode(text, f"TEXT {i + 1}")
-    outputs = {"--html": args.html, "--png": args.png, "--json": args.json}
-    for flag, path in outputs.items():
-        if path is not None and path != "-":
-            _check_writable(flag, path)
+    files = _files(args)
+    for flag, path in files.items():
+        _check_writable(flag, path)
     if args.png is not None and importlib.util.find_spec("matplotlib") is None:
         raise CliError("--png needs matplotlib: pip install 'clearformer[plot]'")
     filters = Filters(args.layer, args.head, args.step, args.sequence)
@@ -99,8 +115,11 @@ def run(args: argparse.Namespace) -> int:
     config = encoder.model.config
     check_filters(filters, n_layers=config.n_layers, n_heads=config.n_heads, batch=len(args.texts))
     trace = explain(encoder, args.texts)
-    listing = not args.quiet and args.json != "-"
-    if not listing:  # the listing's header carries the notes otherwise
+    listing = _prints_listing(args)
+    # The notes are in the listing's header, or in the files (the summary line below says
+    # what matters of them: fidelity, truncation); otherwise (-q, or the JSON trace on
+    # stdout) on stderr.
+    if not listing and not files:
         for note in trace.notes:
             print(f"clearformer explain: note: {note}", file=sys.stderr)
 
@@ -122,10 +141,25 @@ def run(args: argparse.Namespace) -> int:
         from ..explainer.render_text import render_text
 
         sys.stdout.write(render_text(trace, filters))
-    for flag, path in outputs.items():
-        if path is not None and path != "-":
-            print(f"clearformer explain: wrote {path} ({flag[2:]})", file=sys.stderr)
+    if files:
+        print(f"clearformer explain: {_summary(trace, files)}", file=sys.stderr)
     return 0
+
+
+def _summary(trace, files: dict[str, str]) -> str:
+    """One line: the files written, what they hold and whether the trace is faithful."""
+    written = ", ".join(f"{path} ({flag[2:]})" for flag, path in files.items())
+    m = trace.model
+    texts = len(trace.tokens)
+    cut = sum(trace.truncated)
+    truncated = f", {cut} truncated" if cut else ""
+    fid = trace.fidelity
+    verdict = "within" if fid.ok else "ABOVE"
+    return (
+        f"wrote {written}: {m['n_layers']} layers x {m['n_heads']} heads, {texts} "
+        f"text{'s' if texts != 1 else ''}{truncated}; max |trace - production| = "
+        f"{fid.max_abs_diff:.1e}, {verdict} the tolerance {fid.tolerance:g}"
+    )
 
 
 def _dest(flag: str) -> str:

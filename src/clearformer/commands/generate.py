@@ -18,8 +18,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="decode token sequences with a trained seq2seq run")
     p.add_argument("sequences", nargs="+", metavar="SEQUENCE", help='token ids, e.g. "3 7 5"')
     p.add_argument("--run", required=True, metavar="RUN", help="a clearformer train output folder")
-    p.add_argument("--num-beams", type=int, default=1)
-    p.add_argument("--length-penalty", type=float, default=1.0)
+    p.add_argument("--num-beams", type=int, default=1, help="beams of beam search (1: greedy)")
+    p.add_argument(
+        "--length-penalty",
+        type=float,
+        default=1.0,
+        help="a finished beam's score is its log-probability / length ** this",
+    )
     p.add_argument(
         "--max-new-tokens",
         type=int,

@@ -18,6 +18,16 @@ from ..text.batching import DEFAULT_MAX_TOKENS
 from .encode import add_precision_argument, add_workers_argument, positive_int
 from .search import DISPLAY_WIDTH, non_negative_int, read_corpus, shorten
 
+# No cross-encoder ships with clearformer (the bundled model is an embedding model), and none
+# is downloaded at run time: the user brings a directory.
+MISSING_MODEL = (
+    "--model DIR is required: no cross-encoder is bundled. Give a local directory of a "
+    "sentence-transformers CrossEncoder or a Hugging Face *ForSequenceClassification "
+    "checkpoint with one label, for example one saved on a machine with network access by "
+    "sentence_transformers.CrossEncoder('cross-encoder/ms-marco-MiniLM-L6-v2')"
+    ".save_pretrained('reranker') and copied here"
+)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -30,11 +40,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--corpus", required=True, metavar="FILE", help="one text per line, or JSONL with --field"
     )
+    # Not required by the parser: without it, run() says how to get a cross-encoder, which
+    # a bare "the following arguments are required" cannot.
     p.add_argument(
-        "--model", required=True, metavar="DIR", help="cross-encoder checkpoint directory"
+        "--model",
+        metavar="DIR",
+        help="cross-encoder checkpoint directory (required: none is bundled)",
     )
     p.add_argument("--field", metavar="NAME", help="JSONL corpus: the string field to rank")
-    p.add_argument("-k", "--top-k", type=positive_int, default=5, help="results to show")
+    p.add_argument(
+        "-k", "--top-k", type=positive_int, default=5, help="results to show (default 5)"
+    )
     p.add_argument("--json", action="store_true", help="print results as JSON lines (full texts)")
     p.add_argument(
         "-o", "--output", metavar="FILE", help="write the results as JSON lines to FILE.jsonl"
@@ -80,6 +96,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
 
 
+def _check_model(model: str | None) -> str:
+    """The checkpoint directory; without one, how to get a cross-encoder (none is bundled)."""
+    from ..cli import CliError
+
+    if model is None:
+        raise CliError(MISSING_MODEL)
+    return model
+
+
 def _check_output(output: str | None) -> Path | None:
     from ..cli import CliError
     from .outputs import check_destination
@@ -98,9 +123,10 @@ def run(args: argparse.Namespace) -> int:
     from ..io import atomic_write
     from ..text import CrossEncoder
 
-    output = _check_output(args.output)  # before any work
+    model_dir = _check_model(args.model)  # before any work
+    output = _check_output(args.output)
     entries = read_corpus(args)
-    model = CrossEncoder.from_pretrained(args.model, backend=args.backend)
+    model = CrossEncoder.from_pretrained(model_dir, backend=args.backend)
     if model.num_labels != 1:
         raise CliError(
             f"--model {args.model}: rerank needs a cross-encoder with one score per pair, this "

@@ -18,16 +18,18 @@ import threading
 import time
 from dataclasses import MISSING, fields
 
+from .. import progress
+
 _FLAG_TYPES = {"int": int, "float": float, "str": str}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..train.config import CHOICES, TrainConfig
+    from ..train.config import CHOICES, TASKS, TrainConfig
     from ..train.tomlfile import _field_comments
 
     p = sub.add_parser(
         "train",
-        help="train a model (digits, text classification) into a run folder",
+        help=f"train a model into a run folder (--task: {', '.join(TASKS)})",
         description="Train a model into the run folder RUN: checkpoints, metrics.jsonl, the "
         "resolved config.toml and a loss plot. The same command again resumes the run. "
         "Default: the digits task (scikit-learn's bundled 8x8 images), a few minutes on a CPU.",
@@ -96,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.out:
         raise CliError("--out RUN is required: the folder the run is written to")
+    printer = _Printer(config.steps, quiet=args.quiet)
+    # Said before PyTorch is imported, which alone takes seconds.
+    printer.say(f"the {config.task} task, {config.steps:,} steps, into {args.out}")
     from ..train import train
 
     invocation = {
@@ -104,7 +109,6 @@ def run(args: argparse.Namespace) -> int:
         "overrides": overrides,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    printer = _Printer(config.steps, quiet=args.quiet)
     with _stop_on_signal() as requested:
         result = train(
             config,
@@ -134,11 +138,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 class _Printer:
-    """Progress lines on stderr, from the loop's events."""
+    """Progress lines on stderr, from the loop's events: each phase of the set-up as it
+    begins, then each training record with the pace of the steps and the time left."""
 
     def __init__(self, steps: int, *, quiet: bool) -> None:
         self.steps, self.quiet = steps, quiet
         self.started = time.perf_counter()
+        self.first_step, self.training_since = 0, self.started
+        # Under torchrun every rank runs the command; rank 0 speaks for all.
+        self.speaks = os.environ.get("RANK", "0") == "0"
+
+    def say(self, message: str) -> None:
+        if self.speaks and not self.quiet:
+            print(f"clearformer train: {message}", file=sys.stderr, flush=True)
 
     def __call__(self, event: str, record: dict) -> None:
         if event == "resume":
@@ -146,14 +158,28 @@ class _Printer:
                 f"clearformer train: resuming from {record['checkpoint']} (step {record['step']})",
                 file=sys.stderr,
             )
+        if event == "phase":
+            self.say(f"{record['message']}...")
+        elif event == "start":
+            self.first_step, self.training_since = record["step"], time.perf_counter()
+            self.say(
+                f"training {record['parameters']:,} parameters from step {record['step']} to "
+                f"{record['steps']}, a line every {record['log_every']} steps"
+            )
         if self.quiet:
             return
         if event == "train":
-            elapsed = time.perf_counter() - self.started
+            now = time.perf_counter()
+            pace = progress.pace(
+                record["step"] - self.first_step,
+                self.steps - self.first_step,
+                now - self.training_since,
+                "steps",
+            )
             print(
                 f"step {record['step']:>6}/{self.steps}  epoch {record['epoch']:>3}  loss "
                 f"{record['loss']:.4f}  lr {record['lr']:.2e}  grad {record['grad_norm']:.3f}"
-                f"  {elapsed:6.1f}s",
+                f"  {now - self.started:6.1f}s  {pace}",
                 file=sys.stderr,
                 flush=True,
             )

@@ -55,7 +55,9 @@ def explain(
     notes: list[str] = []
     with torch.no_grad(), eval_mode(module) as was_training:
         production = prepared.forward()
-        described, switched = production_path(module, prepared.token_mask, prepared.layout_mask)
+        described, why, switched = production_path(
+            module, prepared.token_mask, prepared.layout_mask
+        )
         recorder = TraceRecorder(facts, prepared.token_mask, first_layer)
         # The reference kernel for this one call only: no module or config is changed.
         with recording(recorder):
@@ -72,14 +74,18 @@ def explain(
     if pooled is not None:
         diff = max(diff, float((pooled - production_pooled).abs().max()))
     fidelity = Fidelity(described, REFERENCE, switched, diff, tolerance)
+    # A note is read as one sentence: the plan's reasons, which carry parentheses of their
+    # own, go into a note of their own rather than inside this one's.
     if switched:
         notes.append(
-            f"production runs {described}, which cannot return attention weights; this trace "
-            f"ran the reference path ({REFERENCE}) with the same modules and parameters: "
-            f"max |trace - production| = {diff:.1e}"
+            f"production runs {described}, which cannot return attention weights, so this "
+            f"trace ran the reference path, {REFERENCE}, with the same modules and "
+            f"parameters: max |trace - production| = {diff:.1e}"
         )
     else:
         notes.append(f"traced on the production path: {described}")
+    if why:
+        notes.append(f"why production takes that path: {why}")
     if not fidelity.ok:
         notes.append(
             f"warning: the traced output differs from production by {diff:.2e}, above the "

@@ -24,6 +24,7 @@ h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8p
   background: #fff; }
 .grid canvas.selected { outline: 2px solid var(--accent); outline-offset: 1px; }
 .focus { display: flex; gap: 24px; flex-wrap: wrap; align-items: flex-start; }
+.focus > div { max-width: 100%; overflow-x: auto; }  /* a long text's large view scrolls */
 #focus-canvas { border: 1px solid var(--line); background: #fff; }
 #hover { font-family: monospace; min-height: 1.5em; }
 .legend { display: flex; align-items: center; gap: 8px; font-size: 12px; color: var(--muted); }
@@ -96,10 +97,22 @@ JS = r"""
   }
   const grid = document.getElementById("grid");
   let drawn = 0;
+  // Pixels per cell: up to 96 px a map, less where a layer's heads would not fit the page's
+  // width (12 heads of MiniLM at 1280 px did not); at 1 px a cell the grid scrolls instead.
+  const GAP = 6, BORDER = 2;
+  function gridCell(labelWidth) {
+    const room = (grid.clientWidth - labelWidth - GAP) / H - GAP - BORDER;
+    const wanted = Math.max(2, Math.floor(96 / T));
+    return Math.max(1, Math.min(wanted, Math.floor(room / T)));
+  }
   function buildGrid() {
     grid.innerHTML = "";
-    grid.style.gridTemplateColumns = "auto repeat(" + H + ", max-content)";
-    const cell = Math.max(2, Math.floor(96 / T));
+    // max-content, not auto: an auto column would take the room the maps leave.
+    grid.style.gridTemplateColumns = "max-content repeat(" + H + ", max-content)";
+    const widest = document.createElement("span"); widest.className = "rowlabel";
+    widest.textContent = "layer " + (data.layers.length - 1); grid.appendChild(widest);
+    const cell = gridCell(Math.ceil(widest.getBoundingClientRect().width));
+    grid.innerHTML = "";
     grid.appendChild(document.createElement("span"));
     for (let h = 0; h < H; h++) {
       const s = document.createElement("span"); s.className = "collabel";
@@ -203,6 +216,24 @@ JS = r"""
     box.innerHTML = ""; box.appendChild(svg);
   }
   function refresh() { buildGrid(); drawFocus(); drawStream(); }
+  // How the grid sits in the page, a check that it fits: how many heatmaps reach past its
+  // visible edge, and the share of its width a layer's maps span (shrunk no more than needed).
+  function fit() {
+    const box = grid.getBoundingClientRect();
+    let cut = 0, left = Infinity, right = -Infinity;
+    document.querySelectorAll("canvas.heatmap").forEach(function (c) {
+      const r = c.getBoundingClientRect();
+      if (r.right > box.right + 0.5) cut++;
+      left = Math.min(left, r.left); right = Math.max(right, r.right);
+    });
+    status.dataset.cut = String(cut);
+    status.dataset.fill = ((right - left) / grid.clientWidth).toFixed(2);
+  }
+  let resized = null;
+  window.addEventListener("resize", function () {
+    clearTimeout(resized);
+    resized = setTimeout(function () { buildGrid(); fit(); }, 150);
+  });
   // How many heatmaps hold more than one colour: a check that drawing really happened.
   function painted() {
     let n = 0;
@@ -223,6 +254,7 @@ JS = r"""
     refresh();
     status.dataset.heatmaps = String(drawn);
     status.dataset.painted = String(painted());
+    fit();
     status.dataset.status = "ok";
     status.textContent = "drawn " + drawn + " heatmaps";
   } catch (e) { fail(e.message); }

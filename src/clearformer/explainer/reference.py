@@ -57,13 +57,16 @@ def eval_mode(module: nn.Module) -> Iterator[bool]:
                 m.training = flag
 
 
-def production_path(module: nn.Module, token_mask: Tensor, mask: Tensor | None) -> tuple[str, bool]:
-    """The path a plain forward of ``module`` takes on this (B, T) batch, in words, and whether
-    it is another path than the reference one."""
+def production_path(
+    module: nn.Module, token_mask: Tensor, mask: Tensor | None
+) -> tuple[str, str, bool]:
+    """The path a plain forward of ``module`` takes on this (B, T) batch, in words; why (the
+    plan's reasons, kept apart so that a note never nests them inside its own parentheses);
+    and whether it is another path than the reference one."""
     encoder = next((m for m in module.modules() if isinstance(m, Encoder)), None)
     block = next((m for m in module.modules() if isinstance(m, EncoderBlock)), None)
     if block is None:
-        return "no attention block", False
+        return "no attention block", "", False
     B, T = token_mask.shape
     try:
         if encoder is not None:
@@ -79,8 +82,13 @@ def production_path(module: nn.Module, token_mask: Tensor, mask: Tensor | None) 
                 backend=block.backend,
             )
     except ValueError as exc:  # a configuration production itself would reject
-        return f"unavailable ({exc})", True
+        return "an unavailable path", str(exc), True
     switched = plan.kernel.choice != REFERENCE_BACKEND or plan.packed
     layout = "packed rows" if plan.packed else "the padded layout"
-    why = plan.layout.reason if encoder is not None else "a lone block"
-    return f"{plan.kernel.choice} attention ({plan.kernel.reason}) on {layout} ({why})", switched
+    layout_reason = plan.layout.reason if encoder is not None else "a lone block"
+    described = f"{plan.kernel.choice} attention on {layout}"
+    why = f"{plan.kernel.choice} attention: {plan.kernel.reason}; {layout}: {layout_reason}"
+    if plan.method is not None:  # packed rows: how varlen attends them
+        described += f" by the {plan.method.choice} method"
+        why += f"; the {plan.method.choice} method: {plan.method.reason}"
+    return described, why, switched

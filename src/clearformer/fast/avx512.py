@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from .. import switches
-from ..calibration.cache import CalibrationKey, cache_root, cached_verdicts
+from ..calibration.cache import CalibrationKey, cache_root, cached_verdicts, shown
 from ..cpu import cpu_info
 from ..options import Decision
 from ..runtime import capturing_graph
@@ -156,10 +156,12 @@ def route(kernel: str = "avx512_attention") -> Decision:
         if verdict is None:
             return Decision(
                 "torch",
-                f"{label}: not measured on this CPU yet, PyTorch's route kept "
-                "(`clearformer calibrate` measures it)",
+                f"{label}: not measured on this CPU yet, PyTorch's route kept; "
+                "`clearformer calibrate` measures it",
             )
-        measured_reason = f"{label}: {verdict.reason} on {calibration_key().cpu}, cached {path}"
+        measured_reason = (
+            f"{label}: {verdict.reason} on {calibration_key().cpu}, cached {shown(path)}"
+        )
         if verdict.winner != "avx512":
             return Decision("torch", measured_reason)
         taken = Decision("avx512", measured_reason)

@@ -8,6 +8,7 @@ one step and one evaluation (``step.py``), early stopping, checkpoints, the run 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +34,17 @@ from .tasks import build_task
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[str, dict[str, Any]], None]  # (event, record): "train", "eval", ...
+# (event, record): "phase" ({"message"}: a step of the set-up begins), "start" (the first
+# step, the last, log_every, parameters), "resume", "train", "eval", "checkpoint", "stopped".
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+def _phase(progress: Progress | None, message: str, *, main: bool = True) -> None:
+    """The set-up's slow steps (reading and tokenizing data, building the model) are said as
+    they begin: a run's first loss line can be seconds away."""
+    log.info("%s", message)
+    if progress is not None and main:
+        progress("phase", {"message": message})
 
 
 @dataclass
@@ -68,6 +79,10 @@ def train(
     run.check_usable()
     device = resolve_device(config.device)
     precision = Precision(config.precision, device)  # refuses fp16 on CPU before any work
+    # Before the process group exists: under torchrun, rank 0 (as the launcher numbers it)
+    # speaks for all.
+    launched_main = os.environ.get("RANK", "0") == "0"
+    _phase(progress, f"loading the {config.task} task's data", main=launched_main)
     task = build_task(config)
     check_against_data(config, len(task.train_lengths))
     metric = config.metric or task.metric
@@ -134,6 +149,7 @@ def _train(
     # The model, optimizer and the state the loop carries. Every rank builds the same
     # model from the same seed; dropout then draws from a generator of each rank's own.
     seed_everything(config.seed)
+    _phase(progress, "building the model", main=main)
     model = distributed.wrap(task.build_model().to(device), context, device)
     optimizer = build_optimizer(model, config)  # after FSDP: it shards the parameters
     scaler = precision.grad_scaler()
@@ -186,6 +202,15 @@ def _train(
         metrics.write(record)
         emit("eval", record)
 
+    emit(
+        "start",
+        {
+            "step": step,
+            "steps": config.steps,
+            "log_every": config.log_every,
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
+    )
     model.train()
     while step < config.steps and not stopper.stopped:
         lr = learning_rate(
