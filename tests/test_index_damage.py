@@ -194,3 +194,69 @@ def test_bytes_overwritten_inside_a_file_are_found_when_a_search_reads_them(tmp_
     result = cli("search", QUERY, "--index", str(root), "--model", str(setup["model"]))
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and str(path) in result.stderr
+
+
+# ---- what a stopped build leaves: its staged chunks --------------------------------------
+
+
+class Stop(Exception):
+    pass
+
+
+def stopped_build(root, setup, texts, options) -> None:
+    """A build that stops (an exception) after committing 3 of its 5 chunks."""
+    from clearformer.index import build_index
+    from clearformer.text import TextEncoder
+
+    def stop_after_three(index, reused):
+        if index == 2:
+            raise Stop
+
+    encoder = TextEncoder.from_pretrained(setup["model"])
+    with pytest.raises(Stop):
+        build_index(root, texts, encoder, options=options, on_chunk=stop_after_three)
+
+
+@pytest.mark.parametrize("damage", [*DAMAGES, "garbage inside"])
+def test_a_damaged_chunk_of_a_stopped_build_is_embedded_again(tmp_path, setup, damage):
+    from clearformer.index import IndexOptions, build_index
+    from clearformer.text import TextEncoder
+
+    texts = word_texts(300)
+    options = IndexOptions(ann="exact", chunk_rows=64)
+    root = tmp_path / "idx"
+    stopped_build(root, setup, texts, options)
+    (staging,) = (root / "staging").iterdir()
+    chunk = staging / "chunk-000001.npy"
+    if damage == "wrong rows":  # a whole file of unit rows, 30 of them where 64 belong
+        rows = np.random.default_rng(0).standard_normal((30, 16)).astype(np.float32)
+        np.save(chunk, rows / np.linalg.norm(rows, axis=1, keepdims=True))
+    elif damage == "garbage inside":  # the header and size kept
+        data = bytearray(chunk.read_bytes())
+        data[128:] = b"\x7f" * (len(data) - 128)
+        chunk.write_bytes(bytes(data))
+    else:
+        damage_file(chunk, damage, setup, "scan")
+    encoder = TextEncoder.from_pretrained(setup["model"])
+    index = build_index(root, texts, encoder, options=options)
+    clean = build_index(tmp_path / "clean", texts, encoder, options=options)
+    rows = np.arange(300)
+    np.testing.assert_array_equal(index.vectors(rows), clean.vectors(rows))
+    assert not (root / "staging").exists() or not any((root / "staging").iterdir())
+
+
+def test_a_damaged_job_record_of_a_stopped_build_is_one_error_line_naming_it(tmp_path, setup):
+    from clearformer.index import IndexOptions
+
+    root = tmp_path / "idx"
+    stopped_build(root, setup, word_texts(300), IndexOptions(ann="exact", chunk_rows=64))
+    (staging,) = (root / "staging").iterdir()
+    (staging / "job.json").write_bytes(b"\xff{")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(word_texts(300)) + "\n", encoding="utf-8")
+    result = cli("index", "build", "--corpus", str(corpus), "--out", str(root), "--ann", "exact",
+                 "--chunk-rows", "64", "--model", str(setup["model"]))  # fmt: skip
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert str(staging / "job.json") in lines[-1] and "Traceback" not in result.stderr
+    assert f"remove {staging}" in lines[-1]

@@ -118,6 +118,18 @@ def _check_fields(path: Path, meta: dict[str, Any], generation: str) -> None:
 def check_array(path: Path, rows: int, width: int, dtype: str, meta: Path) -> None:
     """A ``.npy`` file holds a C-order (rows, width) array of ``dtype``, and exactly its bytes."""
     try:
+        problem = array_problem(path, rows, width, dtype, meta)
+    except FileNotFoundError:
+        raise IndexDamagedError(path, f"is missing ({meta} names its segment)") from None
+    if problem is not None:
+        raise IndexDamagedError(path, problem)
+
+
+def array_problem(path: Path, rows: int, width: int | None, dtype: str, meta: Path) -> str | None:
+    """What is wrong with a ``.npy`` file that should hold a C-order (rows, width) array of
+    ``dtype`` (any width for None) and exactly its bytes; None when nothing is.
+    FileNotFoundError when it is missing."""
+    try:
         with open(path, "rb") as handle:
             version = np.lib.format.read_magic(handle)
             readers = {
@@ -130,25 +142,23 @@ def check_array(path: Path, rows: int, width: int, dtype: str, meta: Path) -> No
             header = handle.tell()
             size = os.fstat(handle.fileno()).st_size
     except FileNotFoundError:
-        raise IndexDamagedError(path, f"is missing ({meta} names its segment)") from None
+        raise
     except (ValueError, OSError, SyntaxError, EOFError) as exc:
-        raise IndexDamagedError(path, f"is not a .npy array ({_first_line(exc)})") from None
+        return f"is not a .npy array ({_first_line(exc)})"
     if found != np.dtype(dtype) or fortran_order:
         order = "Fortran" if fortran_order else "C"
-        raise IndexDamagedError(
-            path, f"holds {found} in {order} order, expected {dtype} in C order"
-        )
-    if tuple(shape) != (rows, width):
-        raise IndexDamagedError(
-            path, f"holds an array of shape {tuple(shape)}, but {meta} records ({rows}, {width})"
-        )
-    expected = header + rows * width * found.itemsize
+        return f"holds {found} in {order} order, expected {dtype} in C order"
+    shape = tuple(shape)
+    if len(shape) != 2 or shape[0] != rows or width is not None and shape[1] != width:
+        wanted = f"({rows}, {width})" if width is not None else f"{rows} rows"
+        return f"holds an array of shape {shape}, but {meta} records {wanted}"
+    expected = header + rows * shape[1] * found.itemsize
     if size != expected:
-        raise IndexDamagedError(
-            path,
-            f"is {size:,} bytes, but its header's ({rows}, {width}) {dtype} array needs "
-            f"{expected:,} (the file was cut short or added to)",
+        return (
+            f"is {size:,} bytes, but its header's {shape} {dtype} array needs {expected:,} (the "
+            "file was cut short or added to)"
         )
+    return None
 
 
 def open_array(path: Path, rows: int, width: int, dtype: str, meta: Path) -> np.ndarray:
