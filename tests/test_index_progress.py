@@ -48,3 +48,10 @@ def test_the_rate_counts_only_the_items_done_since_the_first_report():
     now[0] = 2
     rate, left = meter.update(4296, 10_000)
     assert (rate, left) == (100, 57.04)
+
+
+def test_without_progress_a_library_is_given_nothing_to_call(capsys):
+    status = StatusLine("index build", redraw=False, show_progress=False)
+    assert status.progress("embedding", "texts") is None
+    status.line("a phase")
+    assert capsys.readouterr().err == "index build: a phase\n"

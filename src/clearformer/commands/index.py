@@ -177,12 +177,12 @@ def index_encoder(args: argparse.Namespace, index_path: Path):
     return TextEncoder.from_pretrained(model, backend=args.backend)
 
 
-def _encode_options(args: argparse.Namespace, total: int, status) -> dict:
+def _encode_options(args: argparse.Namespace, status) -> dict:
     return {
         "batch_size": args.batch_size,
         "max_tokens": args.max_tokens,
         "workers": args.workers,
-        "progress": status.progress("embedding", "texts"),
+        "progress": status.progress("embedding", "texts") or False,
     }
 
 
@@ -238,12 +238,12 @@ def run_build(args: argparse.Namespace) -> int:
             source=source,
             on_chunk=chunks,
             graph_progress=status.progress("inserting into the graph", "vectors"),
-            **_encode_options(args, len(texts), status),
+            **_encode_options(args, status),
         ),
         status,
         args,
     )
-    _report(out, index, before, 0, chunks)
+    _report(out, index, before, chunks, building=True)
     return 0
 
 
@@ -256,7 +256,6 @@ def run_add(args: argparse.Namespace) -> int:
     _require_engine()
     encoder = index_encoder(args, path)
     before = _generation(path)
-    rows_before = _rows(path)
     chunks = _Chunks()
     status = _status("add", args)
     index = _writing(
@@ -268,12 +267,12 @@ def run_add(args: argparse.Namespace) -> int:
             source=source,
             on_chunk=chunks,
             graph_progress=status.progress("inserting into the graph", "vectors"),
-            **_encode_options(args, len(texts), status),
+            **_encode_options(args, status),
         ),
         status,
         args,
     )
-    _report(path, index, before, rows_before, chunks)
+    _report(path, index, before, chunks, building=False)
     return 0
 
 
@@ -337,13 +336,6 @@ def _generation(path: Path) -> str | None:
         return None
 
 
-def _rows(path: Path) -> int:
-    """The rows of the committed index at ``path`` (checked: a damaged one is an error)."""
-    from ..index import VectorIndex
-
-    return VectorIndex.open(path).rows
-
-
 def _writing(write, status, args: argparse.Namespace):
     """Run a build or add with its phases on stderr, and a busy index as a one-line error."""
     from ..cli import CliError
@@ -357,11 +349,10 @@ def _writing(write, status, args: argparse.Namespace):
         raise CliError(str(exc)) from None
 
 
-def _report(path: Path, index, before: str | None, rows_before: int, chunks: _Chunks) -> None:
-    """What a build or add did: the vectors it added (an add) or wrote (a build), and what the
-    index holds now."""
+def _report(path: Path, index, before: str | None, chunks: _Chunks, building: bool) -> None:
+    """What a build or add did: the vectors it wrote (a build) or added (an add: its segment,
+    the last), and what the index holds now."""
     stats = index.stats()
-    building = before is None or rows_before == 0
     if index.generation == before:
         return  # the write's own line says so: the index already holds these texts
     resumed = f", {chunks.reused} chunk(s) reused" if chunks.reused else ""
@@ -373,5 +364,5 @@ def _report(path: Path, index, before: str | None, rows_before: int, chunks: _Ch
     if building:
         print(f"built {path}: {holds}", file=sys.stderr)
     else:
-        added = index.rows - rows_before
+        added = index.meta["segments"][-1]["rows"]
         print(f"added {added:,} vectors to {path}: it holds {holds}", file=sys.stderr)

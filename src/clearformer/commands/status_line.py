@@ -53,10 +53,11 @@ class StatusLine:
             self._end_live()
             print(f"{self.prefix}: {text}", file=sys.stderr, flush=True)
 
-    def progress(self, what: str, unit: str) -> Callable[[int, int], None]:
-        """A (done, total) callback that shows the progress of ``what`` in ``unit``."""
+    def progress(self, what: str, unit: str) -> Callable[[int, int], None] | None:
+        """A (done, total) callback that shows the progress of ``what`` in ``unit``; None
+        when progress is not shown (so a library calls nothing, not even per item)."""
         if not self.show_progress:
-            return lambda done, total: None
+            return None
         meter = Throughput(self._clock)
         every = REDRAW_EVERY if self.redraw else LINE_EVERY
         state = {"shown": self._clock()}

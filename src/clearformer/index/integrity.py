@@ -225,7 +225,7 @@ def check_segment_record(path: Path, segment: dict[str, Any], meta: Path) -> Non
         raise IndexDamagedError(path, f"cannot be read ({exc.strerror or exc})") from None
     if not isinstance(record, dict):
         raise IndexDamagedError(path, f"holds a JSON {type(record).__name__}, not an object")
-    for key in ("name", "rows", "content"):
+    for key in ("rows", "name", "content"):
         if record.get(key) != segment.get(key):
             raise IndexDamagedError(
                 path,
