@@ -107,11 +107,12 @@ def test_search_ranks_by_meaning(tmp_path, capsys):
     code, out, err = _run(capsys, "search", "animals at home", "--corpus", str(corpus), "-k", "2")
     assert code == 0, err
     lines = out.splitlines()
-    assert len(lines) == 2 and "line 3: Dogs and cats" in lines[0]
+    assert len(lines) == 2 and "corpus.txt:3: Dogs and cats" in lines[0]
     code, out, _ = _run(capsys, "search", "money", "--corpus", str(corpus), "--json")
     results = [json.loads(line) for line in out.splitlines()]
     assert [r["rank"] for r in results] == [1, 2, 3]  # blank line skipped
     assert results[0]["line"] == 1 and results[0]["score"] >= results[1]["score"]
+    assert results[0]["id"] == "corpus.txt:1"  # as `index build` names the line
 
 
 @pytest.mark.parametrize(

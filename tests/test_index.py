@@ -25,7 +25,7 @@ from clearformer.index.quantize import int8_ranges, quantize, truncate
 from clearformer.text import TextEncoder
 
 from .helpers import write_tiny_bert
-from .index_helpers import WORDS, tiny_model, word_texts
+from .index_helpers import WORDS, cli, tiny_model, word_texts
 
 pytest.importorskip("usearch")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -146,6 +146,24 @@ def test_add_crossing_the_exact_limit_builds_a_graph(tmp_path, tiny, texts, monk
     assert recall >= 0.95
 
 
+def test_a_search_for_a_large_share_of_the_rows_finds_every_row(tmp_path, tiny, texts):
+    # A graph with 2 links a node leaves nodes that no walk reaches: a walk for every row found
+    # 29-296 of 300. Searched for a large share of its rows, the index scans instead.
+    options = IndexOptions(ann="hnsw", connectivity=2, expansion_add=2)
+    index = tiny.build_index(tmp_path / "idx", texts, options=options)
+    queries = word_texts(5, seed=3)
+    x = truncate(tiny.encode(texts, normalize=True), None)
+    for k in (300, 1000, 120):
+        rows, scores = index.search_vectors(index.embed_queries(queries), k=k)
+        found = min(k, 300)
+        assert (rows[:, :found] >= 0).all() and (rows[:, found:] == -1).all()
+        for query_rows, query_scores, query in zip(rows, scores, queries, strict=True):
+            assert len(set(query_rows[:found])) == found  # distinct rows: every one at k >= 300
+            exact = np.sort(x @ index.embed_queries([query])[0])[::-1][:found]
+            np.testing.assert_allclose(query_scores[:found], exact, atol=1e-6)
+    assert len(index.search(texts[0], k=1000)) == 300
+
+
 def test_another_model_is_refused(tmp_path, tiny, texts):
     index_path = tmp_path / "idx"
     tiny.build_index(index_path, texts[:50])
@@ -243,7 +261,8 @@ def test_cli_build_add_info_and_search(tmp_path, capsys, tiny, texts):
         "--id-field", "key",
     )  # fmt: skip
     assert code == 0, err
-    assert "300 vectors" in err
+    # What the add added, and what the index holds now: two numbers, never one for the other.
+    assert "added 200 vectors to" in err and "it holds 300 vectors of 8 dimensions" in err
     code, _, err = _run(capsys, "index", "add", str(index), "--corpus", str(more), "--field",
                         "body", "--id-field", "key")  # fmt: skip
     assert code == 0 and "already holds these texts" in err
@@ -256,6 +275,40 @@ def test_cli_build_add_info_and_search(tmp_path, capsys, tiny, texts):
     assert best["text"] == texts[150] and best["id"] == "m50"
     code, out, err = _run(capsys, "search", texts[5], "--index", str(index), "-k", "1")
     assert code == 0 and "corpus.txt:6: " + texts[5] in out
+
+
+def test_cli_build_shows_its_phases_and_progress_with_rate_and_time_left(tmp_path, tiny, texts):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")
+
+    flags = ("--model", str(tiny.path), "--ann", "hnsw", "--chunk-rows", "64")
+
+    def build(out, *more):
+        return cli("index", "build", "--corpus", str(corpus), "--out", str(tmp_path / out), *flags,
+                   *more)  # fmt: skip
+
+    # stderr is no terminal here: a line per phase (progress lines come every few seconds).
+    result = build("idx")
+    assert result.returncode == 0, result.stderr
+    phases = [line for line in result.stderr.splitlines() if line.startswith("index build: ")]
+    assert [line.split()[2] for line in phases] == [
+        "embedding", "embedded", "building", "graph", "committed"
+    ], phases  # fmt: skip
+    # --progress: the line redrawn in place, with the rate and the time left.
+    result = build("again", "--progress")
+    assert result.returncode == 0, result.stderr
+    drawn = result.stderr.split("\r")
+    assert any("embedding 300/300 texts" in part and "texts/s" in part for part in drawn)
+    assert any("inserting into the graph" in part and "vectors/s" in part for part in drawn)
+
+
+def test_cli_index_commands_describe_themselves(capsys):
+    for action in ("build", "add", "info"):
+        with pytest.raises(SystemExit) as stop:
+            main(["index", action, "--help"])
+        assert stop.value.code == 0
+        usage, description = capsys.readouterr().out.split("\n\n")[:2]
+        assert description[0].isupper() and len(description.split()) > 12, description
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys, tiny, texts):
@@ -323,10 +376,17 @@ def test_search_index_returns_what_search_corpus_returns(tmp_path, capsys, minil
         brute = [json.loads(line) for line in brute.splitlines()]
         indexed = [json.loads(line) for line in indexed.splitlines()]
         assert [r["text"] for r in indexed] == [r["text"] for r in brute]
+        assert [r["id"] for r in indexed] == [r["id"] for r in brute]  # FILE:LINE, both
         assert [r["id"] for r in indexed] == [f"corpus.txt:{r['line']}" for r in brute]
         np.testing.assert_allclose(
             [r["score"] for r in indexed], [r["score"] for r in brute], atol=2e-6
         )
+        # The lines people read: rank, score, id, text, the same from both.
+        _, brute, _ = _run(capsys, "search", query, "--corpus", str(corpus), "-k", "5")
+        _, indexed, _ = _run(capsys, "search", query, "--index", str(index), "-k", "5")
+        shown = lambda out: [line.split(None, 2)[::2] for line in out.splitlines()]  # noqa: E731
+        assert shown(indexed) == shown(brute)
+        assert shown(brute)[0][1].startswith("corpus.txt:")
 
 
 def test_the_docs_python_sample_runs(tmp_path, minilm, monkeypatch, capsys):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clearformer.index import IndexOptions, build_index
+from clearformer.index import IndexOptions, build_index, engine
 from clearformer.text import TextEncoder
 
 pytest.importorskip("usearch")
@@ -78,9 +78,14 @@ def recall(rows: np.ndarray, truth: np.ndarray) -> float:
         ("binary", "hnsw", 0.95),
     ],
 )
-def test_recall_at_10_against_float32_exact_search(tmp_path, data, storage, ann, floor):
+def test_recall_at_10_against_float32_exact_search(
+    tmp_path, data, storage, ann, floor, monkeypatch
+):
     encoder, corpus, queries, truth = data
     assert len(corpus) >= 800 and len(queries) >= 35
+    # The graph's own recall: among 880 rows, int8's 80 and binary's 320 candidates are a
+    # share for which a search scans instead (engine.graph_scans); at scale the graph walks.
+    monkeypatch.setattr(engine, "graph_scans", lambda count, rows, connectivity: False)
     index = build_index(tmp_path / "idx", corpus, encoder, options=IndexOptions(storage, ann=ann))
     rows, _ = index.search_vectors(index.embed_queries(queries), k=K)
     assert recall(rows, truth) >= floor

@@ -127,6 +127,23 @@ def test_a_killed_run_resumes_its_chunks_with_another_process_count(tmp_path, se
     assert sorted(p.name for p in out.iterdir()) == [n.replace(".npy", ".parquet") for n in SHARDS]
 
 
+def test_a_run_killed_right_after_its_manifest_leaves_its_chunks_to_the_next_run(
+    tmp_path, setup, one_process
+):
+    out = tmp_path / "out"
+    argv = command(setup, out)
+    # The first rmtree is the chunks': the manifest is written, nothing is removed yet.
+    killed = killed_cli("clearformer.index.shards:shutil.rmtree:1", *argv)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert (out / "manifest.json").is_file()
+    assert len(list((out / ".chunks").glob("chunk-*.npy"))) == 10
+    again = one_thread_cli(*argv)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to do (removed what a killed run left: .chunks)" in again.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in one_process.iterdir())
+    np.testing.assert_array_equal(read_shards(out), read_shards(one_process))
+
+
 # Rank 0 is killed on its Nth np.save (its chunks', then its shard's), inside the file's
 # atomic write (the temporary file is open), once rank 1 has written and recorded its shard.
 # when: (the np.save call, the temporary file it leaves, chunks committed, what rank 0 then

@@ -18,7 +18,7 @@ def test_long_line_is_cut_in_the_display(tmp_path, tiny_checkpoint, capsys):
     assert len(out) < 1000, len(out)
     assert "... [599,799 more characters]" in out
     assert main([*argv, "--width", "10"]) == 0
-    assert "line 2: a cat a ca... [599,989 more characters]" in capsys.readouterr().out
+    assert "corpus.txt:2: a cat a ca... [599,989 more characters]" in capsys.readouterr().out
     assert main([*argv, "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {len(r["text"]) for r in rows} == {len("a dog"), len(long_line)}

@@ -100,7 +100,14 @@ def run_sharded(args: argparse.Namespace) -> int:
     )
     who = f"rank {rank}/{world}: " if world > 1 else ""
     if result.file is None:
-        print(f"{who}{out} already holds this run's shards: nothing to do", file=sys.stderr)
+        cleaned = (
+            f" (removed what a killed run left: {', '.join(result.cleaned)})"
+            if result.cleaned
+            else ""
+        )
+        print(
+            f"{who}{out} already holds this run's shards: nothing to do{cleaned}", file=sys.stderr
+        )
         return 0
     start, stop = result.rows
     if result.kept:

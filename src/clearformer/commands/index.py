@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .encode import add_model_arguments, positive_int, progress_for
+from .encode import add_model_arguments, positive_int
 
 STORAGES = ("float32", "int8", "binary")  # as clearformer.index.options, without importing it
 ANN_MODES = ("auto", "hnsw", "exact")
@@ -29,7 +29,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
 
-    build = actions.add_parser("build", help="embed a corpus file into a new index")
+    build = actions.add_parser(
+        "build",
+        help="embed a corpus file into a new index",
+        description="Embed every text of a corpus file and write an index of them to INDEX: "
+        "the vectors (float32, int8 or binary), the texts and their ids, and the model that "
+        "made them. A killed build resumes from its committed chunks when run again; the "
+        "same build over a damaged index writes its damaged files anew. Progress and each "
+        "phase (embedding, graph, commit) go to stderr.",
+    )
     _corpus_arguments(build)
     build.add_argument("--out", required=True, metavar="INDEX", help="the index directory")
     build.add_argument(
@@ -64,13 +72,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_arguments(build)
     build.set_defaults(func=run_build)
 
-    add = actions.add_parser("add", help="embed more texts into an index (exactly once)")
+    add = actions.add_parser(
+        "add",
+        help="embed more texts into an index (exactly once)",
+        description="Embed the texts of a corpus file into an existing index, with the "
+        "index's own model, storage and dimensions. Texts (and ids) the index already holds "
+        "from an earlier add are not added again; a killed add resumes when run again.",
+    )
     add.add_argument("index", metavar="INDEX", help="the index directory")
     _corpus_arguments(add)
     add_model_arguments(add)
     add.set_defaults(func=run_add)
 
-    info = actions.add_parser("info", help="what an index holds, and its size")
+    info = actions.add_parser(
+        "info",
+        help="what an index holds, and its size",
+        description="The model, rows, segments, storage and search of an index, and its "
+        "memory and disk per vector. Every file of the index is checked on the way.",
+    )
     info.add_argument("index", metavar="INDEX", help="the index directory")
     info.set_defaults(func=run_info)
 
@@ -158,13 +177,22 @@ def index_encoder(args: argparse.Namespace, index_path: Path):
     return TextEncoder.from_pretrained(model, backend=args.backend)
 
 
-def _encode_options(args: argparse.Namespace, total: int) -> dict:
+def _encode_options(args: argparse.Namespace, status) -> dict:
     return {
         "batch_size": args.batch_size,
         "max_tokens": args.max_tokens,
         "workers": args.workers,
-        "progress": progress_for(args, total),
+        "progress": status.progress("embedding", "texts") or False,
     }
+
+
+def _status(verb: str, args: argparse.Namespace):
+    """Phase lines and progress on stderr: ``--progress`` redraws one line even off a
+    terminal, ``--no-progress`` keeps only the phase lines."""
+    from .status_line import StatusLine
+
+    redraw = True if args.progress else None
+    return StatusLine(f"index {verb}", redraw=redraw, show_progress=args.progress is not False)
 
 
 class _Chunks:
@@ -199,6 +227,7 @@ def run_build(args: argparse.Namespace) -> int:
     encoder = _load(args)
     before = _generation(out)
     chunks = _Chunks()
+    status = _status("build", args)
     index = _writing(
         lambda: build_index(
             out,
@@ -208,10 +237,13 @@ def run_build(args: argparse.Namespace) -> int:
             options=options,
             source=source,
             on_chunk=chunks,
-            **_encode_options(args, len(texts)),
-        )
+            graph_progress=status.progress("inserting into the graph", "vectors"),
+            **_encode_options(args, status),
+        ),
+        status,
+        args,
     )
-    _report("built", out, index, before, chunks)
+    _report(out, index, before, chunks, building=True)
     return 0
 
 
@@ -225,6 +257,7 @@ def run_add(args: argparse.Namespace) -> int:
     encoder = index_encoder(args, path)
     before = _generation(path)
     chunks = _Chunks()
+    status = _status("add", args)
     index = _writing(
         lambda: add_to_index(
             path,
@@ -233,10 +266,13 @@ def run_add(args: argparse.Namespace) -> int:
             ids=ids,
             source=source,
             on_chunk=chunks,
-            **_encode_options(args, len(texts)),
-        )
+            graph_progress=status.progress("inserting into the graph", "vectors"),
+            **_encode_options(args, status),
+        ),
+        status,
+        args,
     )
-    _report("added to", path, index, before, chunks)
+    _report(path, index, before, chunks, building=False)
     return 0
 
 
@@ -283,38 +319,50 @@ def _require_index(path: Path) -> None:
         raise CliError(f"INDEX {path} does not exist: build it with `clearformer index build`")
     if layout.current_generation(path) is None:
         raise CliError(
-            f"INDEX {path} holds no committed index (a build stopped before its commit leaves "
-            "none: run the same build again to resume it)"
+            f"INDEX {path} holds no committed index: {path / layout.CURRENT} is missing or "
+            "empty (a build stopped before its commit leaves none): run the same build again "
+            "to resume it, or to rebuild the index"
         )
 
 
 def _generation(path: Path) -> str | None:
+    """The committed generation before a write (None: none, or a damaged ``CURRENT``, which a
+    build replaces)."""
     from ..index import layout
 
-    return layout.current_generation(path) if path.is_dir() else None
+    try:
+        return layout.current_generation(path) if path.is_dir() else None
+    except layout.IndexDamagedError:
+        return None
 
 
-def _writing(write):
-    """Run a build or add, with a busy index as a one-line error."""
+def _writing(write, status, args: argparse.Namespace):
+    """Run a build or add with its phases on stderr, and a busy index as a one-line error."""
     from ..cli import CliError
     from ..index.layout import IndexBusyError
+    from .status_line import phases_from
 
     try:
-        return write()
+        with phases_from("clearformer.index", status, args.verbose):
+            return write()
     except IndexBusyError as exc:
         raise CliError(str(exc)) from None
 
 
-def _report(verb: str, path: Path, index, before: str | None, chunks: _Chunks) -> None:
+def _report(path: Path, index, before: str | None, chunks: _Chunks, building: bool) -> None:
+    """What a build or add did: the vectors it wrote (a build) or added (an add: its segment,
+    the last), and what the index holds now."""
     stats = index.stats()
     if index.generation == before:
-        print(f"{path} already holds these texts: nothing {verb.split()[0]}", file=sys.stderr)
-        return
+        return  # the write's own line says so: the index already holds these texts
     resumed = f", {chunks.reused} chunk(s) reused" if chunks.reused else ""
-    print(
-        f"{verb} {path}: {index.rows:,} vectors of {index.dimensions} dimensions, "
-        f"{stats.storage}, {stats.ann} search ({chunks.encoded} chunk(s) encoded{resumed}); "
-        f"memory {stats.memory_per_vector:,.0f} B/vector, disk {stats.disk_per_vector:,.0f} "
-        "B/vector",
-        file=sys.stderr,
+    holds = (
+        f"{index.rows:,} vectors of {index.dimensions} dimensions, {stats.storage}, "
+        f"{stats.ann} search ({chunks.encoded} chunk(s) encoded{resumed}); memory "
+        f"{stats.memory_per_vector:,.0f} B/vector, disk {stats.disk_per_vector:,.0f} B/vector"
     )
+    if building:
+        print(f"built {path}: {holds}", file=sys.stderr)
+    else:
+        added = index.meta["segments"][-1]["rows"]
+        print(f"added {added:,} vectors to {path}: it holds {holds}", file=sys.stderr)

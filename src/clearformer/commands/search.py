@@ -1,10 +1,16 @@
-"""``clearformer search``: rank the lines of a file by meaning, closest to a query first."""
+"""``clearformer search``: rank the lines of a file by meaning, closest to a query first.
+
+Each result is one line, ``RANK  SCORE  ID: TEXT`` (``--json``: an object with ``rank``,
+``score``, ``id``, ``text``, and ``line`` for a corpus file), the id being ``FILE:LINE`` for a
+corpus file, as for an index built from it (``search --index``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .encode import (
     ENCODE_PRECISION_HELP,
@@ -44,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "search",
         help="rank the lines of a file by meaning",
-        description="Rank the texts of a corpus file by cosine similarity to a query.",
+        description="Rank the texts of a corpus file (or of an index, with --index) by cosine "
+        "similarity to a query. Each result is a line: rank, score, id (FILE:LINE), text.",
     )
     p.add_argument("query", metavar="QUERY", help="the text to search for")
     p.add_argument("--corpus", metavar="FILE", help="one text per line, or JSONL with --field")
@@ -112,12 +119,17 @@ def run(args: argparse.Namespace) -> int:
     k = min(args.top_k, len(entries))
     # Stable sort on -score: equal scores keep file order.
     best = np.argsort(-scores, kind="stable")[:k]
+    name = Path(args.corpus).name
     for rank, i in enumerate(best, start=1):
         number, text = entries[i]
+        # A text's id is FILE:LINE, as `index build` names the texts of this file: one result
+        # reads the same from --corpus and from --index.
+        ident = f"{name}:{number}"
         if args.json:
-            item = {"rank": rank, "score": round(float(scores[i]), 6), "line": number, "text": text}
+            score = round(float(scores[i]), 6)
+            item = {"rank": rank, "score": score, "id": ident, "line": number, "text": text}
             print(json.dumps(item, ensure_ascii=False))
         else:
-            print(f"{rank:>3}  {scores[i]:.4f}  line {number}: {shorten(text, args.width)}")
+            print(f"{rank:>3}  {scores[i]:.4f}  {ident}: {shorten(text, args.width)}")
     sys.stdout.flush()
     return 0

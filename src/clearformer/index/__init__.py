@@ -7,12 +7,14 @@ over processes.
   and exactly-once adds;
 * :mod:`.options` -- :class:`IndexOptions`: storage (float32, int8, binary), Matryoshka
   dimensions, graph or exact search;
-* :mod:`.engine` -- the embedded vector library (usearch's HNSW) behind four functions;
+* :mod:`.engine` -- the embedded vector library (usearch's HNSW) behind a few functions;
 * :mod:`.quantize` -- truncation and sentence-transformers' int8 / binary quantization;
 * :mod:`.identity` -- :class:`ModelIdentity`: who made the vectors, and the refusal of
   another model;
 * :mod:`.layout`, :mod:`.texts`, :mod:`.chunks` -- the directory on disk, the texts in SQLite,
   embeddings committed chunk by chunk (what a killed run resumes from);
+* :mod:`.integrity` -- the checks every file of an index passes when it is opened
+  (:class:`IndexDamagedError` naming the file);
 * :mod:`.shards` -- ``clearformer encode --output DIR`` under ``torchrun``: one shard per rank
   and a manifest; :mod:`.ray_adapter` and :mod:`.spark_adapter` for Ray Data and Spark.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 from .build import add_to_index, build_index
 from .identity import ModelIdentity, ModelMismatchError
+from .layout import IndexDamagedError
 from .options import IndexOptions
 from .vector_index import (
     Hit,
@@ -34,6 +37,7 @@ from .vector_index import (
 
 __all__ = [
     "Hit",
+    "IndexDamagedError",
     "IndexNotFoundError",
     "IndexOptions",
     "IndexStats",

@@ -20,22 +20,24 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import engine, layout
-from .chunks import ChunkStore, chunk_progress, embed_chunks, texts_sha256
+from . import engine, integrity, layout
+from .chunks import ChunkStore, chunk_count, chunk_progress, embed_chunks, texts_sha256
 from .identity import ModelIdentity
 from .options import EXACT_MAX_ROWS, IndexOptions
-from .quantize import int8_ranges, quantize, truncate
+from .quantize import int8_ranges, quantize, stored_bytes, truncate
 from .texts import write_texts
 from .vector_index import FORMAT, VectorIndex, stored_vectors
 
 log = logging.getLogger(__name__)
 
 ChunkCallback = Callable[[int, bool], None]
+ProgressFn = Callable[[int, int], None]  # (done, total)
 
 
 def build_index(
@@ -47,6 +49,7 @@ def build_index(
     options: IndexOptions | None = None,
     source: dict[str, Any] | None = None,
     on_chunk: ChunkCallback | None = None,
+    graph_progress: ProgressFn | None = None,
     **encode_options: Any,
 ) -> VectorIndex:
     """Build (or rebuild) the index at ``path`` from ``texts`` with ``encoder``.
@@ -56,17 +59,22 @@ def build_index(
         options: storage, dimensions, graph settings (:class:`~.options.IndexOptions`).
         source: where the texts came from (recorded in the segment, e.g. a file and its hash).
         on_chunk: called with (chunk index, reused) after each chunk of embeddings.
+        graph_progress: called with (vectors inserted, vectors to insert) while the HNSW
+            graph is built (from the graph library's threads).
         encode_options: passed to ``encoder.encode`` (``batch_size``, ``max_tokens``,
             ``workers``, ``progress``); they change speed, never the vectors.
 
     A build killed at any point leaves the previous index (if any) current and whole; the
     same call again reuses every chunk of embeddings it committed. A build of the same texts
-    with the same options as the current generation commits nothing.
+    with the same options as the current generation commits nothing, unless a file of that
+    generation is damaged (:class:`~.layout.IndexDamagedError`): then the damaged files are
+    written again, so running the same build again is how a damaged index is repaired.
     """
     options = IndexOptions() if options is None else options
     if not isinstance(options, IndexOptions):
         raise TypeError(f"options must be an IndexOptions, got {type(options).__name__}")
-    return _write(Path(path), texts, encoder, ids, options, None, source, on_chunk, encode_options)
+    hooks = _Hooks(on_chunk, graph_progress)
+    return _write(Path(path), texts, encoder, ids, options, None, source, hooks, encode_options)
 
 
 def add_to_index(
@@ -77,16 +85,27 @@ def add_to_index(
     ids: Sequence[str] | None = None,
     source: dict[str, Any] | None = None,
     on_chunk: ChunkCallback | None = None,
+    graph_progress: ProgressFn | None = None,
     **encode_options: Any,
 ) -> VectorIndex:
     """Add ``texts`` to the committed index at ``path`` with its own storage and dimensions.
 
     Exactly once: texts (with their ids) that an earlier add or the build already committed
-    are not added again; a killed add resumes from its committed chunks.
+    are not added again; a killed add resumes from its committed chunks. ``on_chunk``,
+    ``graph_progress`` and ``encode_options`` as :func:`build_index`.
     """
     root = Path(path)
     base = VectorIndex.open(root)
-    return _write(root, texts, encoder, ids, base.options, base, source, on_chunk, encode_options)
+    hooks = _Hooks(on_chunk, graph_progress)
+    return _write(root, texts, encoder, ids, base.options, base, source, hooks, encode_options)
+
+
+@dataclass(frozen=True)
+class _Hooks:
+    """What a caller is told while a write runs (besides ``encode``'s own ``progress``)."""
+
+    on_chunk: ChunkCallback | None = None
+    graph_progress: ProgressFn | None = None
 
 
 def _write(
@@ -97,7 +116,7 @@ def _write(
     options: IndexOptions,
     base: VectorIndex | None,
     source: dict[str, Any] | None,
-    on_chunk: ChunkCallback | None,
+    hooks: _Hooks,
     encode_options: dict[str, Any],
 ) -> VectorIndex:
     # Every check before any work: nothing is embedded for a write that would be refused.
@@ -132,10 +151,7 @@ def _write(
     job_key = _sha256_json(job)[:16]
 
     with layout.writer_lock(root):
-        current = layout.current_generation(root)
-        committed = None
-        if current is not None:
-            committed = layout.read_json(layout.generation_dir(root, current) / "meta.json")
+        current, committed = _committed(root, building=base is None)
         if (
             base is not None
             and committed is not None
@@ -144,13 +160,22 @@ def _write(
             base = VectorIndex.open(root)  # another add committed since we looked: add to it
             committed = base.meta
         if committed is not None and _already_holds(committed, content, options, identity, base):
-            log.info("%s already holds these texts (%s): nothing to do", root, current)
-            layout.remove_stale(root)
-            shutil.rmtree(root / "staging" / job_key, ignore_errors=True)
-            return VectorIndex.open(root)
+            held = _whole(root)
+            if held is not None:
+                log.info("%s already holds these texts (%s): nothing to do", root, current)
+                layout.remove_stale(root)
+                shutil.rmtree(root / "staging" / job_key, ignore_errors=True)
+                return held
         started = time.perf_counter()
         store = ChunkStore(root / "staging" / job_key, job)
         progress = encode_options.pop("progress", None)
+        chunks = chunk_count(len(texts), options.chunk_rows)
+        log.info(
+            "embedding %s texts in %d chunk(s) of up to %s",
+            f"{len(texts):,}",
+            chunks,
+            f"{options.chunk_rows:,}",
+        )
         encoded, reused = embed_chunks(
             lambda chunk, start: encoder.encode(
                 chunk,
@@ -161,11 +186,11 @@ def _write(
             texts,
             store,
             options.chunk_rows,
-            on_chunk=on_chunk,
+            on_chunk=hooks.on_chunk,
         )
         log.info(
-            "embedded %d texts (%d chunks encoded, %d reused) in %.1fs",
-            len(texts),
+            "embedded %s texts (%d chunk(s) encoded, %d reused) in %.1fs",
+            f"{len(texts):,}",
             encoded,
             reused,
             time.perf_counter() - started,
@@ -179,13 +204,39 @@ def _write(
             ranges = int8_ranges(vectors)
         segment = _write_segment(root, vectors, texts, ids, options, ranges, content, source)
         generation = _write_generation(
-            root, base, identity, options, dimensions, ranges, segment, current
+            root, base, identity, options, dimensions, ranges, segment, current, hooks
         )
         layout.commit(root, generation)
         log.info("committed %s of %s", generation, root)
         layout.remove_stale(root)
         shutil.rmtree(root / "staging" / job_key, ignore_errors=True)
     return VectorIndex.open(root, encoder)
+
+
+def _committed(root: Path, building: bool) -> tuple[str | None, dict | None]:
+    """The current generation's name and ``meta.json``. A build replaces the index whatever
+    it holds, so for a build a damaged ``CURRENT`` or ``meta.json`` counts as no index (the
+    damaged generation is not kept as the previous one); an add needs both whole."""
+    try:
+        current = layout.current_generation(root)
+        if current is None:
+            return None, None
+        meta_path = layout.generation_dir(root, current) / layout.META
+        return current, integrity.read_meta(meta_path, current, FORMAT)
+    except layout.IndexDamagedError as exc:
+        if not building:
+            raise
+        log.warning("%s; the build writes the index anew", exc)
+        return None, None
+
+
+def _whole(root: Path) -> VectorIndex | None:
+    """The committed index, or None when one of its files is damaged (then written again)."""
+    try:
+        return VectorIndex.open(root)
+    except layout.IndexDamagedError as exc:
+        log.warning("%s; writing the index's files again", exc)
+        return None
 
 
 def _already_holds(meta: dict, content: str, options: IndexOptions, identity, base) -> bool:
@@ -213,17 +264,41 @@ def _write_segment(root, vectors, texts, ids, options, ranges, content, source) 
         "content": content,
         "source": source or {},
     }
-    if not target.is_dir():  # an earlier run of this write may have made it already
+    # An earlier run of this write may have made it already; a damaged one is made again.
+    if target.is_dir() and not _segment_is_whole(target, record, vectors.shape[1], options):
+        shutil.rmtree(target)
+    if not target.is_dir():
         with layout.new_directory(target) as folder:
-            np.save(folder / "vectors.npy", vectors)
+            np.save(folder / layout.VECTORS, vectors)
             if options.storage != "float32":
-                np.save(folder / "stored.npy", quantize(vectors, options.storage, ranges))
-            write_texts(folder / "texts.sqlite", ids, texts)
-            layout.write_json(folder / "segment.json", record)
+                np.save(folder / layout.STORED, quantize(vectors, options.storage, ranges))
+            write_texts(folder / layout.TEXTS, ids, texts)
+            layout.write_json(folder / layout.SEGMENT_RECORD, record)
     return record
 
 
-def _write_generation(root, base, identity, options, dimensions, ranges, segment, current) -> str:
+def _segment_is_whole(folder: Path, record: dict, dimensions: int, options: IndexOptions) -> bool:
+    """Whether an existing segment directory passes the checks a reader makes (its name is
+    its content's hash, so a whole one holds exactly what this write would put there)."""
+    rows, storage = record["rows"], options.storage
+    about = folder / layout.SEGMENT_RECORD
+    try:
+        integrity.check_array(folder / layout.VECTORS, rows, dimensions, "float32", about)
+        if storage != "float32":
+            dtype = "int8" if storage == "int8" else "uint8"
+            width = stored_bytes(storage, dimensions)
+            integrity.check_array(folder / layout.STORED, rows, width, dtype, about)
+        integrity.check_texts(folder / layout.TEXTS, rows, about)
+        integrity.check_segment_record(folder / layout.SEGMENT_RECORD, record, about)
+    except layout.IndexDamagedError as exc:
+        log.warning("%s; writing the segment again", exc)
+        return False
+    return True
+
+
+def _write_generation(
+    root, base, identity, options, dimensions, ranges, segment, current, hooks: _Hooks
+) -> str:
     previous = [] if base is None else base.meta["segments"]
     offset = sum(s["rows"] for s in previous)
     segments = [*previous, {**segment, "offset": offset}]
@@ -248,20 +323,38 @@ def _write_generation(root, base, identity, options, dimensions, ranges, segment
             started = time.perf_counter()
             if base is not None and base.ann == "hnsw":
                 graph = engine.open_graph(
-                    layout.generation_dir(root, base.generation) / "hnsw.usearch", view=False
+                    layout.generation_dir(root, base.generation) / layout.GRAPH, view=False
                 )
                 todo = [segments[-1]]
             else:
                 graph = engine.new_graph(options.storage, dimensions, options)
                 todo = segments
+            adding = sum(entry["rows"] for entry in todo)
+            log.info(
+                "building the graph: inserting %s of its %s vectors", f"{adding:,}", f"{rows:,}"
+            )
+            inserted = 0
             for entry in todo:
                 engine.add_to_graph(
-                    graph, entry["offset"], stored_vectors(root, entry, options.storage)
+                    graph,
+                    entry["offset"],
+                    stored_vectors(root, entry, options.storage),
+                    progress=_graph_progress(hooks.graph_progress, inserted, adding),
                 )
-            engine.save_graph(graph, folder / "hnsw.usearch")
-            log.info("graph of %d vectors saved in %.1fs", rows, time.perf_counter() - started)
-        layout.write_json(folder / "meta.json", meta)
+                inserted += entry["rows"]
+            engine.save_graph(graph, folder / layout.GRAPH)
+            log.info(
+                "graph of %s vectors saved in %.1fs", f"{rows:,}", time.perf_counter() - started
+            )
+        layout.write_json(folder / layout.META, meta)
     return name
+
+
+def _graph_progress(progress: ProgressFn | None, before: int, total: int) -> ProgressFn | None:
+    """One segment's insertions, (done, its rows), as the graph build's (done, total)."""
+    if progress is None:
+        return None
+    return lambda done, _: progress(before + done, total)
 
 
 def _check_texts(texts: Sequence[str]) -> list[str]:

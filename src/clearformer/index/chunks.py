@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..io import atomic_write
-from .layout import read_json, write_json
+from .layout import JSONFileError, read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,13 @@ class ChunkStore:
         directory.mkdir(parents=True, exist_ok=True)
         record = directory / "job.json"
         if record.is_file():
-            found = read_json(record)
+            try:
+                found = read_json(record)
+            except JSONFileError as exc:
+                raise ChunkJobMismatch(
+                    f"{record} is damaged ({exc.reason}): the chunks beside it cannot be told "
+                    f"to be this job's; remove {directory} and run again to embed them anew"
+                ) from None
             if found != job:
                 differ = sorted(k for k in set(found) | set(job) if found.get(k) != job.get(k))
                 raise ChunkJobMismatch(
@@ -85,7 +91,45 @@ class ChunkStore:
         return self.directory / f"chunk-{index:06d}.npy"
 
     def done(self, index: int) -> bool:
-        return self.path(index).is_file()
+        """Whether chunk ``index`` is committed and whole. A damaged chunk file (cut short,
+        overwritten, or of another row count: a chunk is written atomically, so only something
+        else damages it) is removed, to be embedded again."""
+        path = self.path(index)
+        if not path.is_file():
+            return False
+        problem = self._problem(index)
+        if problem is not None:
+            log.warning("%s %s: embedding that chunk again", path, problem)
+            path.unlink(missing_ok=True)
+            return False
+        return True
+
+    def _problem(self, index: int) -> str | None:
+        from .integrity import array_problem
+
+        rows, chunk_rows = self.job.get("rows"), self.job.get("chunk_rows")
+        if not isinstance(rows, int) or not isinstance(chunk_rows, int):
+            return None  # a job that does not say: nothing to hold the file to
+        expected = min(chunk_rows, rows - index * chunk_rows)
+        try:
+            problem = array_problem(
+                self.path(index), expected, None, "float32", self.directory / "job.json"
+            )
+        except FileNotFoundError:
+            return "is missing"
+        if problem is not None:
+            return problem
+        vectors = self.read(index)
+        with np.errstate(over="ignore", invalid="ignore"):  # garbage may overflow
+            norms = np.linalg.norm(vectors, axis=1)  # (rows,)
+        bad = ~np.isfinite(norms)
+        if self.job.get("normalize"):  # unit rows (a text's embedding may be zero, no more)
+            bad |= (np.abs(norms - 1) > 1e-3) & (norms != 0)
+        if bad.any():
+            return f"holds row {int(np.argmax(bad))}, which is not a finite" + (
+                " unit vector" if self.job.get("normalize") else " vector"
+            )
+        return None
 
     def write(self, index: int, vectors: np.ndarray) -> None:
         with atomic_write(self.path(index), "wb") as handle:

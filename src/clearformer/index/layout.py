@@ -26,6 +26,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,20 +34,60 @@ from typing import Any
 
 from ..io import atomic_write
 
+# The files of a committed index, by name: the pointer, a generation's, a segment's.
 CURRENT = "CURRENT"
+META = "meta.json"  # model, options, rows, segments and their offsets
+GRAPH = "hnsw.usearch"  # the HNSW graph over every segment (a graph index only)
+VECTORS = "vectors.npy"  # a segment's float32 unit vectors (n, d)
+STORED = "stored.npy"  # a segment's int8 (n, d) or packed binary (n, d / 8) vectors
+TEXTS = "texts.sqlite"  # a segment's rows, ids and texts
+SEGMENT_RECORD = "segment.json"  # a segment's rows, content hash and source
+FILE_KINDS = (CURRENT, META, GRAPH, VECTORS, STORED, TEXTS, SEGMENT_RECORD)
+
+_GENERATION_NAME = re.compile(r"gen-[0-9]{6,}")
+SEGMENT_NAME = re.compile(r"seg-[0-9a-f]{16}")
 
 
 class IndexBusyError(RuntimeError):
     """Another process is building or adding to the index."""
 
 
+class IndexDamagedError(ValueError):
+    """A file of a committed index is missing, unreadable, or disagrees with ``meta.json``.
+
+    The message names the file (and ``meta.json`` where the two disagree) and says how to
+    recover: build the index again."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(
+            f"{path} {problem}; the index is damaged: run the same `clearformer index build` "
+            "again to rebuild it (or build into a new directory)"
+        )
+        self.path = path
+
+
 def current_generation(root: Path) -> str | None:
-    """The committed generation's name, or None when nothing was committed yet."""
+    """The committed generation's name, or None when nothing was committed yet (no
+    ``CURRENT``, or an empty one). IndexDamagedError if ``CURRENT`` names no generation."""
+    path = root / CURRENT
     try:
-        name = (root / CURRENT).read_text(encoding="utf-8").strip()
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
-    return name or None
+    except IsADirectoryError:
+        raise IndexDamagedError(path, "is a directory, not a file naming a generation") from None
+    try:
+        name = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise IndexDamagedError(
+            path, "holds bytes that are not text, not a generation's name"
+        ) from None
+    if not name:
+        return None
+    if not _GENERATION_NAME.fullmatch(name):
+        # Never a path: a name read from disk must not lead out of generations/.
+        raise IndexDamagedError(path, f"holds {name[:40]!r}, not a generation's name (gen-NNNNNN)")
+    return name
 
 
 def generation_dir(root: Path, name: str) -> Path:
@@ -55,6 +96,28 @@ def generation_dir(root: Path, name: str) -> Path:
 
 def segment_dir(root: Path, name: str) -> Path:
     return root / "segments" / name
+
+
+def stored_name(storage: str) -> str:
+    """The file an exact scan or the graph's build reads: the float32 vectors themselves, or
+    the int8 / binary copy."""
+    return VECTORS if storage == "float32" else STORED
+
+
+def index_files(root: Path, generation: str, meta: dict[str, Any]) -> list[Path]:
+    """Every file the committed ``generation`` (whose ``meta.json`` is ``meta``) consists of,
+    in the order :class:`~.vector_index.VectorIndex` checks them."""
+    folder = generation_dir(root, generation)
+    files = [root / CURRENT, folder / META]
+    if meta["ann"] == "hnsw":
+        files.append(folder / GRAPH)
+    storage = meta["options"]["storage"]
+    for segment in meta["segments"]:
+        names = [VECTORS, TEXTS, SEGMENT_RECORD]
+        if storage != "float32":
+            names.insert(1, STORED)
+        files += [segment_dir(root, segment["name"]) / name for name in names]
+    return files
 
 
 def next_generation_name(root: Path) -> str:
@@ -66,8 +129,26 @@ def next_generation_name(root: Path) -> str:
     return f"gen-{max(numbers, default=0) + 1:06d}"
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8"))
+class JSONFileError(ValueError):
+    """A JSON file of an index or a shard directory that is not valid UTF-8 JSON."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path} is not valid JSON ({reason})")
+        self.path = path
+        self.reason = reason
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in ``path``; JSONFileError naming it if it holds none (OSError if unread)."""
+    data = path.read_bytes()
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise JSONFileError(
+            path, f"not UTF-8: byte {exc.start} is {data[exc.start]:#04x}"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise JSONFileError(path, str(exc)) from None
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -140,8 +221,8 @@ def remove_stale(root: Path) -> None:
         # The current generation and the one committed before it (its meta names it); any
         # other is older, or was written by a writer killed before its commit.
         names = {current}
-        with contextlib.suppress(OSError, ValueError):
-            previous = read_json(generation_dir(root, current) / "meta.json").get("previous")
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            previous = read_json(generation_dir(root, current) / META).get("previous")
             names.add(previous)
         kept = [g for g in generations if g.name in names]
         for stale in generations:
@@ -149,12 +230,15 @@ def remove_stale(root: Path) -> None:
                 shutil.rmtree(stale, ignore_errors=True)
     else:
         kept = []
-    used = set()
+    used: set[str] = set()
     for generation in kept:
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            used.update(s["name"] for s in read_json(generation / "meta.json")["segments"])
+        try:
+            used.update(s["name"] for s in read_json(generation / META)["segments"])
+        except (OSError, ValueError, KeyError, TypeError):
+            used = None  # a kept generation whose segments cannot be told: remove none
+            break
     for segment in (root / "segments").glob("seg-*"):
-        if segment.name not in used:
+        if used is not None and segment.name not in used:
             shutil.rmtree(segment, ignore_errors=True)
     for folder in (root / "generations", root / "segments"):
         for leftover in folder.glob(".*.tmp-*"):

@@ -10,7 +10,8 @@ rows (a text's embedding does not depend on its batch-mates).
 No process group is needed: ranks share nothing but the directory (on several nodes, a
 shared file system). Each rank, its shard written, records it in ``shard-<rank>-of-<N>.json``;
 the rank that finds every shard recorded writes ``manifest.json`` (rows, checksums, the
-model's identity) and removes the chunks. A killed run leaves its committed chunks in
+model's identity) and removes the chunks (a run that finds the manifest complete removes any
+that a kill right after the manifest left). A killed run leaves its committed chunks in
 ``DIR/.chunks``; run again (with any number of processes) it encodes only the others. A rank
 whose shard the killed run had already written and recorded keeps it and reads no chunk: so
 the rank that writes the manifest may remove the chunks at once, since every rank it counted
@@ -33,7 +34,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ class ShardResult:
     manifest: bool  # this rank wrote the manifest
     reused_chunks: tuple[int, ...] = ()  # which chunks were reused, in order
     kept: bool = False  # a killed run had written and recorded this rank's shard: kept as is
+    cleaned: list[str] = field(default_factory=list)  # leftovers of a killed run, removed
 
 
 def launch_rank() -> tuple[int, int]:
@@ -144,7 +146,11 @@ def encode_shard(
     first, stop = chunks.start * chunk_rows, min(chunks.stop * chunk_rows, len(texts))
     if done:
         log.info("%s already holds this job's shards (%s)", out, MANIFEST)
-        return ShardResult(rank, world, None, (first, stop), 0, 0, False)
+        # A run killed between its manifest and the clean-up left its chunks (a second copy
+        # of every embedding) and perhaps temporary files: once the manifest is written no
+        # rank of any run reads them, so they go now.
+        cleaned = _remove_leftovers(out, read_json(out / MANIFEST))
+        return ShardResult(rank, world, None, (first, stop), 0, 0, False, cleaned=cleaned)
     name = shard_name(rank, world, fmt)
     if _recorded(out, rank, world, job, fmt):
         log.info("rank %d/%d: %s was written by an earlier run: kept", rank, world, name)
@@ -307,20 +313,35 @@ def _finish(out: Path, job: dict, fmt: str, world: int, identity, source) -> boo
         "shards": [{k: r[k] for k in ("file", "rank", "rows", "count", "sha256")} for r in records],
     }
     write_json(out / MANIFEST, manifest)
-    kept = {r["file"] for r in records} | {
+    _remove_leftovers(out, manifest)
+    log.info("wrote %s: %d rows in %d shards", out / MANIFEST, job["rows"], world)
+    return True
+
+
+def _remove_leftovers(out: Path, manifest: dict[str, Any]) -> list[str]:
+    """Remove what the manifest's run no longer needs: the chunks, shards of an earlier,
+    killed run with another world size, and temporary files of killed shard writes; the
+    names of what was removed. The writer of the manifest calls it, and so does every later
+    run that finds the manifest complete (the writer may have been killed before it)."""
+    world = manifest["world"]
+    kept = {s["file"] for s in manifest["shards"]} | {
         f"shard-{r:05d}-of-{world:05d}.json" for r in range(world)
     }
-    for path in out.glob("shard-*"):
+    removed = []
+    for path in sorted(out.glob("shard-*")):
         if path.name not in kept:  # shards of an earlier, killed run with another world size
             path.unlink(missing_ok=True)
+            removed.append(path.name)
     # A shard's temporary file (io.atomic_write's ".NAME.*.tmp") left by a process killed
     # while writing it: every shard is written now, so none is being written. (A manifest's
     # may be: another rank can be writing the same manifest.)
-    for path in out.glob(".shard-*.tmp"):
+    for path in sorted(out.glob(".shard-*.tmp")):
         path.unlink(missing_ok=True)
-    shutil.rmtree(out / CHUNKS, ignore_errors=True)
-    log.info("wrote %s: %d rows in %d shards", out / MANIFEST, job["rows"], world)
-    return True
+        removed.append(path.name)
+    if (out / CHUNKS).exists():
+        shutil.rmtree(out / CHUNKS, ignore_errors=True)
+        removed.append(CHUNKS)
+    return removed
 
 
 def _write_parquet(path: Path, rows: range, texts: Sequence[str], vectors: np.ndarray) -> None:

@@ -13,6 +13,8 @@ import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
+from .layout import IndexDamagedError
+
 _BATCH = 10_000  # rows per INSERT batch
 
 
@@ -44,16 +46,25 @@ class TextStore:
         self._uri = f"{path.resolve().as_uri()}?mode=ro&immutable=1"
 
     def get(self, rows: Sequence[int]) -> dict[int, tuple[str, str]]:
-        """Row number -> (id, text) for ``rows``."""
+        """Row number -> (id, text) for ``rows``.
+
+        Raises:
+            IndexDamagedError: SQLite cannot read the file (a page overwritten or lost after
+                the index was opened), naming it.
+        """
         if not len(rows):
             return {}
-        connection = sqlite3.connect(self._uri, uri=True, check_same_thread=False)
         try:
-            marks = ",".join("?" * len(rows))
-            found = connection.execute(
-                f"SELECT row, id, text FROM texts WHERE row IN ({marks})",  # noqa: S608
-                [int(r) for r in rows],
-            ).fetchall()
-        finally:
-            connection.close()
+            connection = sqlite3.connect(self._uri, uri=True, check_same_thread=False)
+            try:
+                marks = ",".join("?" * len(rows))
+                found = connection.execute(
+                    f"SELECT row, id, text FROM texts WHERE row IN ({marks})",  # noqa: S608
+                    [int(r) for r in rows],
+                ).fetchall()
+            finally:
+                connection.close()
+        except sqlite3.Error as exc:
+            reason = str(exc).strip() or type(exc).__name__
+            raise IndexDamagedError(self.path, f"cannot be read by SQLite ({reason})") from None
         return {row: (ident, text) for row, ident, text in found}

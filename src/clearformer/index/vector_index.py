@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from . import engine, layout
+from . import engine, integrity, layout
 from .identity import ModelIdentity
 from .options import IndexOptions
 from .quantize import quantize, stored_bytes, truncate
@@ -73,7 +73,9 @@ class _Segment:
     offset: int
     rows: int
     vectors: np.ndarray  # (rows, d) float32, memory-mapped
+    stored: np.ndarray  # what an exact scan reads: the vectors, or their int8 / binary copy
     texts: TextStore
+    vectors_path: Path
 
 
 class VectorIndex:
@@ -84,47 +86,84 @@ class VectorIndex:
     """
 
     def __init__(self, root: Path, generation: str, meta: dict[str, Any], encoder=None) -> None:
+        """The generation ``generation`` of ``root``, whose checked ``meta.json`` is ``meta``
+        (:func:`.integrity.read_meta`): each of its files is checked against it here
+        (:class:`~.layout.IndexDamagedError` naming the file)."""
         self.root = root
         self.generation = generation
         self.meta = meta
         self.encoder = encoder
-        self.identity = ModelIdentity.from_dict(meta["model"])
-        self.options = IndexOptions.from_dict(meta["options"])
+        folder = layout.generation_dir(root, generation)
+        meta_path = folder / layout.META
+        try:
+            self.identity = ModelIdentity.from_dict(meta["model"])
+            self.options = IndexOptions.from_dict(meta["options"])
+        except (TypeError, ValueError) as exc:
+            raise layout.IndexDamagedError(meta_path, f"holds an invalid field ({exc})") from None
         self.dimensions: int = meta["dimensions"]
         self.ann: str = meta["ann"]
         self.rows: int = meta["rows"]
         self.ranges = None if meta["int8_ranges"] is None else np.array(meta["int8_ranges"], "f4")
-        self._segments = [
-            _Segment(
-                s["name"],
-                s["offset"],
-                s["rows"],
-                np.load(layout.segment_dir(root, s["name"]) / "vectors.npy", mmap_mode="r"),
-                TextStore(layout.segment_dir(root, s["name"]) / "texts.sqlite"),
+        storage = self.options.storage
+        # In the order of layout.index_files: the graph, then each segment's files.
+        self._graph = (
+            integrity.open_graph(
+                folder / layout.GRAPH, self.rows, self.dimensions, storage, meta_path
             )
-            for s in meta["segments"]
-        ]
+            if self.ann == "hnsw"
+            else None
+        )
+        self._segments = [self._open_segment(s, meta_path) for s in meta["segments"]]
         self._offsets = np.array([s.offset for s in self._segments], dtype=np.int64)
-        folder = layout.generation_dir(root, generation)
-        self._graph = engine.open_graph(folder / "hnsw.usearch") if self.ann == "hnsw" else None
-        self._stored = None if self.ann == "hnsw" else _stored_arrays(root, meta)
+        self._stored = None if self.ann == "hnsw" else _stored_arrays(self._segments)
+
+    def _open_segment(self, record: dict[str, Any], meta_path: Path) -> _Segment:
+        folder = layout.segment_dir(self.root, record["name"])
+        rows, storage = record["rows"], self.options.storage
+        vectors = integrity.open_array(
+            folder / layout.VECTORS, rows, self.dimensions, "float32", meta_path
+        )
+        stored = vectors
+        if storage != "float32":
+            width = stored_bytes(storage, self.dimensions)
+            dtype = "int8" if storage == "int8" else "uint8"
+            stored = integrity.open_array(folder / layout.STORED, rows, width, dtype, meta_path)
+        integrity.check_texts(folder / layout.TEXTS, rows, meta_path)
+        integrity.check_segment_record(folder / layout.SEGMENT_RECORD, record, meta_path)
+        return _Segment(
+            record["name"],
+            record["offset"],
+            rows,
+            vectors,
+            stored,
+            TextStore(folder / layout.TEXTS),
+            folder / layout.VECTORS,
+        )
 
     @classmethod
     def open(cls, path: str | os.PathLike, encoder=None) -> VectorIndex:
         """Open the committed index at ``path``; with an ``encoder``, check first that it is
-        the model the index was built with (:class:`~.identity.ModelMismatchError` if not)."""
+        the model the index was built with (:class:`~.identity.ModelMismatchError` if not).
+
+        Raises:
+            IndexNotFoundError: no committed index at ``path``.
+            IndexDamagedError: one of its files is missing, unreadable or disagrees with
+                ``meta.json`` (a ``ValueError`` naming the file).
+        """
         root = Path(path)
         for attempt in range(_OPEN_TRIES):
             generation = layout.current_generation(root)
             if generation is None:
                 raise IndexNotFoundError(_not_found(root))
+            folder = layout.generation_dir(root, generation)
             try:
-                meta = layout.read_json(layout.generation_dir(root, generation) / "meta.json")
+                meta = integrity.read_meta(folder / layout.META, generation, FORMAT)
                 index = cls(root, generation, meta)
                 break
-            except FileNotFoundError:
-                # Two commits since CURRENT was read removed that generation: read it again.
-                if attempt == _OPEN_TRIES - 1:
+            except layout.IndexDamagedError:
+                # A missing file may be a race, not damage: two commits since CURRENT was read
+                # removed that generation. Damage is what stays when CURRENT has not moved.
+                if attempt == _OPEN_TRIES - 1 or layout.current_generation(root) == generation:
                     raise
         if encoder is not None:
             index = index.with_encoder(encoder)
@@ -187,7 +226,11 @@ class VectorIndex:
         count = min(k * rescore, self.rows)
         stored_queries = quantize(queries, self.options.storage, self.ranges)
         if self._graph is not None:
-            candidates = engine.search_graph(self._graph, stored_queries, count, expansion)
+            # A large share of the rows: a scan of the graph's vectors (engine.graph_scans).
+            exact = engine.graph_scans(count, self.rows, self.options.connectivity)
+            candidates = engine.search_graph(
+                self._graph, stored_queries, count, expansion, exact=exact
+            )
         else:
             candidates = engine.scan(self._stored, stored_queries, count, self.options.storage)
         rows = np.full((len(queries), k), -1, dtype=np.int64)
@@ -212,6 +255,7 @@ class VectorIndex:
             order = np.argsort(local)  # memory-mapped rows read in file order
             block = np.empty((len(local), self.dimensions), dtype=np.float32)
             block[order] = segment.vectors[local[order]]
+            _check_unit_rows(block, local, segment.vectors_path)
             out[picked] = block
         return out
 
@@ -225,6 +269,12 @@ class VectorIndex:
             local = [r - segment.offset for r, w in zip(wanted, where, strict=True) if w == s]
             for row, value in segment.texts.get(local).items():
                 found[row + segment.offset] = value
+        missing = [row for row in wanted if row not in found]
+        if missing:
+            segment = self._segments[int(np.searchsorted(self._offsets, missing[0], "right") - 1)]
+            raise layout.IndexDamagedError(
+                segment.texts.path, f"holds no row {missing[0] - segment.offset}"
+            )
         return [
             [
                 Hit(float(score), *found[int(row)], int(row))
@@ -240,7 +290,7 @@ class VectorIndex:
             _folder_bytes(layout.segment_dir(self.root, s.name)) for s in self._segments
         )
         if self._graph is not None:
-            memory = (folder / "hnsw.usearch").stat().st_size
+            memory = (folder / layout.GRAPH).stat().st_size
         else:
             memory = int(self._stored.nbytes)
         return IndexStats(
@@ -262,16 +312,27 @@ class VectorIndex:
 
 
 def stored_vectors(root: Path, segment: dict, storage: str) -> np.ndarray:
+    """A segment's stored vectors (what the graph holds), memory-mapped."""
     folder = layout.segment_dir(root, segment["name"])
-    name = "vectors.npy" if storage == "float32" else "stored.npy"
-    return np.load(folder / name, mmap_mode="r")
+    return np.load(folder / layout.stored_name(storage), mmap_mode="r")
 
 
-def _stored_arrays(root: Path, meta: dict) -> np.ndarray:
+def _stored_arrays(segments: list[_Segment]) -> np.ndarray:
     """Every segment's stored vectors in one array, for an exact scan (small indexes)."""
-    storage = meta["options"]["storage"]
-    parts = [np.asarray(stored_vectors(root, s, storage)) for s in meta["segments"]]
-    return np.ascontiguousarray(np.concatenate(parts))
+    return np.ascontiguousarray(np.concatenate([np.asarray(s.stored) for s in segments]))
+
+
+def _check_unit_rows(block: np.ndarray, rows: np.ndarray, path: Path) -> None:
+    """Rows read for rescoring are unit vectors (or zero): bytes overwritten inside
+    ``vectors.npy``, which no header shows, are found when a search reads them."""
+    with np.errstate(over="ignore", invalid="ignore"):  # garbage may overflow: found below
+        norms = np.linalg.norm(block, axis=1)  # (n,)
+    bad = ~(np.isfinite(norms) & ((np.abs(norms - 1) < 1e-3) | (norms == 0)))
+    if bad.any():
+        row = int(rows[int(np.argmax(bad))])
+        raise layout.IndexDamagedError(
+            path, f"holds row {row}, which is not a unit vector (norm {norms[bad][0]:.4g})"
+        )
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -285,5 +346,10 @@ def _not_found(root: Path) -> str:
         return (
             f"{root} holds no committed index yet (a build was stopped before its commit); "
             "run the same build again to resume it"
+        )
+    if (root / "generations").is_dir():
+        return (
+            f"{root} holds no committed index: {root / layout.CURRENT} is missing or empty; "
+            "run the same build again to rebuild it"
         )
     return f"{root} is not an index directory (no {layout.CURRENT} file)"

@@ -55,7 +55,7 @@ def read_encoder_parts(
     ``TextEncoder.from_pretrained`` for the arguments and the errors."""
     started = time.perf_counter()
     files = find_checkpoint(path)
-    pooling = pooling_from_config(files.pooling_config)
+    pooling = pooling_from_config(files.pooling_config, files.pooling_path)
     _, config = read_family(files, backend)  # the width the head needs, before any weight
     head_config, dense = read_head(files, config.d_model)
     head = build_head(head_config, dense)

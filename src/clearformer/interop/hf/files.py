@@ -64,6 +64,7 @@ class CheckpointFiles:
     modules: list[dict[str, Any]] | None = None  # sentence-transformers modules.json
     sentence_config: dict[str, Any] = field(default_factory=dict)  # sentence_bert_config.json
     pooling_config: dict[str, Any] | None = None  # <pooling module path>/config.json
+    pooling_path: Path | None = None  # that file (1_Pooling/config.json, usually)
     merges: Path | None = None  # merges.txt, set exactly when ``tokenizer`` is vocab.json
 
 
@@ -143,7 +144,7 @@ def find_checkpoint(path: str | os.PathLike | None) -> CheckpointFiles:
     tokenizer_config = {}
     if (root / "tokenizer_config.json").is_file():
         tokenizer_config = read_json(root / "tokenizer_config.json", "tokenizer config")
-    modules, pooling_config = _sentence_modules(root)
+    modules, pooling_config, pooling_path = _sentence_modules(root)
     sentence_config = {}
     if (root / "sentence_bert_config.json").is_file():
         sentence_config = read_json(root / "sentence_bert_config.json", "sentence-transformers")
@@ -156,6 +157,7 @@ def find_checkpoint(path: str | os.PathLike | None) -> CheckpointFiles:
         modules=modules,
         sentence_config=sentence_config if isinstance(sentence_config, dict) else {},
         pooling_config=pooling_config,
+        pooling_path=pooling_path,
         merges=merges,
     )
 
@@ -183,14 +185,15 @@ def _tokenizer_files(root: Path) -> tuple[Path | None, Path | None]:
     return None, None
 
 
-def _sentence_modules(root: Path) -> tuple[list[dict] | None, dict | None]:
-    """sentence-transformers' ``modules.json`` and its pooling module's config, if any."""
+def _sentence_modules(root: Path) -> tuple[list[dict] | None, dict | None, Path | None]:
+    """sentence-transformers' ``modules.json``, its pooling module's config and that config's
+    path, if any."""
     if not (root / "modules.json").is_file():
-        return None, None
+        return None, None, None
     modules = read_json(root / "modules.json", "sentence-transformers modules")
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise CheckpointError(f"{root / 'modules.json'} must hold a JSON list of objects")
-    pooling = None
+    pooling = pooling_path = None
     for module in modules:
         if str(module.get("type", "")).endswith(".Pooling"):
             file = root / str(module.get("path", "")) / "config.json"
@@ -199,5 +202,5 @@ def _sentence_modules(root: Path) -> tuple[list[dict] | None, dict | None]:
                     f"checkpoint {root} is incomplete: modules.json lists a pooling module "
                     f"but {file} is missing"
                 )
-            pooling = read_json(file, "pooling config")
-    return modules, pooling
+            pooling, pooling_path = read_json(file, "pooling config"), file
+    return modules, pooling, pooling_path

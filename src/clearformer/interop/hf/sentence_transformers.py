@@ -9,6 +9,7 @@ The pooling mode comes from the pooling module's config (``1_Pooling/config.json
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,41 +46,64 @@ class PoolingConfig:
     include_prompt: bool = True
 
 
-def pooling_from_config(config: dict[str, Any] | None) -> PoolingConfig:
+def pooling_from_config(
+    config: dict[str, Any] | None, source: str | os.PathLike | None = None
+) -> PoolingConfig:
     """The :class:`PoolingConfig` of a pooling module's ``config.json`` (mean pooling, prompt
-    included, when there is none).
+    included, when there is none); ``source`` is that file, for the errors.
 
     Raises:
-        CheckpointError: a mode clearformer does not implement, several modes at once, or an
-            ``include_prompt`` that is not true or false.
+        CheckpointError: a mode clearformer does not implement, several modes at once, no
+            mode at all, or an ``include_prompt`` that is not true or false.
     """
     include = (config or {}).get("include_prompt", True)
     if not isinstance(include, bool):
         raise CheckpointError(
-            f"the pooling config's 'include_prompt' must be true or false, got {include!r}"
+            f"{_where(source)} 'include_prompt' must be true or false, got {include!r}"
         )
-    return PoolingConfig(pooling_mode_from_config(config), include)
+    return PoolingConfig(pooling_mode_from_config(config, source), include)
 
 
-def pooling_mode_from_config(config: dict[str, Any] | None) -> str:
-    """The pooling mode a sentence-transformers pooling config asks for ("mean" when absent).
+def pooling_mode_from_config(
+    config: dict[str, Any] | None, source: str | os.PathLike | None = None
+) -> str:
+    """The pooling mode a sentence-transformers pooling config asks for ("mean" when there is
+    no config); ``source`` is that file (``1_Pooling/config.json``), for the errors.
 
     Raises:
-        CheckpointError: a mode clearformer does not implement, or several modes at once.
+        CheckpointError: a mode clearformer does not implement, several modes at once, or none
+            (a config whose ``pooling_mode_*`` keys are all false and that has no
+            ``pooling_mode``), naming the file and the keys.
     """
     if not config:
         return "mean"  # what sentence-transformers uses for a plain transformers checkpoint
+    supported = f"supported: one of {POOLING_MODES}"
     mode = config.get("pooling_mode")
     if mode is None:
         modes = [name for key, name in _LEGACY_KEYS.items() if config.get(key)]
+        if not modes:
+            unknown = [k for k, v in config.items() if k.startswith("pooling_mode_") and v]
+            also = f" (it sets {', '.join(unknown)}, which clearformer does not know)"
+            raise CheckpointError(
+                f"{_where(source)} names no pooling mode: none of its keys "
+                f"{', '.join(_LEGACY_KEYS)} is true{also if unknown else ''}, and it has no "
+                f"'pooling_mode'; {supported}"
+            )
+        keys = [key for key, name in _LEGACY_KEYS.items() if name in modes]
+        where = f"its keys {', '.join(keys)} ask for"
     else:
         modes = [mode] if isinstance(mode, str) else list(mode)
+        where = "its 'pooling_mode' asks for"
     if len(modes) != 1 or modes[0] not in POOLING_MODES:
+        what = "several modes at once" if len(modes) > 1 else "a mode clearformer lacks"
         raise CheckpointError(
-            f"unsupported pooling {modes or 'none'} in the pooling config; supported: one of "
-            f"{POOLING_MODES}"
+            f"{_where(source)}: unsupported pooling {modes}: {where} {what}; {supported}"
         )
     return modes[0]
+
+
+def _where(source: str | os.PathLike | None) -> str:
+    return f"the pooling config {source}" if source is not None else "the pooling config"
 
 
 def normalize_from_modules(modules: list[dict[str, Any]] | None, root: Path) -> bool:

@@ -68,7 +68,7 @@ def read_head(files: CheckpointFiles, d_model: int) -> tuple[SentenceHeadConfig,
             config or weights that do not fit, naming the file and the field.
     """
     modules = files.modules
-    pooling = pooling_from_config(files.pooling_config)
+    pooling = pooling_from_config(files.pooling_config, files.pooling_path)
     matryoshka = matryoshka_from_files(files)
     if modules is None:
         return SentenceHeadConfig(d_model, pooling.mode, matryoshka_dimensions=matryoshka), {}
