@@ -18,7 +18,7 @@ from typing import Any
 
 from ..checks import ArgumentTypeError, check_choice, check_int, check_positive_int
 
-TASKS = ("digits", "classify", "reverse", "mlm", "translate", "contrastive")
+TASKS = ("digits", "classify", "reverse", "mlm", "translate", "contrastive", "rerank")
 DECAYS = ("cosine", "linear", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -87,7 +87,15 @@ DATA_ORDER_FIELDS = (
     "negatives",
 )
 # Fields that change nothing already computed: a resume that changes one is a warning only.
-HARMLESS_FIELDS = ("eval_every", "log_every", "checkpoint_every", "keep_last", "device")
+HARMLESS_FIELDS = (
+    "eval_every",
+    "log_every",
+    "checkpoint_every",
+    "keep_last",
+    "device",
+    "retriever",
+    "rerank_top",
+)
 
 
 @dataclass(frozen=True)
@@ -187,6 +195,9 @@ class TrainConfig:
     query_prompt: str = ""  # put before every anchor ("query: ")
     document_prompt: str = ""  # put before every positive and negative ("passage: ")
     negatives: int = 0  # hard negatives per row used; 0: every one the row has
+    # rerank: a cross-encoder trained on the same rows (binary cross-entropy).
+    retriever: str = "bundled"  # the fixed first stage whose results eval_data's run reranks
+    rerank_top: int = 50  # documents per query the cross-encoder reranks at each evaluation
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -264,6 +275,12 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         _check_range("scale", self.scale, low=0.0, low_open=True)
+        check_positive_int(self.rerank_top, "rerank_top")
+        if self.task == "rerank" and not self.train_file:
+            raise ValueError(
+                "train_file must name a JSONL, CSV or TSV file of (anchor, positive, negative) "
+                "rows for task='rerank', got ''"
+            )
         if self.task == "contrastive":
             if not self.train_file:
                 raise ValueError(

@@ -63,7 +63,12 @@ def train_step(
             with precision.autocast():
                 logits = model(batch, **options)  # (b, L); mlm: (n, V), its masked tokens
             # The loss in fp32 whatever the autocast: bf16 log-softmax loses the small losses.
-            ce = nn.functional.cross_entropy(logits.float(), batch.labels, reduction="sum")
+            # A task with another loss (rerank: binary cross-entropy) sums it itself.
+            loss_sum = getattr(task, "loss_sum", None)
+            if loss_sum is not None:
+                ce = loss_sum(logits, batch)
+            else:
+                ce = nn.functional.cross_entropy(logits.float(), batch.labels, reduction="sum")
             loss = ce * (context.world / total)
             (scaler.scale(loss) if scaler is not None else loss).backward()
         summed += ce.item()

@@ -32,6 +32,10 @@ def build_task(config: TrainConfig) -> Task:
         from .contrastive import ContrastiveTask
 
         return ContrastiveTask(config)
+    if config.task == "rerank":
+        from .rerank import RerankTask
+
+        return RerankTask(config)
     raise ValueError(f"task must be one of {TASKS}, got {config.task!r}")
 
 

@@ -1,0 +1,273 @@
+"""``rerank``: train a cross-encoder on (query, positive, negatives) rows with binary
+cross-entropy, as sentence-transformers' ``CrossEncoderTrainer`` with
+``BinaryCrossEntropyLoss`` does.
+
+Each row gives one pair labelled 1 (the query and its positive) and one labelled 0 per hard
+negative; ``pos_weight`` is the negatives per positive, so that positives and negatives weigh
+the same in the loss whatever their ratio. The base ``model`` is a cross-encoder to go on
+training, or an encoder without a classification head (the bundled embedding model, say), which
+gets a new one-label head. With ``eval_data``, the model reranks the first ``rerank_top``
+documents a fixed first stage (``retriever``, the bundled model by default) finds for each
+query, and NDCG@10 of the reranked run picks the best checkpoint; without it, the loss on a
+held-out ``eval_fraction`` of the rows does. ``RUN/model/`` is the trained cross-encoder, which
+``CrossEncoder.from_pretrained``, sentence-transformers' ``CrossEncoder`` and ``clearformer
+rerank`` / ``serve`` load.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..config import TrainConfig
+from ..pairs import read_pairs
+from .contrastive import _split
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PairBatch:
+    """Text pairs padded: ids, types and mask (B, T); labels (B,) float (1 relevant, 0 not)."""
+
+    input_ids: Tensor
+    token_type_ids: Tensor
+    attention_mask: Tensor
+    labels: Tensor
+
+    def to(self, device: torch.device) -> PairBatch:
+        return PairBatch(
+            *(
+                t.to(device)
+                for t in (self.input_ids, self.token_type_ids, self.attention_mask, self.labels)
+            )
+        )
+
+
+class PairScorer(nn.Module):
+    """(query, document) token pairs -> EncoderModel -> SequenceClassifier -> (B,) logits."""
+
+    def __init__(self, model, head) -> None:
+        super().__init__()
+        self.model = model
+        self.head = head
+        self.token_types = model.config.type_vocab_size > 1
+
+    def forward(self, batch: PairBatch, checkpointing: bool | None = None) -> Tensor:
+        types = batch.token_type_ids if self.token_types else None
+        hidden = self.model(
+            batch.input_ids, batch.attention_mask, types, checkpointing=checkpointing
+        )  # (B, T, D)
+        return self.head(hidden, batch.attention_mask)[:, 0]  # (B, 1) -> (B,)
+
+
+class RerankTask:
+    name = "rerank"
+
+    def __init__(self, config: TrainConfig) -> None:
+        from ...interop.hf import find_checkpoint
+        from ...interop.hf.loading import load_model, read_family
+        from ...interop.hf.tokenizer import TextTokenizer, max_length_for
+
+        self.config = config
+        pairs = read_pairs(config.train_file)
+        self.files = find_checkpoint(None if config.model == "bundled" else config.model)
+        self.family, encoder_config = read_family(self.files, "auto")
+        if self.family.classifier is None:
+            raise ValueError(
+                f"model {self.files.path}: model_type={self.family.model_type!r} has no "
+                "sequence-classification head in clearformer"
+            )
+        self._load_base(load_model)
+        pad_id = encoder_config.pad_token_id if encoder_config.pad_token_id is not None else 0
+        max_length = min(config.max_length, max_length_for(self.files, encoder_config.max_length))
+        self.tokenizer = TextTokenizer.from_files(
+            self.files, max_length, pad_id, vocab_size=encoder_config.vocab_size
+        )
+        self.pad_id = pad_id
+        if config.eval_data:
+            from ...retrieval import load_beir
+
+            self.eval_data = load_beir(config.eval_data, config.eval_split)
+            self.metric, self.metrics = "ndcg@10", ("ndcg@10", "mrr@10", "recall@10")
+            train_rows, eval_rows = pairs, []
+            self.evaluate_before_training = True
+            self._first_stage = None
+        else:
+            self.eval_data = None
+            self.metric, self.metrics = "loss", ("accuracy",)
+            train_rows, eval_rows = _split(pairs, config.eval_fraction, config.split_seed)
+            self.evaluate_before_training = False
+        self.train_examples = self._examples(train_rows)
+        self.eval_examples = self._examples(eval_rows)
+        positives = sum(1 for _, _, label in self.train_examples if label == 1)
+        self.pos_weight = (len(self.train_examples) - positives) / max(positives, 1)
+        self.labels = ()
+        self._ids = self._tokenize(self.train_examples + self.eval_examples)
+        self.train_lengths = [len(self._ids[(q, d)][0]) for q, d, _ in self.train_examples]
+
+    def _load_base(self, load_model) -> None:
+        """The encoder and its head: the checkpoint's own, or a new one-label head."""
+        from ...interop.hf.classifier_saving import classifier_config, new_head
+        from ...interop.hf.heads import load_classifier
+
+        architectures = self.files.config.get("architectures") or []
+        if any(str(a).endswith("ForSequenceClassification") for a in architectures):
+            loaded = load_classifier(self.files)
+            self.base_model, self.base_head = loaded.loaded.model, loaded.head
+            self.hf_config = dict(self.files.config)
+            if self.base_head.config.num_labels != 1:
+                raise ValueError(
+                    f"model {self.files.path}: a reranker scores with one label, this "
+                    f"cross-encoder has num_labels={self.base_head.config.num_labels}"
+                )
+            return
+        loaded = load_model(self.files)
+        self.hf_config = classifier_config(self.files.config, self.family)
+        self.base_model = loaded.model
+        self.base_head = new_head(self.family, self.hf_config, loaded.kept, self.config.seed)
+
+    def _examples(self, rows) -> list[tuple[str, str, int]]:
+        out = []
+        limit = self.config.negatives
+        for row in rows:
+            out.append((row.anchor, row.positive, 1))
+            negatives = row.negatives[:limit] if limit > 0 else row.negatives
+            out += [(row.anchor, negative, 0) for negative in negatives]
+        return out
+
+    def _tokenize(self, examples) -> dict:
+        pairs = sorted({(q, d) for q, d, _ in examples})
+        encodings = self.tokenizer.encode_pairs(pairs)
+        return {p: (list(e.ids), list(e.type_ids)) for p, e in zip(pairs, encodings, strict=True)}
+
+    def _collate(self, examples: Sequence[tuple[str, str, int]]) -> PairBatch:
+        rows = [self._ids[(q, d)] for q, d, _ in examples]
+        T = max(len(ids) for ids, _ in rows)
+        ids = torch.full((len(rows), T), self.pad_id, dtype=torch.int64)  # (B, T)
+        types = torch.zeros((len(rows), T), dtype=torch.int64)  # (B, T)
+        mask = torch.zeros((len(rows), T), dtype=torch.bool)  # (B, T)
+        for i, (row_ids, row_types) in enumerate(rows):
+            ids[i, : len(row_ids)] = torch.tensor(row_ids)
+            types[i, : len(row_types)] = torch.tensor(row_types)
+            mask[i, : len(row_ids)] = True
+        labels = torch.tensor([float(label) for _, _, label in examples])
+        return PairBatch(ids, types, mask, labels)
+
+    # -- what the trainer asks ---------------------------------------------------------------
+
+    def build_model(self) -> PairScorer:
+        return PairScorer(copy.deepcopy(self.base_model), copy.deepcopy(self.base_head)).train()
+
+    def train_batch(self, indices: Sequence[int]) -> PairBatch:
+        return self._collate([self.train_examples[i] for i in indices])
+
+    def loss_sum(self, logits: Tensor, batch: PairBatch) -> Tensor:
+        """Binary cross-entropy summed over the batch, positives weighed by ``pos_weight``."""
+        weight = torch.tensor(self.pos_weight, device=logits.device)
+        return F.binary_cross_entropy_with_logits(
+            logits.float(), batch.labels, pos_weight=weight, reduction="sum"
+        )
+
+    def eval_batches(self, batch_size: int) -> Iterator[PairBatch]:
+        for start in range(0, len(self.eval_examples), batch_size):
+            yield self._collate(self.eval_examples[start : start + batch_size])
+
+    @torch.no_grad()
+    def evaluate(self, model, *, batch_size: int, precision, metrics, device) -> dict[str, float]:
+        from ..distributed import unwrap
+
+        model = unwrap(model)
+        if self.eval_data is None:
+            return self._held_out(model, batch_size, precision, device)
+        from ...retrieval import evaluate_run, mean_measures
+        from ...retrieval.stages import rerank_run
+
+        first = self._first_stage_run()
+        cross = self.cross_encoder(model.state_dict())
+        data = self.eval_data
+        run = rerank_run(
+            first,
+            dict(zip(data.query_ids, data.query_texts, strict=True)),
+            dict(zip(data.corpus_ids, data.corpus_texts, strict=True)),
+            lambda pairs: cross.predict(pairs, activation="identity"),
+            self.config.rerank_top,
+        )
+        return mean_measures(evaluate_run(run, data.qrels, self.metrics))
+
+    def _first_stage_run(self):
+        """The fixed first stage's run, computed once: the retriever does not train."""
+        if self._first_stage is None:
+            from ...retrieval import EvalSettings, evaluate
+            from ...text import TextEncoder
+
+            retriever = None if self.config.retriever == "bundled" else self.config.retriever
+            result = evaluate(
+                self.eval_data, TextEncoder.from_pretrained(retriever), EvalSettings()
+            )
+            self._first_stage = result.run
+            log.info("rerank: first stage ndcg@10 %.4f", result.metrics["ndcg@10"])
+        return self._first_stage
+
+    def _held_out(self, model, batch_size, precision, device) -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        total, right, count = 0.0, 0, 0
+        for batch in self.eval_batches(batch_size):
+            batch = batch.to(device)
+            with precision.autocast():
+                logits = model(batch).float()
+            total += self.loss_sum(logits, batch).item()
+            right += int(((logits > 0).float() == batch.labels).sum())
+            count += len(batch.labels)
+        model.train(was_training)
+        return {"loss": total / max(count, 1), "accuracy": right / max(count, 1)}
+
+    def cross_encoder(self, weights: dict):
+        """A :class:`~clearformer.CrossEncoder` holding ``weights`` (a PairScorer's)."""
+        import tempfile
+
+        from ...text import CrossEncoder
+
+        with tempfile.TemporaryDirectory(prefix="clearformer-rerank-") as folder:
+            self._write(weights, Path(folder))
+            return CrossEncoder.from_pretrained(folder)
+
+    def _write(self, weights: dict, directory: Path) -> Path:
+        from ...interop.hf.classifier_saving import save_classifier
+
+        scorer = self.build_model()
+        scorer.load_state_dict({k: v.detach().cpu() for k, v in weights.items()})
+        return save_classifier(
+            scorer.model, scorer.head, directory, self.family, self.hf_config, self.files.path
+        )
+
+    def export(self, weights: dict, run_dir: Path) -> None:
+        """``RUN/model/``: the best checkpoint's weights (else the final ones)."""
+        from .. import checkpoint as ckpt
+
+        best = ckpt.read_pointer(run_dir / "checkpoints", ckpt.BEST)
+        if best is not None:
+            loaded = ckpt.load_checkpoint(run_dir / "checkpoints" / best)
+            if loaded.weights is not None:
+                weights = loaded.weights
+        self._write(weights, run_dir / "model")
+
+    def describe(self) -> dict:
+        positives = sum(1 for _, _, label in self.train_examples if label == 1)
+        return {
+            "task": self.name,
+            "train_file": self.config.train_file,
+            "train_pairs": len(self.train_examples),
+            "positives": positives,
+            "pos_weight": self.pos_weight,
+            "model": str(self.files.path),
+            "max_length": self.tokenizer.max_length,
+        }

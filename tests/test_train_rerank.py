@@ -1,0 +1,128 @@
+"""``clearformer train --task rerank``: a cross-encoder trained on (query, positive, negatives)
+rows, from an embedding model (a new head) or from a cross-encoder, exported as a directory
+that sentence-transformers' CrossEncoder and clearformer's load to the same scores."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from .contrastive_helpers import write_retrieval_data, write_sentence_transformer
+from .train_helpers import run_train
+
+pytest.importorskip("sentence_transformers")
+
+PAIRS = [("w1 w2", "w1 w3 w4"), ("w5 w6", "w40 w41 w42"), ("w7", "w7 w8 w9 w10 w11")]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rerank")
+    model = write_sentence_transformer(root / "st")
+    pairs, beir = write_retrieval_data(root / "data")
+    return {"model": model, "pairs": pairs, "beir": beir}
+
+
+def _flags(data, model, **changes):
+    values = {
+        "task": "rerank",
+        "train-file": data["pairs"],
+        "model": model,
+        "steps": 6,
+        "batch-size": 8,
+        "warmup-steps": 1,
+        "lr": 1e-3,
+        "eval-every": 3,
+        "checkpoint-every": 3,
+        **changes,
+    }
+    return [x for k, v in values.items() for x in (f"--{k}", str(v))]
+
+
+def _same_scores(directory):
+    from sentence_transformers import CrossEncoder as Reference
+
+    from clearformer import CrossEncoder
+
+    theirs = Reference(str(directory), device="cpu").predict(PAIRS)
+    ours = CrossEncoder.from_pretrained(directory).predict(PAIRS)
+    assert np.abs(np.asarray(theirs) - ours).max() <= 1e-6
+    return ours
+
+
+def test_an_embedding_model_becomes_a_reranker_both_libraries_load(data, tmp_path):
+    run = tmp_path / "run"
+    argv = _flags(
+        data,
+        data["model"],
+        **{"eval-data": data["beir"], "retriever": data["model"], "rerank-top": 10},
+    )
+    result = run_train(*argv, "--out", str(run), "-q")
+    assert result.returncode == 0, result.stderr
+    config = json.loads((run / "model" / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"]
+    assert config["num_labels"] == 1
+    assert not (run / "model" / "modules.json").exists()  # not mistaken for an embedding model
+    _same_scores(run / "model")
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "eval_ndcg@10" in r] == [0, 3, 6]
+    described = json.loads((run / "data.json").read_text())
+    # 24 rows of one positive and one negative each: positives weigh as much as negatives.
+    assert described["positives"] == 24 and described["pos_weight"] == 1.0
+
+
+def test_a_cross_encoder_goes_on_training_and_its_weights_move(data, tmp_path):
+    from .test_sequence_classification import make_classifier
+
+    base = tmp_path / "base"
+    make_classifier("bert", base, num_labels=1)
+    # The tiny classifier's vocabulary has 60 pieces: rows of word ids below it.
+    rows = [
+        {
+            "anchor": f"w{i} w{i + 1}",
+            "positive": f"w{i} w{i + 2} w{i + 3}",
+            "negative": [f"w{(i + 20) % 50} w{(i + 30) % 50}"],
+        }
+        for i in range(16)
+    ]
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = tmp_path / "run"
+    result = run_train(
+        *_flags({"pairs": pairs}, base, **{"eval-fraction": 0.25}), "--out", str(run), "-q"
+    )
+    assert result.returncode == 0, result.stderr
+    before = _same_scores(base)
+    after = _same_scores(run / "model")
+    assert np.abs(before - after).max() > 1e-4
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all("eval_loss" in r and "eval_accuracy" in r for r in records if "best" in r)
+
+
+def test_loss_is_binary_cross_entropy_with_positives_weighed_by_the_negatives(data, tmp_path):
+    from clearformer.train.tasks.rerank import PairBatch
+
+    logits = torch.tensor([2.0, -1.0, 0.5, -3.0])
+    labels = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    batch = PairBatch(torch.zeros(4, 1), torch.zeros(4, 1), torch.ones(4, 1), labels)
+    task = type("T", (), {"pos_weight": 3.0})()
+    from clearformer.train.tasks.rerank import RerankTask
+
+    ours = RerankTask.loss_sum(task, logits, batch)
+    # By hand: -(w * y * log s(x) + (1 - y) * log(1 - s(x))), summed.
+    s = torch.sigmoid(logits)
+    expected = -(3.0 * labels * torch.log(s) + (1 - labels) * torch.log(1 - s)).sum()
+    assert torch.allclose(ours, expected, atol=1e-6)
+
+
+def test_a_model_whose_family_has_no_classifier_is_refused_in_one_line(data, tmp_path):
+    bad = tmp_path / "pairs.jsonl"
+    bad.write_text('{"anchor": "w1", "positive": "w1"}\n')
+    result = run_train(
+        *_flags(data, data["model"], **{"train-file": bad}), "--out", str(tmp_path / "run")
+    )
+    assert result.returncode == 2 and "anchor equals its positive" in result.stderr
+    assert not (tmp_path / "run").exists()
