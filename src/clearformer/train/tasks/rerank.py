@@ -245,9 +245,25 @@ class RerankTask:
 
         scorer = self.build_model()
         scorer.load_state_dict({k: v.detach().cpu() for k, v in weights.items()})
-        return save_classifier(
+        out = save_classifier(
             scorer.model, scorer.head, directory, self.family, self.hf_config, self.files.path
         )
+        self._record_max_length(out)
+        return out
+
+    def _record_max_length(self, out: Path) -> None:
+        """The pairs were cut to the tokenizer's max length in training: the directory says so
+        (``model_max_length``), so that every library that loads it cuts them the same way."""
+        import json
+
+        from ...io import atomic_write
+
+        path = out / "tokenizer_config.json"
+        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        config["model_max_length"] = self.tokenizer.max_length
+        with atomic_write(path) as f:
+            json.dump(config, f, indent=2)
+            f.write("\n")
 
     def export(self, weights: dict, run_dir: Path) -> None:
         """``RUN/model/``: the best checkpoint's weights (else the final ones)."""
