@@ -200,3 +200,21 @@ def test_a_batch_larger_than_the_data_is_refused(data, tmp_path):
     result = run_train(*flags(data, **{"batch-size": 500}), "--out", str(tmp_path / "run"))
     assert result.returncode == 2 and "batch_size must be at most" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_csv_and_tsv_rows_read_as_jsonl_rows(tmp_path):
+    from clearformer.train.pairs import read_pairs
+
+    (tmp_path / "rows.tsv").write_text(
+        "anchor\tpositive\tnegative_1\tnegative_2\nw1 w2\tw1 w3\tw9\tw8\nw4\tw4 w5\t\t\n"
+    )
+    (tmp_path / "rows.csv").write_text("anchor,positive,negative\nw1 w2,w1 w3,w9\n")
+    tsv = read_pairs(tmp_path / "rows.tsv")
+    assert [(p.anchor, p.positive, p.negatives) for p in tsv] == [
+        ("w1 w2", "w1 w3", ("w9", "w8")),
+        ("w4", "w4 w5", ()),
+    ]
+    assert read_pairs(tmp_path / "rows.csv")[0].negatives == ("w9",)
+    (tmp_path / "bad.csv").write_text("query,positive\nw1,w2\n")
+    with pytest.raises(ValueError, match=r"bad.csv, line 1: the header has no 'anchor' column"):
+        read_pairs(tmp_path / "bad.csv")
