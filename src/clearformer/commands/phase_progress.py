@@ -1,4 +1,5 @@
-"""Progress of a command's phases on stderr: done / total, rate and time left.
+"""Progress of a command's phases on stderr: done / total, rate and time left (worded as
+:mod:`clearformer.progress` words them).
 
 On a terminal one line per phase is redrawn in place; elsewhere (a log file, CI) a line is
 written when a phase starts, at most every ``interval`` seconds while it runs, and when it ends,
@@ -10,10 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+from ..progress import duration, pace
 
 
 class PhaseProgress:
@@ -41,10 +39,13 @@ class PhaseProgress:
             return
         self._last = now
         elapsed = now - self._start
-        rate = done / elapsed if elapsed > 0 else 0.0
-        left = f", {_duration((total - done) / rate)} left" if rate > 0 and not finished else ""
-        took = f" in {_duration(elapsed)}" if finished else ""
-        line = f"{self.command}: {phase}: {done:,}/{total:,} {unit}, {rate:,.1f}/s{left}{took}"
+        speed = pace(done, total, elapsed, unit)  # "12.3 texts/s, ETA 1 min 05 s"
+        took = f" in {duration(elapsed)}" if finished else ""
+        line = (
+            f"{self.command}: {phase}: {done:,}/{total:,} {unit}"
+            + (f", {speed}" if speed else "")
+            + took
+        )
         if self.terminal:
             print(f"\r\033[K{line}", end="\n" if finished else "", file=sys.stderr, flush=True)
         elif done > 0:
