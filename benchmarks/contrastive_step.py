@@ -134,6 +134,7 @@ def run_clearformer(args, rows, steps) -> float:
 
 
 def child(args) -> None:
+    args.precision = args.precision[0]  # one precision per child process
     rows = _rows(args.rows, args.rows_used)
     run = run_clearformer if args.library == "clearformer" else run_sentence_transformers
     first = run(args, rows, 1)
