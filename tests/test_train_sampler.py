@@ -94,3 +94,24 @@ def test_collators_refuse_empty_input():
         pack_sequences([[1], []], [0, 1])
     with pytest.raises(ValueError, match="one label per sequence"):
         pad_sequences([[1]], [0, 1], 0)
+
+
+def test_duplicate_free_batches_hold_no_text_twice_and_resume_exactly():
+    from clearformer.train.duplicate_free_sampler import DuplicateFreeSampler
+
+    # Rows share positives in pairs: a plain shuffle would put some pairs in one batch.
+    texts = [(f"anchor {i}", f"positive {i // 2}") for i in range(40)]
+    sampler = DuplicateFreeSampler(texts, 8, seed=3)
+    taken = [sampler.next_batch() for _ in range(12)]  # over two epochs
+    for batch in taken:
+        assert len(batch) == 8
+        words = [t for i in batch for t in texts[i]]
+        assert len(words) == len(set(words))
+    again = DuplicateFreeSampler(texts, 8, seed=3)
+    for _ in range(5):
+        again.next_batch()
+    resumed = DuplicateFreeSampler(texts, 8, seed=3)
+    resumed.load_state_dict(again.state_dict())
+    assert [resumed.next_batch() for _ in range(7)] == taken[5:]
+    with pytest.raises(ValueError, match=r"\(batch_size, examples\)"):
+        DuplicateFreeSampler(texts, 4, seed=3).load_state_dict(again.state_dict())

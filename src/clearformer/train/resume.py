@@ -12,7 +12,7 @@ from .config import DATA_ORDER_FIELDS, HARMLESS_FIELDS, SHAPE_FIELDS, TrainConfi
 from .distributed import Context, load_sharded, unwrap
 from .early_stopping import EarlyStopping
 from .rng import seed_everything, set_rng_state
-from .sampler import BucketSampler
+from .sampler import EpochSampler
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def restore(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler | None,
-    sampler: BucketSampler,
+    sampler: EpochSampler,
     stopper: EarlyStopping,
     context: Context,
     seed: int,

@@ -20,43 +20,38 @@ import torch
 from ..checks import check_int, check_positive_int
 
 
-class BucketSampler:
-    """Batches of example indices, one epoch after another, forever (``next_batch``)."""
+class EpochSampler:
+    """Batches of example indices, one epoch after another, forever (``next_batch``), from a
+    generator of the sampler's own; a subclass says how one epoch is cut (``_make_epoch``).
 
-    def __init__(
-        self, lengths: Sequence[int], batch_size: int, *, seed: int, bucket: int = 50
-    ) -> None:
+    Resuming needs the generator's state at the start of the epoch and the batches taken: the
+    epoch is rebuilt exactly and the taken batches skipped. ``_identity`` names what a state
+    must match (batch size, examples, ...).
+    """
+
+    def __init__(self, size: int, batch_size: int, seed: int) -> None:
         check_positive_int(batch_size, "batch_size")
-        check_positive_int(bucket, "bucket")
         check_int(seed, "seed")
-        if batch_size > len(lengths):
+        if batch_size > size:
             raise ValueError(
-                f"batch_size must be at most the number of examples ({len(lengths)}), "
-                f"got {batch_size}"
+                f"batch_size must be at most the number of examples ({size}), got {batch_size}"
             )
-        self.lengths = torch.as_tensor(list(lengths), dtype=torch.int64)
         self.batch_size = batch_size
-        self.bucket = bucket
         self.generator = torch.Generator().manual_seed(seed)
         self.epoch = 0
         self.position = 0  # batches taken in this epoch
         self._epoch_start_state = self.generator.get_state()
+        self._batches: list[list[int]] = []
+
+    def _start(self) -> None:
+        """Cut the first epoch (after the subclass has set what ``_make_epoch`` reads)."""
         self._batches = self._make_epoch()
 
     def _make_epoch(self) -> list[list[int]]:
-        order = torch.randperm(len(self.lengths), generator=self.generator)
-        pool = self.batch_size * self.bucket
-        batches = []
-        for start in range(0, len(order), pool):
-            chunk = order[start : start + pool]
-            # stable sort: equal lengths keep their shuffled order (deterministic either way)
-            chunk = chunk[torch.sort(self.lengths[chunk], stable=True).indices]
-            batches.extend(
-                chunk[i : i + self.batch_size].tolist()
-                for i in range(0, len(chunk), self.batch_size)
-            )
-        shuffle = torch.randperm(len(batches), generator=self.generator)
-        return [batches[i] for i in shuffle.tolist()]
+        raise NotImplementedError
+
+    def _identity(self) -> dict:
+        raise NotImplementedError
 
     @property
     def batches_per_epoch(self) -> int:
@@ -83,24 +78,54 @@ class BucketSampler:
             "epoch": self.epoch,
             "position": self.position,
             "epoch_start_generator": self._epoch_start_state.clone(),
-            "batch_size": self.batch_size,
-            "bucket": self.bucket,
-            "size": len(self.lengths),
+            **self._identity(),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        mine = (self.batch_size, self.bucket, len(self.lengths))
-        theirs = (state["batch_size"], state["bucket"], state["size"])
+        mine = self._identity()
+        theirs = {key: state.get(key) for key in mine}
         if mine != theirs:
+            names = ", ".join("examples" if key == "size" else key for key in mine)
             raise ValueError(
-                "the sampler state is for (batch_size, bucket, examples) = "
-                f"{theirs}, this sampler has {mine}"
+                f"the sampler state is for ({names}) = {tuple(theirs.values())}, this sampler "
+                f"has {tuple(mine.values())}"
             )
         self.epoch = int(state["epoch"])
         self._epoch_start_state = state["epoch_start_generator"].clone()
         self.generator.set_state(self._epoch_start_state)
         self._batches = self._make_epoch()  # the epoch again, exactly, from its start state
         self.position = int(state["position"])
+
+
+class BucketSampler(EpochSampler):
+    """Length-bucketed batches (see the module docstring)."""
+
+    def __init__(
+        self, lengths: Sequence[int], batch_size: int, *, seed: int, bucket: int = 50
+    ) -> None:
+        check_positive_int(bucket, "bucket")
+        super().__init__(len(lengths), batch_size, seed)
+        self.lengths = torch.as_tensor(list(lengths), dtype=torch.int64)
+        self.bucket = bucket
+        self._start()
+
+    def _identity(self) -> dict:
+        return {"batch_size": self.batch_size, "bucket": self.bucket, "size": len(self.lengths)}
+
+    def _make_epoch(self) -> list[list[int]]:
+        order = torch.randperm(len(self.lengths), generator=self.generator)
+        pool = self.batch_size * self.bucket
+        batches = []
+        for start in range(0, len(order), pool):
+            chunk = order[start : start + pool]
+            # stable sort: equal lengths keep their shuffled order (deterministic either way)
+            chunk = chunk[torch.sort(self.lengths[chunk], stable=True).indices]
+            batches.extend(
+                chunk[i : i + self.batch_size].tolist()
+                for i in range(0, len(chunk), self.batch_size)
+            )
+        shuffle = torch.randperm(len(batches), generator=self.generator)
+        return [batches[i] for i in shuffle.tolist()]
 
 
 def padding_fraction(batches: Sequence[Sequence[int]], lengths: Sequence[int]) -> float:
