@@ -179,8 +179,13 @@ def _train(
     # evaluation (retrieval metrics); the others take the classification ones.
     step_fn = getattr(task, "train_step", None)
     step_fn = (lambda m, t, i, **kw: t.train_step(m, i, **kw)) if step_fn else train_step
-    evaluate_fn = getattr(task, "evaluate", None)
-    evaluate_fn = (lambda m, t, **kw: t.evaluate(m, **kw)) if evaluate_fn else evaluate
+    task_evaluate = getattr(task, "evaluate", None)
+
+    def evaluate_now() -> dict[str, float]:
+        options = {"batch_size": eval_batch, "precision": precision, "metrics": task.metrics}
+        if task_evaluate is not None:
+            return task_evaluate(model, device=device, **options)
+        return evaluate(model, task, device=device, **options)
 
     if resume is None and getattr(task, "evaluate_before_training", False):
         # The starting point, recorded as step 0: what training is measured against. It
@@ -188,14 +193,7 @@ def _train(
         # put back after it, so that a run with it and a resumed run draw the same.
         before = rng_state()
         model.eval()
-        scores = evaluate_fn(
-            model,
-            task,
-            batch_size=eval_batch,
-            precision=precision,
-            metrics=task.metrics,
-            device=device,
-        )
+        scores = evaluate_now()
         model.train()
         set_rng_state(before)
         record = {"step": 0, **{f"eval_{k}": v for k, v in scores.items()}, "best": False}
@@ -257,14 +255,7 @@ def _train(
 
         is_best = False
         if step % config.eval_every == 0 or last:
-            scores = evaluate_fn(
-                model,
-                task,
-                batch_size=eval_batch,
-                precision=precision,
-                metrics=task.metrics,
-                device=device,
-            )
+            scores = evaluate_now()
             last_eval = {f"eval_{k}": v for k, v in scores.items()}
             is_best = stopper.update(scores[metric], step)
             record = {"step": step, **last_eval, "best": is_best}
