@@ -13,10 +13,33 @@ See ``docs/retrieval.md``.
 
 from __future__ import annotations
 
-from .beir import DataError, RetrievalData, load_beir
-from .compare import Difference, compare
-from .evaluate import EvalResult, EvalSettings, evaluate
-from .metrics import DEFAULT_MEASURES, evaluate_run, mean_measures, ranked
+from typing import TYPE_CHECKING
+
+from ..lazy_exports import lazy_exports as _lazy_exports
+
+# Imported on first use: the command line reads the measures' names without numpy or torch.
+_EXPORTS = {
+    "DataError": ".beir",
+    "RetrievalData": ".beir",
+    "load_beir": ".beir",
+    "Difference": ".compare",
+    "compare": ".compare",
+    "EvalResult": ".evaluate",
+    "EvalSettings": ".evaluate",
+    "evaluate": ".evaluate",
+    "DEFAULT_MEASURES": ".metrics",
+    "evaluate_run": ".metrics",
+    "mean_measures": ".metrics",
+    "ranked": ".metrics",
+}
+
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
+
+if TYPE_CHECKING:
+    from .beir import DataError, RetrievalData, load_beir
+    from .compare import Difference, compare
+    from .evaluate import EvalResult, EvalSettings, evaluate
+    from .metrics import DEFAULT_MEASURES, evaluate_run, mean_measures, ranked
 
 __all__ = [
     "DEFAULT_MEASURES",
