@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clearformer.retrieval.compare import compare
+from clearformer.retrieval.comparison import compare
 from clearformer.retrieval.metrics import (
     evaluate_run,
     mean_measures,

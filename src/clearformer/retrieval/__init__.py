@@ -3,8 +3,8 @@
 * :mod:`.beir` -- :func:`load_beir`: a BEIR folder (corpus, queries, qrels), checked first;
 * :mod:`.metrics` -- NDCG, MRR, recall, MAP and precision at a cut-off, as trec_eval computes them;
 * :mod:`.stages` -- the search stages: exact, a persistent index, a cross-encoder rerank;
-* :mod:`.evaluate` -- :func:`evaluate`: the stages run and scored (``clearformer eval``);
-* :mod:`.compare` -- two results compared per measure with a paired bootstrap interval;
+* :mod:`.evaluation` -- :func:`evaluate`: the stages run and scored (``clearformer eval``);
+* :mod:`.comparison` -- two results compared per measure with a paired bootstrap interval;
 * :mod:`.trec` -- runs in TREC format;
 * :mod:`.bbc` -- the BBC News headline -> article benchmark that ships with the project.
 
@@ -22,11 +22,11 @@ _EXPORTS = {
     "DataError": ".beir",
     "RetrievalData": ".beir",
     "load_beir": ".beir",
-    "Difference": ".compare",
-    "compare": ".compare",
-    "EvalResult": ".evaluate",
-    "EvalSettings": ".evaluate",
-    "evaluate": ".evaluate",
+    "Difference": ".comparison",
+    "compare": ".comparison",
+    "EvalResult": ".evaluation",
+    "EvalSettings": ".evaluation",
+    "evaluate": ".evaluation",
     "DEFAULT_MEASURES": ".metrics",
     "evaluate_run": ".metrics",
     "mean_measures": ".metrics",
@@ -37,8 +37,8 @@ __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from .beir import DataError, RetrievalData, load_beir
-    from .compare import Difference, compare
-    from .evaluate import EvalResult, EvalSettings, evaluate
+    from .comparison import Difference, compare
+    from .evaluation import EvalResult, EvalSettings, evaluate
     from .metrics import DEFAULT_MEASURES, evaluate_run, mean_measures, ranked
 
 __all__ = [
