@@ -202,6 +202,23 @@ def check_output(output: str | None) -> Path | None:
     return check_destination("--output", path)
 
 
+def batching_options(args: argparse.Namespace) -> dict:
+    """``encode``'s batching keywords from add_model_arguments' flags: speed and memory only."""
+    return {"batch_size": args.batch_size, "max_tokens": args.max_tokens, "workers": args.workers}
+
+
+def check_dimensions_flag(encoder, args: argparse.Namespace) -> None:
+    """Refuse a ``--dimensions`` the model cannot give, before any work, naming the model."""
+    from ..cli import CliError
+
+    if args.dimensions is None:
+        return
+    try:
+        encoder.head.check_dimensions(args.dimensions, "--dimensions")
+    except ValueError as exc:
+        raise CliError(f"--model {encoder.path}: {exc}") from None
+
+
 def load_encoder(args: argparse.Namespace):
     from ..text import TextEncoder
 
@@ -239,11 +256,7 @@ def run(args: argparse.Namespace) -> int:
             f"got {len(texts)}; use --output to save the embeddings"
         )
     encoder = load_encoder(args)
-    if args.dimensions is not None:
-        try:  # before any work: a width the model cannot give is the caller's mistake
-            encoder.head.check_dimensions(args.dimensions, "--dimensions")
-        except ValueError as exc:
-            raise CliError(f"--model {encoder.path}: {exc}") from None
+    check_dimensions_flag(encoder, args)  # a width the model cannot give: before any work
     embeddings = encoder.encode(
         texts,
         batch_size=args.batch_size,

@@ -187,19 +187,10 @@ def run(args: argparse.Namespace) -> int:
         f"{len(data.corpus_ids):,} documents",
         file=sys.stderr,
     )
-    from .encode import load_encoder
+    from .encode import batching_options, check_dimensions_flag, load_encoder
 
     encoder = load_encoder(args)
-    if args.dimensions is not None:
-        try:
-            encoder.head.check_dimensions(args.dimensions, "--dimensions")
-        except ValueError as exc:
-            raise CliError(f"--model {encoder.path}: {exc}") from None
-    encode_options = {
-        "batch_size": args.batch_size,
-        "max_tokens": args.max_tokens,
-        "workers": args.workers,
-    }
+    check_dimensions_flag(encoder, args)
     result = evaluate(
         data,
         encoder,
@@ -207,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         progress=lambda phase, done, total: progress(
             phase, done, total, "pairs" if phase == "rerank" else "texts"
         ),
-        encode_options=encode_options,
+        encode_options=batching_options(args),
     )
     print(format_table(result), flush=True)
     if other is not None:

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .encode import add_model_arguments, positive_int
+from .encode import add_model_arguments, batching_options, positive_int
 
 STORAGES = ("float32", "int8", "binary")  # as clearformer.index.options, without importing it
 ANN_MODES = ("auto", "hnsw", "exact")
@@ -178,12 +178,7 @@ def index_encoder(args: argparse.Namespace, index_path: Path):
 
 
 def _encode_options(args: argparse.Namespace, status) -> dict:
-    return {
-        "batch_size": args.batch_size,
-        "max_tokens": args.max_tokens,
-        "workers": args.workers,
-        "progress": status.progress("embedding", "texts") or False,
-    }
+    return {**batching_options(args), "progress": status.progress("embedding", "texts") or False}
 
 
 def _status(verb: str, args: argparse.Namespace):

@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from ..cli import CliError
     from ..io import atomic_write
     from ..retrieval.mining import MiningSettings, mine_hard_negatives
-    from .encode import load_encoder
+    from .encode import batching_options, load_encoder
     from .phase_progress import PhaseProgress
 
     out = Path(args.out)
@@ -167,11 +167,7 @@ def run(args: argparse.Namespace) -> int:
         settings=settings,
         cross_encoder=cross_encoder,
         progress=progress,
-        encode_options={
-            "batch_size": args.batch_size,
-            "max_tokens": args.max_tokens,
-            "workers": args.workers,
-        },
+        encode_options=batching_options(args),
     )
     with atomic_write(out) as f:
         for row in rows:
