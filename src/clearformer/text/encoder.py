@@ -38,7 +38,7 @@ from .batching import (
     plan_batches,
     row_backend,
 )
-from .encoder_files import read_encoder_parts, write_encoder_files
+from .encoder_files import EncoderParts, read_encoder_parts, write_encoder_files
 from .int8_models import Int8Models
 from .kernel_builds import attention_kernel_for
 from .precisions import Precisions
@@ -150,6 +150,12 @@ class TextEncoder:
             padding_side=padding_side,
             truncate_dim=truncate_dim,
         )
+        return cls.from_parts(parts)
+
+    @classmethod
+    def from_parts(cls, parts: EncoderParts) -> TextEncoder:
+        """An encoder of a checkpoint's parts as :func:`~.encoder_files.read_encoder_parts`
+        reads them (or with the model and head swapped for trained ones)."""
         return cls(
             parts.loaded,
             parts.tokenizer,

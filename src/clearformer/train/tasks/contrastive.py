@@ -13,7 +13,6 @@ directory (the best checkpoint's weights when there is one) with a model card.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -200,17 +199,8 @@ class ContrastiveTask:
         parts = copy.deepcopy(self.parts)
         embedder = SentenceEmbedder(parts.loaded.model, parts.head)
         embedder.load_state_dict({k: v.detach().cpu() for k, v in weights.items()})
-        embedder.eval()
-        return TextEncoder(
-            dataclasses.replace(parts.loaded, model=embedder.model),
-            parts.tokenizer,
-            pooling=parts.pooling.mode,
-            normalize=parts.head.config.normalize,
-            include_prompt=parts.pooling.include_prompt,
-            prompts=parts.prompts,
-            head=embedder.head,
-            truncate_dim=parts.truncate_dim,
-        )
+        embedder.eval()  # the weights loaded in place: parts now hold the trained model and head
+        return TextEncoder.from_parts(parts)
 
     def export(self, weights: dict, run_dir: Path) -> None:
         """``RUN/model/``: the best checkpoint's weights (else the final ones) as a
