@@ -17,18 +17,11 @@ import torch
 from torch import Tensor
 
 from ...heads import SequenceClassifier
-from ...io import atomic_write
 from ...model import EncoderModel
 from .families import Family
-from .files import CHECKPOINT_FILES, CheckpointError
-from .mapping import export_state
-from .weights import write_safetensors
-
-SENTENCE_TRANSFORMERS_FILES = (
-    "modules.json",
-    "sentence_bert_config.json",
-    "config_sentence_transformers.json",
-)
+from .files import CheckpointError
+from .loading import save_with_head
+from .masked_lm import copy_tokenizer_files
 
 
 def classifier_config(base: dict[str, Any], family: Family, num_labels: int = 1) -> dict:
@@ -78,29 +71,12 @@ def save_classifier(
     source: Path,
 ) -> Path:
     """Write the cross-encoder to ``directory`` with ``source``'s tokenizer files."""
-    import json
-
     hf_config = family.hf_config(model.config, config)
     for key in ("architectures", "num_labels", "id2label", "label2id"):
         if key in config:
             hf_config[key] = config[key]  # the classifier's, not the base model's
-    tensors = {family.base_prefix + k: v for k, v in export_state(model, family).items()}
-    layout = family.classifier(hf_config)
-    params = dict(head.named_parameters())
-    for target, (key,) in layout.names:
-        tensors[key] = params[target].detach().contiguous().clone()
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    write_safetensors(tensors, out / "model.safetensors")
-    with atomic_write(out / "config.json") as handle:
-        json.dump(hf_config, handle, indent=2, sort_keys=True)
-        handle.write("\n")
+    out = save_with_head(model, head, family.classifier(hf_config), family, hf_config, directory)
     # The tokenizer's files only: an embedding model's sentence-transformers files would make
     # the cross-encoder read as one.
-    for name in CHECKPOINT_FILES:
-        if name in SENTENCE_TRANSFORMERS_FILES:
-            continue
-        if (source / name).is_file():
-            with atomic_write(out / name, "wb") as handle:
-                handle.write((source / name).read_bytes())
+    copy_tokenizer_files(source, out)
     return out

@@ -129,3 +129,27 @@ def save_model(
         json.dump(config, handle, indent=2, sort_keys=True)
         handle.write("\n")
     return out
+
+
+def save_with_head(
+    model: EncoderModel,
+    head: Any,
+    layout: Any,
+    family: Family,
+    config: dict[str, Any],
+    directory: str | os.PathLike,
+) -> Path:
+    """Write ``model`` and a task ``head`` as one task checkpoint (``*ForMaskedLM``,
+    ``*ForSequenceClassification``): the encoder's tensors under the family's base prefix, the
+    head's under the names ``layout`` gives, and ``config`` as config.json."""
+    tensors = {family.base_prefix + k: v for k, v in export_state(model, family).items()}
+    params = dict(head.named_parameters())
+    for target, (key,) in layout.names:
+        tensors[key] = params[target].detach().contiguous().clone()
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    write_safetensors(tensors, out / "model.safetensors")
+    with atomic_write(out / "config.json") as handle:
+        json.dump(config, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    return out

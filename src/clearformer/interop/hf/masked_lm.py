@@ -14,7 +14,6 @@ loads it with no missing key and the same logits.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, fields
@@ -30,9 +29,9 @@ from ...model import EncoderModel
 from .families import Family, HeadLayout, family_named
 from .files import CheckpointError, CheckpointFiles, find_checkpoint
 from .heads import load_head
-from .loading import LoadedModel, build_model, read_family
-from .mapping import LoadReport, export_state
-from .weights import read_tensors, write_safetensors
+from .loading import LoadedModel, build_model, read_family, save_with_head
+from .mapping import LoadReport
+from .weights import read_tensors
 
 log = logging.getLogger(__name__)
 
@@ -183,18 +182,7 @@ def save_masked_lm(
     config["tie_word_embeddings"] = True
     layout = _layout(family, config, Path(directory) / "config.json")
     _check_head_matches(head.config, layout.config, family)
-    tensors = {
-        family.base_prefix + name: value for name, value in export_state(model, family).items()
-    }
-    params = dict(head.named_parameters())
-    for target, (key,) in layout.names:
-        tensors[key] = params[target].detach().contiguous().clone()
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    write_safetensors(tensors, out / "model.safetensors")
-    with atomic_write(out / "config.json") as handle:
-        json.dump(config, handle, indent=2, sort_keys=True)
-        handle.write("\n")
+    out = save_with_head(model, head, layout, family, config, directory)
     log.info("saved %s (%s) to %s", config["architectures"][0], family.model_type, out)
     return out
 
