@@ -55,6 +55,7 @@ from pathlib import Path
 
 WORKLOADS = {"online": 1, "bulk": 32}  # texts per request
 SERVER_START_TIMEOUT = 300.0  # seconds for a server to load and warm up
+NEIGHBOUR_PIDS: set[int] = set()  # --busy-neighbour's processes: their CPU is others'
 RUN_TIMEOUT = 600.0  # seconds a run may take before the script gives up on it
 MODEL_NAME = "all-MiniLM-L6-v2"
 
@@ -132,17 +133,23 @@ def clearformer_server(
     batched: bool = True,
     precision: str = "float32",
     workers: int | None = None,
+    fixed_threads: bool = False,
 ) -> Server:
     """clearformer serve with its defaults; ``batched=False``: one input per forward pass, one
-    at a time (an input over ``--max-batch-tokens`` runs alone)."""
+    at a time (an input over ``--max-batch-tokens`` runs alone); ``fixed_threads``: every batch
+    on its whole share of threads, whatever else the machine runs (``--fixed-threads``)."""
     command = [sys.executable, "-m", "clearformer.cli", "serve", "--port", str(port)]
     command += ["--model", f"{MODEL_NAME}={model}", "--precision", precision]
     if not batched:
         command += ["--workers", "1", "--max-batch-tokens", "1"]
     elif workers is not None:
         command += ["--workers", str(workers)]
+    if fixed_threads:
+        command += ["--fixed-threads"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     name = "clearformer" if batched else "clearformer-unbatched"
+    if fixed_threads:
+        name += "-fixed-threads"
     return Server(name, command, port, "/v1/embeddings", env)
 
 
@@ -182,6 +189,12 @@ INFINITY_DTYPES = {"float32": "float32", "bf16": "bfloat16", "int8": "int8"}
 
 
 # The load -----------------------------------------------------------------------------
+
+
+def start_busy_neighbours(count: int) -> list[subprocess.Popen]:
+    """``count`` processes that each keep one CPU busy for as long as they live: another
+    program's work beside the server, as on a shared machine, a laptop or a container host."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
 
 async def _client(port: int, path: str, bodies: asyncio.Queue, latencies: list, statuses: dict):
@@ -237,7 +250,9 @@ def run_load(server: Server, texts: list[str], per_request: int, clients: int) -
 
     # No idle probe per run (main's meter probed once): others' CPU during this run, the
     # server (a child process) and this load generator not counted.
-    meter = LoadMeter(threads=os.cpu_count() or 1, probe_seconds=0).start()
+    meter = LoadMeter(
+        threads=os.cpu_count() or 1, probe_seconds=0, exclude=lambda: NEIGHBOUR_PIDS
+    ).start()
     cpu_before = server.cpu_seconds()
     seconds, latencies, statuses = asyncio.run(_drive(server.port, server.path, bodies, clients))
     cpu = server.cpu_seconds() - cpu_before
@@ -318,7 +333,13 @@ def to_markdown(report: dict) -> str:
         + "".join(f"; `{c}`" for n, c in report["commands"].items() if n != "clearformer")
         + ".",
         "",
-        f"{'QUIET' if report['quiet'] else 'PROVISIONAL: the machine was shared with other work'}"
+        (
+            f"A busy neighbour: {report['busy_neighbour']} other process(es) started by the "
+            "benchmark each kept one CPU busy for the whole run (counted in others' CPUs). "
+            if report.get("busy_neighbour")
+            else ""
+        )
+        + f"{'QUIET' if report['quiet'] else 'PROVISIONAL: the machine was shared with other work'}"
         f" ({report['quiet_reason']}).",
         "",
         "| workload | clients | server | requests/s | texts/s | p50 ms | p95 ms | p99 ms | "
@@ -409,6 +430,20 @@ def main() -> None:
         type=int,
         help="the batching clearformer server's --workers (its default when left out)",
     )
+    parser.add_argument(
+        "--busy-neighbour",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep N CPUs busy with other processes (a plain Python loop each) for the whole "
+        "run; their CPU counts as others' in the load record (default 0)",
+    )
+    parser.add_argument(
+        "--fixed-threads-too",
+        action="store_true",
+        help="also run clearformer serve --fixed-threads (every batch on its whole thread "
+        "share, whatever else runs), to see what following the free CPUs changes",
+    )
     parser.add_argument("--port", type=int, default=18080, help="first port to use (18080)")
     parser.add_argument("--out", type=Path, help="write OUT.json and OUT.md")
     args = parser.parse_args()
@@ -431,6 +466,12 @@ def main() -> None:
     servers = [clearformer_server(args.port, model, precision=precision, workers=args.workers)]
     if args.unbatched:
         servers.append(clearformer_server(args.port + 3, model, batched=False, precision=precision))
+    if args.fixed_threads_too:
+        servers.append(
+            clearformer_server(
+                args.port + 4, model, precision=precision, workers=args.workers, fixed_threads=True
+            )
+        )
     versions = f"clearformer {__version__}"
     if args.infinity:
         servers.append(infinity_server(args.port + 1, model, args.infinity, precision=precision))
@@ -455,37 +496,47 @@ def main() -> None:
     counts = {"online": args.requests, "bulk": args.bulk_requests * WORKLOADS["bulk"]}
     from clearformer.bench.load import LoadMeter
 
-    meter = LoadMeter(threads=os.cpu_count() or 1).start()
+    neighbours = start_busy_neighbours(args.busy_neighbour)
+    neighbour_pids = {n.pid for n in neighbours}
+    NEIGHBOUR_PIDS.update(neighbour_pids)
+    meter = LoadMeter(threads=os.cpu_count() or 1, exclude=lambda: neighbour_pids).start()
     keys = [f"{w}@{c}" for w in workloads for c in client_counts]
     results: dict = {k: {s.name: {"rounds": []} for s in servers} for k in keys}
     answers = {}
     seed = 100
-    for _ in range(args.rounds):
-        for server in servers:
-            server.start()
-            try:
-                answers.setdefault(server.name, check_answers(server, make_sentences(8, 1)))
-                run_load(server, make_sentences(64, 2), 1, max(client_counts))  # warm the path
-                for key in keys:
-                    workload, clients = key.split("@")
-                    seed += 1
-                    texts = make_sentences(counts[workload], seed)
-                    run = run_load(server, texts, WORKLOADS[workload], int(clients))
-                    results[key][server.name]["rounds"].append(run)
-                    print(
-                        f"{workload:>6} x{clients:>3} {server.name:>21}: "
-                        f"{run['texts_per_s']:8.1f} texts/s, "
-                        f"p50 {run['latency_ms']['p50']:7.1f} ms, statuses {run['statuses']}, "
-                        f"others busy on {run['load']['others_during']:.2f} CPUs",
-                        flush=True,
-                    )
-            finally:
-                server.stop()
+    try:
+        for _ in range(args.rounds):
+            for server in servers:
+                server.start()
+                try:
+                    answers.setdefault(server.name, check_answers(server, make_sentences(8, 1)))
+                    run_load(server, make_sentences(64, 2), 1, max(client_counts))  # warm the path
+                    for key in keys:
+                        workload, clients = key.split("@")
+                        seed += 1
+                        texts = make_sentences(counts[workload], seed)
+                        run = run_load(server, texts, WORKLOADS[workload], int(clients))
+                        results[key][server.name]["rounds"].append(run)
+                        print(
+                            f"{workload:>6} x{clients:>3} {server.name:>21}: "
+                            f"{run['texts_per_s']:8.1f} texts/s, "
+                            f"p50 {run['latency_ms']['p50']:7.1f} ms, "
+                            f"p99 {run['latency_ms']['p99']:7.1f} ms, statuses {run['statuses']}, "
+                            f"others busy on {run['load']['others_during']:.2f} CPUs",
+                            flush=True,
+                        )
+                finally:
+                    server.stop()
+        # Before the neighbours end: once reaped, their time counts as this process's own.
+        load = meter.record()
+    finally:
+        for neighbour in neighbours:
+            neighbour.kill()
+            neighbour.wait()
     for per_server in results.values():
         for run in per_server.values():
             rounds = sorted(run["rounds"], key=lambda r: r["texts_per_s"])
             run["median"] = rounds[(len(rounds) - 1) // 2]
-    load = meter.record()
     report = {
         "commands": {s.name: " ".join(s.command[1:]) for s in servers},
         "cpu": cpu_info().summary(),
@@ -495,7 +546,15 @@ def main() -> None:
         "versions": versions,
         "precision": precision,
         "load": load.to_dict(),
-        "quiet": not load.loaded,
+        # Beside --busy-neighbour's processes the run is quiet when nothing else kept more
+        # than the margin busy on top of them.
+        "busy_neighbour": args.busy_neighbour,
+        "quiet": (
+            not load.loaded
+            if not args.busy_neighbour
+            else max(load.others_before or 0.0, load.others_during or 0.0)
+            <= args.busy_neighbour + load.margin
+        ),
         "quiet_reason": load.describe(),
         "results": results,
     }

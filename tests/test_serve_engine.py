@@ -86,9 +86,14 @@ async def _until(condition, seconds: float = 5.0) -> None:
 
 
 @contextlib.contextmanager
-def running_engine(model: Recorder, *, workers: int, max_batch_tokens: int = 10):
+def running_engine(model: Recorder, *, workers: int, max_batch_tokens: int = 10, free_cpus=None):
     """An engine started on ``model`` and warmed; closed, its workers joined, on leaving."""
-    engine = Engine(max_batch_tokens=max_batch_tokens, workers=workers, metrics=ServerMetrics())
+    engine = Engine(
+        max_batch_tokens=max_batch_tokens,
+        workers=workers,
+        metrics=ServerMetrics(),
+        free_cpus=free_cpus,
+    )
     engine.start([model])
     try:
         assert engine.wait_ready(30)
@@ -283,6 +288,39 @@ def test_a_lone_request_runs_on_every_thread(two_workers_on_two_threads):
     assert max(model.overlaps) <= 2
     # Always the first worker: one pool of compute threads for every lone input.
     assert model.workers == ["clearformer-serve-0"] * 3
+
+
+class _OthersBusy:
+    """A FreeCpus whose reading says other processes keep ``busy`` of 2 CPUs busy."""
+
+    def __init__(self, busy: float) -> None:
+        from clearformer.free_cpus import FreeCpus
+
+        self.free = FreeCpus(2, read=lambda: None)
+        self.free._others = busy
+
+
+@pytest.mark.parametrize(("busy", "threads"), [(0.0, 2), (0.4, 2), (1.0, 1), (1.9, 1)])
+def test_a_lone_request_takes_only_the_cpus_others_leave_free(busy, threads):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    model = ThreadRecorder()
+    try:
+        with running_engine(
+            model, workers=2, max_batch_tokens=4, free_cpus=_OthersBusy(busy).free
+        ) as engine:
+
+            async def main():
+                job = Job(model, Prepared(_inputs((1, 2)), "x"), asyncio.get_running_loop())
+                engine.submit(job)
+                await job.future
+
+            asyncio.run(main())
+    finally:
+        torch.set_num_threads(before)
+    assert model.threads == [threads]
 
 
 def test_a_lone_request_of_several_inputs_runs_whole_on_every_thread(two_workers_on_two_threads):

@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..free_cpus import parse_pid_stat, parse_proc_stat
+
 # Other processes may keep this much of one CPU busy, on average, before a run is LOADED: a
 # quiet machine's daemons and this benchmark's own bookkeeping outside its process stay well
 # below it; one busy process elsewhere is four times more.
@@ -237,28 +239,6 @@ class LoadMeter:
             margin=self.margin,
             routes=routes_taken(),
         )
-
-
-def parse_proc_stat(text: str) -> tuple[int, int] | None:
-    """(busy, total) ticks of all CPUs from ``/proc/stat``'s ``cpu`` line: busy is user, nice,
-    system, irq, softirq and steal (time a hypervisor gave another guest: load too), total
-    adds idle and iowait (guest time is already inside user)."""
-    for line in text.splitlines():
-        fields = line.split()
-        if fields and fields[0] == "cpu":
-            values = [int(v) for v in fields[1:9]] + [0] * max(0, 9 - len(fields))
-            user, nice, system, idle, iowait, irq, softirq, steal = values[:8]
-            busy = user + nice + system + irq + softirq + steal
-            return busy, busy + idle + iowait
-    return None
-
-
-def parse_pid_stat(text: str) -> tuple[int, int]:
-    """(parent pid, utime + stime + cutime + cstime) from ``/proc/<pid>/stat`` (the command
-    name, in parentheses, may hold spaces: the fields are read after its last ``)``)."""
-    fields = text.rsplit(")", 1)[1].split()
-    # fields[0] is the state; ppid is field 4 of the file, utime..cstime fields 14-17.
-    return int(fields[1]), sum(int(v) for v in fields[11:15])
 
 
 def read_ticks(root: int | None = None, exclude: set[int] = frozenset(), proc: Path = PROC):

@@ -130,6 +130,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="batches run side by side, the CPU threads split between them (default: 2 on a "
         "CPU with 2 or more threads, else 1)",
     )
+    p.add_argument(
+        "--fixed-threads",
+        action="store_true",
+        help="every batch on its worker's whole share of threads, even while other processes "
+        "keep CPUs busy (default: a batch takes the CPUs the others leave free)",
+    )
     add_precision_argument(
         p,
         ("float32", "bf16", "int8"),
@@ -176,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
         request_timeout=args.request_timeout,
         graceful_timeout=args.graceful_timeout,
         workers=args.workers,
+        fixed_threads=args.fixed_threads,
         precision=args.precision,
         backend=args.backend,
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..checks import check_choice, check_int, check_positive_float, check_positive_int
+from ..checks import check_bool, check_choice, check_int, check_positive_float, check_positive_int
 from ..options import BACKENDS
 from ..precision import check_precision
 from ..text.batching import DEFAULT_MAX_TOKENS
@@ -40,6 +40,10 @@ class ServeConfig:
     # Forward passes side by side, the CPU threads split between them as encode's workers do;
     # None: two on a CPU with two or more threads, else one.
     workers: int | None = None
+    # True: every batch runs on its worker's whole share of threads. False: a batch takes its
+    # part of the CPUs that other processes leave free (clearformer.free_cpus): a parallel
+    # region on a CPU another process keeps busy waits for it (docs/serving.md).
+    fixed_threads: bool = False
     # "bf16" (alias "bfloat16"): every model runs its bfloat16 copy; "int8": embedding models
     # run encode(precision="int8")'s model; "auto": each model's fastest accurate precision.
     precision: str = "float32"
@@ -60,5 +64,6 @@ class ServeConfig:
         check_positive_float(self.request_timeout, "request_timeout")
         check_positive_float(self.graceful_timeout, "graceful_timeout")
         check_positive_int(self.workers, "workers", optional=True)
+        check_bool(self.fixed_threads, "fixed_threads")
         check_precision(self.precision)
         check_choice(self.backend, BACKENDS, "backend")

@@ -21,7 +21,10 @@ not shared: the first worker takes it whole, up to the budget, and when nothing 
 it runs it on every thread of the process while the other workers wait for it to end, so a
 lone request runs as fast as one request at a time would, not on a share of the CPU (nor split
 between workers at one thread each, which was slower: docs/serving.md). Any other batch runs
-on its worker's share, so busy workers never oversubscribe the CPU. Lone requests stay on one
+on its worker's share, so busy workers never oversubscribe the CPU. Either count is cut to the
+batch's part of the CPUs that other processes leave free (:class:`~clearformer.free_cpus.FreeCpus`,
+unless the server runs with fixed threads): a thread on a CPU that another process keeps busy
+stalls every parallel region of the pass (docs/serving.md). Lone requests stay on one
 worker so that one pool of compute threads, not one per worker, grows to every thread. The
 workers warm up one at a time: warmed side by side, the every-thread runs were measured
 lastingly slower (docs/serving.md).
@@ -50,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from ..free_cpus import FreeCpus
 from ..runtime import set_own_thread_count
 from ..text.workers import thread_shares
 from .metrics import ServerMetrics
@@ -108,10 +112,19 @@ class Engine:
         metrics: where batches and the queue are recorded.
     """
 
-    def __init__(self, *, max_batch_tokens: int, workers: int, metrics: ServerMetrics) -> None:
+    def __init__(
+        self,
+        *,
+        max_batch_tokens: int,
+        workers: int,
+        metrics: ServerMetrics,
+        free_cpus: FreeCpus | None = None,
+    ) -> None:
         self.max_batch_tokens = max_batch_tokens
         self.workers = workers
         self.metrics = metrics
+        # None: every batch on its full thread count, whatever else the machine runs.
+        self.free_cpus = free_cpus
         self._queue: deque[_Input] = deque()
         self._queued_tokens = 0
         self._lock = threading.Lock()
@@ -303,6 +316,8 @@ class Engine:
                         self._has_work.notify_all()  # the others may take what is left
             try:
                 wanted = self._total_threads if wide else share
+                if self.free_cpus is not None:
+                    wanted = self.free_cpus.threads_for(wanted, self._total_threads)
                 if wanted != threads:
                     set_own_thread_count(wanted)
                     threads = wanted

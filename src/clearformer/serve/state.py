@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from ..free_cpus import FreeCpus
 from .config import ServeConfig
 from .engine import Engine
 from .errors import ApiError
@@ -94,6 +95,7 @@ class ServerState:
                 max_batch_tokens=self.config.max_batch_tokens,
                 workers=workers,
                 metrics=self.metrics,
+                free_cpus=None if self.config.fixed_threads else FreeCpus(),
             )
             engine.start(models)
             engine.wait_ready()
