@@ -11,10 +11,11 @@ from pathlib import Path
 
 import torch
 
-WORDS = (
+_WORD_TEXT = (
     "the a cat dog sat on mat and ran far away quick brown fox jumps over lazy hello world is "
     "this text one two three four five"
-).split()
+)
+WORDS = _WORD_TEXT.split()
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 TEXTS = [
     "the cat, sat on the mat!",
@@ -149,7 +150,9 @@ def pylate_dir(out: Path, *, attend: bool = False, expansion: bool = True, seed:
         )
     )
     gen = torch.Generator().manual_seed(seed + 7)
-    save_file({"linear.weight": torch.randn(16, 32, generator=gen) * 0.2}, dense / "model.safetensors")
+    save_file(
+        {"linear.weight": torch.randn(16, 32, generator=gen) * 0.2}, dense / "model.safetensors"
+    )
     return out
 
 

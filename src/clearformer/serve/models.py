@@ -22,6 +22,7 @@ import numpy as np
 from ..interop.hf import TextTokenizer, find_checkpoint
 from ..interop.hf.bundled import BUNDLED_NAME
 from ..interop.hf.tokenizer import check_texts
+from ..text.multivector_files import directory_kind
 from .errors import ApiError
 from .schemas import DIRECTIONS
 
@@ -118,6 +119,19 @@ class ServedModel:
         self._full = _copy(base)
         self._full.no_padding()
         self._full.no_truncation()
+
+    def serves(self, kind: str) -> bool:
+        """Whether this model answers the routes of ``kind`` (``"embed"``, ``"rerank"``, ...)."""
+        return kind == self.kind
+
+    @property
+    def normalize(self) -> bool:
+        """Whether its embeddings are normalised by default (the checkpoint's pipeline)."""
+        return self.model.normalize
+
+    def check_dimensions(self, dimensions: int | None) -> None:
+        """Refuse a Matryoshka cut the model does not offer (ValueError)."""
+        self.model.head.check_dimensions(dimensions)
 
     @property
     def width(self) -> int:
@@ -284,6 +298,11 @@ def load_model(spec: ModelSpec, *, max_input_tokens: int | None, precision: str,
     from ..text import CrossEncoder, TextEncoder
 
     files = find_checkpoint(spec.path)
+    kind = directory_kind(files.path)
+    if kind in ("multivector", "bge-m3"):
+        from .token_models import load_token_model
+
+        return load_token_model(spec, files.path, kind, max_input_tokens=max_input_tokens)
     architectures = [str(a) for a in files.config.get("architectures") or []]
     if any(a.endswith("ForSequenceClassification") for a in architectures):
         model, kind = CrossEncoder.from_pretrained(files.path, backend=backend), "rerank"

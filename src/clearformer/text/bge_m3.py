@@ -47,7 +47,12 @@ from .workers import auto_workers, map_in_workers
 log = logging.getLogger(__name__)
 
 # The tokens FlagEmbedding gives no sparse weight: tokenizer_config.json key -> XLM-R's text.
-_UNUSED_TOKENS = {"cls_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
+_UNUSED_TOKENS = {
+    "cls_token": "<s>",
+    "eos_token": "</s>",
+    "pad_token": "<pad>",
+    "unk_token": "<unk>",
+}
 
 
 @dataclass
@@ -89,7 +94,9 @@ def load_head(root: Path, name: str) -> dict[str, Tensor]:
             f"({reason[:200]}); clearformer does not run code from checkpoint files"
         ) from None
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise CheckpointError(f"{file} must hold a state dict of tensors, got {type(state).__name__}")
+        raise CheckpointError(
+            f"{file} must hold a state dict of tensors, got {type(state).__name__}"
+        )
     return state
 
 
@@ -98,8 +105,10 @@ def _linear(root: Path, name: str, d_model: int, out_features: int | None) -> nn
     whatever its weight says when None), its tensors' names and shapes checked."""
     state = load_head(root, name)
     weight = state.get("weight")
-    width = out_features if out_features is not None else (
-        weight.shape[0] if isinstance(weight, Tensor) and weight.dim() == 2 else -1
+    width = (
+        out_features
+        if out_features is not None
+        else (weight.shape[0] if isinstance(weight, Tensor) and weight.dim() == 2 else -1)
     )
     expected = {"weight": (width, d_model), "bias": (width,)}
     shapes = {k: tuple(v.shape) for k, v in state.items()}
@@ -173,11 +182,15 @@ class BGEM3Encoder:
         tokenizer = TextTokenizer.from_files(files, limit, pad_id, vocab_size=config.vocab_size)
         unused = set()
         for key, default in _UNUSED_TOKENS.items():
-            found = tokenizer.tokenizer.token_to_id(_token_text(files.tokenizer_config.get(key), default))
+            found = tokenizer.tokenizer.token_to_id(
+                _token_text(files.tokenizer_config.get(key), default)
+            )
             if found is not None:
                 unused.add(found)
         unused.add(pad_id)
-        log.info("loaded bge-m3 %s (width %d, vocabulary %d)", root, config.d_model, config.vocab_size)
+        log.info(
+            "loaded bge-m3 %s (width %d, vocabulary %d)", root, config.d_model, config.vocab_size
+        )
         return cls(loaded, tokenizer, sparse_linear, colbert_linear, unused)
 
     @property
@@ -237,7 +250,7 @@ class BGEM3Encoder:
         max_tokens = default_max_tokens("float32")
         check_batch_limits(batch_size, max_tokens)
         n = len(texts)
-        rows = [TokenRow(e.ids, e.type_ids) for e in self.tokenizer.encode(texts)]
+        rows = self.token_rows(texts)
         dense_out = torch.zeros(n, self.dim) if dense else None
         weights: list[tuple[Tensor, Tensor]] = [None] * n  # type: ignore[list-item]
         vectors: list[Tensor] = [None] * n  # type: ignore[list-item]
@@ -250,7 +263,8 @@ class BGEM3Encoder:
             report = progress_reporter(progress, n)
 
             def run(indices: list[int]):
-                return indices, self._forward([rows[i] for i in indices], packed, dense, sparse, colbert)
+                picked = [rows[i] for i in indices]
+                return indices, self.embed_rows(picked, dense, sparse, colbert, packed=packed)
 
             done = 0
             for indices, (d, s, c) in map_in_workers(run, batches, workers):
@@ -269,7 +283,16 @@ class BGEM3Encoder:
             colbert=vectors if colbert else None,
         )
 
-    def _forward(self, rows: list[TokenRow], packed, dense: bool, sparse: bool, colbert: bool):
+    def token_rows(self, texts: list[str]) -> list[TokenRow]:
+        """Each text's tokens, cut to :attr:`max_length`."""
+        return [TokenRow(e.ids, e.type_ids) for e in self.tokenizer.encode(texts)]
+
+    def embed_rows(
+        self, rows: list[TokenRow], dense: bool, sparse: bool, colbert: bool, *, packed=None
+    ):
+        """One forward pass over ``rows`` (:meth:`token_rows`), as :meth:`encode` runs each
+        batch: (dense (B, D) | None, per row (token ids, weights) | None, per row (tokens_i, D)
+        | None). For callers that form their own batches (``clearformer serve``)."""
         batch = pad_rows(rows, self.tokenizer.pad_id)
         with torch.inference_mode(), use_packed_weights(packed):
             hidden = token_states(self.model, batch).float()  # (B, T, D)
@@ -316,7 +339,9 @@ class BGEM3Encoder:
         values = torch.cat([w for _, w in rows] or [torch.zeros(0)])
         indices = torch.stack([row_index, columns])  # (2, nnz)
         shape = (len(rows), self.vocab_size)
-        return torch.sparse_coo_tensor(indices, values.float(), shape, check_invariants=False).coalesce()
+        return torch.sparse_coo_tensor(
+            indices, values.float(), shape, check_invariants=False
+        ).coalesce()
 
     def as_dense(self) -> DenseView:
         """This model as a dense encoder (CLS, normalised)."""
@@ -331,7 +356,9 @@ class BGEM3Encoder:
         return MultiVectorView(self)
 
     def __repr__(self) -> str:
-        return f"BGEM3Encoder(path={str(self.path)!r}, dim={self.dim}, max_length={self.max_length})"
+        return (
+            f"BGEM3Encoder(path={str(self.path)!r}, dim={self.dim}, max_length={self.max_length})"
+        )
 
 
 class _View:

@@ -129,6 +129,10 @@ class MultiVectorEncoder:
         log.info("loaded %s (%s layout, width %d)", root, config.layout, config.width)
         return cls(loaded, tokenizers, config, projection)
 
+    def tokenizer_for(self, side: str) -> TextTokenizer:
+        """The tokenizer of ``side`` (``"query"`` or ``"document"``), cutting at its length."""
+        return self._tokenizers[side]
+
     @property
     def dim(self) -> int:
         """Width of the token vectors."""

@@ -201,7 +201,8 @@ def read_multivector_config(
     """The :class:`MultiVectorConfig` of a directory and the state dict of its projection
     (``<i>.linear.weight``, ...). ``token_id`` maps a token's text to its id (None: not in the
     vocabulary); ``lengths`` is (the cut where a side names none, the model's limit of
-    positions); ``max_length`` a caller's cut for texts (queries with a fixed expansion keep their length).
+    positions); ``max_length`` a caller's cut for texts (queries with a fixed expansion keep
+    their length).
 
     Raises:
         CheckpointError: an unknown layout, a module clearformer does not run, a field of the
@@ -311,7 +312,14 @@ def _sentence_transformers_layout(files, config, token_id, d_model, lengths):
             skiplist=skiplist if name in skip_sides and mask_modules else frozenset(),
         )
     normalize = "Normalize" in kinds
-    return "sentence-transformers", sides["query"], sides["document"], normalize, projection, tensors
+    return (
+        "sentence-transformers",
+        sides["query"],
+        sides["document"],
+        normalize,
+        projection,
+        tensors,
+    )
 
 
 def _pylate_layout(files, config, token_id, d_model, lengths):
@@ -339,7 +347,9 @@ def _pylate_layout(files, config, token_id, d_model, lengths):
         expand = None
         if name == "query" and _flag(value["do_query_expansion"], "do_query_expansion", root):
             attend = _flag(value["attend_to_expansion_tokens"], "attend_to_expansion_tokens", root)
-            expand = QueryExpansion(length, "fixed", attend, _expansion_token(None, token_id, files))
+            expand = QueryExpansion(
+                length, "fixed", attend, _expansion_token(None, token_id, files)
+            )
         sides[name] = SideConfig(
             max_length=length,
             prompt=prompt,
