@@ -48,7 +48,6 @@ class TokenVectorModel(ServedModel):
         self.path = model.path
         self.max_input_tokens = model.max_length
         self.precision = "float32"
-        self.normalize = True
         tokenizer = model.tokenizer if self.kind == "bge-m3" else model.tokenizer_for("document")
         self._full = _copy(tokenizer.tokenizer)
         self._full.no_padding()
@@ -56,6 +55,10 @@ class TokenVectorModel(ServedModel):
 
     def serves(self, kind: str) -> bool:
         return kind in SERVES[self.kind]
+
+    @property
+    def normalize(self) -> bool:
+        return True  # bge-m3's dense vectors are unit vectors
 
     @property
     def width(self) -> int:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,7 +89,10 @@ def load_head(root: Path, name: str) -> dict[str, Tensor]:
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # torch's message is long and ends in advice to load with weights_only=False: keep
+        # only its reason (the global it refused, say).
+        found = re.search(r"Unsupported[^\n]*", str(exc))
+        reason = found.group(0).split(" was not")[0] if found else type(exc).__name__
         raise CheckpointError(
             f"{file} is not a plain tensor file: torch.load(weights_only=True) refused it "
             f"({reason[:200]}); clearformer does not run code from checkpoint files"
