@@ -22,7 +22,6 @@ import numpy as np
 from ..interop.hf import TextTokenizer, find_checkpoint
 from ..interop.hf.bundled import BUNDLED_NAME
 from ..interop.hf.tokenizer import check_texts
-from ..text.multivector_files import directory_kind
 from .errors import ApiError
 from .schemas import DIRECTIONS
 
@@ -298,11 +297,6 @@ def load_model(spec: ModelSpec, *, max_input_tokens: int | None, precision: str,
     from ..text import CrossEncoder, TextEncoder
 
     files = find_checkpoint(spec.path)
-    kind = directory_kind(files.path)
-    if kind in ("multivector", "bge-m3"):
-        from .token_models import load_token_model
-
-        return load_token_model(spec, files.path, kind, max_input_tokens=max_input_tokens)
     architectures = [str(a) for a in files.config.get("architectures") or []]
     if any(a.endswith("ForSequenceClassification") for a in architectures):
         model, kind = CrossEncoder.from_pretrained(files.path, backend=backend), "rerank"

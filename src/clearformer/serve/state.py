@@ -20,7 +20,8 @@ from .config import ServeConfig
 from .engine import Engine
 from .errors import ApiError
 from .metrics import ServerMetrics
-from .models import ModelSpec, ServedModel, load_model
+from .models import ModelSpec, ServedModel
+from .token_models import load_served_model
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class ServerState:
             self.report(f"measured clearformer's kernels on this CPU: {taken} (cached)")
 
     def _load_one(self, spec: ModelSpec) -> ServedModel:
-        return load_model(
+        return load_served_model(
             spec,
             max_input_tokens=self.config.max_input_tokens,
             precision=self.config.precision,

@@ -33,12 +33,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..fast.packed_weights import KeptPacking, use_packed_weights
+from ..heads.maxsim import maxsim_scores
 from ..index.identity import ModelIdentity, checkpoint_revision
 from ..interop.hf import TextTokenizer, find_checkpoint, load_model
 from ..interop.hf.files import CheckpointError, resolve_path
 from ..interop.hf.tokenizer import _token_text, check_texts, max_length_for
 from ..interop.hf.weights import read_tensors
-from ..retrieval.maxsim import maxsim_scores
 from .batching import check_batch_limits, default_max_tokens, plan_batches
 from .multivector_files import BGE_M3_HEADS, directory_kind, kind_error
 from .progress import ProgressFn, progress_reporter

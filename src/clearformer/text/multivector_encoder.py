@@ -24,13 +24,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..fast.packed_weights import KeptPacking, use_packed_weights
+from ..heads.maxsim import maxsim_scores
 from ..heads.sentence import Dense
 from ..index.identity import ModelIdentity, checkpoint_revision
 from ..interop.hf import LoadedModel, TextTokenizer, find_checkpoint, load_model
 from ..interop.hf.files import resolve_path
 from ..interop.hf.loading import read_family
 from ..interop.hf.tokenizer import check_texts, max_length_for
-from ..retrieval.maxsim import maxsim_scores
 from .batching import check_batch_limits, default_max_tokens, plan_batches
 from .multivector_files import (
     MultiVectorConfig,
