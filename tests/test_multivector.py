@@ -216,3 +216,23 @@ def test_bad_arguments_are_refused_before_work(st_dirs):
 def test_max_length_cuts_documents(st_dirs):
     ours = MultiVectorEncoder.from_pretrained(st_dirs["none"], max_length=6)
     assert max(d.shape[0] for d in ours.encode_document(TEXTS)) <= 6
+
+
+@pytest.mark.parametrize(
+    "file, change, message",
+    [
+        ("sentence_bert_config.json", {"query_expansion": {"strategy": "all"}}, "query_expansion"),
+        ("sentence_bert_config.json", {"document_length": 500}, "document_length"),
+        ("2_MultiVectorMask/config.json", {"keep_only_token_ids": [5]}, "keep_only_token_ids"),
+        ("config_sentence_transformers.json", {"similarity_fn_name": "cosine"}, "similarity"),
+    ],
+)
+def test_bad_configs_name_the_file_and_field(st_dirs, tmp_path, file, change, message):
+    path = tmp_path / "bad"
+    shutil.copytree(st_dirs["none"], path)
+    config = json.loads((path / file).read_text())
+    config.update(change)
+    (path / file).write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message) as caught:
+        MultiVectorEncoder.from_pretrained(path)
+    assert "\n" not in str(caught.value) and str(path) in str(caught.value)

@@ -211,7 +211,8 @@ def read_multivector_config(
     root = files.path
     config = st_config(root)
     model_type = config.get("model_type")
-    if model_type == "MultiVectorEncoder":
+    kinds = {module_kind(m) for m in files.modules or []}
+    if model_type == "MultiVectorEncoder" or (model_type is None and "MultiVectorMask" in kinds):
         read = _sentence_transformers_layout
     elif model_type == "ColBERT":
         read = _pylate_layout
