@@ -38,8 +38,9 @@ _KIND_ROUTES = {
     "multivector": "/embed_multivector",
     "bge-m3": "/embed, /embed_sparse or /embed_multivector",
 }
-# What a route needs when no model of its kind is served, and how to serve one (models.py's
-# load_model tells the kinds apart by config.json's architectures).
+# What a route needs when no model of its kind is served, and how to serve one (token_models'
+# load_served_model tells multi-vector and bge-m3 directories apart, models.py's load_model
+# the rest by config.json's architectures).
 _KIND_MISSING = {
     "embed": (
         "/embed and /v1/embeddings need an embedding model, and none is served here",
