@@ -28,6 +28,8 @@ _EXPORTS = {
     "ForwardPlan": ".plan",
     "TextEncoder": ".text",
     "CrossEncoder": ".text",
+    "MultiVectorEncoder": ".text",
+    "BGEM3Encoder": ".text",
     "DecoderBlock": ".decoder_block",
     "LayerCache": ".decoder_block",
     "Decoder": ".decoder",
@@ -55,12 +57,14 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as if imported eag
     from .model import EncoderModel
     from .plan import ForwardPlan
     from .seq2seq import Seq2SeqConfig, Seq2SeqTransformer
-    from .text import CrossEncoder, TextEncoder
+    from .text import BGEM3Encoder, CrossEncoder, MultiVectorEncoder, TextEncoder
     from .train import TrainConfig
 
 
 __all__ = [
+    "BGEM3Encoder",
     "CrossEncoder",
+    "MultiVectorEncoder",
     "Decoder",
     "DecoderBlock",
     "DecoderCache",

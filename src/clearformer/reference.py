@@ -258,8 +258,14 @@ def encoder(
     stack: nn.Module,
     x: Tensor,
     mask: Tensor | None = None,  # stack: an Encoder
+    *,
+    keys: Tensor | None = None,
 ) -> tuple[Tensor, tuple[Tensor, ...], tuple[Tensor, ...]]:
     """The stack on ``x`` (B, T, D) with the (B, T) ``mask`` (True = real token; None: all real).
+
+    ``keys`` (B, T) bool, when given, narrows the tokens a query may attend to those it marks
+    (and ``mask``'s): tokens outside it are computed as queries but never seen as keys. ColBERT's
+    query expansion runs so: its [MASK] tokens read the query without changing it.
 
     Returns:
         the last hidden state (B, T, D), every hidden state (the input and each block's output,
@@ -276,7 +282,8 @@ def encoder(
     positions = (keep.cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
     bias = None if stack.relative_bias is None else stack.relative_bias(T)  # (H, T, T)
     # (B, 1, 1, T): every query may see the real keys (None: every key is real).
-    keys = None if mask is None else keep[:, None, None, :]
+    attend = keep if keys is None else keep & keys
+    keys = None if mask is None and keys is None else attend[:, None, None, :]
     rows = torch.arange(T, device=x.device)
     if config.causal:
         # Query i sees keys j <= i only: row order is token order within each sequence (with

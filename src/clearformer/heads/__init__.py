@@ -9,7 +9,9 @@
 * :mod:`.sentence` -- :class:`SentenceHead`: the pooling, then sentence-transformers' Dense and
   Normalize modules, then a Matryoshka cut;
 * :mod:`.logit_score` -- :class:`LogitScore`: a causal language model's "yes" minus "no" logit
-  at the last token, the score of an LLM reranker.
+  at the last token, the score of an LLM reranker;
+* :mod:`.maxsim` -- :func:`~.maxsim.maxsim_scores`: ColBERT's late-interaction score of
+  multi-vector embeddings.
 
 They live beside the model rather than in the text applications, so that anything holding
 token states (a trainer, the explainer's toy encoder) uses them the same way.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -112,12 +113,13 @@ class ModelIdentity:
             )
 
 
-def checkpoint_revision(directory: str | os.PathLike) -> str:
+def checkpoint_revision(directory: str | os.PathLike, extra: Sequence[str] = ()) -> str:
     """SHA-256 over the files of a checkpoint directory that decide its embeddings, each
-    hashed with its name, in name order."""
+    hashed with its name, in name order; ``extra`` names more of them (relative paths: a
+    multi-vector projection's weights, bge-m3's head files)."""
     root = Path(directory)
     digest = hashlib.sha256()
-    for relative in _revision_files(root):
+    for relative in sorted({*_revision_files(root), *extra}):
         digest.update(relative.encode("utf-8") + b"\0")
         digest.update(file_sha256(root / relative).encode("ascii") + b"\n")
     return digest.hexdigest()

@@ -31,7 +31,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import routes
+from . import routes, token_routes
 from .config import ServeConfig
 from .errors import ApiError, ClientGone
 from .guards import check_key
@@ -79,6 +79,22 @@ def create_app(
             compute=True,
         ),
         route("/rerank", "POST", "rerank", "tei", routes.rerank(state), compute=True),
+        route(
+            "/embed_multivector",
+            "POST",
+            "embed_multivector",
+            "tei",
+            token_routes.embed_multivector(state),
+            compute=True,
+        ),
+        route(
+            "/embed_sparse",
+            "POST",
+            "embed_sparse",
+            "tei",
+            token_routes.embed_sparse_bge_m3(state),
+            compute=True,
+        ),
         route("/tokenize", "POST", "tokenize", "tei", routes.tokenize(state)),
     ]
     app = Starlette(

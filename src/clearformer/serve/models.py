@@ -119,6 +119,19 @@ class ServedModel:
         self._full.no_padding()
         self._full.no_truncation()
 
+    def serves(self, kind: str) -> bool:
+        """Whether this model answers the routes of ``kind`` (``"embed"``, ``"rerank"``, ...)."""
+        return kind == self.kind
+
+    @property
+    def normalize(self) -> bool:
+        """Whether its embeddings are normalised by default (the checkpoint's pipeline)."""
+        return self.model.normalize
+
+    def check_dimensions(self, dimensions: int | None) -> None:
+        """Refuse a Matryoshka cut the model does not offer (ValueError)."""
+        self.model.head.check_dimensions(dimensions)
+
     @property
     def width(self) -> int:
         """Values per input in a result row: the embedding width, or the labels."""

@@ -113,11 +113,11 @@ async def _embeddings(state: ServerState, request: Request, parsed, *, field: st
         )
     if parsed.dimensions is not None:
         try:  # one of the model's Matryoshka widths, where its files list them
-            model.model.head.check_dimensions(parsed.dimensions)
+            model.check_dimensions(parsed.dimensions)
         except ValueError as exc:
             message = f"model {model.name!r}: {exc}"
             raise ApiError("Validation", message, param="dimensions") from None
-    normalize = model.model.normalize if parsed.normalize is None else parsed.normalize
+    normalize = model.normalize if parsed.normalize is None else parsed.normalize
     shorten = parsed.dimensions is not None and parsed.dimensions < model.width
     prepared = model.prepare(
         parsed.inputs,

@@ -21,15 +21,27 @@ from .config import ServeConfig
 from .engine import Engine
 from .errors import ApiError
 from .metrics import ServerMetrics
-from .models import ModelSpec, ServedModel, load_model
+from .models import ModelSpec, ServedModel
+from .token_models import load_served_model
 
 log = logging.getLogger(__name__)
 
 STATUSES = ("loading", "ready", "draining", "failed")
-_KIND_NAMES = {"embed": "embedding", "rerank": "cross-encoder (rerank)"}
-_KIND_ROUTES = {"embed": "/embed or /v1/embeddings", "rerank": "/rerank"}
-# What a route needs when no model of its kind is served, and how to serve one (models.py's
-# load_model tells the kinds apart by config.json's architectures).
+_KIND_NAMES = {
+    "embed": "embedding",
+    "rerank": "cross-encoder (rerank)",
+    "multivector": "multi-vector (ColBERT)",
+    "bge-m3": "bge-m3",
+}
+_KIND_ROUTES = {
+    "embed": "/embed or /v1/embeddings",
+    "rerank": "/rerank",
+    "multivector": "/embed_multivector",
+    "bge-m3": "/embed, /embed_sparse or /embed_multivector",
+}
+# What a route needs when no model of its kind is served, and how to serve one (token_models'
+# load_served_model tells multi-vector and bge-m3 directories apart, models.py's load_model
+# the rest by config.json's architectures).
 _KIND_MISSING = {
     "embed": (
         "/embed and /v1/embeddings need an embedding model, and none is served here",
@@ -42,6 +54,16 @@ _KIND_MISSING = {
         "checkpoint (config.json's architectures name a *ForSequenceClassification model with "
         "one label), such as cross-encoder/ms-marco-MiniLM-L-6-v2 from the Hugging Face Hub "
         "(hf download cross-encoder/ms-marco-MiniLM-L-6-v2 --local-dir DIR)",
+    ),
+    "multivector": (
+        "/embed_multivector needs a multi-vector model, and none is served here",
+        "start the server with --model DIR, DIR a sentence-transformers MultiVectorEncoder, "
+        "PyLate ColBERT or bge-m3 directory",
+    ),
+    "sparse": (
+        "/embed_sparse needs a sparse model, and none is served here",
+        "start the server with --model DIR, DIR a sentence-transformers SparseEncoder or "
+        "bge-m3 directory",
     ),
 }
 
@@ -134,7 +156,7 @@ class ServerState:
             self.report(f"measured clearformer's kernels on this CPU: {taken} (cached)")
 
     def _load_one(self, spec: ModelSpec) -> ServedModel:
-        return load_model(
+        return load_served_model(
             spec,
             max_input_tokens=self.config.max_input_tokens,
             precision=self.config.precision,
@@ -220,7 +242,7 @@ class ServerState:
         unknown name, 422 for a model of the other kind or for no model of ``kind`` at all."""
         if name is None:
             for model in self.models:
-                if model.kind == kind:
+                if model.serves(kind):
                     return model
             # The route exists: a 404 would read as a wrong URL. The server as started cannot
             # do this, whatever the body says: 422, with how to start one that can.
@@ -235,7 +257,7 @@ class ServerState:
                 f"model {name!r} is not served here; served: {self._listing()}",
                 param="model",
             )
-        if model.kind != kind:
+        if not model.serves(kind):
             raise ApiError(
                 "Validation",
                 f"model {name!r} is a {_KIND_NAMES[model.kind]} model: use "
@@ -258,4 +280,10 @@ class ServerState:
         return model
 
     def _listing(self) -> str:
-        return ", ".join(f"{m.name!r} ({m.kind})" for m in self.models) or "none yet"
+        return (
+            ", ".join(
+                f"{m.name!r} ({m.kind}, on {_KIND_ROUTES.get(m.kind, 'its own routes')})"
+                for m in self.models
+            )
+            or "none yet"
+        )

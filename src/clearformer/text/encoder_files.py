@@ -27,6 +27,7 @@ from ..interop.hf.sentence_transformers import Prompts, prompts_from_files
 from ..interop.hf.st_modules import build_head, read_head, truncate_dim_from_files, write_head
 from ..interop.hf.tokenizer import max_length_for
 from ..io import atomic_write
+from .multivector_files import directory_kind, kind_error
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ def read_encoder_parts(
     ``TextEncoder.from_pretrained`` for the arguments and the errors."""
     started = time.perf_counter()
     files = find_checkpoint(path)
+    if directory_kind(files.path) == "multivector":  # its modules would be refused less clearly
+        raise kind_error(files.path, "multivector", "TextEncoder")
     pooling = pooling_from_config(files.pooling_config, files.pooling_path)
     _, config = read_family(files, backend)  # the width the head needs, before any weight
     head_config, dense = read_head(files, config.d_model)

@@ -123,9 +123,12 @@ def _check_normalize(root: Path, module: dict[str, Any]) -> None:
             )
 
 
-def read_dense(folder: Path, width: int) -> tuple[DenseConfig, dict[str, Tensor]]:
+def read_dense(
+    folder: Path, width: int, *, on: str = _EMBEDDING
+) -> tuple[DenseConfig, dict[str, Tensor]]:
     """One Dense module's config and tensors (``linear.weight``, ...), checked against the
-    ``width`` of the vector it receives."""
+    ``width`` of the vector it receives; ``on`` is what it must run on: ``"sentence_embedding"``
+    (a pooled vector) or ``"token_embeddings"`` (each token's, a multi-vector projection)."""
     file = folder / "config.json"
     if not file.is_file():
         raise CheckpointError(f"a Dense module lacks its config: {file} is missing")
@@ -136,9 +139,10 @@ def read_dense(folder: Path, width: int) -> tuple[DenseConfig, dict[str, Tensor]
     if extra:  # sentence-transformers drops them with a warning too
         log.warning("%s: ignoring Dense config keys %s", file, extra)
     for key in ("module_input_name", "module_output_name"):
-        if raw.get(key) not in (None, _EMBEDDING):
+        if raw.get(key) not in (None, on):
             raise CheckpointError(
-                f"{file} {key!r} must be {_EMBEDDING!r} (a Dense on the sentence embedding), "
+                f"{file} {key!r} must be {on!r} (a Dense on the "
+                f"{'sentence embedding' if on == _EMBEDDING else 'token embeddings'}), "
                 f"got {raw.get(key)!r}"
             )
     name = raw.get("activation_function", "torch.nn.modules.activation.Tanh")

@@ -1,0 +1,147 @@
+"""Served models whose answer is not one row per input: a multi-vector model (ColBERT: a
+vector per token, ``/embed_multivector``) and bge-m3 (dense on ``/embed``, its token weights on
+``/embed_sparse``, its ColBERT vectors on ``/embed_multivector``).
+
+They share the batch engine with the other models: a batch's answer is a ``(B, 1)`` object
+array, one payload per input (a text's token vectors, or its token weights), which the engine
+hands back in input order as it does rows. Inputs are tokenized in the handler as the model
+does it (each side's length for a multi-vector model, the model's length for bge-m3: these
+models cut texts themselves, as ``encode_query`` / ``encode_document`` do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..text.multivector_files import directory_kind
+from .errors import ApiError
+from .models import Prepared, ServedModel, _check_unicode, _copy, load_model
+
+WARM_UP_TEXT = "A short text that runs every layer once before the first request."
+# The routes each kind answers, by the kind's name in ServerState.model_for.
+SERVES = {
+    "multivector": frozenset({"multivector"}),
+    "bge-m3": frozenset({"embed", "sparse", "multivector"}),
+}
+
+
+@dataclass(frozen=True)
+class TokenOptions:
+    """What a batch computes: ``output`` ``"dense"``, ``"sparse"`` or ``"colbert"``; ``side``
+    ``"query"`` or ``"document"`` (a multi-vector model encodes them differently)."""
+
+    output: str
+    side: str = "document"
+    normalize: bool = True
+
+
+class TokenVectorModel(ServedModel):
+    """A :class:`~clearformer.MultiVectorEncoder` or :class:`~clearformer.BGEM3Encoder`
+    served (``kind`` ``"multivector"`` or ``"bge-m3"``)."""
+
+    def __init__(self, name: str, model, *, aliases: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.aliases = aliases
+        self.kind = model.kind
+        self.model = model
+        self.path = model.path
+        self.max_input_tokens = model.max_length
+        self.precision = "float32"
+        tokenizer = model.tokenizer if self.kind == "bge-m3" else model.tokenizer_for("document")
+        self._full = _copy(tokenizer.tokenizer)
+        self._full.no_padding()
+        self._full.no_truncation()
+
+    def serves(self, kind: str) -> bool:
+        return kind in SERVES[self.kind]
+
+    @property
+    def normalize(self) -> bool:
+        return True  # bge-m3's dense vectors are unit vectors
+
+    @property
+    def width(self) -> int:
+        return self.model.dim
+
+    def check_dimensions(self, dimensions: int | None) -> None:
+        if dimensions is not None and dimensions != self.width:
+            raise ValueError(f"bge-m3 dense embeddings are {self.width} wide, not cut")
+
+    def prepare(
+        self, texts, *, field, normalize, truncate=False, direction="right", prompt_name=None
+    ):
+        """``/embed`` on bge-m3: its dense vectors (no prompts: bge-m3 has none)."""
+        if prompt_name is not None:
+            raise ApiError("Validation", "bge-m3 has no named prompts", param="prompt_name")
+        _check_unicode(texts, field)
+        return Prepared(self.model.token_rows(texts), TokenOptions("dense", normalize=normalize))
+
+    def prepare_tokens(self, texts: list[str], *, output: str, side: str, field: str) -> Prepared:
+        """Inputs of ``/embed_multivector`` (``output="colbert"``) or ``/embed_sparse``."""
+        _check_unicode(texts, field)
+        if self.kind == "bge-m3":
+            rows = self.model.token_rows(texts)
+        else:
+            rows = self.model.token_rows(side, texts)
+        return Prepared(rows, TokenOptions(output, side))
+
+    def run(self, encodings: list, options: TokenOptions) -> np.ndarray:
+        """One forward pass: ``(B, D)`` float32 for dense, else a ``(B, 1)`` object array of
+        per-input payloads (``(tokens_i, D)`` float32 arrays, or (ids, weights) pairs)."""
+        if self.kind == "multivector":
+            payloads = [v.numpy() for v in self.model.embed_rows(options.side, encodings)]
+        else:
+            asked = {name: name == options.output for name in ("dense", "sparse", "colbert")}
+            dense, sparse, colbert = self.model.embed_rows(encodings, **asked)
+            if options.output == "dense":
+                return dense.numpy()  # (B, D) unit rows: bge-m3's dense vectors always are
+            if options.output == "sparse":
+                payloads = [(ids.numpy(), w.numpy()) for ids, w in sparse]
+            else:
+                payloads = [v.numpy() for v in colbert]
+        out = np.empty((len(payloads), 1), dtype=object)
+        for i, payload in enumerate(payloads):
+            out[i, 0] = payload
+        return out
+
+    def warm_up(self) -> None:
+        side = "document"
+        output = "dense" if self.kind == "bge-m3" else "colbert"
+        prepared = self.prepare_tokens([WARM_UP_TEXT], output=output, side=side, field="warm-up")
+        self.run(prepared.encodings, prepared.options)
+
+    def tokenize(self, texts, *, add_special_tokens: bool, prompt_name: str | None):
+        return super().tokenize(texts, add_special_tokens=add_special_tokens, prompt_name=None)
+
+    def info(self) -> dict:
+        return {
+            "model_id": self.name,
+            "model_path": str(self.path),
+            "model_dtype": self.precision,
+            "model_type": {self.kind: {"dimensions": self.width}},
+            "max_input_length": self.max_input_tokens,
+            "dimensions": self.width,
+        }
+
+
+def load_served_model(
+    spec, *, max_input_tokens: int | None, precision: str, backend: str
+) -> ServedModel:
+    """``spec`` as a served model, by its directory's kind: a multi-vector or bge-m3 directory
+    as a :class:`TokenVectorModel` (``max_input_tokens`` cuts its texts shorter than its own
+    lengths), any other by :func:`.models.load_model`."""
+    from ..interop.hf.files import resolve_path
+    from ..text.bge_m3 import BGEM3Encoder
+    from ..text.multivector_encoder import MultiVectorEncoder
+
+    path = resolve_path(spec.path)
+    kind = directory_kind(path) if path.is_dir() else None
+    if kind not in ("multivector", "bge-m3"):
+        return load_model(
+            spec, max_input_tokens=max_input_tokens, precision=precision, backend=backend
+        )
+    cls = BGEM3Encoder if kind == "bge-m3" else MultiVectorEncoder
+    model = cls.from_pretrained(path, max_length=max_input_tokens)
+    return TokenVectorModel(spec.name or path.name, model)

@@ -1,0 +1,98 @@
+"""The routes of token-level outputs: ``POST /embed_multivector`` (a vector per token: a
+multi-vector model's, or bge-m3's ColBERT vectors) and ``POST /embed_sparse`` on bge-m3 (its
+token weights, in text-embeddings-inference's sparse format).
+
+``/embed_multivector`` takes ``{"inputs": str | [str], "mode": "query" | "document",
+"model"?}`` and answers ``[[[float, ...] per token] per input]``; ``mode`` picks the side a
+ColBERT model encodes (queries get their marker and expansion, documents their skiplist).
+``/embed_sparse`` takes TEI's ``{"inputs", "model"?}`` and answers
+``[[{"index": token id, "value": weight}, ...] per input]``, ids ascending.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .errors import ApiError
+from .guards import check_count, read_json
+from .render import float_rows, json_body
+from .schemas import _object, _optional, _shown, _texts
+from .state import ServerState
+from .waiting import wait_for_rows
+
+MODES = ("query", "document")
+
+
+@dataclass(frozen=True)
+class TokenRequest:
+    """``POST /embed_multivector`` and ``POST /embed_sparse`` (on bge-m3)."""
+
+    inputs: list[str]
+    model: str | None = None
+    mode: str = "document"
+
+
+def parse_token_request(body: Any, *, mode_required: bool) -> TokenRequest:
+    """``inputs`` (a string or a list), ``model``, and ``mode`` (``"query"`` or
+    ``"document"``, required where ``mode_required``: a query encoded as a document would
+    silently score otherwise)."""
+    body = _object(body)
+    mode = body.get("mode")
+    if mode is None and not mode_required:
+        mode = "document"
+    if mode not in MODES:
+        raise ApiError(
+            "Validation", f"mode must be 'query' or 'document', got {_shown(mode)}", param="mode"
+        )
+    return TokenRequest(
+        inputs=_texts(body, "inputs"),
+        model=_optional(body, "model", str, "a string"),
+        mode=mode,
+    )
+
+
+def embed_multivector(state: ServerState):
+    async def embed_multivector(request: Request) -> Response:
+        parsed = parse_token_request(await read_json(request, state.config), mode_required=True)
+        model = state.model_for(parsed.model, "multivector")
+        check_count(len(parsed.inputs), state.config, "inputs")
+        prepared = model.prepare_tokens(
+            parsed.inputs, output="colbert", side=parsed.mode, field="inputs"
+        )
+        payloads = await wait_for_rows(state, request, model, prepared)  # (n, 1) objects
+        texts = []
+        for (vectors,) in payloads:
+            # A text whose every token is skipped has no vectors: an empty list.
+            texts.append("[" + ",".join(float_rows(vectors)) + "]" if len(vectors) else "[]")
+        return Response(("[" + ",".join(texts) + "]").encode(), media_type="application/json")
+
+    return embed_multivector
+
+
+def embed_sparse_bge_m3(state: ServerState):
+    async def embed_sparse(request: Request) -> Response:
+        parsed = parse_token_request(await read_json(request, state.config), mode_required=False)
+        model = state.model_for(parsed.model, "sparse")
+        check_count(len(parsed.inputs), state.config, "inputs")
+        prepared = model.prepare_tokens(
+            parsed.inputs, output="sparse", side=parsed.mode, field="inputs"
+        )
+        payloads = await wait_for_rows(state, request, model, prepared)  # (n, 1) objects
+        answer = []
+        for ((ids, weights),) in payloads:
+            if not np.isfinite(weights).all():
+                raise ApiError("Backend", "a sparse weight is not finite (NaN or infinity)")
+            answer.append(
+                [
+                    {"index": int(i), "value": float(v)}
+                    for i, v in zip(ids.tolist(), weights.tolist(), strict=True)
+                ]
+            )
+        return Response(json_body(answer), media_type="application/json")
+
+    return embed_sparse

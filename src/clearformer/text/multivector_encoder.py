@@ -1,0 +1,284 @@
+"""``MultiVectorEncoder``: texts in, one vector per token out (ColBERT), scored by MaxSim.
+
+A ColBERT model keeps a vector for every token of a text, projected to a small width and
+normalised; a query scores a document by the best match of each query token
+(:mod:`clearformer.retrieval.maxsim`). Queries and documents are encoded differently: each side
+has its marker ([Q] / [D]) and length; queries are padded with [MASK] tokens to a fixed length
+(query expansion, which lets the model add soft terms); documents drop their punctuation's
+vectors (the skiplist). The directory formats are :mod:`.multivector_files`.
+
+The pipeline: tokenize each side with its own length; sort by length into batches; run the
+backbone on packed rows (:mod:`.token_states`); keep each text's scored tokens; project,
+cut, normalise; put the texts back in input order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..fast.packed_weights import KeptPacking, use_packed_weights
+from ..heads.maxsim import maxsim_scores
+from ..heads.sentence import Dense
+from ..index.identity import ModelIdentity, checkpoint_revision
+from ..interop.hf import LoadedModel, TextTokenizer, find_checkpoint, load_model
+from ..interop.hf.files import resolve_path
+from ..interop.hf.loading import read_family
+from ..interop.hf.tokenizer import check_texts, max_length_for
+from .batching import check_batch_limits, default_max_tokens, plan_batches
+from .multivector_files import (
+    MultiVectorConfig,
+    SideConfig,
+    directory_kind,
+    kind_error,
+    read_multivector_config,
+)
+from .progress import ProgressFn, progress_reporter
+from .token_states import TokenRow, pad_rows, token_states
+from .workers import auto_workers, map_in_workers
+
+log = logging.getLogger(__name__)
+
+SIDES = ("query", "document")
+
+
+class MultiVectorEncoder:
+    """A ColBERT-style model: a backbone, a projection of every token, MaxSim.
+
+    Attributes:
+        kind: ``"multivector"``.
+        config: the directory's :class:`~.multivector_files.MultiVectorConfig` (each side's
+            prompt or marker, length, expansion and skiplist; the projection; normalisation).
+        model: the backbone :class:`~clearformer.EncoderModel`, in eval mode.
+        projection: the Dense layers on every token's state (``nn.ModuleList``).
+        path: the directory.
+    """
+
+    kind = "multivector"
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        tokenizers: dict[str, TextTokenizer],
+        config: MultiVectorConfig,
+        projection: nn.ModuleList,
+    ) -> None:
+        self._loaded = loaded
+        self.model = loaded.model
+        self.config = config
+        self.projection = projection.eval()
+        self._tokenizers = tokenizers
+        self.path: Path = loaded.files.path
+        self._packing = KeptPacking()
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike, *, max_length: int | None = None
+    ) -> MultiVectorEncoder:
+        """Load a sentence-transformers MultiVectorEncoder or PyLate ColBERT directory.
+
+        Args:
+            max_length: cut documents (and queries without a fixed expansion) to this many
+                tokens; None = the directory's ``document_length`` / ``query_length``, else
+                the model's limit.
+
+        Raises:
+            FileNotFoundError: no such directory.
+            CheckpointError: a directory of another kind (naming the class that loads it), or
+                an incomplete, unsupported or corrupt one.
+        """
+        if max_length is not None and (
+            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2
+        ):
+            raise ValueError(f"max_length must be an int of at least 2 or None, got {max_length!r}")
+        root = resolve_path(path)
+        kind = directory_kind(root) if root.is_dir() else "multivector"
+        if kind != "multivector":
+            raise kind_error(root, kind or "dense", "MultiVectorEncoder")
+        files = find_checkpoint(root)
+        _, backbone = read_family(files, "auto")  # the width, before any weight
+        model_max = max_length_for(files, backbone.max_length)
+        probe = TextTokenizer.from_files(files, model_max, 0)
+        # PyLate saves max_seq_length one under its document length (the marker's place), so
+        # a side's own length is checked against the positions the model has, not against it.
+        config, tensors = read_multivector_config(
+            files,
+            probe.tokenizer.token_to_id,
+            backbone.d_model,
+            (model_max, backbone.max_length),
+            max_length,
+        )
+        projection = nn.ModuleList(Dense(step) for step in config.projection)
+        projection.load_state_dict(tensors, strict=True)  # names and shapes checked on reading
+        loaded = load_model(files)
+        pad_id = loaded.model.config.pad_token_id or 0
+        tokenizers = {}
+        for name in SIDES:
+            side: SideConfig = getattr(config, name)
+            # A marker is inserted after tokenizing: the text itself gets one token less.
+            length = side.max_length - (side.marker_id is not None)
+            tokenizers[name] = TextTokenizer.from_files(
+                files, length, pad_id, vocab_size=loaded.model.config.vocab_size
+            )
+        log.info("loaded %s (%s layout, width %d)", root, config.layout, config.width)
+        return cls(loaded, tokenizers, config, projection)
+
+    def tokenizer_for(self, side: str) -> TextTokenizer:
+        """The tokenizer of ``side`` (``"query"`` or ``"document"``), cutting at its length."""
+        return self._tokenizers[side]
+
+    @property
+    def dim(self) -> int:
+        """Width of the token vectors."""
+        return self.config.width
+
+    @property
+    def max_length(self) -> int:
+        """Tokens a document is cut to."""
+        return self.config.document.max_length
+
+    @property
+    def identity(self) -> ModelIdentity:
+        """Who makes these vectors (:class:`~clearformer.index.identity.ModelIdentity`; the
+        projection's weights are part of the revision)."""
+        return ModelIdentity(
+            name=self.path.name,
+            revision=checkpoint_revision(self.path, extra=_module_weights(self.path)),
+            pooling="colbert",
+            normalize=self.config.normalize,
+            width=self.dim,
+            max_length=self.max_length,
+            path=str(self.path.resolve()),
+        )
+
+    def encode_query(
+        self,
+        texts: list[str],
+        *,
+        batch_size: int | None = None,
+        progress: bool | ProgressFn | None = None,
+    ) -> list[Tensor]:
+        """Token vectors of queries: the query prompt or marker, expansion, no skiplist.
+
+        Returns:
+            one float32 ``(tokens_i, dim)`` tensor per text, in input order.
+        """
+        return self._encode("query", texts, batch_size, progress)
+
+    def encode_document(
+        self,
+        texts: list[str],
+        *,
+        batch_size: int | None = None,
+        progress: bool | ProgressFn | None = None,
+    ) -> list[Tensor]:
+        """Token vectors of documents: the document prompt or marker, the skiplist's tokens
+        dropped. One float32 ``(tokens_i, dim)`` tensor per text, in input order."""
+        return self._encode("document", texts, batch_size, progress)
+
+    def similarity(self, queries: Sequence[Tensor], documents: Sequence[Tensor]) -> Tensor:
+        """(Q, N) MaxSim scores of every query against every document (divided by each
+        query's token count for a ``meanmaxsim`` model)."""
+        scores = maxsim_scores(queries, documents)  # (Q, N)
+        if self.config.similarity == "meanmaxsim":
+            counts = torch.tensor([max(q.shape[0], 1) for q in queries], dtype=scores.dtype)
+            scores = scores / counts[:, None]
+        return scores
+
+    def _encode(
+        self,
+        side: str,
+        texts: list[str],
+        batch_size: int | None,
+        progress: bool | ProgressFn | None,
+    ) -> list[Tensor]:
+        texts = check_texts(texts)
+        if not (progress is None or isinstance(progress, bool) or callable(progress)):
+            raise TypeError(
+                f"progress must be None, True, False or a callable (done, total), got {progress!r}"
+            )
+        max_tokens = default_max_tokens("float32")
+        check_batch_limits(batch_size, max_tokens)
+        rows = self.token_rows(side, texts)
+        out: list[Tensor | None] = [None] * len(rows)
+        if not rows:
+            return []
+        tokens = sum(len(r) for r in rows)
+        log.info("encode_%s: %d texts, %d tokens", side, len(rows), tokens)
+        batches = plan_batches([len(r) for r in rows], batch_size, max_tokens)
+        workers = auto_workers(len(batches), next(self.model.parameters()).device)
+        packed = self._packing.for_call(tokens)
+        report = progress_reporter(progress, len(rows))
+
+        def embed(indices: list[int]) -> tuple[list[int], list[Tensor]]:
+            return indices, self.embed_rows(side, [rows[i] for i in indices], packed)
+
+        done = 0
+        for indices, vectors in map_in_workers(embed, batches, workers):
+            for i, v in zip(indices, vectors, strict=True):
+                out[i] = v
+            done += len(indices)
+            report(done, len(rows))
+        return out  # type: ignore[return-value]
+
+    def token_rows(self, side: str, texts: list[str]) -> list[TokenRow]:
+        """Each text as the model reads it on ``side``: prompt, tokens, marker, expansion."""
+        config: SideConfig = getattr(self.config, side)
+        if config.prompt:
+            texts = [config.prompt + text for text in texts]
+        rows = []
+        for encoding in self._tokenizers[side].encode(texts):
+            ids, types = list(encoding.ids), list(encoding.type_ids)
+            if config.marker_id is not None:
+                # PyLate's marker goes right after the first token ([CLS]).
+                ids.insert(1, config.marker_id)
+                types.insert(1, 0)
+            expansion = config.expansion
+            extra = max(0, expansion.length - len(ids)) if expansion is not None else 0
+            rows.append(TokenRow(ids, types, extra, expansion is None or expansion.attend))
+        return rows
+
+    def embed_rows(self, side: str, rows: list[TokenRow], packed=None) -> list[Tensor]:
+        """One forward pass over ``rows`` (:meth:`token_rows`): the kept tokens' vectors,
+        projected, cut and normalised, one ``(tokens_i, dim)`` tensor per row."""
+        config: SideConfig = getattr(self.config, side)
+        expansion_id = config.expansion.token_id if config.expansion is not None else 0
+        batch = pad_rows(rows, self._tokenizers[side].pad_id, expansion_id)
+        keep = batch.tokens if config.score_expansion else batch.texts  # (B, T)
+        if config.skiplist:
+            skip = torch.tensor(sorted(config.skiplist), dtype=torch.int64)
+            keep = keep & ~torch.isin(batch.input_ids, skip)
+        with torch.inference_mode(), use_packed_weights(packed):
+            hidden = token_states(self.model, batch)  # (B, T, D)
+            vectors = hidden[keep].float()  # (N kept, D)
+            for dense in self.projection:
+                vectors = dense(vectors)  # (N kept, width)
+            if self.config.truncate_dim is not None:
+                vectors = F.normalize(vectors[:, : self.config.truncate_dim], p=2.0, dim=-1)
+            elif self.config.normalize:
+                vectors = F.normalize(vectors, p=2.0, dim=-1)
+        counts = keep.sum(dim=1).tolist()
+        return [v.clone() for v in vectors.split(counts)]
+
+    def __repr__(self) -> str:
+        return (
+            f"MultiVectorEncoder(path={str(self.path)!r}, layout={self.config.layout!r}, "
+            f"dim={self.dim}, query_length={self.config.query.max_length}, "
+            f"document_length={self.config.document.max_length})"
+        )
+
+
+def _module_weights(root: Path) -> list[str]:
+    """The weight files of a directory's sentence-transformers modules (``1_Dense/...``)."""
+    names = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        for weights in ("model.safetensors", "pytorch_model.bin"):
+            if (folder / weights).is_file():
+                names.append(f"{folder.name}/{weights}")
+    return names
