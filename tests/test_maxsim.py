@@ -24,7 +24,9 @@ def _loops(query, document):
 def test_scores_equal_the_definition(query_lengths, document_lengths, seed):
     generator = torch.Generator().manual_seed(seed)
     queries = [torch.randn(n, 5, generator=generator, dtype=torch.float64) for n in query_lengths]
-    documents = [torch.randn(n, 5, generator=generator, dtype=torch.float64) for n in document_lengths]
+    documents = [
+        torch.randn(n, 5, generator=generator, dtype=torch.float64) for n in document_lengths
+    ]
     scores = maxsim_scores(queries, documents)
     assert scores.shape == (len(queries), len(documents))
     for i, query in enumerate(queries):
