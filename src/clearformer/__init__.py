@@ -28,6 +28,7 @@ _EXPORTS = {
     "ForwardPlan": ".plan",
     "TextEncoder": ".text",
     "CrossEncoder": ".text",
+    "SparseEncoder": ".text",
     "DecoderBlock": ".decoder_block",
     "LayerCache": ".decoder_block",
     "Decoder": ".decoder",
@@ -55,7 +56,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as if imported eag
     from .model import EncoderModel
     from .plan import ForwardPlan
     from .seq2seq import Seq2SeqConfig, Seq2SeqTransformer
-    from .text import CrossEncoder, TextEncoder
+    from .text import CrossEncoder, SparseEncoder, TextEncoder
     from .train import TrainConfig
 
 
@@ -69,6 +70,7 @@ __all__ = [
     "LayerCache",
     "Seq2SeqConfig",
     "Seq2SeqTransformer",
+    "SparseEncoder",
     "Encoder",
     "EncoderBlock",
     "EncoderConfig",

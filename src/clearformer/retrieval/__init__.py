@@ -6,6 +6,8 @@
 * :mod:`.evaluation` -- :func:`evaluate`: the stages run and scored (``clearformer eval``);
 * :mod:`.comparison` -- two results compared per measure with a paired bootstrap interval;
 * :mod:`.trec` -- runs in TREC format;
+* :mod:`.model_kind` -- :func:`model_kind`: dense, sparse, multi-vector or BGE-M3, from a
+  directory's files;
 * :mod:`.bbc` -- the BBC News headline -> article benchmark that ships with the project.
 
 See ``docs/retrieval.md``.
@@ -31,6 +33,8 @@ _EXPORTS = {
     "evaluate_run": ".metrics",
     "mean_measures": ".metrics",
     "ranked": ".metrics",
+    "MODEL_KINDS": ".model_kind",
+    "model_kind": ".model_kind",
 }
 
 __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
@@ -40,10 +44,12 @@ if TYPE_CHECKING:
     from .comparison import Difference, compare
     from .evaluation import EvalResult, EvalSettings, evaluate
     from .metrics import DEFAULT_MEASURES, evaluate_run, mean_measures, ranked
+    from .model_kind import MODEL_KINDS, model_kind
 
 __all__ = [
     "DEFAULT_MEASURES",
     "DataError",
+    "MODEL_KINDS",
     "Difference",
     "EvalResult",
     "EvalSettings",
@@ -53,5 +59,6 @@ __all__ = [
     "evaluate_run",
     "load_beir",
     "mean_measures",
+    "model_kind",
     "ranked",
 ]

@@ -4,6 +4,8 @@
   run, pool, normalise);
 * :mod:`.cross_encoder` -- :class:`CrossEncoder`: text pairs in, relevance scores out (a
   classification head in place of pooling);
+* :mod:`.sparse_encoder` -- :class:`SparseEncoder`: texts in, SPLADE weights over the
+  vocabulary out;
 * :mod:`.batching` -- how sorted texts are cut into forward passes;
 * :mod:`.workers` -- independent forward passes side by side on a CPU's cores.
 
@@ -19,11 +21,16 @@ from ..lazy_exports import lazy_exports as _lazy_exports
 
 # Imported on first use: the CLI reads batching defaults from .batching without paying for
 # torch (see clearformer/__init__.py).
-_EXPORTS = {"TextEncoder": ".encoder", "CrossEncoder": ".cross_encoder"}
+_EXPORTS = {
+    "TextEncoder": ".encoder",
+    "CrossEncoder": ".cross_encoder",
+    "SparseEncoder": ".sparse_encoder",
+}
 __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from .cross_encoder import CrossEncoder
     from .encoder import TextEncoder
+    from .sparse_encoder import SparseEncoder
 
-__all__ = ["CrossEncoder", "TextEncoder"]
+__all__ = ["CrossEncoder", "SparseEncoder", "TextEncoder"]
