@@ -33,18 +33,19 @@ _EXPORTS = {
     "evaluate_run": ".metrics",
     "mean_measures": ".metrics",
     "ranked": ".metrics",
-    "MODEL_KINDS": ".model_kind",
-    "model_kind": ".model_kind",
 }
 
 __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
+
+# Imported at once (it needs only the standard library): the function shares its module's
+# name, and a lazy export would lose to the module once anything imported the module itself.
+from .model_kind import MODEL_KINDS, model_kind  # noqa: E402
 
 if TYPE_CHECKING:
     from .beir import DataError, RetrievalData, load_beir
     from .comparison import Difference, compare
     from .evaluation import EvalResult, EvalSettings, evaluate
     from .metrics import DEFAULT_MEASURES, evaluate_run, mean_measures, ranked
-    from .model_kind import MODEL_KINDS, model_kind
 
 __all__ = [
     "DEFAULT_MEASURES",

@@ -54,6 +54,7 @@ def read_encoder_parts(
     """The parts of the checkpoint at ``path`` (None: the bundled model); see
     ``TextEncoder.from_pretrained`` for the arguments and the errors."""
     started = time.perf_counter()
+    refuse_other_kinds(path, "TextEncoder")
     files = find_checkpoint(path)
     pooling = pooling_from_config(files.pooling_config, files.pooling_path)
     _, config = read_family(files, backend)  # the width the head needs, before any weight
@@ -82,6 +83,21 @@ def read_encoder_parts(
             architectures[0],
         )
     return EncoderParts(loaded, tokenizer, pooling, head, truncate_dim, prompts_from_files(files))
+
+
+def refuse_other_kinds(path: str | os.PathLike | None, loader: str) -> None:
+    """A one-line CheckpointError when the directory at ``path`` holds a sparse, multi-vector
+    or BGE-M3 model, naming the class that loads it: pooled into one vector, its token states
+    would give embeddings that mean nothing (and a Router's directory has no checkpoint at its
+    root, which would be reported as incomplete)."""
+    from ..interop.hf import CheckpointError
+    from ..model_kinds import kind_error, model_kind
+
+    if path is None or not Path(path).expanduser().is_dir():
+        return  # the bundled model, or an error find_checkpoint reports
+    kind = model_kind(path)
+    if kind != "dense":
+        raise CheckpointError(kind_error(Path(path).expanduser().resolve(), kind, loader))
 
 
 def write_encoder_files(encoder, directory: str | os.PathLike) -> Path:

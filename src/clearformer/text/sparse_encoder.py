@@ -25,7 +25,7 @@ from ..interop.hf import CheckpointError
 from ..interop.hf.files import resolve_path
 from ..interop.hf.sparse_modules import SparseLayout, SpladeSide, read_sparse_layout
 from ..interop.hf.tokenizer import check_texts
-from ..retrieval.model_kind import kind_error, model_kind
+from ..model_kinds import kind_error, model_kind
 from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
 from .progress import ProgressFn, progress_reporter
 from .sparse_sides import SpladeRunner, StaticRunner
@@ -274,7 +274,10 @@ class SparseEncoder:
         if indices is None:
             indices = torch.zeros(2, 0, dtype=torch.long)
             values = [torch.zeros(0)]
-        return torch.sparse_coo_tensor(indices, torch.cat(values), (n, self.vocab_size)).coalesce()
+        # Valid by construction (rows < n, columns < V): the invariant check is skipped.
+        shape = (n, self.vocab_size)
+        out = torch.sparse_coo_tensor(indices, torch.cat(values), shape, check_invariants=False)
+        return out.coalesce()
 
     def prompt_for(self, task: str) -> str | None:
         """The prompt sentence-transformers puts before a ``task``'s texts (None: none)."""

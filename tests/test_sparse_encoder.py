@@ -1,0 +1,190 @@
+"""SparseEncoder against sentence-transformers 6.3's SparseEncoder, on directories that
+sentence-transformers itself wrote: SPLADE with max and sum pooling, ReLU and log1p-ReLU, and
+an inference-free model (Router + SparseStaticEmbedding); max_active_dims; a text alone against
+its row in a ragged batch; chunking; both padding sides; decode; the refusals; model_kind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("sentence_transformers")
+pytest.importorskip("transformers")
+
+from clearformer import SparseEncoder, TextEncoder  # noqa: E402
+from clearformer.interop.hf import CheckpointError  # noqa: E402
+from clearformer.retrieval import model_kind  # noqa: E402
+
+from .sparse_helpers import (  # noqa: E402
+    TEXTS,
+    V,
+    assert_same_sparse,
+    inference_free_dir,
+    splade_dir,
+    st_encode,
+    write_mlm,
+)
+
+HEADS = [("max", "relu"), ("sum", "relu"), ("max", "log1p_relu"), ("sum", "log1p_relu")]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return write_mlm(tmp_path_factory.mktemp("mlm"))
+
+
+@pytest.fixture(scope="module")
+def splade(base, tmp_path_factory):
+    return splade_dir(base, tmp_path_factory.mktemp("splade"))
+
+
+@pytest.mark.parametrize(("pooling", "activation"), HEADS)
+def test_splade_matches_sentence_transformers(base, tmp_path, pooling, activation):
+    path = splade_dir(base, tmp_path / "splade", pooling=pooling, activation=activation)
+    encoder = SparseEncoder.from_pretrained(path)
+    for task in ("query", "document"):
+        ours = encoder.encode(TEXTS, task=task, batch_size=4)
+        assert_same_sparse(ours, st_encode(path, TEXTS, task, batch_size=4))
+    # Sparse, not dense: the pushed-down bias leaves most entries zero, and some non-zero.
+    nonzero = ours.to_dense().ne(0).sum(dim=1)
+    assert 0 < int(nonzero.max()) < V
+    assert encoder.identity.pooling == f"splade-{pooling}" + (
+        "" if activation == "relu" else "-log1p_relu"
+    )
+
+
+def test_a_wrong_activation_is_caught(base, tmp_path):
+    """Negative control: the comparison sees an activation the directory does not ask for."""
+    path = splade_dir(base, tmp_path / "splade", activation="log1p_relu")
+    reference = st_encode(path, TEXTS, "document")
+    config = path / "1_SpladePooling" / "config.json"
+    settings = json.loads(config.read_text())
+    config.write_text(json.dumps({**settings, "activation_function": "relu"}))
+    ours = SparseEncoder.from_pretrained(path).encode_document(TEXTS)
+    with pytest.raises(AssertionError):
+        assert_same_sparse(ours, reference)
+
+
+def test_inference_free_matches_sentence_transformers(base, tmp_path):
+    path = inference_free_dir(base, tmp_path / "free")
+    encoder = SparseEncoder.from_pretrained(path)
+    queries = encoder.encode_query(TEXTS)
+    assert_same_sparse(queries, st_encode(path, TEXTS, "query"))
+    assert_same_sparse(encoder.encode_document(TEXTS), st_encode(path, TEXTS, "document"))
+    # The queries were looked up, not run: no special token, a repeated word counted once.
+    vocabulary = encoder.vocabulary
+    words = {vocabulary[i] for i in queries[3].coalesce().indices()[0].tolist()}
+    assert "[CLS]" not in words and "far" in words
+    assert encoder.pooling == "inference-free-splade-max"
+
+
+def test_a_text_alone_equals_its_row_in_a_batch(splade):
+    encoder = SparseEncoder.from_pretrained(splade)
+    together = encoder.encode_document(TEXTS).to_dense()
+    for i, text in enumerate(TEXTS):
+        alone = encoder.encode_document([text]).to_dense()[0]
+        torch.testing.assert_close(together[i], alone, atol=1e-6, rtol=0)
+
+
+def test_chunks_do_not_change_the_weights(splade):
+    """The pooling runs chunk by chunk; a chunk of 1 token, one that splits texts, and one that
+    holds the whole batch give the same weights."""
+    encoder = SparseEncoder.from_pretrained(splade)
+    whole = encoder.encode_document(TEXTS, chunk_tokens=10_000).to_dense()
+    for chunk in (1, 7):
+        part = encoder.encode_document(TEXTS, chunk_tokens=chunk).to_dense()
+        torch.testing.assert_close(part, whole, atol=1e-6, rtol=0)
+
+
+def test_max_active_dims_from_the_config_and_per_call(base, tmp_path):
+    path = splade_dir(base, tmp_path / "splade", max_active_dims=3)
+    encoder = SparseEncoder.from_pretrained(path)
+    assert encoder.max_active_dims == 3
+    ours = encoder.encode_document(TEXTS)
+    assert_same_sparse(ours, st_encode(path, TEXTS, "document"))
+    assert int(ours.to_dense().ne(0).sum(dim=1).max()) == 3
+    five = encoder.encode_document(TEXTS, max_active_dims=5)
+    assert_same_sparse(five, st_encode(path, TEXTS, "document", max_active_dims=5))
+    assert int(five.to_dense().ne(0).sum(dim=1).max()) == 5
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "3"])
+def test_max_active_dims_must_be_positive(splade, bad):
+    encoder = SparseEncoder.from_pretrained(splade)
+    with pytest.raises(ValueError, match=f"max_active_dims must be a positive int.*{bad!r}"):
+        encoder.encode_query(["hello"], max_active_dims=bad)
+
+
+def test_padding_sides(base, tmp_path):
+    """A left-padding tokenizer gives the right-padding weights (batches are packed), and each
+    text's are sentence-transformers' for the text alone. sentence-transformers' own batch
+    with left padding differs (BERT counts the pads in its positions): the padding matters."""
+    right = splade_dir(base, tmp_path / "right")
+    left = splade_dir(write_mlm(tmp_path / "base-left", padding_side="left"), tmp_path / "left")
+    ours = SparseEncoder.from_pretrained(left).encode_document(TEXTS)
+    assert_same_sparse(ours, SparseEncoder.from_pretrained(right).encode_document(TEXTS), 1e-6)
+    for i, text in enumerate(TEXTS):
+        alone = st_encode(left, [text], "document")
+        assert_same_sparse(torch.stack([ours[i]]).coalesce(), alone)
+    batched = st_encode(left, TEXTS, "document")
+    assert not torch.allclose(batched.to_dense(), ours.to_dense(), atol=1e-3)
+
+
+def test_decode_and_vocabulary(splade):
+    from sentence_transformers import SparseEncoder as Reference
+
+    encoder = SparseEncoder.from_pretrained(splade)
+    reference = Reference(str(splade), device="cpu")
+    vectors = encoder.encode_document(TEXTS)
+    assert encoder.vocabulary[5:8] == ["the", "cat", "sat"]
+    ours, theirs = encoder.decode(vectors[0], top_k=4), reference.decode(vectors[0], top_k=4)
+    assert [t for t, _ in ours] == [t for t, _ in theirs] and len(ours) == 4
+    assert [w for _, w in ours] == sorted((w for _, w in ours), reverse=True)
+    rows = encoder.decode(vectors)
+    assert len(rows) == len(TEXTS) and rows[2] == reference.decode(vectors)[2]
+    with pytest.raises(ValueError, match="top_k must be a positive int"):
+        encoder.decode(vectors[0], top_k=0)
+
+
+def test_kind_refusals(splade, base, tmp_path):
+    from .family_helpers import sentence_dir
+
+    with pytest.raises(CheckpointError) as caught:
+        TextEncoder.from_pretrained(splade)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert str(splade) in message and "sparse model" in message and "SparseEncoder" in message
+    dense = sentence_dir(base, tmp_path / "dense")
+    with pytest.raises(CheckpointError, match="dense model.*TextEncoder") as caught:
+        SparseEncoder.from_pretrained(dense)
+    assert str(dense) in str(caught.value)
+
+
+def test_model_kind(splade, base, tmp_path):
+    from .family_helpers import sentence_dir
+
+    assert model_kind(splade) == "sparse"
+    assert model_kind(inference_free_dir(base, tmp_path / "free")) == "sparse"
+    assert model_kind(sentence_dir(base, tmp_path / "dense")) == "dense"
+    assert model_kind(base) == "dense"  # a plain transformers checkpoint
+    colbert = tmp_path / "colbert"
+    colbert.mkdir()
+    (colbert / "config_sentence_transformers.json").write_text('{"model_type": "MultiVectorEncoder"}')
+    assert model_kind(colbert) == "multivector"
+    m3 = tmp_path / "m3"
+    m3.mkdir()
+    (m3 / "colbert_linear.pt").write_bytes(b"")
+    assert model_kind(m3) == "bge-m3"
+    with pytest.raises(FileNotFoundError):
+        model_kind(tmp_path / "absent")
+
+
+def test_bf16_is_close_to_float32(splade):
+    encoder = SparseEncoder.from_pretrained(splade)
+    full = encoder.encode_document(TEXTS).to_dense()
+    half = encoder.encode_document(TEXTS, precision="bf16").to_dense()
+    assert torch.nn.functional.cosine_similarity(full, half, dim=1)[full.any(dim=1)].min() > 0.99
+    with pytest.raises(ValueError, match="precision"):
+        encoder.encode_document(TEXTS, precision="int8")
