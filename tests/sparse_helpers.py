@@ -16,10 +16,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-WORDS = (
-    "the cat sat on mat dog ran far away quick brown fox jumps over lazy hello world is this "
-    "text one two three rates rose bank inflation central sharply interest"
-).split()
+WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far", "away", "quick", "brown", "fox", "jumps", "over", "lazy", "hello", "world", "is", "this", "text", "one", "two", "three", "rates", "rose", "bank", "inflation", "central", "sharply", "interest"]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 V = len(SPECIALS) + len(WORDS)
 # Ragged on purpose: an empty text, a one-word one, a long one (many pads for the others),
@@ -87,7 +84,10 @@ def splade_dir(
     from sentence_transformers.base.modules import Transformer
     from sentence_transformers.sparse_encoder.modules import SpladePooling
 
-    modules = [Transformer(str(base), transformer_task="fill-mask"), SpladePooling(pooling, activation)]
+    modules = [
+        Transformer(str(base), transformer_task="fill-mask"),
+        SpladePooling(pooling, activation),
+    ]
     SparseEncoder(modules=modules, device="cpu", max_active_dims=max_active_dims).save(str(out))
     return out
 

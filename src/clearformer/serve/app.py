@@ -79,6 +79,9 @@ def create_app(
             compute=True,
         ),
         route("/rerank", "POST", "rerank", "tei", routes.rerank(state), compute=True),
+        route(
+            "/embed_sparse", "POST", "embed_sparse", "tei", routes.embed_sparse(state), compute=True
+        ),
         route("/tokenize", "POST", "tokenize", "tei", routes.tokenize(state)),
     ]
     app = Starlette(

@@ -21,12 +21,17 @@ from .engine import Engine
 from .errors import ApiError
 from .metrics import ServerMetrics
 from .models import ModelSpec, ServedModel, load_model
+from .sparse import is_sparse, load_sparse
 
 log = logging.getLogger(__name__)
 
 STATUSES = ("loading", "ready", "draining", "failed")
-_KIND_NAMES = {"embed": "embedding", "rerank": "cross-encoder (rerank)"}
-_KIND_ROUTES = {"embed": "/embed or /v1/embeddings", "rerank": "/rerank"}
+_KIND_NAMES = {
+    "embed": "embedding",
+    "rerank": "cross-encoder (rerank)",
+    "sparse": "sparse (SPLADE)",
+}
+_KIND_ROUTES = {"embed": "/embed or /v1/embeddings", "rerank": "/rerank", "sparse": "/embed_sparse"}
 # What a route needs when no model of its kind is served, and how to serve one (models.py's
 # load_model tells the kinds apart by config.json's architectures).
 _KIND_MISSING = {
@@ -41,6 +46,11 @@ _KIND_MISSING = {
         "checkpoint (config.json's architectures name a *ForSequenceClassification model with "
         "one label), such as cross-encoder/ms-marco-MiniLM-L-6-v2 from the Hugging Face Hub "
         "(hf download cross-encoder/ms-marco-MiniLM-L-6-v2 --local-dir DIR)",
+    ),
+    "sparse": (
+        "/embed_sparse needs a sparse (SPLADE) model, and none is served here",
+        "start the server with --model DIR, DIR a sentence-transformers SparseEncoder "
+        "directory (clearformer splade-cassette --out DIR writes one)",
     ),
 }
 
@@ -132,7 +142,10 @@ class ServerState:
             self.report(f"measured clearformer's kernels on this CPU: {taken} (cached)")
 
     def _load_one(self, spec: ModelSpec) -> ServedModel:
-        return load_model(
+        # A SparseEncoder directory is told apart by its files (retrieval.model_kind); any
+        # other is an embedding model or a cross-encoder, by its config.json.
+        load = load_sparse if spec.path is not None and is_sparse(spec.path) else load_model
+        return load(
             spec,
             max_input_tokens=self.config.max_input_tokens,
             precision=self.config.precision,
@@ -236,8 +249,8 @@ class ServerState:
         if model.kind != kind:
             raise ApiError(
                 "Validation",
-                f"model {name!r} is a {_KIND_NAMES[model.kind]} model: use "
-                f"{_KIND_ROUTES[model.kind]}",
+                f"model {name!r} is a {_KIND_NAMES[model.kind]} model, which "
+                f"{_KIND_ROUTES[kind]} does not serve: use {_KIND_ROUTES[model.kind]}",
                 param="model",
             )
         return model

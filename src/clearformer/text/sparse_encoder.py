@@ -305,7 +305,9 @@ class SparseEncoder:
                 f"vector must have shape (V,) or (n, V) with V={self.vocab_size}, "
                 f"got {tuple(vector.shape)}"
             )
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0):
+        if top_k is not None and (
+            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0
+        ):
             raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
         dense = vector.to_dense() if vector.is_sparse else vector
         words = self.vocabulary
@@ -314,7 +316,9 @@ class SparseEncoder:
             (ids,) = row.nonzero(as_tuple=True)
             weights = row[ids]
             order = torch.argsort(weights, descending=True, stable=True)[:top_k]
-            lists.append([(words[i], float(w)) for i, w in zip(ids[order].tolist(), weights[order])])
+            lists.append(
+                [(words[i], float(w)) for i, w in zip(ids[order].tolist(), weights[order], strict=True)]
+            )
         return lists[0] if vector.dim() == 1 else lists
 
     def _check_max_active_dims(self, value: int | None) -> int | None:

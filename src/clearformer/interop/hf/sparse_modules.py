@@ -106,7 +106,9 @@ def _side(root: Path, modules: list[tuple[Path, str]], task: str | None = None):
     if len(kinds) == 2 and kinds[0] in _MLM and kinds[1] == "SpladePooling":
         folder, _ = modules[0]
         sentence = _json(folder / "sentence_bert_config.json")
-        task_kind = sentence.get("transformer_task", "fill-mask" if kinds[0] == "MLMTransformer" else None)
+        task_kind = sentence.get(
+            "transformer_task", "fill-mask" if kinds[0] == "MLMTransformer" else None
+        )
         if task_kind != "fill-mask":
             raise CheckpointError(
                 f"{folder / 'sentence_bert_config.json'} 'transformer_task' must be 'fill-mask' "
@@ -176,7 +178,9 @@ def _resolve_route(task: str, structure: dict, params: dict, source: Path) -> st
 
 def _existing(route: str, structure: dict, source: Path) -> str:
     if route not in structure:
-        raise CheckpointError(f"{source} routes to {route!r}, which is not one of {list(structure)}")
+        raise CheckpointError(
+            f"{source} routes to {route!r}, which is not one of {list(structure)}"
+        )
     return route
 
 
