@@ -190,3 +190,26 @@ def test_bf16_is_close_to_float32(splade):
     assert torch.nn.functional.cosine_similarity(full, half, dim=1)[full.any(dim=1)].min() > 0.99
     with pytest.raises(ValueError, match="precision"):
         encoder.encode_document(TEXTS, precision="int8")
+
+
+def test_distilbert_splade_matches_sentence_transformers(tmp_path):
+    """OpenSearch's SPLADE models are DistilBERT: no token types, another head layout."""
+    import transformers
+
+    from .sparse_helpers import SPECIALS, WORDS
+
+    base = tmp_path / "distil"
+    base.mkdir()
+    torch.manual_seed(0)
+    config = transformers.DistilBertConfig(
+        vocab_size=V, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64
+    )
+    model = transformers.DistilBertForMaskedLM(config).eval()
+    with torch.no_grad():
+        model.vocab_projector.bias.sub_(0.4)
+    model.save_pretrained(base)
+    (base / "vocab.txt").write_text("\n".join(SPECIALS + WORDS) + "\n", encoding="utf-8")
+    path = splade_dir(base, tmp_path / "splade", activation="log1p_relu")
+    ours = SparseEncoder.from_pretrained(path).encode_document(TEXTS)
+    assert_same_sparse(ours, st_encode(path, TEXTS, "document"))
+    assert 0 < ours._nnz() < len(TEXTS) * V
