@@ -16,7 +16,38 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far", "away", "quick", "brown", "fox", "jumps", "over", "lazy", "hello", "world", "is", "this", "text", "one", "two", "three", "rates", "rose", "bank", "inflation", "central", "sharply", "interest"]
+WORDS = [
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "mat",
+    "dog",
+    "ran",
+    "far",
+    "away",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "hello",
+    "world",
+    "is",
+    "this",
+    "text",
+    "one",
+    "two",
+    "three",
+    "rates",
+    "rose",
+    "bank",
+    "inflation",
+    "central",
+    "sharply",
+    "interest",
+]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 V = len(SPECIALS) + len(WORDS)
 # Ragged on purpose: an empty text, a one-word one, a long one (many pads for the others),

@@ -316,9 +316,8 @@ class SparseEncoder:
             (ids,) = row.nonzero(as_tuple=True)
             weights = row[ids]
             order = torch.argsort(weights, descending=True, stable=True)[:top_k]
-            lists.append(
-                [(words[i], float(w)) for i, w in zip(ids[order].tolist(), weights[order], strict=True)]
-            )
+            pairs = zip(ids[order].tolist(), weights[order].tolist(), strict=True)
+            lists.append([(words[i], w) for i, w in pairs])
         return lists[0] if vector.dim() == 1 else lists
 
     def _check_max_active_dims(self, value: int | None) -> int | None:
