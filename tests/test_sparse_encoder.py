@@ -206,6 +206,8 @@ def test_distilbert_splade_matches_sentence_transformers(tmp_path):
     )
     model = transformers.DistilBertForMaskedLM(config).eval()
     with torch.no_grad():
+        for p in model.parameters():  # off the initial values, so that logits reach above 0
+            p.add_(0.1 * torch.randn(p.shape))
         model.vocab_projector.bias.sub_(0.4)
     model.save_pretrained(base)
     (base / "vocab.txt").write_text("\n".join(SPECIALS + WORDS) + "\n", encoding="utf-8")
@@ -213,3 +215,40 @@ def test_distilbert_splade_matches_sentence_transformers(tmp_path):
     ours = SparseEncoder.from_pretrained(path).encode_document(TEXTS)
     assert_same_sparse(ours, st_encode(path, TEXTS, "document"))
     assert 0 < ours._nnz() < len(TEXTS) * V
+
+
+def test_an_untied_decoder_decodes(tmp_path):
+    """A checkpoint whose decoder has weights of its own (tie_word_embeddings false) decodes
+    with them, not with the word embeddings."""
+    import transformers
+
+    from .sparse_helpers import SPECIALS, WORDS
+
+    base = tmp_path / "untied"
+    base.mkdir()
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=V,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    model = transformers.BertForMaskedLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape))
+        model.cls.predictions.decoder.weight.normal_(0, 0.5)
+        model.cls.predictions.decoder.bias.sub_(0.4)
+    model.save_pretrained(base)
+    (base / "vocab.txt").write_text("\n".join(SPECIALS + WORDS) + "\n", encoding="utf-8")
+    path = splade_dir(base, tmp_path / "splade")
+    encoder = SparseEncoder.from_pretrained(path)
+    ours = encoder.encode_document(TEXTS)
+    assert_same_sparse(ours, st_encode(path, TEXTS, "document"))
+    assert 0 < ours._nnz() < len(TEXTS) * V
+    side = encoder.sides["document"].loaded
+    assert side.decoder is not None
+    assert not torch.equal(side.decoder, side.loaded.model.embeddings.word.weight)

@@ -57,7 +57,9 @@ class SpladeRunner:
         padding_side: str | None,
     ) -> SpladeRunner:
         files = find_checkpoint(side.folder)
-        loaded = load_masked_lm(files, backend=backend, strict=strict)
+        # SPLADE checkpoints tie the decoder to the word embeddings, as a rule; one with a
+        # decoder of its own decodes with it.
+        loaded = load_masked_lm(files, backend=backend, strict=strict, untied=True)
         config = loaded.loaded.model.config
         # sentence-transformers' order: the caller's length, the task's own
         # (query_length / document_length), then the checkpoint's max_seq_length.
@@ -100,7 +102,7 @@ class SpladeRunner:
         types = torch.tensor([t for e in encodings for t in e.type_ids], dtype=torch.long)
         cu_seqlens = torch.zeros(len(encodings) + 1, dtype=torch.int32)  # (B + 1,)
         cu_seqlens[1:] = torch.cumsum(torch.tensor(lengths), dim=0)
-        table = model.embeddings.word.weight  # (V, D): the tied decoder
+        table = loaded.decoder_weight  # (V, D): the word embeddings, or an untied decoder
         with torch.inference_mode():
             if ids.numel() == 0:  # only empty texts and no special tokens: nothing to pool
                 return torch.zeros(len(encodings), self.vocab_size)
@@ -122,7 +124,9 @@ class SpladeRunner:
             # One copy of both, so the head's tied table stays the encoder's.
             pair = bf16_copy(torch.nn.ModuleList([self.loaded.loaded.model, self.loaded.head]))
             loaded = dataclasses.replace(self.loaded.loaded, model=pair[0])
-            self._bf16 = LoadedMaskedLM(loaded, pair[1])
+            own = self.loaded.decoder
+            decoder = None if own is None else own.to(torch.bfloat16)
+            self._bf16 = LoadedMaskedLM(loaded, pair[1], decoder)
         return self._bf16
 
 
