@@ -252,3 +252,18 @@ def test_an_untied_decoder_decodes(tmp_path):
     side = encoder.sides["document"].loaded
     assert side.decoder is not None
     assert not torch.equal(side.decoder, side.loaded.model.embeddings.word.weight)
+
+
+def test_identity(splade, base, tmp_path):
+    from clearformer.index.identity import checkpoint_revision
+
+    identity = SparseEncoder.from_pretrained(splade).identity
+    assert identity.revision == checkpoint_revision(splade)  # hashed as a dense model's
+    assert (identity.width, identity.normalize, identity.max_length) == (V, False, 64)
+    free = inference_free_dir(base, tmp_path / "free")
+    before = SparseEncoder.from_pretrained(free).identity
+    assert before.pooling == "inference-free-splade-max"
+    # Other query weights in the Router's folder: another model, another revision.
+    inference_free_dir(base, tmp_path / "free", seed=2)
+    after = SparseEncoder.from_pretrained(free).identity
+    assert after.revision != before.revision and after.differences(before) == ["revision"]

@@ -153,15 +153,17 @@ class SparseEncoder:
         hashes every file that decides a weight, the Router's folders included."""
         from ..index.identity import ModelIdentity, checkpoint_revision
 
-        digest = hashlib.sha256(checkpoint_revision(self.path).encode("ascii"))
-        for folder in sorted({str(runner.path) for runner in self.sides.values()}):
-            if Path(folder) != self.path:
-                relative = Path(folder).relative_to(self.path).as_posix()
-                digest.update(relative.encode("utf-8") + b"\0")
-                digest.update(_folder_revision(Path(folder)).encode("ascii"))
+        revision = checkpoint_revision(self.path)  # a plain SPLADE directory: as a dense one's
+        folders = sorted({runner.path for runner in self.sides.values()} - {self.path})
+        if folders:  # a Router's: its folders' files too, each with its name
+            digest = hashlib.sha256(revision.encode("ascii"))
+            for folder in folders:
+                digest.update(folder.relative_to(self.path).as_posix().encode("utf-8") + b"\0")
+                digest.update(_folder_revision(folder).encode("ascii"))
+            revision = digest.hexdigest()
         return ModelIdentity(
             name=self.path.name,
-            revision=digest.hexdigest(),
+            revision=revision,
             pooling=self.pooling,
             normalize=False,
             width=int(self.vocab_size),

@@ -80,8 +80,10 @@ def read_sparse_layout(root: Path) -> SparseLayout:
     if kinds == ["Router"]:
         sides = _router_sides(root / str(modules[0].get("path", "")))
     else:
-        side = _side(root, [(root / str(m.get("path", "")), _type_name(m)) for m in modules])
-        sides = {task: side for task in TASKS}
+        listed = [(root / str(m.get("path", "")), _type_name(m)) for m in modules]
+        # Per task: the two sides are equal (one model loaded) unless the transformer's
+        # query_length and document_length differ.
+        sides = {task: _side(root, listed, task) for task in TASKS}
     st_file = root / "config_sentence_transformers.json"
     st_config = read_json(st_file, "sentence-transformers config") if st_file.is_file() else {}
     max_active = st_config.get("max_active_dims") if isinstance(st_config, dict) else None
@@ -98,7 +100,7 @@ def _type_name(module: dict[str, Any]) -> str:
     return str(module.get("type", "")).rsplit(".", 1)[-1]
 
 
-def _side(root: Path, modules: list[tuple[Path, str]], task: str | None = None):
+def _side(root: Path, modules: list[tuple[Path, str]], task: str, routed: bool = False):
     """One route's modules -> a side; anything else is refused, naming the modules."""
     kinds = [kind for _, kind in modules]
     if kinds == ["SparseStaticEmbedding"]:
@@ -127,9 +129,9 @@ def _side(root: Path, modules: list[tuple[Path, str]], task: str | None = None):
             )
         except (TypeError, ValueError) as exc:
             raise CheckpointError(f"{modules[1][0] / 'config.json'}: {exc}") from None
-        length = sentence.get(f"{task}_length") if task is not None else None
+        length = sentence.get(f"{task}_length")
         return SpladeSide(folder, splade, length if isinstance(length, int) else None)
-    where = f"the {task!r} route of {root}" if task else str(root / "modules.json")
+    where = f"the {task!r} route of {root}" if routed else str(root / "modules.json")
     raise CheckpointError(
         f"{where} has modules {kinds}; clearformer's SparseEncoder runs a fill-mask "
         "Transformer followed by SpladePooling, or a SparseStaticEmbedding"
@@ -151,7 +153,10 @@ def _router_sides(folder: Path) -> dict[str, SpladeSide | StaticSide]:
         route = _resolve_route(task, structure, params, file)
         ids = structure[route]
         routes[task] = _side(
-            folder, [(folder / str(i), str(types.get(i, "")).rsplit(".", 1)[-1]) for i in ids], task
+            folder,
+            [(folder / str(i), str(types.get(i, "")).rsplit(".", 1)[-1]) for i in ids],
+            task,
+            routed=True,
         )
     return routes
 
