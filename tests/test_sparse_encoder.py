@@ -267,3 +267,22 @@ def test_identity(splade, base, tmp_path):
     inference_free_dir(base, tmp_path / "free", seed=2)
     after = SparseEncoder.from_pretrained(free).identity
     assert after.revision != before.revision and after.differences(before) == ["revision"]
+
+
+def test_cli_encode_writes_sparse_jsonl(splade, tmp_path, capsys):
+    from clearformer.cli import main
+
+    out = tmp_path / "weights.jsonl"
+    assert main(["encode", "--model", str(splade), "-o", str(out), *TEXTS[:3]]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    want = SparseEncoder.from_pretrained(splade).encode_document(TEXTS[:3]).to_dense()
+    for row, vector in zip(rows, want, strict=True):
+        got = torch.zeros(V)
+        for index, value in row["sparse"].items():
+            got[int(index)] = value
+        torch.testing.assert_close(got, vector, atol=0, rtol=0)
+    assert [row["text"] for row in rows] == TEXTS[:3]
+    capsys.readouterr()
+    assert main(["encode", "--model", str(splade), "--dimensions", "4", "x"]) == 2
+    error = capsys.readouterr().err
+    assert "--dimensions is for dense embeddings" in error and "Traceback" not in error

@@ -255,6 +255,10 @@ def run(args: argparse.Namespace) -> int:
             f"--similarity prints an n x n matrix for at most {SIMILARITY_MAX} texts, "
             f"got {len(texts)}; use --output to save the embeddings"
         )
+    from .encode_sparse import is_sparse_model, run_sparse
+
+    if is_sparse_model(args.model):  # SPLADE weights: JSONL of {token id: weight}
+        return run_sparse(args, texts, output)
     encoder = load_encoder(args)
     check_dimensions_flag(encoder, args)  # a width the model cannot give: before any work
     embeddings = encoder.encode(
