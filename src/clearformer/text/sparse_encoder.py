@@ -247,6 +247,10 @@ class SparseEncoder:
         """
         texts = check_texts(texts)
         check_choice(task, TASKS, "task")
+        if not (progress is None or isinstance(progress, bool) or callable(progress)):
+            raise TypeError(
+                f"progress must be None, True, False or a callable (done, total), got {progress!r}"
+            )
         check_choice(precision, PRECISIONS, "precision")
         k = self._check_max_active_dims(max_active_dims)
         check_batch_limits(batch_size, DEFAULT_MAX_TOKENS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from pathlib import Path
 
 import torch
@@ -45,6 +46,7 @@ class SpladeRunner:
         self.tokenizer = tokenizer
         self.path: Path = loaded.loaded.files.path
         self._bf16: LoadedMaskedLM | None = None
+        self._bf16_lock = threading.Lock()  # server workers may ask for it at once
 
     @classmethod
     def load(
@@ -118,6 +120,10 @@ class SpladeRunner:
 
     def _bf16_copy(self) -> LoadedMaskedLM:
         """Encoder and head in bfloat16 (norms in float32), built once."""
+        with self._bf16_lock:
+            return self._make_bf16()
+
+    def _make_bf16(self) -> LoadedMaskedLM:
         if self._bf16 is None:
             from ..precision import bf16_copy
 
