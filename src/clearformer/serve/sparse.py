@@ -16,6 +16,7 @@ index order.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from .errors import ApiError
 from .models import Prepared, ServedModel, _check_unicode, _copy
 from .render import json_body
 from .schemas import DIRECTIONS, _direction, _flag, _object, _optional, _texts
+
+log = logging.getLogger(__name__)
 
 TASKS = ("query", "document")
 
@@ -86,6 +89,8 @@ class SparseServedModel(ServedModel):
         self.path = model.path
         self.max_input_tokens = max_input_tokens
         self.precision = "bf16" if precision == "bf16" else "float32"
+        if precision not in ("float32", "bf16"):
+            log.warning("%s is a sparse model: it runs in float32 (not %s)", name, precision)
         # Per task and direction, a copy of that side's tokenizer truncating at the limit; and
         # untruncated ones, to count a refused input (and for /tokenize: the document side).
         self._tokenizers, self._untruncated, self._specials = {}, {}, {}
