@@ -238,8 +238,8 @@ class SparseEncoder:
                 ``max_active_dims``, else every non-zero one); at least 1.
             chunk_tokens: tokens whose (chunk, V) logits exist at once: the memory peak of
                 the pooling (:func:`clearformer.heads.splade.splade_pool`).
-            precision: ``"float32"``, or ``"bf16"``: the encoder and head in bfloat16 (norms
-                and pooling in float32).
+            precision: ``"float32"``, or ``"bf16"`` (``"bfloat16"``): the encoder and head in
+                bfloat16 (norms, activation and pooling in float32).
 
         Returns:
             A coalesced ``torch.sparse_coo_tensor`` of shape (n, V), float32, only non-zero
@@ -251,6 +251,7 @@ class SparseEncoder:
             raise TypeError(
                 f"progress must be None, True, False or a callable (done, total), got {progress!r}"
             )
+        precision = "bf16" if precision == "bfloat16" else precision  # PyTorch's name too
         check_choice(precision, PRECISIONS, "precision")
         k = self._check_max_active_dims(max_active_dims)
         check_batch_limits(batch_size, DEFAULT_MAX_TOKENS)
@@ -276,10 +277,10 @@ class SparseEncoder:
             values.append(weights[row, column])
             done += len(batch)
             report(done, n)
-        indices = torch.stack([torch.cat(rows), torch.cat(columns)]) if rows else None
-        if indices is None:
-            indices = torch.zeros(2, 0, dtype=torch.long)
+        if not rows:  # no texts
+            rows = columns = [torch.zeros(0, dtype=torch.long)]
             values = [torch.zeros(0)]
+        indices = torch.stack([torch.cat(rows), torch.cat(columns)])  # (2, non-zero entries)
         # Valid by construction (rows < n, columns < V): the invariant check is skipped.
         shape = (n, self.vocab_size)
         out = torch.sparse_coo_tensor(indices, torch.cat(values), shape, check_invariants=False)
