@@ -15,10 +15,11 @@ paragraphs), cut to ``--max-length`` tokens by each library's tokenizer.
 
 Reported per run: texts per second over ``--texts`` texts (after a warm-up call), and the peak
 memory of one batch: the largest resident set during an ``encode_document`` of the
-``--batch-size`` longest texts, less the resident set before that call (the process's
-``ru_maxrss`` high-water mark, which a fresh process has not yet raised past the model's
-load). sentence-transformers' bfloat16 is its model in bfloat16 (``model.to(torch.bfloat16)``);
-clearformer's is ``precision="bf16"`` (bfloat16 products, float32 norms and pooling).
+``--batch-size`` longest texts, less the resident set before that call (the kernel's
+high-water mark ``VmHWM``, reset just before the call through ``/proc/self/clear_refs``:
+Linux only), after a first call on the same batch. sentence-transformers' bfloat16 is its
+model in bfloat16 (``model.to(torch.bfloat16)``); clearformer's is ``precision="bf16"``
+(bfloat16 products, float32 norms, activation and pooling).
 
 Run: ``python benchmarks/sparse_encode.py [--models cassette bert-base] [--texts 2000]
 [--batch-size 32] [--max-length 256] [--precision float32 bf16]
@@ -31,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -74,14 +74,21 @@ def write_models(names: list[str], root: Path) -> dict[str, Path]:
     return out
 
 
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def reset_peak_rss() -> None:
+    """Start the kernel's resident-set high-water mark (VmHWM) again from the current resident
+    set (Linux 4.0 and later): the model's load, which reads its weights twice over, would
+    otherwise be the peak of every later call."""
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
 
 
-def current_rss_mib() -> float:
-    with open("/proc/self/statm") as handle:
-        pages = int(handle.read().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+def status_mib(field: str) -> float:
+    """A ``/proc/self/status`` size (``VmRSS``, ``VmHWM``) in MiB."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
 
 
 def run_one(args) -> dict:
@@ -112,10 +119,13 @@ def run_one(args) -> dict:
                 batch, batch_size=args.batch_size, convert_to_sparse_tensor=True
             )
 
-    encode(texts[:4])  # warm-up: one-time allocations and kernel choices
-    before = current_rss_mib()
+    # Warm-up on the measured batch itself: one-time allocations (allocator arenas, kernel
+    # choices) would otherwise count as the batch's.
     encode(longest)
-    batch_peak = max(peak_rss_mib() - before, 0.0)
+    reset_peak_rss()
+    before = status_mib("VmRSS")
+    encode(longest)
+    batch_peak = max(status_mib("VmHWM") - before, 0.0)
     start = time.perf_counter()
     out = encode(texts)
     seconds = time.perf_counter() - start
