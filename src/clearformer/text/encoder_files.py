@@ -93,8 +93,8 @@ def refuse_other_kinds(path: str | os.PathLike | None, loader: str) -> None:
     from ..interop.hf import CheckpointError
     from ..model_kinds import kind_error, model_kind
 
-    if path is None or not Path(path).expanduser().is_dir():
-        return  # the bundled model, or an error find_checkpoint reports
+    if not isinstance(path, str | os.PathLike) or not Path(path).expanduser().is_dir():
+        return  # the bundled model (None), or an error find_checkpoint reports
     kind = model_kind(path)
     if kind != "dense":
         raise CheckpointError(kind_error(Path(path).expanduser().resolve(), kind, loader))
