@@ -47,9 +47,7 @@ def maxsim_scores(queries: Sequence[Tensor], documents: Sequence[Tensor]) -> Ten
     # All documents' tokens in one matrix, so each query is one matrix product, not N.
     lengths = [document.shape[0] for document in documents]
     tokens = torch.cat(list(documents), dim=0)  # (sum Td, D)
-    owner = torch.repeat_interleave(
-        torch.arange(len(documents)), torch.tensor(lengths)
-    )  # (sum Td,)
+    owner = torch.repeat_interleave(torch.arange(len(documents)), torch.tensor(lengths))  # (sum Td,)
     scores = queries[0].new_zeros(len(queries), len(documents))
     for row, query in enumerate(queries):
         _check_pair(query, documents[0])

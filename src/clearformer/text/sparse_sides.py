@@ -63,7 +63,7 @@ class SpladeRunner:
         # decoder of its own decodes with it.
         loaded = load_masked_lm(files, backend=backend, strict=strict, untied=True)
         config = loaded.loaded.model.config
-        # sentence-transformers' order: the caller's length, the task's own
+        # The caller's length first; then sentence-transformers' order: the task's own
         # (query_length / document_length), then the checkpoint's max_seq_length.
         length = max_length or side.max_length or max_length_for(files, config.max_length)
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
