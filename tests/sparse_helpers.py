@@ -51,7 +51,7 @@ WORDS = [
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 V = len(SPECIALS) + len(WORDS)
 # Ragged on purpose: an empty text, a one-word one, a long one (many pads for the others),
-# repeated words (a static query counts a token once), an unknown word.
+# repeated words (a static query counts a token once), an unknown word, one cut to the limit.
 TEXTS = [
     "the cat sat on the mat",
     "hello",
@@ -59,6 +59,7 @@ TEXTS = [
     "quick brown fox jumps over the lazy dog and the cat ran far far away " * 2,
     "unknownword the dog",
     "interest rates rose sharply as the central bank fought inflation",
+    "one two three four five " * 20,  # 100 words: truncated at the tokenizer's 64 tokens
 ]
 
 
