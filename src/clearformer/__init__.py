@@ -30,6 +30,7 @@ _EXPORTS = {
     "CrossEncoder": ".text",
     "MultiVectorEncoder": ".text",
     "BGEM3Encoder": ".text",
+    "SparseEncoder": ".text",
     "DecoderBlock": ".decoder_block",
     "LayerCache": ".decoder_block",
     "Decoder": ".decoder",
@@ -57,7 +58,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as if imported eag
     from .model import EncoderModel
     from .plan import ForwardPlan
     from .seq2seq import Seq2SeqConfig, Seq2SeqTransformer
-    from .text import BGEM3Encoder, CrossEncoder, MultiVectorEncoder, TextEncoder
+    from .text import BGEM3Encoder, CrossEncoder, MultiVectorEncoder, SparseEncoder, TextEncoder
     from .train import TrainConfig
 
 
@@ -73,6 +74,7 @@ __all__ = [
     "LayerCache",
     "Seq2SeqConfig",
     "Seq2SeqTransformer",
+    "SparseEncoder",
     "Encoder",
     "EncoderBlock",
     "EncoderConfig",

@@ -21,6 +21,7 @@ COMMANDS = (
     "generate",
     "translate",
     "export",
+    "splade_cassette",
     "bench",
     "calibrate",
     "demo",

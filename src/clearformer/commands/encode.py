@@ -15,6 +15,7 @@ from pathlib import Path
 from ..options import BACKENDS
 from ..precision import ALIASES, PRECISION_NAMES
 from ..text.batching import DEFAULT_MAX_TOKENS, INT_MM_MAX_TOKENS
+from .status_line import progress_for
 
 SIMILARITY_MAX = 32  # texts; a larger matrix does not fit a terminal
 ENCODE_PRECISIONS = ("float32", "bf16", "int8")
@@ -225,22 +226,6 @@ def load_encoder(args: argparse.Namespace):
     return TextEncoder.from_pretrained(args.model, backend=args.backend)
 
 
-def progress_for(args: argparse.Namespace, total: int):
-    """A stderr progress line for long runs (a terminal, or --progress), else None."""
-    show = args.progress if args.progress is not None else sys.stderr.isatty() and total >= 256
-    if not show:
-        return False
-
-    def update(done: int, total: int) -> None:
-        width = 30
-        filled = int(width * done / max(total, 1))
-        bar = "#" * filled + "-" * (width - filled)
-        end = "\n" if done >= total else ""
-        print(f"\rencode [{bar}] {done}/{total} texts", end=end, file=sys.stderr, flush=True)
-
-    return update
-
-
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -255,6 +240,10 @@ def run(args: argparse.Namespace) -> int:
             f"--similarity prints an n x n matrix for at most {SIMILARITY_MAX} texts, "
             f"got {len(texts)}; use --output to save the embeddings"
         )
+    from .encode_sparse import is_sparse_model, run_sparse
+
+    if is_sparse_model(args.model):  # SPLADE weights: JSONL of {token id: weight}
+        return run_sparse(args, texts, output)
     encoder = load_encoder(args)
     check_dimensions_flag(encoder, args)  # a width the model cannot give: before any work
     embeddings = encoder.encode(

@@ -53,8 +53,9 @@ def is_shard_directory(output: str | None) -> bool:
 def run_sharded(args: argparse.Namespace) -> int:
     from ..cli import CliError
     from ..index.shards import encode_shard, launch_rank, read_manifest
-    from .encode import load_encoder, progress_for, read_input
+    from .encode import load_encoder, read_input
     from .outputs import check_destination
+    from .status_line import progress_for
 
     if args.similarity:
         raise CliError("--similarity prints to the terminal; it does not go with --output DIR")

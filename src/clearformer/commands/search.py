@@ -19,8 +19,8 @@ from .encode import (
     add_precision_argument,
     load_encoder,
     positive_int,
-    progress_for,
 )
+from .status_line import progress_for
 
 # Characters of a matching text shown per result: a corpus line can be megabytes long, and a
 # terminal shows a result, not a document. --json prints the texts whole, for programs.

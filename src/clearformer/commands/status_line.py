@@ -137,3 +137,19 @@ def _stderr_is_terminal() -> bool:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):  # closed or replaced by an object without a tty
         return False
+
+
+def progress_for(args, total: int):
+    """A stderr progress line for long runs (a terminal, or --progress), else None."""
+    show = args.progress if args.progress is not None else sys.stderr.isatty() and total >= 256
+    if not show:
+        return False
+
+    def update(done: int, total: int) -> None:
+        width = 30
+        filled = int(width * done / max(total, 1))
+        bar = "#" * filled + "-" * (width - filled)
+        end = "\n" if done >= total else ""
+        print(f"\rencode [{bar}] {done}/{total} texts", end=end, file=sys.stderr, flush=True)
+
+    return update

@@ -6,6 +6,8 @@
 * :mod:`.evaluation` -- :func:`evaluate`: the stages run and scored (``clearformer eval``);
 * :mod:`.comparison` -- two results compared per measure with a paired bootstrap interval;
 * :mod:`.trec` -- runs in TREC format;
+* :mod:`.model_kind` -- :func:`model_kind`: dense, sparse, multi-vector or BGE-M3, from a
+  directory's files;
 * :mod:`.bbc` -- the BBC News headline -> article benchmark that ships with the project.
 
 See ``docs/retrieval.md``.
@@ -35,6 +37,10 @@ _EXPORTS = {
 
 __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
 
+# Imported at once (it needs only the standard library): the function shares its module's
+# name, and a lazy export would lose to the module once anything imported the module itself.
+from .model_kind import MODEL_KINDS, model_kind  # noqa: E402
+
 if TYPE_CHECKING:
     from .beir import DataError, RetrievalData, load_beir
     from .comparison import Difference, compare
@@ -44,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MEASURES",
     "DataError",
+    "MODEL_KINDS",
     "Difference",
     "EvalResult",
     "EvalSettings",
@@ -53,5 +60,6 @@ __all__ = [
     "evaluate_run",
     "load_beir",
     "mean_measures",
+    "model_kind",
     "ranked",
 ]

@@ -92,7 +92,7 @@ def create_app(
             "POST",
             "embed_sparse",
             "tei",
-            token_routes.embed_sparse_bge_m3(state),
+            routes.embed_sparse(state),
             compute=True,
         ),
         route("/tokenize", "POST", "tokenize", "tei", routes.tokenize(state)),

@@ -1,5 +1,6 @@
 """The models a server holds: each a ``TextEncoder`` (embeddings) or a ``CrossEncoder``
-(rerank), with the tokenizers that enforce the server's input limit.
+(rerank), or a ``SparseEncoder`` (:mod:`.sparse`, on ``/embed_sparse``), with the tokenizers
+that enforce the server's input limit.
 
 A checkpoint whose ``config.json`` names a ``*ForSequenceClassification`` architecture is
 served as a cross-encoder on ``/rerank``; any other as an embedding model on ``/embed`` and
@@ -27,7 +28,7 @@ from .schemas import DIRECTIONS
 
 log = logging.getLogger(__name__)
 
-KINDS = ("embed", "rerank")
+KINDS = ("embed", "rerank", "sparse")
 WARM_UP_TEXT = "A short text that runs every layer once before the first request."
 
 

@@ -15,6 +15,7 @@ from .errors import ApiError
 from .guards import check_count, read_json
 from .render import check_finite, embed_body, json_body, openai_embeddings_body
 from .schemas import parse_embed, parse_openai_embeddings, parse_rerank, parse_tokenize
+from .sparse import parse_embed_sparse, sparse_rows_body
 from .state import ServerState
 from .waiting import wait_for_rows
 
@@ -177,6 +178,27 @@ def rerank(state: ServerState) -> Handler:
         return _json(ranked)
 
     return rerank
+
+
+def embed_sparse(state: ServerState) -> Handler:
+    """TEI's ``/embed_sparse``, for sparse (SPLADE) models (:mod:`.sparse`) and bge-m3
+    (:func:`.token_routes.bge_m3_sparse`)."""
+
+    async def embed_sparse(request: Request) -> Response:
+        parsed = parse_embed_sparse(await read_json(request, state.config))
+        model = state.model_for(parsed.model, "sparse")
+        check_count(len(parsed.inputs), state.config, "inputs")
+        if model.kind == "bge-m3":
+            from .token_routes import bge_m3_sparse
+
+            return await bge_m3_sparse(state, request, model, parsed.inputs)
+        prepared = model.prepare_sparse(
+            parsed.inputs, task=parsed.task, truncate=parsed.truncate, direction=parsed.direction
+        )
+        rows = await wait_for_rows(state, request, model, prepared)  # (n, V)
+        return Response(sparse_rows_body(rows), media_type="application/json")
+
+    return embed_sparse
 
 
 def tokenize(state: ServerState) -> Handler:

@@ -32,16 +32,17 @@ _KIND_NAMES = {
     "rerank": "cross-encoder (rerank)",
     "multivector": "multi-vector (ColBERT)",
     "bge-m3": "bge-m3",
+    "sparse": "sparse (SPLADE)",
 }
 _KIND_ROUTES = {
     "embed": "/embed or /v1/embeddings",
     "rerank": "/rerank",
     "multivector": "/embed_multivector",
     "bge-m3": "/embed, /embed_sparse or /embed_multivector",
+    "sparse": "/embed_sparse",
 }
-# What a route needs when no model of its kind is served, and how to serve one (token_models'
-# load_served_model tells multi-vector and bge-m3 directories apart, models.py's load_model
-# the rest by config.json's architectures).
+# What a route needs when no model of its kind is served, and how to serve one
+# (token_models.load_served_model tells the kinds apart by the directory's files).
 _KIND_MISSING = {
     "embed": (
         "/embed and /v1/embeddings need an embedding model, and none is served here",
@@ -63,7 +64,7 @@ _KIND_MISSING = {
     "sparse": (
         "/embed_sparse needs a sparse model, and none is served here",
         "start the server with --model DIR, DIR a sentence-transformers SparseEncoder or "
-        "bge-m3 directory",
+        "bge-m3 directory (clearformer splade-cassette --out DIR writes one)",
     ),
 }
 
@@ -260,8 +261,8 @@ class ServerState:
         if not model.serves(kind):
             raise ApiError(
                 "Validation",
-                f"model {name!r} is a {_KIND_NAMES[model.kind]} model: use "
-                f"{_KIND_ROUTES[model.kind]}",
+                f"model {name!r} is a {_KIND_NAMES[model.kind]} model, which "
+                f"{_KIND_ROUTES[kind]} does not serve: use {_KIND_ROUTES[model.kind]}",
                 param="model",
             )
         return model

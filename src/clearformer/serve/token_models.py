@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..text.multivector_files import directory_kind
+from ..model_kinds import model_kind
 from .errors import ApiError
 from .models import Prepared, ServedModel, _check_unicode, _copy, load_model
+from .sparse import load_sparse
 
 WARM_UP_TEXT = "A short text that runs every layer once before the first request."
 # The routes each kind answers, by the kind's name in ServerState.model_for.
@@ -129,15 +130,20 @@ class TokenVectorModel(ServedModel):
 def load_served_model(
     spec, *, max_input_tokens: int | None, precision: str, backend: str
 ) -> ServedModel:
-    """``spec`` as a served model, by its directory's kind: a multi-vector or bge-m3 directory
-    as a :class:`TokenVectorModel` (``max_input_tokens`` cuts its texts shorter than its own
-    lengths), any other by :func:`.models.load_model`."""
+    """``spec`` as a served model, by its directory's kind (:func:`clearformer.model_kinds.
+    model_kind`): a multi-vector or bge-m3 directory as a :class:`TokenVectorModel`
+    (``max_input_tokens`` cuts its texts shorter than its own lengths), a sparse one by
+    :func:`.sparse.load_sparse`, any other by :func:`.models.load_model`."""
     from ..interop.hf.files import resolve_path
     from ..text.bge_m3 import BGEM3Encoder
     from ..text.multivector_encoder import MultiVectorEncoder
 
     path = resolve_path(spec.path)
-    kind = directory_kind(path) if path.is_dir() else None
+    kind = model_kind(path) if path.is_dir() else "dense"
+    if kind == "sparse":
+        return load_sparse(
+            spec, max_input_tokens=max_input_tokens, precision=precision, backend=backend
+        )
     if kind not in ("multivector", "bge-m3"):
         return load_model(
             spec, max_input_tokens=max_input_tokens, precision=precision, backend=backend

@@ -74,25 +74,19 @@ def embed_multivector(state: ServerState):
     return embed_multivector
 
 
-def embed_sparse_bge_m3(state: ServerState):
-    async def embed_sparse(request: Request) -> Response:
-        parsed = parse_token_request(await read_json(request, state.config), mode_required=False)
-        model = state.model_for(parsed.model, "sparse")
-        check_count(len(parsed.inputs), state.config, "inputs")
-        prepared = model.prepare_tokens(
-            parsed.inputs, output="sparse", side=parsed.mode, field="inputs"
+async def bge_m3_sparse(state: ServerState, request: Request, model, inputs: list[str]) -> Response:
+    """``/embed_sparse`` answered by a bge-m3 model (:func:`.routes.embed_sparse` asks): its
+    token weights, one pass per batch as for its other outputs."""
+    prepared = model.prepare_tokens(inputs, output="sparse", side="document", field="inputs")
+    payloads = await wait_for_rows(state, request, model, prepared)  # (n, 1) objects
+    answer = []
+    for ((ids, weights),) in payloads:
+        if not np.isfinite(weights).all():
+            raise ApiError("Backend", "a sparse weight is not finite (NaN or infinity)")
+        answer.append(
+            [
+                {"index": int(i), "value": float(v)}
+                for i, v in zip(ids.tolist(), weights.tolist(), strict=True)
+            ]
         )
-        payloads = await wait_for_rows(state, request, model, prepared)  # (n, 1) objects
-        answer = []
-        for ((ids, weights),) in payloads:
-            if not np.isfinite(weights).all():
-                raise ApiError("Backend", "a sparse weight is not finite (NaN or infinity)")
-            answer.append(
-                [
-                    {"index": int(i), "value": float(v)}
-                    for i, v in zip(ids.tolist(), weights.tolist(), strict=True)
-                ]
-            )
-        return Response(json_body(answer), media_type="application/json")
-
-    return embed_sparse
+    return Response(json_body(answer), media_type="application/json")

@@ -6,6 +6,8 @@
   classification head in place of pooling);
 * :mod:`.multivector_encoder` -- :class:`MultiVectorEncoder`: a vector per token (ColBERT,
   MaxSim); :mod:`.bge_m3` -- :class:`BGEM3Encoder`: bge-m3's dense, sparse and ColBERT outputs;
+* :mod:`.sparse_encoder` -- :class:`SparseEncoder`: texts in, SPLADE weights over the
+  vocabulary out;
 * :mod:`.batching` -- how sorted texts are cut into forward passes;
 * :mod:`.workers` -- independent forward passes side by side on a CPU's cores.
 
@@ -26,6 +28,7 @@ _EXPORTS = {
     "CrossEncoder": ".cross_encoder",
     "MultiVectorEncoder": ".multivector_encoder",
     "BGEM3Encoder": ".bge_m3",
+    "SparseEncoder": ".sparse_encoder",
 }
 __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
 
@@ -34,5 +37,6 @@ if TYPE_CHECKING:
     from .cross_encoder import CrossEncoder
     from .encoder import TextEncoder
     from .multivector_encoder import MultiVectorEncoder
+    from .sparse_encoder import SparseEncoder
 
-__all__ = ["BGEM3Encoder", "CrossEncoder", "MultiVectorEncoder", "TextEncoder"]
+__all__ = ["BGEM3Encoder", "CrossEncoder", "MultiVectorEncoder", "SparseEncoder", "TextEncoder"]

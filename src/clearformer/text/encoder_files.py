@@ -27,7 +27,6 @@ from ..interop.hf.sentence_transformers import Prompts, prompts_from_files
 from ..interop.hf.st_modules import build_head, read_head, truncate_dim_from_files, write_head
 from ..interop.hf.tokenizer import max_length_for
 from ..io import atomic_write
-from .multivector_files import directory_kind, kind_error
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +54,8 @@ def read_encoder_parts(
     """The parts of the checkpoint at ``path`` (None: the bundled model); see
     ``TextEncoder.from_pretrained`` for the arguments and the errors."""
     started = time.perf_counter()
+    refuse_other_kinds(path, "TextEncoder")
     files = find_checkpoint(path)
-    if directory_kind(files.path) == "multivector":  # its modules would be refused less clearly
-        raise kind_error(files.path, "multivector", "TextEncoder")
     pooling = pooling_from_config(files.pooling_config, files.pooling_path)
     _, config = read_family(files, backend)  # the width the head needs, before any weight
     head_config, dense = read_head(files, config.d_model)
@@ -85,6 +83,21 @@ def read_encoder_parts(
             architectures[0],
         )
     return EncoderParts(loaded, tokenizer, pooling, head, truncate_dim, prompts_from_files(files))
+
+
+def refuse_other_kinds(path: str | os.PathLike | None, loader: str) -> None:
+    """A one-line CheckpointError when the directory at ``path`` holds a sparse, multi-vector
+    or BGE-M3 model, naming the class that loads it: pooled into one vector, its token states
+    would give embeddings that mean nothing (and a Router's directory has no checkpoint at its
+    root, which would be reported as incomplete)."""
+    from ..interop.hf import CheckpointError
+    from ..model_kinds import kind_error, model_kind
+
+    if not isinstance(path, str | os.PathLike) or not Path(path).expanduser().is_dir():
+        return  # the bundled model (None), or an error find_checkpoint reports
+    kind = model_kind(path)
+    if kind != "dense":
+        raise CheckpointError(kind_error(Path(path).expanduser().resolve(), kind, loader))
 
 
 def write_encoder_files(encoder, directory: str | os.PathLike) -> Path:

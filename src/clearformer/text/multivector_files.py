@@ -23,7 +23,6 @@ vectors are kept.
 
 from __future__ import annotations
 
-import json
 import logging
 import string
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from torch import Tensor
 from ..heads.sentence import DenseConfig
 from ..interop.hf.files import CheckpointError, CheckpointFiles, read_json
 from ..interop.hf.st_modules import module_kind, read_dense
+from ..model_kinds import KIND_CLASSES, model_kind
 
 log = logging.getLogger(__name__)
 
@@ -143,51 +143,17 @@ def st_config(root: Path) -> dict[str, Any]:
 
 
 def directory_kind(root: Path) -> str | None:
-    """``"multivector"`` (a sentence-transformers MultiVectorEncoder or PyLate directory),
-    ``"bge-m3"`` (a backbone with FlagEmbedding's ``colbert_linear`` and ``sparse_linear``
-    heads), ``"sparse"`` (a sentence-transformers SparseEncoder), else None (a dense model, or
-    no model). Reads only small JSON files and names."""
-    if all(
-        any((root / f"{head}{ext}").is_file() for ext in (".pt", ".safetensors"))
-        for head in BGE_M3_HEADS
-    ):
-        return "bge-m3"
-    try:
-        model_type = st_config(root).get("model_type")
-        if model_type in ("MultiVectorEncoder", "ColBERT"):
-            return "multivector"
-        if model_type == "SparseEncoder":
-            return "sparse"
-        modules_file = root / "modules.json"
-        if modules_file.is_file():
-            modules = json.loads(modules_file.read_text(encoding="utf-8"))
-            kinds = {module_kind(m) for m in modules if isinstance(m, dict)}
-            if "MultiVectorMask" in kinds or any(
-                str(m.get("type", "")).startswith("pylate.") for m in modules if isinstance(m, dict)
-            ):
-                return "multivector"
-        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, CheckpointError, AttributeError):
-        return None
-    if "HF_ColBERT" in (config.get("architectures") or []):
-        return "multivector"
-    return None
-
-
-# The class that loads each kind of directory, for the errors that point to it.
-LOADERS = {
-    "dense": "TextEncoder",
-    "sparse": "SparseEncoder",
-    "multivector": "MultiVectorEncoder",
-    "bge-m3": "BGEM3Encoder",
-}
+    """The directory's kind (:func:`clearformer.model_kinds.model_kind`), None for a dense
+    model."""
+    kind = model_kind(root)
+    return None if kind == "dense" else kind
 
 
 def kind_error(root: Path, kind: str, cls: str) -> CheckpointError:
     """The one-line error for ``cls`` asked to load ``root``, a ``kind`` model it cannot."""
     return CheckpointError(
         f"{root} is a {kind} model, which {cls} cannot load; use "
-        f"clearformer.{LOADERS[kind]}.from_pretrained({str(root)!r})"
+        f"clearformer.{KIND_CLASSES[kind]}.from_pretrained({str(root)!r})"
     )
 
 

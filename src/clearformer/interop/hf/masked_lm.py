@@ -59,6 +59,14 @@ class LoadedMaskedLM:
 
     loaded: LoadedModel
     head: MaskedLMHead  # eval mode
+    # (V, D): a decoder with weights of its own (config.json tie_word_embeddings false), loaded
+    # only when asked (load_masked_lm(untied=True)); None: the word embeddings decode.
+    decoder: Tensor | None = None
+
+    @property
+    def decoder_weight(self) -> Tensor:
+        """The (V, D) table the head decodes with: :attr:`decoder`, else the word embeddings."""
+        return self.loaded.model.embeddings.word.weight if self.decoder is None else self.decoder
 
     def logits(
         self,
@@ -72,12 +80,21 @@ class LoadedMaskedLM:
         -> (B, T, V) vocabulary logits (at padded positions: the logits of a zero state)."""
         model = self.loaded.model
         hidden = model(input_ids, attention_mask, token_type_ids, backend=backend)  # (B, T, D)
-        return self.head(hidden, model.embeddings.word.weight)  # (B, T, V)
+        return self.head(hidden, self.decoder_weight)  # (B, T, V)
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write encoder and head as the checkpoint's ``*ForMaskedLM``
         (:func:`save_masked_lm`), with the loaded checkpoint's other config.json fields and its
-        tokenizer files."""
+        tokenizer files.
+
+        Raises:
+            CheckpointError: the head has a decoder of its own, which this save does not write.
+        """
+        if self.decoder is not None:
+            raise CheckpointError(
+                f"{self.loaded.files.path} has a decoder of its own (tie_word_embeddings false); "
+                "clearformer saves masked-LM heads tied to the word embeddings only"
+            )
         out = save_masked_lm(
             self.loaded.model,
             self.head,
@@ -105,6 +122,7 @@ def load_masked_lm(
     backend: str = "auto",
     strict: bool = True,
     new_head: bool = False,
+    untied: bool = False,
 ) -> LoadedMaskedLM:
     """Load a ``*ForMaskedLM`` checkpoint: encoder and head.
 
@@ -112,6 +130,9 @@ def load_masked_lm(
         new_head: a checkpoint without a masked-LM head (a base model, a sentence-embedding
             model) gets a freshly initialised one (:func:`initialise_head`) instead of the
             error: the start of masked-LM training.
+        untied: accept a decoder with weights of its own (config.json
+            ``tie_word_embeddings`` false), kept in :attr:`LoadedMaskedLM.decoder`, for
+            inference (a SPLADE model); without it such a checkpoint is refused.
 
     Raises:
         FileNotFoundError: no such directory.
@@ -123,7 +144,8 @@ def load_masked_lm(
     family, config = read_family(files, backend)
     source = files.path / "config.json"
     layout = _layout(family, files.config, source)
-    if files.config.get("tie_word_embeddings", True) is not True:
+    own_decoder = files.config.get("tie_word_embeddings", True) is not True
+    if own_decoder and not untied:
         raise CheckpointError(
             f"{source}: 'tie_word_embeddings' must be true for a masked-LM head in clearformer "
             f"(it decodes with the word embeddings), got "
@@ -147,8 +169,9 @@ def load_masked_lm(
     load_head(
         head, layout, tensors, loaded.report, strict=strict, source=weights, kind="masked-LM head"
     )
+    decoder = _own_decoder(layout, tensors, loaded, head, weights) if own_decoder else None
     _check_tied_copies(layout, tensors, loaded, head, weights)
-    return LoadedMaskedLM(loaded, head.eval())
+    return LoadedMaskedLM(loaded, head.eval(), decoder)
 
 
 def save_masked_lm(
@@ -234,6 +257,41 @@ def _normalise_head_keys(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
                 key = key[: -len(old)] + new
         out[key] = value
     return out
+
+
+def _own_decoder(
+    layout: HeadLayout,
+    tensors: dict[str, Tensor],
+    loaded: LoadedModel,
+    head: MaskedLMHead,
+    source: str,
+) -> Tensor:
+    """An untied checkpoint's decoder table, (V, D), checked and listed as loaded. Untied,
+    transformers 5 decodes with the decoder's own bias too (``cls.predictions.decoder.bias``,
+    where 4.x kept it equal to ``cls.predictions.bias``): the head takes it where the file
+    has it."""
+    tied = dict((part, k) for k, part in getattr(layout, "tied", ()))
+    bias_key = tied.get("bias")
+    if bias_key in tensors and head.bias is not None:
+        if tensors[bias_key].shape != head.bias.shape:
+            raise CheckpointError(
+                f"{source}: {bias_key!r} must have shape {tuple(head.bias.shape)}, got "
+                f"{tuple(tensors[bias_key].shape)}"
+            )
+        with torch.no_grad():
+            head.bias.copy_(tensors.pop(bias_key))
+    key = next((k for k, part in getattr(layout, "tied", ()) if part == "embedding"), None)
+    want = tuple(loaded.model.embeddings.word.weight.shape)
+    if key is None or key not in tensors or tuple(tensors[key].shape) != want:
+        got = None if key is None or key not in tensors else tuple(tensors[key].shape)
+        raise CheckpointError(
+            f"{source}: config.json says the decoder is not tied to the word embeddings, so "
+            f"{key!r} must hold it with shape {want}, got {got}"
+        )
+    report: LoadReport = loaded.report
+    report.unused = [name for name in report.unused if name not in (key, bias_key)]
+    report.loaded.append(key)
+    return tensors.pop(key).to(loaded.model.embeddings.word.weight.dtype)
 
 
 def _check_tied_copies(

@@ -181,14 +181,16 @@ class Prompts:
     default: str | None = None
 
 
-def prompts_from_files(files: CheckpointFiles) -> Prompts:
-    """The checkpoint's named prompts (none when it has no sentence-transformers config).
+def prompts_from_files(files: CheckpointFiles | Path) -> Prompts:
+    """The checkpoint's named prompts (none when it has no sentence-transformers config);
+    ``files`` may be the directory itself (a Router's, which has no checkpoint at its root).
 
     Raises:
         CheckpointError: ``prompts`` that is not an object of strings, or a
             ``default_prompt_name`` that names none of them.
     """
-    st_file = files.path / "config_sentence_transformers.json"
+    root = files.path if isinstance(files, CheckpointFiles) else Path(files)
+    st_file = root / "config_sentence_transformers.json"
     if not st_file.is_file():
         return Prompts()
     st_config = read_json(st_file, "sentence-transformers config")

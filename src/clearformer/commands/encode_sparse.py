@@ -1,0 +1,78 @@
+"""``clearformer encode --model SPARSE_DIR``: SPLADE weights as JSONL, one object per text.
+
+Each line is ``{"index": i, "text": ..., "sparse": {"<token id>": weight, ...}}``, the text's
+non-zero weights in token-id order (``SparseEncoder.encode_document``'s; 9 significant digits,
+enough to restore every float32). The flags of dense embeddings (``--similarity``,
+``--dimensions``, ``--no-normalize``, ``.npy`` or shard outputs, ``--precision int8``) are
+refused by name before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def is_sparse_model(model: str | None) -> bool:
+    """Whether ``--model`` names a sparse (SPLADE) model directory."""
+    from ..model_kinds import model_kind
+
+    return model is not None and Path(model).expanduser().is_dir() and model_kind(model) == "sparse"
+
+
+def check_sparse_flags(args: argparse.Namespace) -> None:
+    from ..cli import CliError
+
+    refused = [
+        ("--similarity", args.similarity),
+        ("--dimensions", args.dimensions is not None),
+        ("--no-normalize", args.normalize is False),
+        ("--precision int8", args.precision == "int8"),
+        (
+            f"--output {args.output}",
+            args.output is not None and Path(args.output).suffix != ".jsonl",
+        ),
+    ]
+    for flag, given in refused:
+        if given:
+            raise CliError(
+                f"{flag} is for dense embeddings; --model {args.model} is a sparse (SPLADE) "
+                "model, whose weights go to JSONL (stdout or --output FILE.jsonl)"
+            )
+
+
+def run_sparse(args: argparse.Namespace, texts: list[str], output: Path | None) -> int:
+    from ..io import atomic_write
+    from ..text import SparseEncoder
+    from .status_line import progress_for
+
+    check_sparse_flags(args)
+    encoder = SparseEncoder.from_pretrained(args.model, backend=args.backend)
+    vectors = encoder.encode_document(
+        texts,
+        batch_size=args.batch_size,
+        progress=progress_for(args, len(texts)),
+        precision=args.precision,
+    ).coalesce()  # (n, V)
+    if output is None:
+        write_sparse_jsonl(sys.stdout, texts, vectors)
+        return 0
+    with atomic_write(output) as handle:
+        write_sparse_jsonl(handle, texts, vectors)
+    print(f"wrote {len(texts)} sparse vectors to {output}", file=sys.stderr)
+    return 0
+
+
+def write_sparse_jsonl(handle, texts: list[str], vectors) -> None:
+    rows, columns = vectors.indices().tolist()
+    values = vectors.values().tolist()
+    entries: list[list[str]] = [[] for _ in texts]
+    for row, column, value in zip(rows, columns, values, strict=True):
+        entries[row].append(f'"{column}": {value:.9g}')
+    for index, text in enumerate(texts):
+        handle.write(
+            f'{{"index": {index}, "text": {json.dumps(text, ensure_ascii=False)}, '
+            f'"sparse": {{{", ".join(entries[index])}}}}}\n'
+        )

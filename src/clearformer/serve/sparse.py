@@ -1,0 +1,196 @@
+"""Sparse (SPLADE) models in the server: text-embeddings-inference's ``POST /embed_sparse``.
+
+A directory that :func:`clearformer.retrieval.model_kind` calls ``"sparse"`` is served by a
+:class:`SparseServedModel` around a :class:`~clearformer.SparseEncoder`, on the same batching
+engine as the embedding models: inputs are tokenized (and refused past the limit) in the
+request's handler, batched with other requests' inputs of the same task, and each batch runs
+the encoder's own ``weights`` (packed rows, chunked pooling), so a row is ``encode_document``'s
+(or ``encode_query``'s) row for the same text.
+
+The body is TEI's: ``{"inputs": "text" | ["text", ...], "truncate": false,
+"truncation_direction": "right", "model": ...}``, and beyond TEI's, ``"task": "query"`` for
+the query side of an inference-free model (default ``"document"``: the SPLADE side, TEI's only
+one). The answer: per input, its non-zero weights as ``[{"index": i, "value": v}, ...]`` in
+index order.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ApiError
+from .models import Prepared, ServedModel, _check_unicode, _copy
+from .render import json_body
+from .schemas import DIRECTIONS, _direction, _flag, _object, _optional, _texts
+
+log = logging.getLogger(__name__)
+
+TASKS = ("query", "document")
+
+
+@dataclass(frozen=True)
+class SparseOptions:
+    """What a batch of sparse inputs runs with (requests share a batch only when equal)."""
+
+    task: str = "document"
+
+
+@dataclass(frozen=True)
+class EmbedSparseRequest:
+    """``POST /embed_sparse`` (TEI)."""
+
+    inputs: list[str]
+    model: str | None = None
+    truncate: bool = False
+    direction: str = "right"
+    task: str = "document"
+
+
+def parse_embed_sparse(body) -> EmbedSparseRequest:
+    body = _object(body)
+    task = _optional(body, "task", str, "a string") or "document"
+    if task not in TASKS:
+        raise ApiError(
+            "Validation", f"task must be one of {list(TASKS)}, got {task!r}", param="task"
+        )
+    return EmbedSparseRequest(
+        inputs=_texts(body, "inputs"),
+        model=_optional(body, "model", str, "a string"),
+        truncate=_flag(body, "truncate", False),
+        direction=_direction(body),
+        task=task,
+    )
+
+
+class SparseServedModel(ServedModel):
+    """A :class:`~clearformer.SparseEncoder` with its served name and input limit.
+
+    ``kind`` is ``"sparse"``; ``width`` the vocabulary size; ``precision`` ``"float32"`` or
+    ``"bf16"`` (``"int8"`` and ``"auto"`` run float32: the sparse encoder offers no int8).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        model,
+        *,
+        max_input_tokens: int,
+        precision: str = "float32",
+        aliases: tuple[str, ...] = (),
+    ) -> None:
+        self.name = name
+        self.aliases = aliases
+        self.kind = "sparse"
+        self.model = model
+        self.path = model.path
+        self.max_input_tokens = max_input_tokens
+        self.precision = "bf16" if precision == "bf16" else "float32"
+        if precision not in ("float32", "bf16"):
+            log.warning("%s is a sparse model: it runs in float32 (not %s)", name, precision)
+        # Per task and direction, a copy of that side's tokenizer truncating at the limit; and
+        # untruncated ones, to count a refused input (and for /tokenize: the document side).
+        self._tokenizers, self._untruncated, self._specials = {}, {}, {}
+        for task in TASKS:
+            side = model.sides[task]
+            base = side.tokenizer if side.static else side.tokenizer.tokenizer
+            self._specials[task] = not side.static  # a static table runs without them
+            for direction in DIRECTIONS:
+                tokenizer = _copy(base)
+                tokenizer.no_padding()
+                tokenizer.enable_truncation(max_length=max_input_tokens, direction=direction)
+                self._tokenizers[task, direction] = tokenizer
+            full = _copy(base)
+            full.no_padding()
+            full.no_truncation()
+            self._untruncated[task] = full
+        self._full = self._untruncated["document"]
+
+    @property
+    def width(self) -> int:
+        return self.model.vocab_size
+
+    def prepare_sparse(
+        self, texts: list[str], *, task: str, truncate: bool = False, direction: str = "right"
+    ) -> Prepared:
+        """Tokenize texts for ``task`` with its prompt, as ``encode`` does; an input over
+        :attr:`max_input_tokens` is cut when ``truncate``, else a 413 naming it."""
+        _check_unicode(texts, "inputs")
+        prompt = self.model.prompt_for(task)
+        if prompt:
+            texts = [prompt + text for text in texts]
+        specials = self._specials[task]
+        encodings = self._tokenizers[task, direction].encode_batch(
+            texts, add_special_tokens=specials
+        )
+        if not truncate:
+            full = self._untruncated[task]
+            self._refuse_long(
+                encodings, lambda i: full.encode(texts[i], add_special_tokens=specials), "inputs"
+            )
+        return Prepared(encodings, SparseOptions(task))
+
+    def run(self, encodings: list, options: SparseOptions) -> np.ndarray:
+        """One batch: (B, V) float32 weights, the model's ``max_active_dims`` applied."""
+        from ..text.sparse_encoder import keep_largest
+
+        side = self.model.sides[options.task]
+        weights = side.weights(encodings, bf16=self.precision == "bf16")  # (B, V)
+        return keep_largest(weights, self.model.max_active_dims).numpy()
+
+    def warm_up(self) -> None:
+        from .models import WARM_UP_TEXT
+
+        for task in TASKS:
+            prepared = self.prepare_sparse([WARM_UP_TEXT], task=task, truncate=True)
+            self.run(prepared.encodings, prepared.options)
+
+    def tokenize(self, texts, *, add_special_tokens: bool, prompt_name: str | None):
+        return super().tokenize(texts, add_special_tokens=add_special_tokens, prompt_name=None)
+
+    def info(self) -> dict:
+        return {
+            "model_id": self.name,
+            "model_path": str(self.path),
+            "model_dtype": self.precision,
+            "model_type": {"embedding": {"pooling": self.model.pooling}},
+            "max_input_length": self.max_input_tokens,
+            "dimensions": self.width,
+        }
+
+
+def is_sparse(path: str) -> bool:
+    """Whether ``path`` is a directory of a sparse model (:func:`~clearformer.model_kinds.
+    model_kind`)."""
+    from ..model_kinds import model_kind
+
+    return Path(path).expanduser().is_dir() and model_kind(path) == "sparse"
+
+
+def load_sparse(spec, *, max_input_tokens: int | None, precision: str, backend: str):
+    """A :class:`SparseServedModel` of the SparseEncoder directory ``spec.path``."""
+    from ..text.sparse_encoder import SparseEncoder
+
+    model = SparseEncoder.from_pretrained(spec.path, backend=backend)
+    name = spec.name or model.path.name
+    limit = model.max_length
+    if max_input_tokens is not None:
+        if max_input_tokens > model.max_length:
+            raise ValueError(
+                f"max_input_tokens must be at most {model.max_length}, the limit of model "
+                f"{name!r}, got {max_input_tokens}"
+            )
+        limit = max_input_tokens
+    return SparseServedModel(name, model, max_input_tokens=limit, precision=precision)
+
+
+def sparse_rows_body(rows: np.ndarray) -> bytes:
+    """TEI's ``/embed_sparse`` answer: per row, its non-zero entries in index order."""
+    out = []
+    for row in rows:
+        (indices,) = np.nonzero(row)
+        out.append([{"index": int(i), "value": float(row[i])} for i in indices])
+    return json_body(out)

@@ -1,0 +1,110 @@
+"""``clearformer serve`` with a sparse (SPLADE) model: TEI's ``POST /embed_sparse`` on a real
+uvicorn server, against ``SparseEncoder.encode_document`` / ``encode_query`` (which the tests
+of test_sparse_encoder.py hold to sentence-transformers); ``/embed`` on a sparse model and
+``/embed_sparse`` on a dense one refused (4xx naming the route and the model's kind); the
+input limit; /info."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("uvicorn")
+pytest.importorskip("starlette")
+pytest.importorskip("sentence_transformers")
+httpx = pytest.importorskip("httpx")
+
+from clearformer import SparseEncoder  # noqa: E402
+from clearformer.serve import ModelSpec, ServeConfig  # noqa: E402
+
+from .sparse_helpers import TEXTS, V, inference_free_dir, splade_dir, write_mlm  # noqa: E402
+from .test_serve_api import running_server  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve-sparse")
+    base = write_mlm(root / "mlm")
+    from .family_helpers import sentence_dir
+
+    return {
+        "splade": splade_dir(base, root / "splade"),
+        "free": inference_free_dir(base, root / "free"),
+        "dense": sentence_dir(base, root / "dense"),
+    }
+
+
+def as_dense(answer: list[list[dict]]) -> torch.Tensor:
+    out = torch.zeros(len(answer), V)
+    for row, entries in enumerate(answer):
+        indices = [e["index"] for e in entries]
+        assert indices == sorted(indices)
+        for entry in entries:
+            out[row, entry["index"]] = entry["value"]
+    return out
+
+
+def test_embed_sparse_equals_encode(dirs):
+    config = ServeConfig(port=0, workers=1, max_client_batch_size=16)
+    specs = [
+        ModelSpec(str(dirs["splade"])),
+        ModelSpec(str(dirs["free"])),
+        ModelSpec(str(dirs["dense"])),
+    ]
+    splade = SparseEncoder.from_pretrained(dirs["splade"])
+    free = SparseEncoder.from_pretrained(dirs["free"])
+    with running_server(config, specs) as server:
+        post = lambda path, body: httpx.post(server.url + path, json=body, timeout=30)  # noqa: E731
+        # The last text is over the model's 64 tokens: cut, as encode cuts it.
+        answer = post("/embed_sparse", {"inputs": TEXTS, "truncate": True})
+        assert answer.status_code == 200, answer.text
+        want = splade.encode_document(TEXTS).to_dense()
+        torch.testing.assert_close(as_dense(answer.json()), want, atol=1e-6, rtol=0)
+        # A single string is one input; an empty text's row is still a list.
+        one = post("/embed_sparse", {"inputs": TEXTS[0]}).json()
+        assert len(one) == 1 and one[0] == answer.json()[0]
+        # The inference-free model: documents through SPLADE, queries looked up.
+        for task, method in (("document", free.encode_document), ("query", free.encode_query)):
+            body = {"inputs": TEXTS, "model": "free", "task": task, "truncate": True}
+            got = post("/embed_sparse", body)
+            assert got.status_code == 200, got.text
+            torch.testing.assert_close(
+                as_dense(got.json()), method(TEXTS).to_dense(), atol=1e-6, rtol=0
+            )
+        # Negative control: the two tasks of the inference-free model differ.
+        body = {"inputs": TEXTS, "model": "free", "task": "query", "truncate": True}
+        queries = as_dense(post("/embed_sparse", body).json())
+        assert not torch.allclose(queries, free.encode_document(TEXTS).to_dense())
+
+        refused = post("/embed", {"inputs": ["hello"], "model": "splade"})
+        assert refused.status_code == 422
+        message = refused.json()["error"]
+        assert "sparse" in message and "/embed" in message and "/embed_sparse" in message
+        refused = post("/embed_sparse", {"inputs": ["hello"], "model": "dense"})
+        assert refused.status_code == 422
+        message = refused.json()["error"]
+        assert "embedding model" in message and "/embed_sparse" in message
+        bad = post("/embed_sparse", {"inputs": ["hello"], "task": "passage"})
+        assert bad.status_code == 422 and "task" in bad.json()["error"]
+
+        info = httpx.get(server.url + "/info", timeout=30).json()
+        assert info["model_type"] == {"embedding": {"pooling": "splade-max"}}
+        assert info["dimensions"] == V
+
+
+def test_embed_sparse_without_a_sparse_model_and_the_limit(dirs):
+    config = ServeConfig(port=0, workers=1, max_input_tokens=4)
+    with running_server(config, [ModelSpec(str(dirs["dense"]))]) as server:
+        refused = httpx.post(server.url + "/embed_sparse", json={"inputs": ["a"]}, timeout=30)
+        assert refused.status_code == 422
+        assert "/embed_sparse needs a sparse" in refused.json()["error"]
+    with running_server(config, [ModelSpec(str(dirs["splade"]))]) as server:
+        long = {"inputs": ["the cat sat on the mat"]}
+        refused = httpx.post(server.url + "/embed_sparse", json=long, timeout=30)
+        assert refused.status_code == 413 and "limit of 4 tokens" in refused.json()["error"]
+        cut = httpx.post(server.url + "/embed_sparse", json={**long, "truncate": True}, timeout=30)
+        assert cut.status_code == 200
+        refused = httpx.post(server.url + "/embed", json={"inputs": ["a"]}, timeout=30)
+        assert (
+            refused.status_code == 422 and "(sparse, on /embed_sparse)" in refused.json()["error"]
+        )

@@ -1,0 +1,288 @@
+"""SparseEncoder against sentence-transformers 6.3's SparseEncoder, on directories that
+sentence-transformers itself wrote: SPLADE with max and sum pooling, ReLU and log1p-ReLU, and
+an inference-free model (Router + SparseStaticEmbedding); max_active_dims; a text alone against
+its row in a ragged batch; chunking; both padding sides; decode; the refusals; model_kind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("sentence_transformers")
+pytest.importorskip("transformers")
+
+from clearformer import SparseEncoder, TextEncoder  # noqa: E402
+from clearformer.interop.hf import CheckpointError  # noqa: E402
+from clearformer.retrieval import model_kind  # noqa: E402
+
+from .sparse_helpers import (  # noqa: E402
+    TEXTS,
+    V,
+    assert_same_sparse,
+    inference_free_dir,
+    splade_dir,
+    st_encode,
+    write_mlm,
+)
+
+HEADS = [("max", "relu"), ("sum", "relu"), ("max", "log1p_relu"), ("sum", "log1p_relu")]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return write_mlm(tmp_path_factory.mktemp("mlm"))
+
+
+@pytest.fixture(scope="module")
+def splade(base, tmp_path_factory):
+    return splade_dir(base, tmp_path_factory.mktemp("splade"))
+
+
+@pytest.mark.parametrize(("pooling", "activation"), HEADS)
+def test_splade_matches_sentence_transformers(base, tmp_path, pooling, activation):
+    path = splade_dir(base, tmp_path / "splade", pooling=pooling, activation=activation)
+    encoder = SparseEncoder.from_pretrained(path)
+    for task in ("query", "document"):
+        ours = encoder.encode(TEXTS, task=task, batch_size=4)
+        assert_same_sparse(ours, st_encode(path, TEXTS, task, batch_size=4))
+    # Sparse, not dense: the pushed-down bias leaves most entries zero, and some non-zero.
+    nonzero = ours.to_dense().ne(0).sum(dim=1)
+    assert 0 < int(nonzero.max()) < V
+    assert encoder.identity.pooling == f"splade-{pooling}" + (
+        "" if activation == "relu" else "-log1p_relu"
+    )
+
+
+def test_a_wrong_activation_is_caught(base, tmp_path):
+    """Negative control: the comparison sees an activation the directory does not ask for."""
+    path = splade_dir(base, tmp_path / "splade", activation="log1p_relu")
+    reference = st_encode(path, TEXTS, "document")
+    config = path / "1_SpladePooling" / "config.json"
+    settings = json.loads(config.read_text())
+    config.write_text(json.dumps({**settings, "activation_function": "relu"}))
+    ours = SparseEncoder.from_pretrained(path).encode_document(TEXTS)
+    with pytest.raises(AssertionError):
+        assert_same_sparse(ours, reference)
+
+
+def test_inference_free_matches_sentence_transformers(base, tmp_path):
+    path = inference_free_dir(base, tmp_path / "free")
+    encoder = SparseEncoder.from_pretrained(path)
+    queries = encoder.encode_query(TEXTS)
+    assert_same_sparse(queries, st_encode(path, TEXTS, "query"))
+    assert_same_sparse(encoder.encode_document(TEXTS), st_encode(path, TEXTS, "document"))
+    # The queries were looked up, not run: no special token, a repeated word counted once.
+    vocabulary = encoder.vocabulary
+    words = {vocabulary[i] for i in queries[3].coalesce().indices()[0].tolist()}
+    assert "[CLS]" not in words and "far" in words
+    assert encoder.pooling == "inference-free-splade-max"
+
+
+def test_a_text_alone_equals_its_row_in_a_batch(splade):
+    encoder = SparseEncoder.from_pretrained(splade)
+    together = encoder.encode_document(TEXTS).to_dense()
+    for i, text in enumerate(TEXTS):
+        alone = encoder.encode_document([text]).to_dense()[0]
+        torch.testing.assert_close(together[i], alone, atol=1e-6, rtol=0)
+
+
+def test_chunks_do_not_change_the_weights(splade):
+    """The pooling runs chunk by chunk; a chunk of 1 token, one that splits texts, and one that
+    holds the whole batch give the same weights."""
+    encoder = SparseEncoder.from_pretrained(splade)
+    whole = encoder.encode_document(TEXTS, chunk_tokens=10_000).to_dense()
+    for chunk in (1, 7):
+        part = encoder.encode_document(TEXTS, chunk_tokens=chunk).to_dense()
+        torch.testing.assert_close(part, whole, atol=1e-6, rtol=0)
+
+
+def test_max_active_dims_from_the_config_and_per_call(base, tmp_path):
+    path = splade_dir(base, tmp_path / "splade", max_active_dims=3)
+    encoder = SparseEncoder.from_pretrained(path)
+    assert encoder.max_active_dims == 3
+    ours = encoder.encode_document(TEXTS)
+    assert_same_sparse(ours, st_encode(path, TEXTS, "document"))
+    assert int(ours.to_dense().ne(0).sum(dim=1).max()) == 3
+    five = encoder.encode_document(TEXTS, max_active_dims=5)
+    assert_same_sparse(five, st_encode(path, TEXTS, "document", max_active_dims=5))
+    assert int(five.to_dense().ne(0).sum(dim=1).max()) == 5
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "3"])
+def test_max_active_dims_must_be_positive(splade, bad):
+    encoder = SparseEncoder.from_pretrained(splade)
+    with pytest.raises(ValueError, match=f"max_active_dims must be a positive int.*{bad!r}"):
+        encoder.encode_query(["hello"], max_active_dims=bad)
+
+
+def test_padding_sides(base, tmp_path):
+    """A left-padding tokenizer gives the right-padding weights (batches are packed), and each
+    text's are sentence-transformers' for the text alone. sentence-transformers' own batch
+    with left padding differs (BERT counts the pads in its positions): the padding matters."""
+    right = splade_dir(base, tmp_path / "right")
+    left = splade_dir(write_mlm(tmp_path / "base-left", padding_side="left"), tmp_path / "left")
+    ours = SparseEncoder.from_pretrained(left).encode_document(TEXTS)
+    assert_same_sparse(ours, SparseEncoder.from_pretrained(right).encode_document(TEXTS), 1e-6)
+    for i, text in enumerate(TEXTS):
+        alone = st_encode(left, [text], "document")
+        assert_same_sparse(torch.stack([ours[i]]).coalesce(), alone)
+    batched = st_encode(left, TEXTS, "document")
+    assert not torch.allclose(batched.to_dense(), ours.to_dense(), atol=1e-3)
+
+
+def test_decode_and_vocabulary(splade):
+    from sentence_transformers import SparseEncoder as Reference
+
+    encoder = SparseEncoder.from_pretrained(splade)
+    reference = Reference(str(splade), device="cpu")
+    vectors = encoder.encode_document(TEXTS)
+    assert encoder.vocabulary[5:8] == ["the", "cat", "sat"]
+    ours, theirs = encoder.decode(vectors[0], top_k=4), reference.decode(vectors[0], top_k=4)
+    assert [t for t, _ in ours] == [t for t, _ in theirs] and len(ours) == 4
+    assert [w for _, w in ours] == sorted((w for _, w in ours), reverse=True)
+    rows = encoder.decode(vectors)
+    assert len(rows) == len(TEXTS) and rows[2] == reference.decode(vectors)[2]
+    with pytest.raises(ValueError, match="top_k must be a positive int"):
+        encoder.decode(vectors[0], top_k=0)
+
+
+def test_kind_refusals(splade, base, tmp_path):
+    from .family_helpers import sentence_dir
+
+    with pytest.raises(CheckpointError) as caught:
+        TextEncoder.from_pretrained(splade)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert str(splade) in message and "sparse model" in message and "SparseEncoder" in message
+    dense = sentence_dir(base, tmp_path / "dense")
+    with pytest.raises(CheckpointError, match="dense model.*TextEncoder") as caught:
+        SparseEncoder.from_pretrained(dense)
+    assert str(dense) in str(caught.value)
+
+
+def test_model_kind(splade, base, tmp_path):
+    from .family_helpers import sentence_dir
+
+    assert model_kind(splade) == "sparse"
+    assert model_kind(inference_free_dir(base, tmp_path / "free")) == "sparse"
+    assert model_kind(sentence_dir(base, tmp_path / "dense")) == "dense"
+    assert model_kind(base) == "dense"  # a plain transformers checkpoint
+    colbert = tmp_path / "colbert"
+    colbert.mkdir()
+    (colbert / "config_sentence_transformers.json").write_text(
+        '{"model_type": "MultiVectorEncoder"}'
+    )
+    assert model_kind(colbert) == "multivector"
+    m3 = tmp_path / "m3"
+    m3.mkdir()
+    (m3 / "colbert_linear.pt").write_bytes(b"")
+    assert model_kind(m3) == "bge-m3"
+    with pytest.raises(FileNotFoundError):
+        model_kind(tmp_path / "absent")
+
+
+def test_bf16_is_close_to_float32(splade):
+    encoder = SparseEncoder.from_pretrained(splade)
+    full = encoder.encode_document(TEXTS).to_dense()
+    half = encoder.encode_document(TEXTS, precision="bf16").to_dense()
+    assert torch.nn.functional.cosine_similarity(full, half, dim=1)[full.any(dim=1)].min() > 0.99
+    with pytest.raises(ValueError, match="precision"):
+        encoder.encode_document(TEXTS, precision="int8")
+
+
+def test_distilbert_splade_matches_sentence_transformers(tmp_path):
+    """OpenSearch's SPLADE models are DistilBERT: no token types, another head layout."""
+    import transformers
+
+    from .sparse_helpers import SPECIALS, WORDS
+
+    base = tmp_path / "distil"
+    base.mkdir()
+    torch.manual_seed(0)
+    config = transformers.DistilBertConfig(
+        vocab_size=V, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64
+    )
+    model = transformers.DistilBertForMaskedLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # off the initial values, so that logits reach above 0
+            p.add_(0.1 * torch.randn(p.shape))
+        model.vocab_projector.bias.sub_(0.4)
+    model.save_pretrained(base)
+    (base / "vocab.txt").write_text("\n".join(SPECIALS + WORDS) + "\n", encoding="utf-8")
+    path = splade_dir(base, tmp_path / "splade", activation="log1p_relu")
+    ours = SparseEncoder.from_pretrained(path).encode_document(TEXTS)
+    assert_same_sparse(ours, st_encode(path, TEXTS, "document"))
+    assert 0 < ours._nnz() < len(TEXTS) * V
+
+
+def test_an_untied_decoder_decodes(tmp_path):
+    """A checkpoint whose decoder has weights of its own (tie_word_embeddings false) decodes
+    with them, not with the word embeddings."""
+    import transformers
+
+    from .sparse_helpers import SPECIALS, WORDS
+
+    base = tmp_path / "untied"
+    base.mkdir()
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=V,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    model = transformers.BertForMaskedLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape))
+        model.cls.predictions.decoder.weight.normal_(0, 0.5)
+        model.cls.predictions.decoder.bias.sub_(0.4)
+    model.save_pretrained(base)
+    (base / "vocab.txt").write_text("\n".join(SPECIALS + WORDS) + "\n", encoding="utf-8")
+    path = splade_dir(base, tmp_path / "splade")
+    encoder = SparseEncoder.from_pretrained(path)
+    ours = encoder.encode_document(TEXTS)
+    assert_same_sparse(ours, st_encode(path, TEXTS, "document"))
+    assert 0 < ours._nnz() < len(TEXTS) * V
+    side = encoder.sides["document"].loaded
+    assert side.decoder is not None
+    assert not torch.equal(side.decoder, side.loaded.model.embeddings.word.weight)
+
+
+def test_identity(splade, base, tmp_path):
+    from clearformer.index.identity import checkpoint_revision
+
+    identity = SparseEncoder.from_pretrained(splade).identity
+    assert identity.revision == checkpoint_revision(splade)  # hashed as a dense model's
+    assert (identity.width, identity.normalize, identity.max_length) == (V, False, 64)
+    free = inference_free_dir(base, tmp_path / "free")
+    before = SparseEncoder.from_pretrained(free).identity
+    assert before.pooling == "inference-free-splade-max"
+    # Other query weights in the Router's folder: another model, another revision.
+    inference_free_dir(base, tmp_path / "free", seed=2)
+    after = SparseEncoder.from_pretrained(free).identity
+    assert after.revision != before.revision and after.differences(before) == ["revision"]
+
+
+def test_cli_encode_writes_sparse_jsonl(splade, tmp_path, capsys):
+    from clearformer.cli import main
+
+    out = tmp_path / "weights.jsonl"
+    assert main(["encode", "--model", str(splade), "-o", str(out), *TEXTS[:3]]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    want = SparseEncoder.from_pretrained(splade).encode_document(TEXTS[:3]).to_dense()
+    for row, vector in zip(rows, want, strict=True):
+        got = torch.zeros(V)
+        for index, value in row["sparse"].items():
+            got[int(index)] = value
+        torch.testing.assert_close(got, vector, atol=0, rtol=0)
+    assert [row["text"] for row in rows] == TEXTS[:3]
+    capsys.readouterr()
+    assert main(["encode", "--model", str(splade), "--dimensions", "4", "x"]) == 2
+    error = capsys.readouterr().err
+    assert "--dimensions is for dense embeddings" in error and "Traceback" not in error
