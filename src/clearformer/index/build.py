@@ -43,15 +43,16 @@ ProgressFn = Callable[[int, int], None]  # (done, total)
 def build_index(
     path: str | os.PathLike,
     texts: Sequence[str],
-    encoder,
+    encoder=None,
     *,
+    kind: str | None = None,
     ids: Sequence[str] | None = None,
-    options: IndexOptions | None = None,
+    options: Any = None,
     source: dict[str, Any] | None = None,
     on_chunk: ChunkCallback | None = None,
     graph_progress: ProgressFn | None = None,
     **encode_options: Any,
-) -> VectorIndex:
+):
     """Build (or rebuild) the index at ``path`` from ``texts`` with ``encoder``.
 
     Args:
