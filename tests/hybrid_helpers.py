@@ -46,7 +46,7 @@ class FakeSparseEncoder:
                 values.append(weights[term] * word_ids(text).count(term))
         indices = torch.tensor([rows, cols], dtype=torch.int64).reshape(2, -1)
         values = torch.tensor(values, dtype=torch.float32)
-        return torch.sparse_coo_tensor(indices, values, (len(texts), self.vocab)).coalesce()
+        return torch.sparse_coo_tensor(indices, values, (len(texts), self.vocab), check_invariants=True).coalesce()
 
     def encode_document(self, texts, *, batch_size=None, progress=None):
         return self._encode(texts, self.document_weights)

@@ -101,6 +101,9 @@ class BM25Index(KindIndex):
         out_rows = np.full((len(queries), k), -1, dtype=np.int64)
         out_scores = np.full((len(queries), k), np.nan, dtype=np.float32)
         for i, ids in enumerate(tokens.ids):
-            scores = self._retriever.get_scores([words[t] for t in ids])  # (n,)
+            terms = [words[t] for t in ids if words[t]]  # bm25s marks a text of no word by ""
+            if not terms:
+                continue  # only stop words (or nothing): no document shares a term
+            scores = self._retriever.get_scores(terms)  # (n,)
             out_rows[i], out_scores[i] = top_k(np.asarray(scores), k)
         return out_rows, out_scores

@@ -192,9 +192,8 @@ class MultiVectorIndex(KindIndex):
         for start in range(0, len(rows), _SCORE_BLOCK):
             block = rows[start : start + _SCORE_BLOCK]
             documents = [
-                torch.from_numpy(
-                    np.ascontiguousarray(self._tokens[self._indptr[r] : self._indptr[r + 1]])
-                )
+                # a copy: the memory-mapped rows are read-only, which torch warns about
+                torch.from_numpy(np.array(self._tokens[self._indptr[r] : self._indptr[r + 1]]))
                 for r in block
             ]
             out[start : start + len(block)] = _maxsim_scores([query_t], documents)[0].numpy()
