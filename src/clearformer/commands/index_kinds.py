@@ -1,0 +1,126 @@
+"""``clearformer index build --kind KIND``: one kind (dense, sparse, multivector, bm25) of a
+folder of kinds over one corpus (``clearformer.index.collection``).
+
+Every check comes before any encoding: the kind's options, the destination, the corpus
+against the texts the folder already holds, and the model's kind (a sparse model for a dense
+build is refused naming both kinds). A killed build resumes, as the dense build does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def run_kind_build(args: argparse.Namespace) -> int:
+    from ..cli import CliError
+    from ..index import build_index
+    from ..index.collection import content_hash, is_collection, kinds_present
+    from .index import _Chunks, _encode_options, _status, _writing, read_corpus_file
+
+    kind = args.kind
+    options = _kind_options(args)
+    out = _check_destination(args.out)
+    texts, ids, source = read_corpus_file(args)
+    record = out / "texts" / "texts.json"
+    if record.is_file():  # refused before a model is loaded or a text encoded
+        from ..index.collection import _read_texts_record
+
+        held = _read_texts_record(record.parent)
+        if held["content"] != content_hash(texts, ids):
+            raise CliError(
+                f"--corpus: {out} holds an index of other texts ({held['rows']:,} rows, kinds "
+                f"{', '.join(kinds_present(out)) or 'none'}); give the same corpus, or build "
+                "into another folder"
+            )
+    encoder = _kind_model(args, kind)
+    chunks = _Chunks()
+    status = _status("build", args)
+    keywords = {"on_chunk": chunks, "ids": ids, "options": options}
+    if kind == "dense":
+        keywords.update(_encode_options(args, status), source=source)
+        keywords["graph_progress"] = status.progress("inserting into the graph", "vectors")
+    elif kind != "bm25":
+        keywords["progress"] = status.progress("encoding", "texts") or None
+        keywords["batch_size"] = args.batch_size
+    before = is_collection(out) and kind in kinds_present(out)
+    index = _writing(lambda: build_index(out, texts, encoder, kind=kind, **keywords), status, args)
+    resumed = f", {chunks.reused} chunk(s) reused" if chunks.reused else ""
+    verb = "rebuilt" if before else "built"
+    print(
+        f"{verb} the {kind} index of {out}: {index.rows:,} texts ({chunks.encoded} chunk(s) "
+        f"encoded{resumed}); {out} holds {', '.join(kinds_present(out))}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _kind_options(args: argparse.Namespace):
+    """The kind's options from the flags; a dense-only flag given to another kind is refused."""
+    from ..cli import CliError
+    from ..index import BM25Options, IndexOptions, MultiVectorOptions, SparseOptions
+
+    kind = args.kind
+    if kind != "dense":
+        for flag, given in (
+            ("--storage", args.storage != "float32"),
+            ("--dimensions", args.dimensions is not None),
+        ):
+            if given:
+                raise CliError(f"{flag} applies to --kind dense, not --kind {kind}")
+    if kind in ("bm25", "sparse") and args.ann != "auto":
+        raise CliError(f"--ann applies to --kind dense or multivector, not --kind {kind}")
+    try:
+        if kind == "dense":
+            return IndexOptions(
+                storage=args.storage, dimensions=args.dimensions, ann=args.ann,
+                chunk_rows=args.chunk_rows,
+            )  # fmt: skip
+        if kind == "sparse":
+            return SparseOptions(chunk_rows=args.chunk_rows)
+        if kind == "multivector":
+            return MultiVectorOptions(ann=args.ann, chunk_rows=args.chunk_rows)
+        return BM25Options()
+    except ValueError as exc:
+        raise CliError(f"--{str(exc).replace('_', '-')}") from None
+
+
+def _check_destination(value: str) -> Path:
+    from ..cli import CliError
+    from ..index.collection import is_collection
+
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise CliError(f"--out: {path} is a file, expected an index folder")
+    if path.is_dir() and any(path.iterdir()) and not is_collection(path):
+        if (path / "CURRENT").exists() or (path / "generations").is_dir():
+            raise CliError(
+                f"--out: {path} is a dense index built without --kind; build kinds into a new "
+                "folder (or rebuild it without --kind)"
+            )
+        raise CliError(f"--out: {path} is a directory that holds no index; give a new or empty one")
+    if not path.parent.is_dir():
+        raise CliError(f"--out: the folder {path.parent} does not exist")
+    return path
+
+
+def _kind_model(args: argparse.Namespace, kind: str):
+    """The model of a ``kind`` build: none for bm25, the checkpoint's kind checked first."""
+    from ..cli import CliError
+    from ..index.kinds import check_model_kind, load_model
+    from .encode import load_encoder
+
+    if kind == "bm25":
+        if args.model is not None:
+            raise CliError("--model: a bm25 index uses no model (its terms are the texts' words)")
+        return None
+    if args.model is None and kind != "dense":
+        raise CliError(f"--model: a {kind} index needs a {kind} model; none ships with clearformer")
+    if args.model is not None:
+        if not Path(args.model).is_dir():
+            raise CliError(f"--model {args.model}: no such directory")
+        check_model_kind(kind, args.model, "--model")
+    if kind == "dense":
+        return load_encoder(args)
+    return load_model(kind, args.model)
