@@ -103,7 +103,7 @@ def refused(setup, *argv: str) -> str:
     return lines[0]
 
 
-def test_refusals_name_the_kinds_present(setup, tmp_path, capsys):
+def test_refusals_name_the_kinds_present(setup, tmp_path):
     out, corpus = str(setup["out"]), str(setup["corpus"])
     line = refused(setup, "search", QUERY, "--index", out, "--mode", "sparse")
     assert "holds no sparse index (it holds dense, bm25)" in line
@@ -130,7 +130,6 @@ def test_refusals_name_the_kinds_present(setup, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:  # argparse's own refusal of an unknown kind
         cli("index", "build", "--kind", "splade", "--corpus", corpus, "--out", out)
     assert exit_.value.code == 2
-    assert "invalid choice: 'splade'" in capsys.readouterr().err
 
 
 def test_a_plain_dense_index_keeps_its_behaviour_and_names_its_kind(setup, tmp_path):
