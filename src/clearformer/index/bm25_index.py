@@ -68,6 +68,7 @@ def build_bm25(root: Path, texts: list[str], ids: list[str], options: BM25Option
         model=None,
         options=options.to_dict(),
         write_files=write_files,
+        reader=BM25Index,
         encode=None,
         chunk_rows=max(len(texts), 1),
     )

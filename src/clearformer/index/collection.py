@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,8 @@ def require_kind(root: Path, kind: str, asked_by: str) -> None:
 
 def ensure_texts(root: Path, texts: list[str], ids: list[str]) -> str:
     """Write the collection's texts store, or check it holds exactly ``texts`` and ``ids``;
-    their content hash. ValueError if the folder holds other texts (nothing is changed)."""
+    their content hash. ValueError if the folder holds other texts (nothing is changed); a
+    damaged store is written again."""
     if (root / layout.CURRENT).exists() and not is_collection(root):
         raise ValueError(
             f"{root} is a dense index built without --kind; give --kind indexes a new folder"
@@ -94,8 +96,16 @@ def ensure_texts(root: Path, texts: list[str], ids: list[str]) -> str:
     content = content_hash(texts, ids)
     folder = root / TEXTS_DIR
     with layout.writer_lock(root):
+        record = None
         if folder.is_dir():
-            record = _read_texts_record(folder)
+            try:
+                _, record = open_texts(root)
+            except layout.IndexDamagedError as exc:
+                # Rewritten from this build's texts; a kind built from others then refuses to
+                # open (its meta.json records their hash), so nothing is mixed silently.
+                log.warning("%s; writing the texts store again", exc)
+                shutil.rmtree(folder)
+        if record is not None:
             if record["content"] != content or record["rows"] != len(texts):
                 raise ValueError(
                     f"{root} holds an index of other texts ({record['rows']:,} rows, "

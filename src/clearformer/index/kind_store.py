@@ -46,10 +46,15 @@ def write_kind(
     write_files: WriteFiles,
     encode: EncodeChunk | None,
     chunk_rows: int,
+    reader: Callable[[Path], Any] | None = None,
     on_chunk: ChunkDone | None = None,
     progress: Any = None,
 ) -> str:
-    """Build the ``kind`` sub-index of the collection ``root``; the committed generation."""
+    """Build the ``kind`` sub-index of the collection ``root``; the committed generation.
+
+    ``reader`` opens the committed sub-index as a search would (default: its files checked
+    against ``meta.json``): a build of what is already committed does nothing unless that
+    fails, and then writes it again (how damage is repaired)."""
     content = ensure_texts(root, texts, ids)
     sub = root / kind
     job = {
@@ -65,7 +70,7 @@ def write_kind(
         current = _current_meta(sub)
         if current is not None and _same_build(current[1], job, model):
             try:
-                open_kind(root, kind)
+                (reader or (lambda where: open_kind(where, kind)))(root)
                 log.info("%s already holds this %s index (%s): nothing to do", sub, kind, current[0])
                 layout.remove_stale(sub)
                 shutil.rmtree(sub / "staging" / job_key, ignore_errors=True)

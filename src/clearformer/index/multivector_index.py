@@ -117,6 +117,7 @@ def build_multivector(
         model=identity.to_dict(),
         options={**options.to_dict(), "ann": ann},
         write_files=write_files,
+        reader=MultiVectorIndex,
         encode=encode,
         chunk_rows=options.chunk_rows,
         on_chunk=on_chunk,

@@ -84,6 +84,7 @@ def build_sparse(
         model=identity.to_dict(),
         options={**options.to_dict(), "vocabulary": vocabulary},
         write_files=write_files,
+        reader=SparseIndex,
         encode=encode,
         chunk_rows=options.chunk_rows,
         on_chunk=on_chunk,
