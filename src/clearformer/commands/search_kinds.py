@@ -25,6 +25,22 @@ def add_kind_arguments(p: argparse.ArgumentParser) -> None:
         help="with --index: the kind to search, or hybrid (several fused); default: the "
         "index's only kind, or hybrid over all its kinds",
     )
+    add_fusion_arguments(p)
+    p.add_argument(
+        "--depth",
+        type=int,
+        default=100,
+        metavar="N",
+        help="--mode hybrid: texts each kind retrieves before fusion (default 100)",
+    )
+    p.add_argument("--sparse-model", metavar="DIR", help="the sparse index's model (default: recorded)")
+    p.add_argument(
+        "--multivector-model", metavar="DIR", help="the multi-vector index's model (default: recorded)"
+    )
+
+
+def add_fusion_arguments(p: argparse.ArgumentParser) -> None:
+    """--kinds, --fusion, --rrf-k, --weights, --normalization (search and eval)."""
     p.add_argument(
         "--kinds",
         metavar="K1,K2",
@@ -56,17 +72,6 @@ def add_kind_arguments(p: argparse.ArgumentParser) -> None:
         choices=NORMALIZATIONS,
         default=None,
         help="--fusion weighted: each kind's scores as min-max (default) or z-scores",
-    )
-    p.add_argument(
-        "--depth",
-        type=int,
-        default=100,
-        metavar="N",
-        help="--mode hybrid: texts each kind retrieves before fusion (default 100)",
-    )
-    p.add_argument("--sparse-model", metavar="DIR", help="the sparse index's model (default: recorded)")
-    p.add_argument(
-        "--multivector-model", metavar="DIR", help="the multi-vector index's model (default: recorded)"
     )
 
 
