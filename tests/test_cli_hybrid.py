@@ -71,8 +71,8 @@ def test_cli_weighted_fusion_with_zero_weight_is_the_other_kind(setup):
 
 
 def test_cli_sparse_build_and_search_with_a_sparse_model(setup, monkeypatch, tmp_path):
-    """The sparse encoder loads through index.kinds.load_model (faked here)."""
-    import clearformer.index.kinds as kinds
+    """The sparse encoder loads through commands.kind_models.load_model (faked here)."""
+    import clearformer.commands.kind_models as kinds
 
     monkeypatch.setattr(kinds, "load_model", lambda kind, path, **o: FakeSparseEncoder())
     monkeypatch.setattr(kinds, "checkpoint_kind", lambda path: "sparse")

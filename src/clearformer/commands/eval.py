@@ -260,7 +260,7 @@ def _mode_settings(args: argparse.Namespace) -> dict:
 def _kind_models(args: argparse.Namespace) -> dict:
     """The sparse and multi-vector models the flags name, each checked to be of its kind."""
     from ..cli import CliError
-    from ..index.kinds import check_model_kind, load_model
+    from .kind_models import check_model_kind, load_model
 
     models = {}
     for kind in ("sparse", "multivector"):

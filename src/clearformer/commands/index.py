@@ -17,7 +17,6 @@ from .encode import add_model_arguments, batching_options, positive_int
 
 STORAGES = ("float32", "int8", "binary")  # as clearformer.index.options, without importing it
 ANN_MODES = ("auto", "hnsw", "exact")
-KINDS = ("dense", "sparse", "multivector", "bm25")  # as clearformer.index.collection
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,14 +40,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     _corpus_arguments(build)
     build.add_argument("--out", required=True, metavar="INDEX", help="the index directory")
-    build.add_argument(
-        "--kind",
-        choices=KINDS,
-        default=None,
-        help="build this kind into INDEX as a folder of kinds over one corpus (dense, sparse, "
-        "multivector, bm25; several kinds share its texts; bm25 needs no --model); without "
-        "--kind, INDEX is a dense index as before",
-    )
     build.add_argument(
         "--storage",
         choices=STORAGES,
@@ -215,11 +206,6 @@ class _Chunks:
 def run_build(args: argparse.Namespace) -> int:
     from ..cli import CliError
     from ..index import IndexOptions, build_index
-
-    if args.kind is not None:
-        from .index_kinds import run_kind_build
-
-        return run_kind_build(args)
 
     try:
         options = IndexOptions(

@@ -13,6 +13,30 @@ import sys
 from pathlib import Path
 
 
+KINDS = ("dense", "sparse", "multivector", "bm25")  # as clearformer.index.collection
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Give ``index build`` its ``--kind`` option and send such a build here."""
+    index = sub.choices["index"]
+    actions = next(a for a in index._actions if isinstance(a, argparse._SubParsersAction))
+    build = actions.choices["build"]
+    build.add_argument(
+        "--kind",
+        choices=KINDS,
+        default=None,
+        help="build this kind into INDEX as a folder of kinds over one corpus (dense, sparse, "
+        "multivector, bm25; several kinds share its texts; bm25 needs no --model); without "
+        "--kind, INDEX is a dense index as before",
+    )
+    dense_build = build.get_default("func")
+
+    def run(args: argparse.Namespace) -> int:
+        return run_kind_build(args) if args.kind is not None else dense_build(args)
+
+    build.set_defaults(func=run)
+
+
 def run_kind_build(args: argparse.Namespace) -> int:
     from ..cli import CliError
     from ..index import build_index
@@ -108,8 +132,8 @@ def _check_destination(value: str) -> Path:
 def _kind_model(args: argparse.Namespace, kind: str):
     """The model of a ``kind`` build: none for bm25, the checkpoint's kind checked first."""
     from ..cli import CliError
-    from ..index.kinds import check_model_kind, load_model
     from .encode import load_encoder
+    from .kind_models import check_model_kind, load_model
 
     if kind == "bm25":
         if args.model is not None:

@@ -171,12 +171,11 @@ def run_kind_search(args: argparse.Namespace, path: Path) -> int:
 def _model(args: argparse.Namespace, path: Path, kind: str):
     """The query model of ``kind``: its flag, else the model the sub-index records."""
     from ..cli import CliError
-    from ..index.kinds import load_model
+    from .kind_models import load_model
 
     if kind == "dense":
-        from .index import index_encoder
-
         from ..index.collection import is_collection
+        from .index import index_encoder
 
         return index_encoder(args, path / "dense" if is_collection(path) else path)
     flag = f"--{kind}-model"

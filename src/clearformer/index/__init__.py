@@ -3,8 +3,8 @@ over processes.
 
 * :mod:`.vector_index` -- :class:`VectorIndex`: an index directory, opened for search, with
   its model's identity, texts and ids beside the vectors;
-* :mod:`.build` -- :func:`build_index`, :func:`add_to_index`: crash-safe writes, resumable,
-  and exactly-once adds;
+* :mod:`.build` -- the dense index's :func:`build_index` and :func:`add_to_index`: crash-safe
+  writes, resumable, and exactly-once adds (``build_index`` here also takes ``kind=``);
 * :mod:`.options` -- :class:`IndexOptions`: storage (float32, int8, binary), Matryoshka
   dimensions, graph or exact search;
 * :mod:`.engine` -- the embedded vector library (usearch's HNSW) behind a few functions;
@@ -30,10 +30,10 @@ The engine (usearch) is an optional extra: ``pip install 'clearformer[index]'``.
 from __future__ import annotations
 
 from .bm25_index import BM25Index, BM25Options
-from .build import add_to_index, build_index
+from .build import add_to_index
 from .collection import KindNotFoundError
 from .fusion import Fusion
-from .hybrid import HybridIndex, open_kind_index
+from .hybrid import HybridIndex, build_index, open_kind_index
 from .identity import ModelIdentity, ModelMismatchError
 from .layout import IndexDamagedError
 from .multivector_index import MultiVectorIndex, MultiVectorOptions

@@ -43,16 +43,15 @@ ProgressFn = Callable[[int, int], None]  # (done, total)
 def build_index(
     path: str | os.PathLike,
     texts: Sequence[str],
-    encoder=None,
+    encoder,
     *,
-    kind: str | None = None,
     ids: Sequence[str] | None = None,
-    options: Any = None,
+    options: IndexOptions | None = None,
     source: dict[str, Any] | None = None,
     on_chunk: ChunkCallback | None = None,
     graph_progress: ProgressFn | None = None,
     **encode_options: Any,
-):
+) -> VectorIndex:
     """Build (or rebuild) the index at ``path`` from ``texts`` with ``encoder``.
 
     Args:
@@ -70,24 +69,7 @@ def build_index(
     with the same options as the current generation commits nothing, unless a file of that
     generation is damaged (:class:`~.layout.IndexDamagedError`): then the damaged files are
     written again, so running the same build again is how a damaged index is repaired.
-
-    With ``kind`` (dense, sparse, multivector or bm25), ``path`` is a folder of several kinds
-    over one corpus and this builds its ``kind`` sub-index (:func:`.hybrid.build_kind_index`,
-    whose options and keywords it takes).
     """
-    if kind is not None:
-        from .hybrid import build_kind_index
-
-        if source is not None:
-            encode_options["source"] = source
-        if graph_progress is not None:
-            encode_options["graph_progress"] = graph_progress
-        return build_kind_index(
-            path, texts, encoder, kind=kind, ids=ids, options=options, on_chunk=on_chunk,
-            **encode_options,
-        )  # fmt: skip
-    if encoder is None:
-        raise TypeError("build_index needs an encoder (the model that embeds the texts)")
     options = IndexOptions() if options is None else options
     if not isinstance(options, IndexOptions):
         raise TypeError(f"options must be an IndexOptions, got {type(options).__name__}")

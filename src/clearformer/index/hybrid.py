@@ -1,7 +1,8 @@
 """Several kinds of index over one corpus, built one kind at a time and searched one kind at a
 time or fused (``mode="hybrid"``).
 
-* :func:`build_kind_index` -- ``build_index(..., kind=)``: a dense, sparse, multi-vector or
+* :func:`build_index` -- a dense index as before, or with ``kind``,
+  :func:`build_kind_index`: a dense, sparse, multi-vector or
   BM25 sub-index in a collection folder (:mod:`.collection`), the model checked to be of that
   kind, the texts checked against the folder's texts store, all before any encoding;
 * :class:`HybridIndex` -- the folder opened with its models; :meth:`HybridIndex.search` with
@@ -17,14 +18,44 @@ from pathlib import Path
 from typing import Any
 
 from . import layout
-from .collection import KINDS, KindNotFoundError, is_collection, kinds_present, require_kind
+from .bm25_index import BM25Index, BM25Options, build_bm25
+from .build import _check_ids, _check_texts
+from .build import build_index as build_dense_index
+from .collection import (
+    KINDS,
+    KindNotFoundError,
+    ensure_texts,
+    is_collection,
+    kinds_present,
+    require_kind,
+)
 from .fusion import Fusion
 from .kinds import encoder_for, model_kind_of
-from .vector_index import Hit
+from .multivector_index import MultiVectorIndex, MultiVectorOptions, build_multivector
+from .options import IndexOptions
+from .sparse_index import SparseIndex, SparseOptions, build_sparse
+from .vector_index import Hit, VectorIndex
 
 log = logging.getLogger(__name__)
 
 MODES = (*KINDS, "hybrid")
+
+
+def build_index(
+    path: str | os.PathLike, texts: Sequence[str], encoder: Any = None, *, kind: str | None = None,
+    **keywords: Any,
+):  # fmt: skip
+    """Build the index at ``path`` from ``texts`` with ``encoder``.
+
+    Without ``kind``: a dense index at ``path`` (:func:`.build.build_index`, whose keywords it
+    takes). With ``kind`` (dense, sparse, multivector or bm25): that kind's sub-index of the
+    folder of kinds at ``path`` (:func:`build_kind_index`).
+    """
+    if kind is None:
+        if encoder is None:
+            raise TypeError("build_index needs an encoder (the model that embeds the texts)")
+        return build_dense_index(path, texts, encoder, **keywords)
+    return build_kind_index(path, texts, encoder, kind=kind, **keywords)
 
 
 def build_kind_index(
@@ -55,13 +86,6 @@ def build_kind_index(
 
     Returns the opened sub-index. Killed, it resumes as the dense build does.
     """
-    from .bm25_index import BM25Options, build_bm25
-    from .build import _check_ids, _check_texts, build_index
-    from .collection import ensure_texts
-    from .multivector_index import MultiVectorOptions, build_multivector
-    from .options import IndexOptions
-    from .sparse_index import SparseOptions, build_sparse
-
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     root = Path(path)
@@ -89,7 +113,7 @@ def build_kind_index(
             dense_options["progress"] = progress
         if batch_size is not None:
             dense_options["batch_size"] = batch_size
-        return build_index(
+        return build_dense_index(
             root / "dense", texts, view, ids=ids, options=options, on_chunk=on_chunk, **dense_options
         )
     if dense_options:
@@ -103,11 +127,6 @@ def build_kind_index(
 def open_kind_index(path: str | os.PathLike, kind: str, encoder: Any = None):
     """The ``kind`` sub-index of ``path`` (a plain dense index counts as ``dense``), with
     ``encoder`` checked to be its model; KindNotFoundError naming the kinds present."""
-    from .bm25_index import BM25Index
-    from .multivector_index import MultiVectorIndex
-    from .sparse_index import SparseIndex
-    from .vector_index import VectorIndex
-
     root = Path(path)
     require_kind(root, kind, "mode")
     if kind == "dense":

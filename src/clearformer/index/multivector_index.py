@@ -6,7 +6,8 @@ with (n + 1,) row offsets, and as one MUVERA fixed-dimensional encoding (:mod:`.
 whose dot product with a query's encoding approximates MaxSim. A search encodes the query,
 takes the ``candidates`` documents of largest encoding dot product (usearch's HNSW graph, or
 an exact scan of the encodings for a small index), then scores exactly those with MaxSim
-(:func:`clearformer.retrieval.maxsim.maxsim_scores`) and returns the best ``k``. Every score
+(the formula of :func:`clearformer.retrieval.maxsim.maxsim_scores`, here on the
+memory-mapped token matrix) and returns the best ``k``. Every score
 returned is the exact MaxSim; only the candidate set is approximate, and its recall of the
 exact top k rises with ``candidates`` (tests/test_muvera.py, benchmarks/multivector_index.py).
 PLAID was not taken: no PyPI implementation installs without a GPU toolchain (docs/hybrid.md).
@@ -185,23 +186,22 @@ class MultiVectorIndex(KindIndex):
         return engine.scan(np.asarray(self._encodings), encoded, count, "float32")
 
     def maxsim(self, query: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """(c,) float32 exact MaxSim of one (Tq, D) query against documents ``rows``."""
-        import torch
-
-        query_t = torch.from_numpy(np.ascontiguousarray(query, dtype=np.float32))
-        out = np.empty(len(rows), dtype=np.float32)
+        """(c,) float32 exact MaxSim of one (Tq, D) query against documents ``rows``:
+        ``sum_i max_j q_i . d_j`` (``clearformer.retrieval.maxsim``'s formula; the tests hold
+        this to it), a block of documents per matrix product."""
+        query = np.ascontiguousarray(query, dtype=np.float32)
+        out = np.zeros(len(rows), dtype=np.float32)
         for start in range(0, len(rows), _SCORE_BLOCK):
-            block = rows[start : start + _SCORE_BLOCK]
-            documents = [
-                # a copy: the memory-mapped rows are read-only, which torch warns about
-                torch.from_numpy(np.array(self._tokens[self._indptr[r] : self._indptr[r + 1]]))
-                for r in block
-            ]
-            out[start : start + len(block)] = _maxsim_scores([query_t], documents)[0].numpy()
+            block = np.asarray(rows[start : start + _SCORE_BLOCK], dtype=np.int64)
+            starts, ends = self._indptr[block], self._indptr[block + 1]
+            lengths = ends - starts  # (b,)
+            filled = lengths > 0  # an empty document scores 0
+            if not filled.any():
+                continue
+            spans = [np.arange(s, e) for s, e in zip(starts[filled], ends[filled], strict=True)]
+            tokens = np.asarray(self._tokens[np.concatenate(spans)])  # (sum Td, D)
+            similarity = query @ tokens.T  # (Tq, sum Td)
+            offsets = np.concatenate([[0], np.cumsum(lengths[filled])[:-1]])  # (f,)
+            best = np.maximum.reduceat(similarity, offsets, axis=1)  # (Tq, f) per document
+            out[start + np.flatnonzero(filled)] = best.sum(axis=0)
         return out
-
-
-def _maxsim_scores(queries, documents):
-    from ..retrieval.maxsim import maxsim_scores
-
-    return maxsim_scores(queries, documents)
