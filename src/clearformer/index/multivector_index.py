@@ -198,8 +198,11 @@ class MultiVectorIndex(KindIndex):
             filled = lengths > 0  # an empty document scores 0
             if not filled.any():
                 continue
-            spans = [np.arange(s, e) for s, e in zip(starts[filled], ends[filled], strict=True)]
-            tokens = np.asarray(self._tokens[np.concatenate(spans)])  # (sum Td, D)
+            if (np.diff(block) == 1).all():  # consecutive rows (an exact search): one slice
+                tokens = np.asarray(self._tokens[starts[0] : ends[-1]])  # (sum Td, D)
+            else:
+                spans = [np.arange(s, e) for s, e in zip(starts[filled], ends[filled], strict=True)]
+                tokens = np.asarray(self._tokens[np.concatenate(spans)])  # (sum Td, D)
             similarity = query @ tokens.T  # (Tq, sum Td)
             offsets = np.concatenate([[0], np.cumsum(lengths[filled])[:-1]])  # (f,)
             best = np.maximum.reduceat(similarity, offsets, axis=1)  # (Tq, f) per document
