@@ -147,3 +147,11 @@ def test_a_plain_dense_index_keeps_its_behaviour_and_names_its_kind(setup, tmp_p
     result = cli("index", "build", "--kind", "bm25", "--corpus", str(setup["corpus"]),
                  "--out", str(plain))  # fmt: skip
     assert result.returncode == 2 and "dense index built without --kind" in result.stderr
+
+
+def test_index_info_lists_the_kinds(setup):
+    result = cli("index", "info", str(setup["out"]))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "120 texts, kinds dense, bm25" in lines[0]
+    assert lines[1].startswith("dense ") and lines[2].startswith("bm25 ") and "no model" in lines[2]

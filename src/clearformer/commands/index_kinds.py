@@ -35,6 +35,30 @@ def register(sub: argparse._SubParsersAction) -> None:
         return run_kind_build(args) if args.kind is not None else dense_build(args)
 
     build.set_defaults(func=run)
+    info = actions.choices["info"]
+    dense_info = info.get_default("func")
+
+    def describe(args: argparse.Namespace) -> int:
+        from ..index.collection import is_collection
+
+        return run_kind_info(args) if is_collection(Path(args.index)) else dense_info(args)
+
+    info.set_defaults(func=describe)
+
+
+def run_kind_info(args: argparse.Namespace) -> int:
+    """``index info`` of a folder of kinds: its texts, then each kind's model and files."""
+    from ..index import open_kind_index
+    from ..index.collection import kinds_present, open_texts
+
+    path = Path(args.index)
+    _, record = open_texts(path)
+    print(f"index       {path}: {record['rows']:,} texts, kinds {', '.join(kinds_present(path))}")
+    for kind in kinds_present(path):
+        index = open_kind_index(path, kind)
+        model = "no model" if index.identity is None else index.identity.describe()
+        print(f"{kind:<11} {index.generation}, {model}")
+    return 0
 
 
 def run_kind_build(args: argparse.Namespace) -> int:
