@@ -6,7 +6,8 @@ drawn near 4 of 256 topic centres, queries of 32 tokens near one document's toke
 at a time; median and 95th percentile; recall@10 against the exact MaxSim top 10, at several
 candidate counts (the documents whose MUVERA encodings score highest, rescored by MaxSim).
 
-    python benchmarks/multivector_index.py --rows 20000 --out benchmarks/results/multivector-index.md
+    python benchmarks/multivector_index.py --rows 20000 \\
+        --out benchmarks/results/multivector-index.md
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def synthetic(n: int, queries: int, rng: np.random.Generator) -> tuple[list, lis
     for _ in range(n):
         count = int(rng.integers(30, 91))
         own = rng.choice(256, 4, replace=False)
-        documents.append(unit(centres[rng.choice(own, count)] + 0.7 * rng.standard_normal((count, DIM))))
+        documents.append(
+            unit(centres[rng.choice(own, count)] + 0.7 * rng.standard_normal((count, DIM)))
+        )
     asked = []
     for _ in range(queries):
         source = documents[int(rng.integers(n))]
@@ -71,7 +74,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=20_000, help="documents (20,000)")
     parser.add_argument("--queries", type=int, default=100, help="queries timed (100)")
     parser.add_argument("--candidates", type=int, nargs="+", default=[100, 200, 500, 1000])
-    parser.add_argument("--ann", default="hnsw", choices=("hnsw", "exact"), help="encodings' search")
+    parser.add_argument(
+        "--ann", default="hnsw", choices=("hnsw", "exact"), help="encodings' search"
+    )
     parser.add_argument("--out", type=Path, help="write the result as Markdown (and .json)")
     args = parser.parse_args()
     rng = np.random.default_rng(0)

@@ -80,7 +80,9 @@ class RowEncoder:
 def csr(rows: Ragged):
     import scipy.sparse
 
-    return scipy.sparse.csr_matrix((rows.values, rows.indices, rows.indptr), shape=(rows.rows, VOCAB))
+    return scipy.sparse.csr_matrix(
+        (rows.values, rows.indices, rows.indptr), shape=(rows.rows, VOCAB)
+    )
 
 
 def first(q) -> int:

@@ -46,7 +46,9 @@ class FakeSparseEncoder:
                 values.append(weights[term] * word_ids(text).count(term))
         indices = torch.tensor([rows, cols], dtype=torch.int64).reshape(2, -1)
         values = torch.tensor(values, dtype=torch.float32)
-        return torch.sparse_coo_tensor(indices, values, (len(texts), self.vocab), check_invariants=True).coalesce()
+        return torch.sparse_coo_tensor(
+            indices, values, (len(texts), self.vocab), check_invariants=True
+        ).coalesce()
 
     def encode_document(self, texts, *, batch_size=None, progress=None):
         return self._encode(texts, self.document_weights)
@@ -84,11 +86,12 @@ class FakeMultiVectorEncoder:
     encode_query = encode_document
 
 
-def word_corpus(n: int, seed: int = 0, vocab: int = VOCAB, low: int = 3, high: int = 12) -> list[str]:
+def word_corpus(
+    n: int, seed: int = 0, vocab: int = VOCAB, low: int = 3, high: int = 12
+) -> list[str]:
     rng = np.random.default_rng(seed)
     return [
-        " ".join(f"w{w}" for w in rng.integers(0, vocab, rng.integers(low, high)))
-        for _ in range(n)
+        " ".join(f"w{w}" for w in rng.integers(0, vocab, rng.integers(low, high))) for _ in range(n)
     ]
 
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from clearformer.index import Fusion, HybridIndex
+from clearformer.index import HybridIndex
 
 from .hybrid_helpers import FakeSparseEncoder
 from .index_helpers import cli, tiny_model, word_texts
@@ -63,8 +63,10 @@ def test_cli_search_gives_the_python_api_results(setup, mode):
 def test_cli_weighted_fusion_with_zero_weight_is_the_other_kind(setup):
     model = ("--model", str(setup["model"]))
     bm25 = search(setup, "--mode", "bm25")
-    weighted = search(setup, "--mode", "hybrid", "--fusion", "weighted",
-                      "--weights", "dense=0,bm25=1", "--normalization", "zscore", *model)  # fmt: skip
+    weighted = search(
+        setup, "--mode", "hybrid", "--fusion", "weighted", "--weights", "dense=0,bm25=1",
+        "--normalization", "zscore", *model,
+    )  # fmt: skip
     assert [h["id"] for h in weighted] == [h["id"] for h in bm25]
     rrf = search(setup, "--mode", "hybrid", *model)  # the default fusion
     assert rrf[0]["score"] <= 2 / 61 + 1e-6

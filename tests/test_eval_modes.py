@@ -70,12 +70,18 @@ def test_hybrid_run_is_the_fusion_of_the_kinds_runs(tiny):
         "bm25": evaluate(data, None, EvalSettings(mode="bm25")).run,
     }
     for fusion in (Fusion(), Fusion("weighted", weights={"bm25": 0.5}, normalization="zscore")):
-        settings = EvalSettings(mode="hybrid", fusion=fusion.method, weights=dict(fusion.weights) or None,
-                                normalization=fusion.normalization)  # fmt: skip
+        settings = EvalSettings(
+            mode="hybrid",
+            fusion=fusion.method,
+            weights=dict(fusion.weights) or None,
+            normalization=fusion.normalization,
+        )
         result = evaluate(data, encoder, settings, models={"sparse": sparse})
         assert result.settings["kinds"] == ["dense", "sparse", "bm25"]
         for query, fused in result.run.items():
-            rankings = {k: [(d, run[query][d]) for d in ranked(run[query])] for k, run in runs.items()}
+            rankings = {
+                k: [(d, run[query][d]) for d in ranked(run[query])] for k, run in runs.items()
+            }
             expected = dict(fusion.fuse(rankings, 100))
             assert fused == pytest.approx(expected)
     with pytest.raises(ValueError, match="the multivector kind needs a multivector model"):

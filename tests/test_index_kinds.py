@@ -100,7 +100,9 @@ def test_multivector_candidates_rescored_by_exact_maxsim(folder, corpus):
     queries = encoder.encode_query(QUERIES)
     exact = maxsim_scores(queries, documents).numpy()  # (Q, n)
     for row_scores, hits in zip(exact, index.search(QUERIES, k=5), strict=True):
-        np.testing.assert_allclose([h.score for h in hits], np.sort(row_scores)[::-1][:5], rtol=1e-5)
+        np.testing.assert_allclose(
+            [h.score for h in hits], np.sort(row_scores)[::-1][:5], rtol=1e-5
+        )
         for hit in hits:  # every score is the exact MaxSim of its row
             assert hit.score == pytest.approx(float(row_scores[hit.row]), rel=1e-5)
 
@@ -176,7 +178,9 @@ def test_shared_texts_store_and_refusal_of_other_texts(folder, corpus, tmp_path)
 
 def test_model_of_another_kind_or_identity_is_refused(folder, corpus, tmp_path):
     texts, ids = corpus
-    with pytest.raises(ValueError, match="a multivector index needs a multivector model, got a sparse"):
+    with pytest.raises(
+        ValueError, match="a multivector index needs a multivector model, got a sparse"
+    ):
         build_index(tmp_path / "x", texts, FakeSparseEncoder(), kind="multivector")
     with pytest.raises(ValueError, match="a bm25 index uses no model"):
         build_index(tmp_path / "x", texts, FakeSparseEncoder(), kind="bm25")
@@ -191,6 +195,8 @@ def test_the_same_build_again_commits_nothing(folder, corpus):
     texts, ids = corpus
     generation = (folder / "sparse" / "CURRENT").read_text()
     encoder = FakeSparseEncoder()
-    build_index(folder, texts, encoder, kind="sparse", ids=ids, options=SparseOptions(chunk_rows=40))
+    build_index(
+        folder, texts, encoder, kind="sparse", ids=ids, options=SparseOptions(chunk_rows=40)
+    )
     assert (folder / "sparse" / "CURRENT").read_text() == generation
     assert encoder.calls == 0

@@ -23,9 +23,9 @@ TEXTS = word_corpus(200, seed=4)  # 7 chunks of 32
 
 # Build a sparse index with the fake encoder of seed argv[2], SIGKILLed on the argv[4]th call
 # of argv[3] ("module:attribute").
-SCRIPT = """
+SCRIPT = f"""
 import importlib, os, signal, sys
-sys.path.insert(0, {root!r})
+sys.path.insert(0, {str(ROOT)!r})
 from tests.hybrid_helpers import FakeSparseEncoder, word_corpus
 from clearformer.index import SparseOptions, build_index
 out, seed, target, count = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
@@ -43,8 +43,8 @@ def dying(*args, **kwargs):
     return original(*args, **kwargs)
 setattr(owner, path[-1], dying)
 build_index(out, word_corpus(200, seed=4), FakeSparseEncoder(seed=seed), kind="sparse",
-            options=SparseOptions(chunk_rows={chunk}))
-""".format(root=str(ROOT), chunk=CHUNK_ROWS)
+            options=SparseOptions(chunk_rows={CHUNK_ROWS}))
+"""
 
 
 def killed(out: Path, target: str, count: int, seed: int = 0) -> subprocess.CompletedProcess:
@@ -56,7 +56,9 @@ def killed(out: Path, target: str, count: int, seed: int = 0) -> subprocess.Comp
 
 def build(out: Path, seed: int = 0) -> tuple[SparseIndex, FakeSparseEncoder]:
     encoder = FakeSparseEncoder(seed=seed)
-    index = build_index(out, TEXTS, encoder, kind="sparse", options=SparseOptions(chunk_rows=CHUNK_ROWS))
+    index = build_index(
+        out, TEXTS, encoder, kind="sparse", options=SparseOptions(chunk_rows=CHUNK_ROWS)
+    )
     return index, encoder
 
 
@@ -95,7 +97,9 @@ def test_killed_before_commit_leaves_the_previous_generation_current(tmp_path, w
     index = SparseIndex.open(out, FakeSparseEncoder())
     for a, b in zip(postings(index), postings(whole), strict=True):
         np.testing.assert_array_equal(a, b)
-    assert [h.row for h in index.search("w1 w2", k=5)] == [h.row for h in whole.with_encoder(FakeSparseEncoder()).search("w1 w2", k=5)]
+    assert [h.row for h in index.search("w1 w2", k=5)] == [
+        h.row for h in whole.with_encoder(FakeSparseEncoder()).search("w1 w2", k=5)
+    ]
     rebuilt, encoder = build(out, seed=5)  # resumes: its chunks were all committed
     assert encoder.calls == 0 and rebuilt.generation != generation
     assert rebuilt.identity.revision == "sparse-5"

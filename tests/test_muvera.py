@@ -53,7 +53,9 @@ def test_encoding_is_the_definition(config):
     assert documents.shape == (4, config.dimensions)
     for i, tokens in enumerate(sets):
         np.testing.assert_allclose(queries[i], reference_encoding(muvera, tokens, False), atol=1e-5)
-        np.testing.assert_allclose(documents[i], reference_encoding(muvera, tokens, True), atol=1e-5)
+        np.testing.assert_allclose(
+            documents[i], reference_encoding(muvera, tokens, True), atol=1e-5
+        )
     # the empty-partition filling is on (a 1-token document fills every partition) ...
     assert np.count_nonzero(np.abs(documents[0]).reshape(-1, config.block).sum(1)) > 3
 
@@ -76,9 +78,10 @@ def test_dot_product_follows_maxsim_and_recall_rises_with_candidates():
         [torch.from_numpy(q) for q in queries], [torch.from_numpy(d) for d in documents]
     ).numpy()  # (40, 600)
     muvera = Muvera(MuveraConfig(dim=32, repetitions=20, simhash_bits=4, projection=None))
-    approx = muvera.encode_queries(token_rows(queries)) @ muvera.encode_documents(
-        token_rows(documents)
-    ).T
+    approx = (
+        muvera.encode_queries(token_rows(queries))
+        @ muvera.encode_documents(token_rows(documents)).T
+    )
     assert np.corrcoef(approx.ravel(), exact.ravel())[0, 1] > 0.6
     shuffled = np.random.default_rng(0).permutation(approx.ravel())
     assert abs(np.corrcoef(shuffled, exact.ravel())[0, 1]) < 0.1  # negative control

@@ -109,7 +109,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_fusion_arguments(p)
     p.add_argument("--sparse-model", metavar="DIR", help="the sparse model (--mode sparse, hybrid)")
     p.add_argument(
-        "--multivector-model", metavar="DIR", help="the multi-vector model (--mode multivector, hybrid)"
+        "--multivector-model",
+        metavar="DIR",
+        help="the multi-vector model (--mode multivector, hybrid)",
     )
     p.add_argument(
         "--out",

@@ -12,7 +12,6 @@ import argparse
 import sys
 from pathlib import Path
 
-
 KINDS = ("dense", "sparse", "multivector", "bm25")  # as clearformer.index.collection
 
 

@@ -33,9 +33,13 @@ def add_kind_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="--mode hybrid: texts each kind retrieves before fusion (default 100)",
     )
-    p.add_argument("--sparse-model", metavar="DIR", help="the sparse index's model (default: recorded)")
     p.add_argument(
-        "--multivector-model", metavar="DIR", help="the multi-vector index's model (default: recorded)"
+        "--sparse-model", metavar="DIR", help="the sparse index's model (default: recorded)"
+    )
+    p.add_argument(
+        "--multivector-model",
+        metavar="DIR",
+        help="the multi-vector index's model (default: recorded)",
     )
 
 
@@ -110,9 +114,7 @@ def fusion_from(args: argparse.Namespace, kinds: list[str]):
         except ValueError:
             raise CliError(f"--weights: expected KIND=NUMBER, got {item!r}") from None
         if kind not in kinds:
-            raise CliError(
-                f"--weights: {kind!r} is not a fused kind (fusing {', '.join(kinds)})"
-            )
+            raise CliError(f"--weights: {kind!r} is not a fused kind (fusing {', '.join(kinds)})")
     try:
         return Fusion(
             method, k=args.rrf_k, weights=weights, normalization=args.normalization or "minmax"

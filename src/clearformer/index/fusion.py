@@ -63,7 +63,9 @@ class Fusion:
         return weighted_fusion(list(rankings.values()), weights, self.normalization, top)
 
 
-def reciprocal_rank_fusion(rankings: Sequence[Ranking], k: int, top: int) -> list[tuple[int, float]]:
+def reciprocal_rank_fusion(
+    rankings: Sequence[Ranking], k: int, top: int
+) -> list[tuple[int, float]]:
     """RRF over ``rankings``: ``sum_r 1 / (k + rank)``, ranks from 1."""
     scores: dict[int, float] = {}
     for ranking in rankings:

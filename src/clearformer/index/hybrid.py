@@ -99,7 +99,9 @@ def build_kind_index(
     }[kind]
     options = wanted() if options is None else options
     if not isinstance(options, wanted):
-        raise TypeError(f"options of a {kind} index must be {wanted.__name__}, got {type(options).__name__}")
+        raise TypeError(
+            f"options of a {kind} index must be {wanted.__name__}, got {type(options).__name__}"
+        )
     if kind == "bm25":
         if encoder is not None:
             raise ValueError(f"a bm25 index uses no model, got a {model_kind_of(encoder)} model")
@@ -114,7 +116,13 @@ def build_kind_index(
         if batch_size is not None:
             dense_options["batch_size"] = batch_size
         return build_dense_index(
-            root / "dense", texts, view, ids=ids, options=options, on_chunk=on_chunk, **dense_options
+            root / "dense",
+            texts,
+            view,
+            ids=ids,
+            options=options,
+            on_chunk=on_chunk,
+            **dense_options,
         )
     if dense_options:
         raise TypeError(f"a {kind} build takes no {', '.join(sorted(dense_options))}")
@@ -131,7 +139,9 @@ def open_kind_index(path: str | os.PathLike, kind: str, encoder: Any = None):
     require_kind(root, kind, "mode")
     if kind == "dense":
         dense_root = root / "dense" if is_collection(root) else root
-        return VectorIndex.open(dense_root, None if encoder is None else encoder_for("dense", encoder))
+        return VectorIndex.open(
+            dense_root, None if encoder is None else encoder_for("dense", encoder)
+        )
     reader = {"sparse": SparseIndex, "multivector": MultiVectorIndex, "bm25": BM25Index}[kind]
     return reader.open(root, encoder)
 
@@ -166,8 +176,7 @@ class HybridIndex:
             require_kind(root, kind, "kinds")
         by_kind = dict(models) if isinstance(models, Mapping) else _assign(models, present)
         indexes = {
-            kind: open_kind_index(root, kind, by_kind.get(kind))
-            for kind in (kinds or present)
+            kind: open_kind_index(root, kind, by_kind.get(kind)) for kind in (kinds or present)
         }
         return cls(root, indexes)
 
@@ -212,17 +221,24 @@ class HybridIndex:
         per_kind = {kind: self._kind(kind).search(batch, max(depth, k)) for kind in kinds}
         fused = []
         for i in range(len(batch)):
-            rankings = {kind: [(h.row, h.score) for h in found[i]] for kind, found in per_kind.items()}
+            rankings = {
+                kind: [(h.row, h.score) for h in found[i]] for kind, found in per_kind.items()
+            }
             texts = {h.row: h for found in per_kind.values() for h in found[i]}
             fused.append(
-                [Hit(score, texts[row].id, texts[row].text, row) for row, score in fusion.fuse(rankings, k)]
+                [
+                    Hit(score, texts[row].id, texts[row].text, row)
+                    for row, score in fusion.fuse(rankings, k)
+                ]
             )
         return fused[0] if single else fused
 
     def _kind(self, kind: str):
         if kind not in self.indexes:
             holds = ", ".join(self.indexes)
-            raise KindNotFoundError(f"mode: index {self.root} holds no {kind} index (it holds {holds})")
+            raise KindNotFoundError(
+                f"mode: index {self.root} holds no {kind} index (it holds {holds})"
+            )
         return self.indexes[kind]
 
 

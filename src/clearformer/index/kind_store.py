@@ -71,7 +71,9 @@ def write_kind(
         if current is not None and _same_build(current[1], job, model):
             try:
                 (reader or (lambda where: open_kind(where, kind)))(root)
-                log.info("%s already holds this %s index (%s): nothing to do", sub, kind, current[0])
+                log.info(
+                    "%s already holds this %s index (%s): nothing to do", sub, kind, current[0]
+                )
                 layout.remove_stale(sub)
                 shutil.rmtree(sub / "staging" / job_key, ignore_errors=True)
                 return current[0]

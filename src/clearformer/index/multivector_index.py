@@ -55,7 +55,13 @@ class MultiVectorOptions:
     def __post_init__(self) -> None:
         if self.ann not in ANN_MODES:
             raise ValueError(f"ann must be one of {ANN_MODES}, got {self.ann!r}")
-        for name in ("candidates", "connectivity", "expansion_add", "expansion_search", "chunk_rows"):
+        for name in (
+            "candidates",
+            "connectivity",
+            "expansion_add",
+            "expansion_search",
+            "chunk_rows",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")

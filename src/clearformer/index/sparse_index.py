@@ -66,7 +66,9 @@ def build_sparse(
     vocabulary = identity.width
 
     def encode(chunk: list[str], chunk_progress: Any) -> Ragged:
-        rows = sparse_rows(view.encode_document(chunk, batch_size=batch_size, progress=chunk_progress))
+        rows = sparse_rows(
+            view.encode_document(chunk, batch_size=batch_size, progress=chunk_progress)
+        )
         _check_terms(rows, vocabulary, "the encoder")
         return rows
 
@@ -148,6 +150,9 @@ class SparseIndex(KindIndex):
             return np.zeros(self.rows)
         rows = np.concatenate([self._rows[s:e] for s, e in zip(starts, ends, strict=True)])
         products = np.concatenate(
-            [self._weights[s:e] * np.float32(w) for s, e, w in zip(starts, ends, weights, strict=True)]
+            [
+                self._weights[s:e] * np.float32(w)
+                for s, e, w in zip(starts, ends, weights, strict=True)
+            ]
         )  # (postings read,) q_t * d_t
         return np.bincount(rows, weights=products, minlength=self.rows)

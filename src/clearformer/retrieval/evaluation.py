@@ -299,7 +299,9 @@ def _evaluate_kinds(data, encoder, settings: EvalSettings, models, cross_encoder
                         normalization=settings.normalization)  # fmt: skip
         run = fused_run(runs, fusion, settings.depth)
     if settings.rerank is not None:
-        raise ValueError("rerank applies to mode dense (rerank a fused run with `clearformer rerank`)")
+        raise ValueError(
+            "rerank applies to mode dense (rerank a fused run with `clearformer rerank`)"
+        )
     per_query = evaluate_run(run, data.qrels, settings.measures)
     described = asdict(settings)
     described["kinds"] = kinds

@@ -115,7 +115,9 @@ def _index_run(kind: str, data, model: Any, settings, depth: int, report) -> Run
             "it was built from other texts"
         )
     hits = index.search(list(data.query_texts), k=depth)
-    return {q: {h.id: h.score for h in found} for q, found in zip(data.query_ids, hits, strict=True)}
+    return {
+        q: {h.id: h.score for h in found} for q, found in zip(data.query_ids, hits, strict=True)
+    }
 
 
 def fused_run(runs: Mapping[str, Run], fusion, depth: int) -> Run:
