@@ -129,6 +129,9 @@ def test_refusals_name_the_kinds_present(setup, tmp_path):
     line = refused(setup, "index", "build", "--kind", "bm25", "--corpus", corpus, "--out", out,
                    "--storage", "int8")  # fmt: skip
     assert "--storage applies to --kind dense" in line
+    line = refused(setup, "index", "build", "--kind", "bm25", "--corpus", corpus, "--out", out,
+                   "--engine", "seismic")  # fmt: skip
+    assert "--engine applies to --kind sparse" in line
     with pytest.raises(SystemExit) as exit_:  # argparse's own refusal of an unknown kind
         cli("index", "build", "--kind", "splade", "--corpus", corpus, "--out", out)
     assert exit_.value.code == 2

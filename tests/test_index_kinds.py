@@ -200,3 +200,22 @@ def test_the_same_build_again_commits_nothing(folder, corpus):
     )
     assert (folder / "sparse" / "CURRENT").read_text() == generation
     assert encoder.calls == 0
+
+
+def test_seismic_engine_rescores_its_candidates_exactly(tmp_path, corpus):
+    pytest.importorskip("seismic")
+    texts, ids = corpus
+    encoder = FakeSparseEncoder()
+    index = build_index(tmp_path / "s", texts, encoder, kind="sparse", ids=ids,
+                        options=SparseOptions(engine="seismic", candidates=150))  # fmt: skip
+    assert (index.folder / "sparse.index.seismic").is_file()
+    exact = encoder.dense_vectors(QUERIES, True) @ encoder.dense_vectors(texts, False).T
+    for query, row_scores in zip(QUERIES, exact, strict=True):
+        hits = index.search(query, k=5)
+        for hit in hits:  # every score is the exact dot product of its row
+            assert hit.score == pytest.approx(float(row_scores[hit.row]), rel=1e-5)
+        # 150 candidates of 150 documents: Seismic's approximation cannot lose one here
+        best = np.sort(row_scores[row_scores > 0])[::-1][:5]
+        np.testing.assert_allclose([h.score for h in hits], best, rtol=1e-5)
+    with pytest.raises(ValueError, match="engine must be one of"):
+        SparseOptions(engine="tantivy")

@@ -28,6 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "multivector, bm25; several kinds share its texts; bm25 needs no --model); without "
         "--kind, INDEX is a dense index as before",
     )
+    build.add_argument(
+        "--engine",
+        choices=("exact", "seismic"),
+        default=None,
+        help="--kind sparse: exact (posting lists accumulated, default) or seismic (Seismic's "
+        "approximate candidates, rescored exactly)",
+    )
     dense_build = build.get_default("func")
 
     def run(args: argparse.Namespace) -> int:
@@ -116,6 +123,8 @@ def _kind_options(args: argparse.Namespace):
         ):
             if given:
                 raise CliError(f"{flag} applies to --kind dense, not --kind {kind}")
+    if kind != "sparse" and args.engine is not None:
+        raise CliError(f"--engine applies to --kind sparse, not --kind {kind}")
     if kind in ("bm25", "sparse") and args.ann != "auto":
         raise CliError(f"--ann applies to --kind dense or multivector, not --kind {kind}")
     try:
@@ -125,7 +134,7 @@ def _kind_options(args: argparse.Namespace):
                 chunk_rows=args.chunk_rows,
             )  # fmt: skip
         if kind == "sparse":
-            return SparseOptions(chunk_rows=args.chunk_rows)
+            return SparseOptions(chunk_rows=args.chunk_rows, engine=args.engine or "exact")
         if kind == "multivector":
             return MultiVectorOptions(ann=args.ann, chunk_rows=args.chunk_rows)
         return BM25Options()

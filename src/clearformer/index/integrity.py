@@ -321,6 +321,6 @@ def file_record(path: Path) -> dict[str, Any]:
     if path.suffix == ".npy":
         array = np.load(path, mmap_mode="r")
         return {"shape": list(array.shape), "dtype": str(array.dtype)}
-    if path.suffix == ".usearch":  # large: its size here, its header when the graph opens
+    if path.suffix in (".usearch", ".seismic"):  # large: its size here; its engine reads it
         return {"bytes": path.stat().st_size}
     return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
