@@ -117,3 +117,18 @@ def test_cli_names_the_damaged_file_in_one_line(pristine, tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(victim) in lines[0] and "damaged" in lines[0]
+
+
+def test_a_damaged_seismic_file_is_named(tmp_path):
+    pytest.importorskip("seismic")
+    root = tmp_path / "idx"
+    options = SparseOptions(chunk_rows=32, engine="seismic")
+    index = build_index(root, TEXTS, FakeSparseEncoder(), kind="sparse", options=options)
+    path = index.folder / "sparse.index.seismic"
+    for how in ("removed", "truncated"):
+        backup = path.read_bytes()
+        damage(path, how)
+        with pytest.raises(IndexDamagedError, match=str(path)):
+            open_kind_index(root, "sparse", FakeSparseEncoder())
+        path.write_bytes(backup)
+    assert open_kind_index(root, "sparse", FakeSparseEncoder()).rows == len(TEXTS)

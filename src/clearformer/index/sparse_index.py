@@ -166,7 +166,11 @@ class SparseIndex(KindIndex):
             )
             try:
                 self._seismic = open_seismic(self.folder / SEISMIC_FILE)
-            except (OSError, ValueError, RuntimeError) as exc:
+            except BaseException as exc:
+                # Seismic is Rust: a file it cannot read may raise pyo3's PanicException,
+                # which derives from BaseException, not Exception.
+                if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+                    raise
                 raise layout.IndexDamagedError(
                     self.folder / SEISMIC_FILE, f"cannot be loaded by Seismic ({exc})"
                 ) from None

@@ -12,6 +12,9 @@ the candidate set is approximate.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +46,26 @@ def write_seismic(folder: Path, rows: Ragged) -> None:
             dataset.add_document(
                 str(i), terms.astype(str).astype(string), values.astype(np.float32)
             )
-    index = seismic.SeismicIndex.build_from_dataset(dataset)
-    index.save(str(folder / FILE).removesuffix(".index.seismic"))
+    with _engine_output_to_stderr():
+        index = seismic.SeismicIndex.build_from_dataset(dataset)
+        index.save(str(folder / FILE).removesuffix(".index.seismic"))
+
+
+@contextlib.contextmanager
+def _engine_output_to_stderr():
+    """Seismic's Rust code prints its progress to file descriptor 1; a command's standard
+    output is its results (``clearformer search --json``), so while it builds, descriptor 1
+    points at standard error. A build is one writer in its own process: no other thread's
+    output is moved."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def open_seismic(path: Path) -> Any:
