@@ -219,3 +219,21 @@ def test_seismic_engine_rescores_its_candidates_exactly(tmp_path, corpus):
         np.testing.assert_allclose([h.score for h in hits], best, rtol=1e-5)
     with pytest.raises(ValueError, match="engine must be one of"):
         SparseOptions(engine="tantivy")
+
+
+def test_a_bge_m3_model_serves_its_sparse_and_multivector_views(folder):
+    class FakeBGEM3:
+        kind = "bge-m3"
+
+        def as_sparse(self):
+            return FakeSparseEncoder()
+
+        def as_multivector(self):
+            return FakeMultiVectorEncoder()
+
+    index = HybridIndex.open(folder, [FakeBGEM3()])
+    plain = HybridIndex.open(folder, [FakeSparseEncoder(), FakeMultiVectorEncoder()])
+    for mode in ("sparse", "multivector", "hybrid"):
+        got = index.search(QUERIES[1], k=5, mode=mode)
+        assert [h.row for h in got] == [h.row for h in plain.search(QUERIES[1], k=5, mode=mode)]
+    assert isinstance(index.indexes["sparse"].encoder, FakeSparseEncoder)
