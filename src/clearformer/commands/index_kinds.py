@@ -101,10 +101,11 @@ def run_kind_build(args: argparse.Namespace) -> int:
     before = is_collection(out) and kind in kinds_present(out)
     index = _writing(lambda: build_index(out, texts, encoder, kind=kind, **keywords), status, args)
     resumed = f", {chunks.reused} chunk(s) reused" if chunks.reused else ""
+    encoded = "" if kind == "bm25" else f" ({chunks.encoded} chunk(s) encoded{resumed})"
     verb = "rebuilt" if before else "built"
     print(
-        f"{verb} the {kind} index of {out}: {index.rows:,} texts ({chunks.encoded} chunk(s) "
-        f"encoded{resumed}); {out} holds {', '.join(kinds_present(out))}",
+        f"{verb} the {kind} index of {out}: {index.rows:,} texts{encoded}; {out} holds "
+        f"{', '.join(kinds_present(out))}",
         file=sys.stderr,
     )
     return 0

@@ -9,6 +9,7 @@ does. No model: a text's terms are its words.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,9 @@ def _bm25s():
         import bm25s
     except ImportError:
         raise ImportError("a bm25 index needs bm25s: pip install bm25s") from None
+    # bm25s sets its logger to DEBUG when imported, so its debug lines reach any handler of
+    # the root logger (the CLI's phase lines); NOTSET gives it the level every logger has.
+    logging.getLogger("bm25s").setLevel(logging.NOTSET)
     return bm25s
 
 
