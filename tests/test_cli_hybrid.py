@@ -112,6 +112,8 @@ def test_refusals_name_the_kinds_present(setup, tmp_path):
     line = refused(setup, "search", QUERY, "--index", out, "--mode", "hybrid",
                    "--kinds", "dense,multivector")  # fmt: skip
     assert "holds no multivector index (it holds dense, bm25)" in line
+    line = refused(setup, "search", QUERY, "--index", out, "--candidates", "50")
+    assert "--candidates applies to multivector or sparse, not dense, bm25" in line
     line = refused(setup, "search", QUERY, "--index", out, "--weights", "dense=1")
     assert "apply to --fusion weighted" in line
     line = refused(setup, "search", QUERY, "--index", out, "--fusion", "weighted",

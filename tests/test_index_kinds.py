@@ -237,3 +237,18 @@ def test_a_bge_m3_model_serves_its_sparse_and_multivector_views(folder):
         got = index.search(QUERIES[1], k=5, mode=mode)
         assert [h.row for h in got] == [h.row for h in plain.search(QUERIES[1], k=5, mode=mode)]
     assert isinstance(index.indexes["sparse"].encoder, FakeSparseEncoder)
+
+
+def test_per_call_settings_reach_the_kind(folder):
+    index = HybridIndex.open(folder, [FakeSparseEncoder(), FakeMultiVectorEncoder()])
+    few = index.search(
+        QUERIES[3], k=10, mode="multivector", settings={"multivector": {"candidates": 10}}
+    )
+    exact = index.search(
+        QUERIES[3], k=10, mode="multivector", settings={"multivector": {"exact": True}}
+    )
+    scores = [h.score for h in exact]
+    assert scores == sorted(scores, reverse=True)
+    assert sum(h.score for h in few) <= sum(scores) + 1e-4  # 10 candidates: no better than exact
+    with pytest.raises(TypeError, match="a bm25 search takes no candidates"):
+        index.search("w1", mode="bm25", settings={"bm25": {"candidates": 5}})

@@ -34,6 +34,14 @@ def add_kind_arguments(p: argparse.ArgumentParser) -> None:
         help="--mode hybrid: texts each kind retrieves before fusion (default 100)",
     )
     p.add_argument(
+        "--candidates",
+        type=int,
+        default=None,
+        metavar="N",
+        help="multivector (and a sparse index with engine seismic): candidates rescored "
+        "exactly per query (default: the index's, 200 and 100)",
+    )
+    p.add_argument(
         "--sparse-model", metavar="DIR", help="the sparse index's model (default: recorded)"
     )
     p.add_argument(
@@ -84,6 +92,7 @@ def refuse_kind_flags(args: argparse.Namespace) -> None:
     from ..cli import CliError
 
     for flag, given in (
+        ("--candidates", getattr(args, "candidates", None) is not None),
         ("--kinds", args.kinds is not None),
         ("--fusion", args.fusion is not None),
         ("--weights", args.weights is not None),
@@ -92,7 +101,9 @@ def refuse_kind_flags(args: argparse.Namespace) -> None:
         ("--multivector-model", args.multivector_model is not None),
     ):
         if given:
-            raise CliError(f"{flag} applies to --mode hybrid over a folder of kinds")
+            fusing = flag in ("--kinds", "--fusion", "--weights", "--normalization")
+            where = "--mode hybrid" if fusing else "an index folder of several kinds"
+            raise CliError(f"{flag} applies to {where}, not this search")
 
 
 def fusion_from(args: argparse.Namespace, kinds: list[str]):
@@ -149,17 +160,28 @@ def run_kind_search(args: argparse.Namespace, path: Path) -> int:
         )
     if mode != "hybrid":
         refuse_kind_flags(argparse.Namespace(**{**vars(args), "sparse_model": None,
-                                                "multivector_model": None}))  # fmt: skip
+                                                "multivector_model": None,
+                                                "candidates": None}))  # fmt: skip
     fusion = fusion_from(args, kinds) if mode == "hybrid" else None
     if args.depth <= 0:
         raise CliError(f"--depth must be a positive integer, got {args.depth}")
+    settings = {}
+    if args.candidates is not None:
+        if args.candidates <= 0:
+            raise CliError(f"--candidates must be a positive integer, got {args.candidates}")
+        approximate = [k for k in kinds if k in ("sparse", "multivector")]
+        if not approximate:
+            raise CliError(f"--candidates applies to multivector or sparse, not {', '.join(kinds)}")
+        settings = {kind: {"candidates": args.candidates} for kind in approximate}
     if not args.query.strip():
         raise CliError("QUERY is empty")
     check_unicode(args.query, "QUERY")
     models = {kind: _model(args, path, kind) for kind in kinds if kind != "bm25"}
     index = HybridIndex.open(path, models, kinds=kinds)
-    hits = index.search(args.query, k=args.top_k, mode=mode, kinds=kinds, fusion=fusion,
-                        depth=args.depth)  # fmt: skip
+    hits = index.search(
+        args.query, k=args.top_k, mode=mode, kinds=kinds, fusion=fusion, depth=args.depth,
+        settings=settings,
+    )  # fmt: skip
     for rank, hit in enumerate(hits, start=1):
         if args.json:
             item = {"rank": rank, "score": round(hit.score, 6), "id": hit.id, "text": hit.text}

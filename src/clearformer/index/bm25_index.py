@@ -99,8 +99,11 @@ class BM25Index(KindIndex):
     def with_encoder(self, encoder: Any):
         raise ValueError("a bm25 index uses no model: search it by text alone")
 
-    def search_texts(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(Q, k) rows and BM25 scores, best first; documents sharing no word are left out."""
+    def search_texts(self, queries: list[str], k: int, **how: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(Q, k) rows and BM25 scores, best first; documents sharing no word are left out.
+        BM25 is exact: it takes no per-call settings."""
+        if how:
+            raise TypeError(f"a bm25 search takes no {', '.join(sorted(how))}")
         tokens = tokenize(queries, self.options)
         words = {index: word for word, index in tokens.vocab.items()}
         out_rows = np.full((len(queries), k), -1, dtype=np.int64)

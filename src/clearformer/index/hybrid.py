@@ -193,6 +193,7 @@ class HybridIndex:
         kinds: Sequence[str] | None = None,
         fusion: Fusion | None = None,
         depth: int = 100,
+        settings: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> list[Hit] | list[list[Hit]]:
         """The ``k`` best texts per query, best first.
 
@@ -200,13 +201,17 @@ class HybridIndex:
             mode: a kind (its own scores), or ``hybrid``: each of ``kinds`` (default: every
                 kind opened) retrieves ``max(depth, k)`` texts and ``fusion`` (default RRF,
                 k = 60) merges them; a hit's score is then the fused score.
+            settings: per kind, that kind's search settings for this call, e.g.
+                ``{"multivector": {"candidates": 500}}`` (dense: ``expansion_search``,
+                ``rescore_multiplier``; sparse: ``candidates``, ``exact``).
         """
+        settings = dict(settings or {})
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         single = isinstance(queries, str)
         batch = [queries] if single else list(queries)
         if mode != "hybrid":
-            hits = self._kind(mode).search(batch, k)
+            hits = self._kind(mode).search(batch, k, **settings.get(mode, {}))
             return hits[0] if single else hits
         fusion = Fusion() if fusion is None else fusion
         kinds = list(kinds or self.kinds)
@@ -218,7 +223,10 @@ class HybridIndex:
                 f"weights name {', '.join(unknown)}, which the hybrid search does not fuse "
                 f"(it fuses {', '.join(kinds)})"
             )
-        per_kind = {kind: self._kind(kind).search(batch, max(depth, k)) for kind in kinds}
+        per_kind = {
+            kind: self._kind(kind).search(batch, max(depth, k), **settings.get(kind, {}))
+            for kind in kinds
+        }
         fused = []
         for i in range(len(batch)):
             rankings = {

@@ -60,15 +60,19 @@ class KindIndex:
             )
         return self.encoder
 
-    def search(self, queries: str | Sequence[str], k: int = 10) -> list[Hit] | list[list[Hit]]:
-        """The ``k`` best texts for each query, best first (a list of hits for one string)."""
+    def search(
+        self, queries: str | Sequence[str], k: int = 10, **how: Any
+    ) -> list[Hit] | list[list[Hit]]:
+        """The ``k`` best texts for each query, best first (a list of hits for one string).
+        ``how``: the kind's per-call search settings (``candidates``, ``exact``: see its
+        ``search_vectors``)."""
         single = isinstance(queries, str)
         batch = [queries] if single else list(queries)
-        rows, scores = self.search_texts(batch, _check_k(k))
+        rows, scores = self.search_texts(batch, _check_k(k), **how)
         hits = self.hits(rows, scores)
         return hits[0] if single else hits
 
-    def search_texts(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search_texts(self, queries: list[str], k: int, **how: Any) -> tuple[np.ndarray, np.ndarray]:
         """(Q, k) int64 rows (-1 where fewer) and (Q, k) float32 scores, best first."""
         raise NotImplementedError
 

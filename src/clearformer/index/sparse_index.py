@@ -175,9 +175,9 @@ class SparseIndex(KindIndex):
                     self.folder / SEISMIC_FILE, f"cannot be loaded by Seismic ({exc})"
                 ) from None
 
-    def search_texts(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search_texts(self, queries: list[str], k: int, **how: Any) -> tuple[np.ndarray, np.ndarray]:
         encoded = sparse_rows(self._require_encoder().encode_query(queries))
-        return self.search_vectors(encoded, k)
+        return self.search_vectors(encoded, k, **how)
 
     def search_vectors(
         self, queries: Ragged, k: int, *, exact: bool = False, candidates: int | None = None
