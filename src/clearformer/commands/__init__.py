@@ -9,9 +9,11 @@ COMMANDS = (
     "encode",
     "search",
     "index",
-    # These two add no command: they extend encode (--output DIR) and search (--index).
+    # These add no command: they extend encode (--output DIR), search (--index) and
+    # index build (--kind).
     "encode_shards",
     "search_index",
+    "index_kinds",
     "rerank",
     "eval",
     "mine",

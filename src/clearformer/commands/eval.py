@@ -96,6 +96,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="the model's named prompt for documents (e.g. document)",
     )
+    from .search_kinds import MODES, add_fusion_arguments
+
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="dense",
+        help="the first stage: dense (--model), sparse (--sparse-model), multivector "
+        "(--multivector-model), bm25 (no model), or hybrid (those given, and bm25, fused); "
+        "exact, or through the kinds of --index (default dense)",
+    )
+    add_fusion_arguments(p)
+    p.add_argument("--sparse-model", metavar="DIR", help="the sparse model (--mode sparse, hybrid)")
+    p.add_argument(
+        "--multivector-model",
+        metavar="DIR",
+        help="the multi-vector model (--mode multivector, hybrid)",
+    )
     p.add_argument(
         "--out",
         metavar="FILE.json",
@@ -171,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
             measures=tuple(m.strip() for m in args.measures.split(",") if m.strip()),
             query_prompt_name=args.query_prompt_name,
             document_prompt_name=args.document_prompt_name,
+            **_mode_settings(args),
         )
         data = load_beir(args.data, args.split)
     except DataError as exc:
@@ -189,12 +207,16 @@ def run(args: argparse.Namespace) -> int:
     )
     from .encode import batching_options, check_dimensions_flag, load_encoder
 
-    encoder = load_encoder(args)
-    check_dimensions_flag(encoder, args)
+    models = _kind_models(args)
+    encoder = None
+    if args.mode == "dense" or (args.mode == "hybrid" and "dense" in (settings.kinds or ["dense"])):
+        encoder = load_encoder(args)
+        check_dimensions_flag(encoder, args)
     result = evaluate(
         data,
         encoder,
         settings,
+        models=models,
         progress=lambda phase, done, total: progress(
             phase, done, total, "pairs" if phase == "rerank" else "texts"
         ),
@@ -212,13 +234,62 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mode_settings(args: argparse.Namespace) -> dict:
+    """EvalSettings' mode and fusion fields from the flags."""
+    from ..cli import CliError
+    from .search_kinds import fusion_from
+
+    if args.mode != "hybrid":
+        for flag in ("kinds", "fusion", "weights", "normalization"):
+            if getattr(args, flag) is not None:
+                raise CliError(f"--{flag} applies to --mode hybrid")
+        return {"mode": args.mode}
+    kinds = None
+    if args.kinds is not None:
+        kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    fused = kinds or ("dense", "sparse", "multivector", "bm25")
+    fusion = fusion_from(args, list(fused))
+    return {
+        "mode": "hybrid",
+        "kinds": kinds,
+        "fusion": fusion.method,
+        "rrf_k": fusion.k,
+        "weights": dict(fusion.weights) or None,
+        "normalization": fusion.normalization,
+    }
+
+
+def _kind_models(args: argparse.Namespace) -> dict:
+    """The sparse and multi-vector models the flags name, each checked to be of its kind."""
+    from ..cli import CliError
+    from .kind_models import check_model_kind, load_model
+
+    models = {}
+    for kind in ("sparse", "multivector"):
+        path = getattr(args, f"{kind}_model")
+        if path is None:
+            if args.mode == kind:
+                raise CliError(f"--mode {kind} needs --{kind}-model DIR")
+            continue
+        if args.mode not in (kind, "hybrid"):
+            raise CliError(f"--{kind}-model applies to --mode {kind} or hybrid")
+        if not Path(path).is_dir():
+            raise CliError(f"--{kind}-model {path}: no such directory")
+        check_model_kind(kind, path, f"--{kind}-model")
+        models[kind] = load_model(kind, path)
+    return models
+
+
 def format_table(result) -> str:
     settings = result.settings
     path = "exact" if settings["index"] is None else f"index {settings['index']}"
+    if settings.get("mode", "dense") != "dense":
+        path = f"{settings['mode']} ({', '.join(settings['kinds'])}), {path}"
     if settings["rerank"]:
         path += f", reranked top {settings['rerank_top']} by {Path(settings['rerank']).name}"
+    name = result.model.get("name") or "+".join(result.model.get("kinds", {})) or "none"
     lines = [
-        f"model {result.model['name']} ({settings['precision']}"
+        f"model {name} ({settings['precision']}"
         + (f", {settings['dimensions']} dims" if settings["dimensions"] else "")
         + f"), {path}",
         f"{result.data['queries']:,} queries, {result.data['documents']:,} documents "

@@ -23,9 +23,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="INDEX",
         help="search an index built by `clearformer index build` instead of a corpus file",
     )
+    from .search_kinds import add_kind_arguments
+
+    add_kind_arguments(p)
     over_corpus = p.get_default("func")
 
     def run(args: argparse.Namespace) -> int:
+        if args.index is None and args.mode is not None:
+            from ..cli import CliError
+
+            raise CliError("--mode applies to --index; a --corpus search is dense")
         return run_index_search(args) if args.index is not None else over_corpus(args)
 
     p.set_defaults(func=run)
@@ -46,6 +53,15 @@ def run_index_search(args: argparse.Namespace) -> int:
         raise CliError("QUERY is empty")
     check_unicode(args.query, "QUERY")
     path = Path(args.index)
+    from ..index.collection import is_collection
+
+    if is_collection(path) or args.mode not in (None, "dense"):
+        from .search_kinds import run_kind_search
+
+        return run_kind_search(args, path)
+    from .search_kinds import refuse_kind_flags
+
+    refuse_kind_flags(args)
     _require_index(path)
     _require_engine()
     index = VectorIndex.open(path)

@@ -3,8 +3,8 @@ over processes.
 
 * :mod:`.vector_index` -- :class:`VectorIndex`: an index directory, opened for search, with
   its model's identity, texts and ids beside the vectors;
-* :mod:`.build` -- :func:`build_index`, :func:`add_to_index`: crash-safe writes, resumable,
-  and exactly-once adds;
+* :mod:`.build` -- the dense index's :func:`build_index` and :func:`add_to_index`: crash-safe
+  writes, resumable, and exactly-once adds (``build_index`` here also takes ``kind=``);
 * :mod:`.options` -- :class:`IndexOptions`: storage (float32, int8, binary), Matryoshka
   dimensions, graph or exact search;
 * :mod:`.engine` -- the embedded vector library (usearch's HNSW) behind a few functions;
@@ -15,6 +15,11 @@ over processes.
   embeddings committed chunk by chunk (what a killed run resumes from);
 * :mod:`.integrity` -- the checks every file of an index passes when it is opened
   (:class:`IndexDamagedError` naming the file);
+* :mod:`.hybrid` -- several kinds over one corpus (:mod:`.collection`: one texts store, a
+  sub-index per kind): ``build_index(..., kind=)`` and :class:`HybridIndex`, searched per kind
+  or fused (:mod:`.fusion`); the kinds: :mod:`.sparse_index` (an exact inverted index),
+  :mod:`.bm25_index` (bm25s), :mod:`.multivector_index` (:mod:`.muvera` candidates in usearch,
+  exact MaxSim); models loaded by :func:`.kinds.load_model`;
 * :mod:`.shards` -- ``clearformer encode --output DIR`` under ``torchrun``: one shard per rank
   and a manifest; :mod:`.ray_adapter` and :mod:`.spark_adapter` for Ray Data and Spark.
 
@@ -24,10 +29,17 @@ The engine (usearch) is an optional extra: ``pip install 'clearformer[index]'``.
 
 from __future__ import annotations
 
-from .build import add_to_index, build_index
+from .bm25_index import BM25Index, BM25Options
+from .build import add_to_index
+from .collection import KindNotFoundError
+from .fusion import Fusion
+from .hybrid import HybridIndex, build_index, open_kind_index
 from .identity import ModelIdentity, ModelMismatchError
 from .layout import IndexDamagedError
+from .multivector_index import MultiVectorIndex, MultiVectorOptions
+from .muvera import Muvera, MuveraConfig
 from .options import IndexOptions
+from .sparse_index import SparseIndex, SparseOptions
 from .vector_index import (
     Hit,
     IndexNotFoundError,
@@ -36,7 +48,18 @@ from .vector_index import (
 )
 
 __all__ = [
+    "BM25Index",
+    "BM25Options",
+    "Fusion",
     "Hit",
+    "HybridIndex",
+    "KindNotFoundError",
+    "MultiVectorIndex",
+    "MultiVectorOptions",
+    "Muvera",
+    "MuveraConfig",
+    "SparseIndex",
+    "SparseOptions",
     "IndexDamagedError",
     "IndexNotFoundError",
     "IndexOptions",
@@ -46,4 +69,5 @@ __all__ = [
     "VectorIndex",
     "add_to_index",
     "build_index",
+    "open_kind_index",
 ]

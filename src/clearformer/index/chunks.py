@@ -131,9 +131,9 @@ class ChunkStore:
             )
         return None
 
-    def write(self, index: int, vectors: np.ndarray) -> None:
+    def write(self, index: int, vectors: Any) -> None:
         with atomic_write(self.path(index), "wb") as handle:
-            np.save(handle, vectors)
+            np.save(handle, np.asarray(vectors, dtype=np.float32))
 
     def read(self, index: int, mmap: bool = False) -> np.ndarray:
         return np.load(self.path(index), mmap_mode="r" if mmap else None)
@@ -150,7 +150,9 @@ def embed_chunks(
     """Embed every chunk of ``texts`` (or only ``chunks``) that ``store`` lacks.
 
     Args:
-        encode: (texts, row of the first) -> (n, D) float32 embeddings.
+        encode: (texts, row of the first) -> what ``store.write`` takes: (n, D) float32
+            embeddings for a :class:`ChunkStore`, named arrays for an
+            :class:`~.ragged_chunks.RaggedChunkStore`.
         chunks: the chunk indices this process owns; None = all.
 
     Returns:
@@ -167,7 +169,7 @@ def embed_chunks(
             continue
         start = index * chunk_rows
         vectors = encode(list(texts[start : start + chunk_rows]), start)
-        store.write(index, np.asarray(vectors, dtype=np.float32))
+        store.write(index, vectors)  # the store decides the file's form
         encoded += 1
         if on_chunk is not None:
             on_chunk(index, False)

@@ -259,3 +259,68 @@ def open_graph(path: Path, rows: int, dimensions: int, storage: str, meta: Path)
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_files(folder: Path, files: dict[str, Any], meta: Path) -> None:
+    """Every file ``meta.json`` lists for a sparse, multi-vector or BM25 generation: a
+    ``.npy`` array of exactly the recorded shape and dtype (header and size), any other file
+    of exactly the recorded size and (small files: JSON written by an engine) SHA-256."""
+    from .identity import file_sha256
+
+    for name, expected in files.items():
+        path = folder / name
+        if not path.is_file():
+            raise IndexDamagedError(path, f"is missing ({meta} names it)")
+        if "shape" in expected:
+            problem = shaped_array_problem(path, tuple(expected["shape"]), expected["dtype"], meta)
+            if problem is not None:
+                raise IndexDamagedError(path, problem)
+            continue
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            raise IndexDamagedError(
+                path, f"is {size:,} bytes, but {meta} records {expected['bytes']:,}"
+            )
+        if "sha256" in expected and file_sha256(path) != expected["sha256"]:
+            raise IndexDamagedError(path, f"does not hold the bytes {meta} records (SHA-256)")
+
+
+def shaped_array_problem(path: Path, shape: tuple, dtype: str, meta: Path) -> str | None:
+    """What is wrong with a ``.npy`` file that should hold a C-order array of exactly
+    ``shape`` and ``dtype`` (any number of axes) and exactly its bytes; None when nothing is."""
+    try:
+        with open(path, "rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            if version not in ((1, 0), (2, 0)):
+                raise ValueError(f"unknown .npy format version {version}")
+            read = np.lib.format.read_array_header_1_0
+            if version == (2, 0):
+                read = np.lib.format.read_array_header_2_0
+            found_shape, fortran_order, found = read(handle)
+            header = handle.tell()
+            size = os.fstat(handle.fileno()).st_size
+    except (ValueError, OSError, SyntaxError, EOFError) as exc:
+        return f"is not a .npy array ({_first_line(exc)})"
+    if found != np.dtype(dtype) or fortran_order:
+        return f"holds {found}, expected {dtype} in C order"
+    if tuple(found_shape) != tuple(shape):
+        return f"holds an array of shape {tuple(found_shape)}, but {meta} records {tuple(shape)}"
+    expected = header + int(np.prod(shape, dtype=np.int64)) * found.itemsize
+    if size != expected:
+        return (
+            f"is {size:,} bytes, but its header's {tuple(shape)} {dtype} array needs "
+            f"{expected:,} (the file was cut short or added to)"
+        )
+    return None
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    """What :func:`check_files` holds ``path`` to: its shape and dtype, or size and hash."""
+    from .identity import file_sha256
+
+    if path.suffix == ".npy":
+        array = np.load(path, mmap_mode="r")
+        return {"shape": list(array.shape), "dtype": str(array.dtype)}
+    if path.suffix in (".usearch", ".seismic"):  # large: its size here; its engine reads it
+        return {"bytes": path.stat().st_size}
+    return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,21 @@ class EvalSettings:
     measures: tuple[str, ...] = DEFAULT_MEASURES
     query_prompt_name: str | None = None  # the model's named prompts, as encode(prompt_name=)
     document_prompt_name: str | None = None
+    mode: str = "dense"  # dense | sparse | multivector | bm25 | hybrid: the first stage
+    kinds: tuple[str, ...] | None = None  # hybrid: the kinds fused (None: every model given + bm25)
+    fusion: str = "rrf"  # hybrid: rrf | weighted (clearformer.index.fusion)
+    rrf_k: int = 60
+    weights: dict[str, float] | None = None  # hybrid, weighted: per kind (default 1)
+    normalization: str = "minmax"  # hybrid, weighted: minmax | zscore
 
     def __post_init__(self) -> None:
+        modes = ("dense", "sparse", "multivector", "bm25", "hybrid")
+        if self.mode not in modes:
+            raise ValueError(f"mode must be one of {modes}, got {self.mode!r}")
+        if self.mode != "dense" and (
+            self.storage is not None or self.ann is not None or self.dimensions is not None
+        ):
+            raise ValueError("storage, ann and dimensions describe a dense index: use mode dense")
         for name in self.measures:
             parse_measure(name)
         deepest = max(parse_measure(name)[1] for name in self.measures)
@@ -96,6 +109,7 @@ def evaluate(
     cross_encoder=None,
     progress: Progress | None = None,
     encode_options: dict[str, Any] | None = None,
+    models: dict[str, Any] | None = None,
 ) -> EvalResult:
     """Retrieve for every query of ``data`` with ``encoder`` as ``settings`` say; score it.
 
@@ -106,10 +120,14 @@ def evaluate(
         progress: called with (phase, done, total) as texts are embedded and pairs scored.
         encode_options: passed to ``encode`` (``batch_size``, ``max_tokens``, ``workers``):
             speed and memory only.
+        models: for ``settings.mode`` sparse, multivector or hybrid: kind -> model (a BGE-M3
+            model may serve several kinds); ``encoder`` serves dense (None for bm25 alone).
     """
     from ..index.identity import ModelIdentity
 
     settings = EvalSettings() if settings is None else settings
+    if settings.mode != "dense":
+        return _evaluate_kinds(data, encoder, settings, models or {}, cross_encoder, progress)
     encode_options = dict(encode_options or {})
     if settings.dimensions is not None:
         encoder.head.check_dimensions(settings.dimensions, "dimensions")
@@ -242,3 +260,64 @@ def _check_index_matches(index, data: RetrievalData, settings: EvalSettings) -> 
                 f"index {index.root} row {row} has id {held!r}, the corpus {wanted!r}: it was "
                 "built from other texts"
             )
+
+
+def _evaluate_kinds(data, encoder, settings: EvalSettings, models, cross_encoder, progress):
+    """``evaluate`` for mode sparse, multivector, bm25 or hybrid (exact, or through the
+    kinds of the folder ``settings.index``)."""
+    from ..index import Fusion
+    from ..index.kinds import identity_of
+    from .kind_runs import fused_run, kind_run
+
+    report = progress or (lambda phase, done, total: None)
+    models = dict(models)
+    if encoder is not None:
+        models.setdefault("dense", encoder)
+    if settings.mode == "hybrid":
+        given = [k for k in ("dense", "sparse", "multivector") if k in models]
+        kinds = list(settings.kinds or [*given, "bm25"])
+    else:
+        kinds = [settings.mode]
+    for kind in kinds:
+        if kind != "bm25" and kind not in models:
+            raise ValueError(f"mode {settings.mode}: the {kind} kind needs a {kind} model")
+    seconds: dict[str, float] = {}
+    runs: dict[str, Run] = {}
+    for kind in kinds:
+        start = time.perf_counter()
+        if kind == "dense":
+            dense = evaluate(data, models["dense"], replace(settings, mode="dense", rerank=None,
+                             index=_dense_index(settings)))  # fmt: skip
+            runs[kind] = dense.run
+        else:
+            runs[kind] = kind_run(kind, data, models.get(kind), settings, report)
+        seconds[kind] = round(time.perf_counter() - start, 3)
+    if len(kinds) == 1:
+        run = runs[kinds[0]]
+    else:
+        fusion = Fusion(settings.fusion, k=settings.rrf_k, weights=settings.weights or {},
+                        normalization=settings.normalization)  # fmt: skip
+        run = fused_run(runs, fusion, settings.depth)
+    if settings.rerank is not None:
+        raise ValueError(
+            "rerank applies to mode dense (rerank a fused run with `clearformer rerank`)"
+        )
+    per_query = evaluate_run(run, data.qrels, settings.measures)
+    described = asdict(settings)
+    described["kinds"] = kinds
+    described["rerank_model"] = None
+    model = {kind: identity_of(m).to_dict() for kind, m in models.items() if kind in kinds}
+    return EvalResult(
+        metrics=mean_measures(per_query),
+        per_query=per_query,
+        run=run,
+        data=data.describe(),
+        model=model.get(kinds[0], {"name": "bm25"}) if len(kinds) == 1 else {"kinds": model},
+        settings=described,
+        seconds=seconds,
+    )
+
+
+def _dense_index(settings: EvalSettings) -> str | None:
+    """The dense sub-index of a folder of kinds, for a hybrid run through an index."""
+    return None if settings.index is None else str(Path(settings.index) / "dense")

@@ -1,0 +1,50 @@
+"""The one place the commands load a sparse or multi-vector model, and tell a checkpoint's
+kind (so that a sparse model given to a dense build is refused naming both kinds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def checkpoint_kind(path: str | Path) -> str | None:
+    """The kind of model a checkpoint directory holds (:func:`clearformer.model_kinds.
+    model_kind`); None for a path that is not a directory (its loader reports that)."""
+    from ..model_kinds import model_kind
+
+    if not Path(path).expanduser().is_dir():
+        return None
+    return model_kind(path)
+
+
+def check_model_kind(kind: str, path: str | Path, flag: str = "model") -> None:
+    """ValueError naming both kinds unless the checkpoint at ``path`` can serve a ``kind``
+    index (a BGE-M3 checkpoint serves dense, sparse and multivector)."""
+    found = checkpoint_kind(path)
+    if found is None or found == kind or found == "bge-m3":
+        return
+    raise ValueError(f"{flag} {path} is a {found} model; a {kind} index needs a {kind} model")
+
+
+def load_model(kind: str, path: str | Path | None) -> Any:
+    """The sparse or multi-vector model at ``path`` (a BGE-M3 checkpoint as BGE-M3, which
+    serves both). The classes are imported here, on use, so that the commands import without
+    the sparse and multi-vector encoders (dense models load with ``encode.load_encoder``)."""
+    if path is None:
+        raise ValueError(f"a {kind} index needs --model: no {kind} model ships with clearformer")
+    found = checkpoint_kind(path) or kind
+    if found == "bge-m3":
+        from ..text.bge_m3 import BGEM3Encoder
+
+        return BGEM3Encoder.from_pretrained(path)
+    if found != kind:
+        raise ValueError(f"--model {path} is a {found} model; a {kind} index needs a {kind} model")
+    if kind == "sparse":
+        from ..text.sparse_encoder import SparseEncoder
+
+        return SparseEncoder.from_pretrained(path)
+    if kind == "multivector":
+        from ..text.multivector_encoder import MultiVectorEncoder
+
+        return MultiVectorEncoder.from_pretrained(path)
+    raise ValueError(f"unknown kind {kind!r}; expected one of dense, sparse, multivector, bm25")

@@ -1,0 +1,223 @@
+"""``clearformer search QUERY --index INDEX --mode MODE``: search a folder of kinds by one kind
+(dense, sparse, multivector, bm25) or by several fused (``hybrid``: ``--fusion rrf`` or
+``weighted``). Each kind's query is encoded by that kind's own model (by default the one the
+index records; ``--model``, ``--sparse-model``, ``--multivector-model`` name it, and the index
+refuses another). Output as ``search --index``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+MODES = ("dense", "sparse", "multivector", "bm25", "hybrid")
+FUSIONS = ("rrf", "weighted")
+NORMALIZATIONS = ("minmax", "zscore")
+
+
+def add_kind_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default=None,
+        help="with --index: the kind to search, or hybrid (several fused); default: the "
+        "index's only kind, or hybrid over all its kinds",
+    )
+    add_fusion_arguments(p)
+    p.add_argument(
+        "--depth",
+        type=int,
+        default=100,
+        metavar="N",
+        help="--mode hybrid: texts each kind retrieves before fusion (default 100)",
+    )
+    p.add_argument(
+        "--candidates",
+        type=int,
+        default=None,
+        metavar="N",
+        help="multivector (and a sparse index with engine seismic): candidates rescored "
+        "exactly per query (default: the index's, 200 and 100)",
+    )
+    p.add_argument(
+        "--sparse-model", metavar="DIR", help="the sparse index's model (default: recorded)"
+    )
+    p.add_argument(
+        "--multivector-model",
+        metavar="DIR",
+        help="the multi-vector index's model (default: recorded)",
+    )
+
+
+def add_fusion_arguments(p: argparse.ArgumentParser) -> None:
+    """--kinds, --fusion, --rrf-k, --weights, --normalization (search and eval)."""
+    p.add_argument(
+        "--kinds",
+        metavar="K1,K2",
+        default=None,
+        help="--mode hybrid: the kinds to fuse, comma-separated (default: every kind held)",
+    )
+    p.add_argument(
+        "--fusion",
+        choices=FUSIONS,
+        default=None,
+        help="--mode hybrid: rrf (reciprocal rank fusion, default) or weighted (normalised "
+        "scores, weighted per kind)",
+    )
+    p.add_argument(
+        "--rrf-k",
+        type=int,
+        default=60,
+        metavar="K",
+        help="--fusion rrf: the constant in 1 / (K + rank) (default 60)",
+    )
+    p.add_argument(
+        "--weights",
+        metavar="KIND=W,...",
+        default=None,
+        help="--fusion weighted: per-kind weights, e.g. dense=1,bm25=0.5 (default 1 each)",
+    )
+    p.add_argument(
+        "--normalization",
+        choices=NORMALIZATIONS,
+        default=None,
+        help="--fusion weighted: each kind's scores as min-max (default) or z-scores",
+    )
+
+
+def refuse_kind_flags(args: argparse.Namespace) -> None:
+    """A plain dense index takes none of the hybrid flags."""
+    from ..cli import CliError
+
+    for flag, given in (
+        ("--candidates", getattr(args, "candidates", None) is not None),
+        ("--kinds", args.kinds is not None),
+        ("--fusion", args.fusion is not None),
+        ("--weights", args.weights is not None),
+        ("--normalization", args.normalization is not None),
+        ("--sparse-model", args.sparse_model is not None),
+        ("--multivector-model", args.multivector_model is not None),
+    ):
+        if given:
+            fusing = flag in ("--kinds", "--fusion", "--weights", "--normalization")
+            where = "--mode hybrid" if fusing else "an index folder of several kinds"
+            raise CliError(f"{flag} applies to {where}, not this search")
+
+
+def fusion_from(args: argparse.Namespace, kinds: list[str]):
+    """The Fusion the flags describe, every flag checked against the method and the kinds."""
+    from ..cli import CliError
+    from ..index import Fusion
+
+    method = args.fusion or "rrf"
+    if method == "rrf" and (args.weights is not None or args.normalization is not None):
+        raise CliError("--weights and --normalization apply to --fusion weighted, not rrf")
+    weights: dict[str, float] = {}
+    for item in (args.weights or "").split(","):
+        if not item.strip():
+            continue
+        kind, _, value = item.partition("=")
+        kind = kind.strip()
+        try:
+            weights[kind] = float(value)
+        except ValueError:
+            raise CliError(f"--weights: expected KIND=NUMBER, got {item!r}") from None
+        if kind not in kinds:
+            raise CliError(f"--weights: {kind!r} is not a fused kind (fusing {', '.join(kinds)})")
+    try:
+        return Fusion(
+            method, k=args.rrf_k, weights=weights, normalization=args.normalization or "minmax"
+        )
+    except ValueError as exc:
+        raise CliError(f"--fusion: {exc}") from None
+
+
+def run_kind_search(args: argparse.Namespace, path: Path) -> int:
+    from ..checks import check_unicode
+    from ..cli import CliError
+    from ..index import HybridIndex
+    from ..index.collection import kinds_present
+    from .search import shorten
+
+    if not path.is_dir():
+        raise CliError(f"INDEX {path} does not exist: build it with `clearformer index build`")
+    present = kinds_present(path)
+    if not present:
+        raise CliError(f"INDEX {path} holds no committed index of any kind: build one first")
+    mode = args.mode or ("hybrid" if len(present) > 1 else present[0])
+    kinds = [mode] if mode != "hybrid" else present
+    if args.kinds is not None:
+        if mode != "hybrid":
+            raise CliError("--kinds applies to --mode hybrid")
+        kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    missing = [k for k in kinds if k not in present]
+    if missing:
+        raise CliError(
+            f"--mode {mode}: {path} holds no {', '.join(missing)} index (it holds "
+            f"{', '.join(present)})"
+        )
+    if mode != "hybrid":
+        refuse_kind_flags(argparse.Namespace(**{**vars(args), "sparse_model": None,
+                                                "multivector_model": None,
+                                                "candidates": None}))  # fmt: skip
+    fusion = fusion_from(args, kinds) if mode == "hybrid" else None
+    if args.depth <= 0:
+        raise CliError(f"--depth must be a positive integer, got {args.depth}")
+    settings = {}
+    if args.candidates is not None:
+        if args.candidates <= 0:
+            raise CliError(f"--candidates must be a positive integer, got {args.candidates}")
+        approximate = [k for k in kinds if k in ("sparse", "multivector")]
+        if not approximate:
+            raise CliError(f"--candidates applies to multivector or sparse, not {', '.join(kinds)}")
+        settings = {kind: {"candidates": args.candidates} for kind in approximate}
+    if not args.query.strip():
+        raise CliError("QUERY is empty")
+    check_unicode(args.query, "QUERY")
+    models = {kind: _model(args, path, kind) for kind in kinds if kind != "bm25"}
+    index = HybridIndex.open(path, models, kinds=kinds)
+    hits = index.search(
+        args.query, k=args.top_k, mode=mode, kinds=kinds, fusion=fusion, depth=args.depth,
+        settings=settings,
+    )  # fmt: skip
+    for rank, hit in enumerate(hits, start=1):
+        if args.json:
+            item = {"rank": rank, "score": round(hit.score, 6), "id": hit.id, "text": hit.text}
+            print(json.dumps(item, ensure_ascii=False))
+        else:
+            print(f"{rank:>3}  {hit.score:.4f}  {hit.id}: {shorten(hit.text, args.width)}")
+    sys.stdout.flush()
+    return 0
+
+
+def _model(args: argparse.Namespace, path: Path, kind: str):
+    """The query model of ``kind``: its flag, else the model the sub-index records."""
+    from ..cli import CliError
+    from .kind_models import load_model
+
+    if kind == "dense":
+        from ..index.collection import is_collection
+        from .index import index_encoder
+
+        return index_encoder(args, path / "dense" if is_collection(path) else path)
+    flag = f"--{kind}-model"
+    given = getattr(args, f"{kind}_model")
+    if given is None:
+        given = _recorded_model(path, kind)
+        if not given or not Path(given).is_dir():
+            raise CliError(
+                f"{flag}: the {kind} index's model ({given or 'not recorded'}) is not there; "
+                f"give {flag} DIR"
+            )
+    elif not Path(given).is_dir():
+        raise CliError(f"{flag} {given}: no such directory")
+    return load_model(kind, given)
+
+
+def _recorded_model(path: Path, kind: str) -> str:
+    from ..index.kind_store import open_kind
+
+    _, meta = open_kind(path, kind)
+    return (meta.get("model") or {}).get("path", "")

@@ -1,0 +1,117 @@
+"""A BM25 index: ``bm25s`` (Lucene's BM25) over the collection's texts, saved and memory-mapped
+by bm25s itself.
+
+The tokenisation is bm25s's own (``bm25s.tokenize``: lower case, its word pattern, English
+stop words, no stemmer) with k1 = 1.5, b = 0.75: the settings of the BM25 row of
+docs/retrieval.md (``benchmarks/retrieval_bbc.py``), so the index scores BBC News as that row
+does. No model: a text's terms are its words.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import layout
+from .kind_index import KindIndex, top_k
+from .kind_store import write_kind
+
+
+@dataclass(frozen=True)
+class BM25Options:
+    """BM25's parameters and tokenisation (bm25s's defaults for Lucene's BM25)."""
+
+    k1: float = 1.5  # term-frequency saturation
+    b: float = 0.75  # length normalisation
+    method: str = "lucene"  # bm25s's variant: lucene | robertson | atire | bm25l | bm25+
+    stopwords: str | None = "en"  # bm25s's English stop words; None keeps every word
+
+    def __post_init__(self) -> None:
+        if not self.k1 >= 0 or not 0 <= self.b <= 1:
+            raise ValueError(f"k1 must be >= 0 and b in [0, 1], got k1={self.k1}, b={self.b}")
+        methods = ("lucene", "robertson", "atire", "bm25l", "bm25+")
+        if self.method not in methods:
+            raise ValueError(f"method must be one of {methods}, got {self.method!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _bm25s():
+    try:
+        import bm25s
+    except ImportError:
+        raise ImportError("a bm25 index needs bm25s: pip install bm25s") from None
+    # bm25s sets its logger to DEBUG when imported, so its debug lines reach any handler of
+    # the root logger (the CLI's phase lines); NOTSET gives it the level every logger has.
+    logging.getLogger("bm25s").setLevel(logging.NOTSET)
+    return bm25s
+
+
+def tokenize(texts: list[str], options: BM25Options):
+    return _bm25s().tokenize(texts, stopwords=options.stopwords, show_progress=False)
+
+
+def build_bm25(root: Path, texts: list[str], ids: list[str], options: BM25Options) -> BM25Index:
+    bm25s = _bm25s()
+
+    def write_files(folder: Path, _rows: None) -> None:
+        retriever = bm25s.BM25(k1=options.k1, b=options.b, method=options.method)
+        retriever.index(tokenize(texts, options), show_progress=False)
+        retriever.save(str(folder))
+
+    write_kind(
+        root,
+        "bm25",
+        texts,
+        ids,
+        model=None,
+        options=options.to_dict(),
+        write_files=write_files,
+        reader=BM25Index,
+        encode=None,
+        chunk_rows=max(len(texts), 1),
+    )
+    return BM25Index.open(root)
+
+
+class BM25Index(KindIndex):
+    """A committed BM25 index (bm25s, memory-mapped)."""
+
+    kind = "bm25"
+
+    def __init__(self, root: Path, encoder: Any = None) -> None:
+        if encoder is not None:
+            raise ValueError("a bm25 index uses no model: open it without an encoder")
+        super().__init__(root)
+        self.options = BM25Options(**self.meta["options"])
+        try:
+            self._retriever = _bm25s().BM25.load(str(self.folder), mmap=True)
+        except (OSError, ValueError, KeyError) as exc:
+            raise layout.IndexDamagedError(
+                self.folder, f"cannot be loaded by bm25s ({type(exc).__name__}: {exc})"
+            ) from None
+
+    def with_encoder(self, encoder: Any):
+        raise ValueError("a bm25 index uses no model: search it by text alone")
+
+    def search_texts(self, queries: list[str], k: int, **how: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(Q, k) rows and BM25 scores, best first; documents sharing no word are left out.
+        BM25 is exact: it takes no per-call settings."""
+        if how:
+            raise TypeError(f"a bm25 search takes no {', '.join(sorted(how))}")
+        tokens = tokenize(queries, self.options)
+        words = {index: word for word, index in tokens.vocab.items()}
+        out_rows = np.full((len(queries), k), -1, dtype=np.int64)
+        out_scores = np.full((len(queries), k), np.nan, dtype=np.float32)
+        for i, ids in enumerate(tokens.ids):
+            terms = [words[t] for t in ids if words[t]]  # bm25s marks a text of no word by ""
+            if not terms:
+                continue  # only stop words (or nothing): no document shares a term
+            scores = self._retriever.get_scores(terms)  # (n,)
+            out_rows[i], out_scores[i] = top_k(np.asarray(scores), k)
+        return out_rows, out_scores

@@ -1,0 +1,122 @@
+"""What every opened sparse, multi-vector or BM25 sub-index shares: its committed generation,
+the model that made it (refusing another), the collection's texts, and results as hits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import layout
+from .collection import open_texts
+from .identity import ModelIdentity
+from .kind_store import open_kind
+from .kinds import encoder_for, identity_of
+from .vector_index import Hit
+
+
+class KindIndex:
+    """A committed sub-index of kind :attr:`kind` in the collection at ``root``."""
+
+    kind = ""
+
+    def __init__(self, root: Path, encoder: Any = None) -> None:
+        self.root = root
+        self.folder, self.meta = open_kind(root, self.kind)
+        self.generation: str = self.meta["generation"]
+        self.rows: int = self.meta["rows"]
+        self.texts, record = open_texts(root)
+        if record["content"] != self.meta.get("texts") or record["rows"] != self.rows:
+            raise layout.IndexDamagedError(
+                self.folder / layout.META,
+                f"records texts {str(self.meta.get('texts'))[:12]} of {self.rows} rows, but "
+                f"{root / 'texts'} holds {record['content'][:12]} of {record['rows']} rows",
+            )
+        model = self.meta.get("model")
+        self.identity = None if model is None else ModelIdentity.from_dict(model)
+        self.encoder = None
+        if encoder is not None:
+            self.with_encoder(encoder)
+
+    @classmethod
+    def open(cls, path: str | Path, encoder: Any = None):
+        return cls(Path(path), encoder)
+
+    def with_encoder(self, encoder: Any):
+        """This index with ``encoder`` for text queries, after checking it is the index's
+        model (:class:`~.identity.ModelMismatchError` if not)."""
+        view = encoder_for(self.kind, encoder, f"{self.kind} index {self.root}")
+        self.identity.check_same(identity_of(view), f"{self.kind} index {self.root / self.kind}")
+        self.encoder = view
+        return self
+
+    def _require_encoder(self) -> Any:
+        if self.encoder is None:
+            raise ValueError(
+                f"this {self.kind} index was opened without an encoder: open it with its "
+                "model to search by text"
+            )
+        return self.encoder
+
+    def search(
+        self, queries: str | Sequence[str], k: int = 10, **how: Any
+    ) -> list[Hit] | list[list[Hit]]:
+        """The ``k`` best texts for each query, best first (a list of hits for one string).
+        ``how``: the kind's per-call search settings (``candidates``, ``exact``: see its
+        ``search_vectors``)."""
+        single = isinstance(queries, str)
+        batch = [queries] if single else list(queries)
+        rows, scores = self.search_texts(batch, _check_k(k), **how)
+        hits = self.hits(rows, scores)
+        return hits[0] if single else hits
+
+    def search_texts(self, queries: list[str], k: int, **how: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(Q, k) int64 rows (-1 where fewer) and (Q, k) float32 scores, best first."""
+        raise NotImplementedError
+
+    def hits(self, rows: np.ndarray, scores: np.ndarray) -> list[list[Hit]]:
+        wanted = sorted({int(r) for r in np.asarray(rows).ravel() if r >= 0})
+        found = self.texts.get(wanted)
+        missing = [row for row in wanted if row not in found]
+        if missing:
+            raise layout.IndexDamagedError(self.texts.path, f"holds no row {missing[0]}")
+        return [
+            [
+                Hit(float(score), *found[int(row)], int(row))
+                for row, score in zip(query_rows, query_scores, strict=True)
+                if row >= 0
+            ]
+            for query_rows, query_scores in zip(rows, scores, strict=True)
+        ]
+
+    def __repr__(self) -> str:
+        model = None if self.identity is None else self.identity.name
+        return (
+            f"{type(self).__name__}({str(self.root)!r}, generation={self.generation!r}, "
+            f"rows={self.rows}, model={model!r})"
+        )
+
+
+def top_k(scores: np.ndarray, k: int, positive_only: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best of one query's (n,) scores: (k,) int64 rows (-1 past the found ones)
+    and (k,) float32 scores, by score then row; rows scoring 0 or less share nothing with the
+    query and are left out when ``positive_only``."""
+    rows = np.full(k, -1, dtype=np.int64)
+    values = np.full(k, np.nan, dtype=np.float32)
+    candidates = np.flatnonzero(scores > 0) if positive_only else np.arange(len(scores))
+    if len(candidates) > k:
+        # the k-th best score, then every row at least as good (ties kept, ordered below)
+        kth = np.partition(scores[candidates], len(candidates) - k)[len(candidates) - k]
+        candidates = candidates[scores[candidates] >= kth]
+    order = np.lexsort((candidates, -scores[candidates]))[:k]
+    rows[: len(order)] = candidates[order]
+    values[: len(order)] = scores[candidates[order]]
+    return rows, values
+
+
+def _check_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    return k

@@ -1,0 +1,204 @@
+"""Generations of a sparse, multi-vector or BM25 sub-index: the dense index's commit protocol
+(:mod:`.layout`) around an engine's files.
+
+A write: check the texts against the collection's store (:mod:`.collection`), encode the
+texts in chunks committed one by one (:class:`~.ragged.RaggedChunkStore`; a killed build
+resumes from them), let the kind write its engine files into a new generation directory
+(filled under a temporary name, then renamed), record every file's shape or hash in its
+``meta.json``, and replace ``CURRENT``. A read checks each recorded file before any engine
+opens it, so damage is an :class:`~.layout.IndexDamagedError` naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import integrity, layout
+from .chunks import ChunkDone, chunk_count, chunk_progress, embed_chunks
+from .collection import KIND_FORMAT, ensure_texts
+from .ragged import Ragged, RaggedChunkStore, concatenate
+
+log = logging.getLogger(__name__)
+
+_OPEN_TRIES = 5
+
+# (folder to fill, the encoded rows or None) -> None: the kind's engine files
+WriteFiles = Callable[[Path, Ragged | None], None]
+# (texts, row of the first, progress) -> the texts' rows
+EncodeChunk = Callable[[list[str], Any], Ragged]
+
+
+def write_kind(
+    root: Path,
+    kind: str,
+    texts: list[str],
+    ids: list[str],
+    *,
+    model: dict[str, Any] | None,
+    options: dict[str, Any],
+    write_files: WriteFiles,
+    encode: EncodeChunk | None,
+    chunk_rows: int,
+    reader: Callable[[Path], Any] | None = None,
+    on_chunk: ChunkDone | None = None,
+    progress: Any = None,
+) -> str:
+    """Build the ``kind`` sub-index of the collection ``root``; the committed generation.
+
+    ``reader`` opens the committed sub-index as a search would (default: its files checked
+    against ``meta.json``): a build of what is already committed does nothing unless that
+    fails, and then writes it again (how damage is repaired)."""
+    content = ensure_texts(root, texts, ids)
+    sub = root / kind
+    job = {
+        "kind": kind,
+        "texts": content,
+        "rows": len(texts),
+        "model": None if model is None else model["revision"],
+        "options": options,
+        "chunk_rows": chunk_rows,
+    }
+    job_key = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
+    with layout.writer_lock(sub):
+        current = _current_meta(sub)
+        if current is not None and _same_build(current[1], job, model):
+            try:
+                (reader or (lambda where: open_kind(where, kind)))(root)
+                log.info(
+                    "%s already holds this %s index (%s): nothing to do", sub, kind, current[0]
+                )
+                layout.remove_stale(sub)
+                shutil.rmtree(sub / "staging" / job_key, ignore_errors=True)
+                return current[0]
+            except layout.IndexDamagedError as exc:
+                log.warning("%s; writing the %s index again", exc, kind)
+        rows = None
+        if encode is not None:
+            started = time.perf_counter()
+            store = RaggedChunkStore(sub / "staging" / job_key, job)
+            log.info(
+                "encoding %s texts in %d chunk(s) of up to %s",
+                f"{len(texts):,}",
+                chunk_count(len(texts), chunk_rows),
+                f"{chunk_rows:,}",
+            )
+            encoded, reused = embed_chunks(
+                lambda chunk, start: encode(chunk, chunk_progress(progress, start, len(texts))),
+                texts,
+                store,
+                chunk_rows,
+                on_chunk=on_chunk,
+            )
+            log.info(
+                "encoded %s texts (%d chunk(s) encoded, %d reused) in %.1fs",
+                f"{len(texts):,}",
+                encoded,
+                reused,
+                time.perf_counter() - started,
+            )
+            rows = concatenate([store.read(i) for i in range(encoded + reused)])
+        name = layout.next_generation_name(sub)
+        started = time.perf_counter()
+        with layout.new_directory(layout.generation_dir(sub, name)) as folder:
+            write_files(folder, rows)
+            files = {p.name: integrity.file_record(p) for p in sorted(folder.iterdir())}
+            meta = {
+                "format": KIND_FORMAT,
+                "generation": name,
+                "previous": None if current is None else current[0],
+                "kind": kind,
+                "model": model,
+                "options": options,
+                "rows": len(texts),
+                "texts": content,
+                "files": files,
+                "segments": [],  # layout.remove_stale reads it: no dense segments here
+            }
+            layout.write_json(folder / layout.META, meta)
+        log.info("wrote the %s index in %.1fs", kind, time.perf_counter() - started)
+        layout.commit(sub, name)
+        log.info("committed %s of %s", name, sub)
+        layout.remove_stale(sub)
+        shutil.rmtree(sub / "staging" / job_key, ignore_errors=True)
+    return name
+
+
+def _same_build(meta: dict[str, Any], job: dict[str, Any], model: dict | None) -> bool:
+    revision = None if meta.get("model") is None else meta["model"].get("revision")
+    return (
+        meta.get("texts") == job["texts"]
+        and meta.get("options") == job["options"]
+        and revision == job["model"]
+        and (model is None) == (meta.get("model") is None)
+    )
+
+
+def _current_meta(sub: Path) -> tuple[str, dict[str, Any]] | None:
+    """The committed generation and its meta, or None (none, or damaged: a build replaces
+    it whatever it holds)."""
+    try:
+        name = layout.current_generation(sub)
+        if name is None:
+            return None
+        return name, read_kind_meta(sub, name)
+    except layout.IndexDamagedError as exc:
+        log.warning("%s; the build writes the index anew", exc)
+        return None
+
+
+def read_kind_meta(sub: Path, generation: str) -> dict[str, Any]:
+    """``meta.json`` of a sparse / multi-vector / BM25 generation, checked field by field."""
+    path = layout.generation_dir(sub, generation) / layout.META
+    try:
+        meta = layout.read_json(path)
+    except FileNotFoundError:
+        raise layout.IndexDamagedError(
+            path, f"is missing ({sub / layout.CURRENT} names generation {generation})"
+        ) from None
+    except (layout.JSONFileError, OSError) as exc:
+        raise layout.IndexDamagedError(path, f"cannot be read ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != KIND_FORMAT:
+        raise layout.IndexDamagedError(path, f"is not a format-{KIND_FORMAT} meta.json object")
+    fields = {"generation": str, "kind": str, "options": dict, "rows": int, "files": dict}
+    for key, kind in fields.items():
+        if not isinstance(meta.get(key), kind):
+            raise layout.IndexDamagedError(path, f"has {key!r} {meta.get(key)!r:.60}")
+    if meta["generation"] != generation:
+        raise layout.IndexDamagedError(path, f"records generation {meta['generation']!r:.40}")
+    if meta["model"] is not None and not isinstance(meta["model"], dict):
+        raise layout.IndexDamagedError(path, f"has 'model' {meta['model']!r:.60}")
+    for name, record in meta["files"].items():
+        if "/" in name or name.startswith(".") or not isinstance(record, dict):
+            raise layout.IndexDamagedError(path, f"lists a file {name!r:.60} it cannot hold")
+    return meta
+
+
+def open_kind(root: Path, kind: str) -> tuple[Path, dict[str, Any]]:
+    """The committed generation of ``root``'s ``kind`` sub-index: its folder and checked meta,
+    every recorded file checked (IndexDamagedError naming the file)."""
+    sub = root / kind
+    for attempt in range(_OPEN_TRIES):
+        generation = layout.current_generation(sub)
+        if generation is None:
+            raise FileNotFoundError(f"{sub} holds no committed {kind} index")
+        folder = layout.generation_dir(sub, generation)
+        try:
+            meta = read_kind_meta(sub, generation)
+            if meta["kind"] != kind:
+                raise layout.IndexDamagedError(
+                    folder / layout.META, f"records kind {meta['kind']!r}, not {kind!r}"
+                )
+            integrity.check_files(folder, meta["files"], folder / layout.META)
+            return folder, meta
+        except layout.IndexDamagedError:
+            # A missing file may be a race with two commits; damage is what stays put.
+            if attempt == _OPEN_TRIES - 1 or layout.current_generation(sub) == generation:
+                raise
+    raise AssertionError("unreachable")

@@ -1,0 +1,100 @@
+"""``clearformer eval --mode``: BM25 through bm25s scores BBC News as the BM25 row of
+docs/retrieval.md; sparse and multi-vector exact runs are brute force and their indexes agree;
+a hybrid run is the fusion of the kinds' runs written out by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clearformer.index import Fusion
+from clearformer.retrieval import EvalSettings, evaluate, load_beir
+from clearformer.retrieval.metrics import ranked
+
+from .contrastive_helpers import write_retrieval_data, write_sentence_transformer
+from .hybrid_helpers import FakeMultiVectorEncoder, FakeSparseEncoder
+from .index_helpers import cli
+
+pytest.importorskip("bm25s")
+pytest.importorskip("pytrec_eval")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval-modes")
+    model = write_sentence_transformer(root / "st")
+    _, beir = write_retrieval_data(root / "data", rows=40)
+    return model, beir
+
+
+def test_bm25_on_bbc_is_the_documented_row(tmp_path):
+    from clearformer.retrieval.bbc import write_bbc_benchmark
+
+    write_bbc_benchmark(tmp_path / "bbc")
+    out = tmp_path / "bm25.json"
+    result = cli("eval", "--data", str(tmp_path / "bbc"), "--mode", "bm25", "--index",
+                 str(tmp_path / "idx"), "--out", str(out), "--no-progress")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    written = json.loads(out.read_text())
+    assert round(written["metrics"]["ndcg@10"], 4) == 0.8193  # docs/retrieval.md, BM25 row
+    assert written["settings"]["mode"] == "bm25" and written["settings"]["kinds"] == ["bm25"]
+    exact = evaluate(load_beir(tmp_path / "bbc"), None, EvalSettings(mode="bm25"))
+    assert exact.metrics == pytest.approx(written["metrics"])
+
+
+def test_sparse_and_multivector_exact_runs_match_their_indexes(tiny, tmp_path):
+    _, beir = tiny
+    data = load_beir(beir)
+    for kind, model in (("sparse", FakeSparseEncoder()), ("multivector", FakeMultiVectorEncoder())):
+        exact = evaluate(data, None, EvalSettings(mode=kind), models={kind: model})
+        indexed = evaluate(data, None, EvalSettings(mode=kind, index=str(tmp_path / "idx")),
+                           models={kind: model})  # fmt: skip
+        assert indexed.settings["index"] is not None and indexed.settings["mode"] == kind
+        # the index search is exact for sparse; for multivector every candidate is rescored by
+        # exact MaxSim and a small corpus fits in the candidate list
+        assert indexed.metrics == pytest.approx(exact.metrics)
+        assert exact.model["revision"] == model.identity.revision
+
+
+def test_hybrid_run_is_the_fusion_of_the_kinds_runs(tiny):
+    model, beir = tiny
+    from clearformer import TextEncoder
+
+    data = load_beir(beir)
+    encoder = TextEncoder.from_pretrained(model)
+    sparse = FakeSparseEncoder()
+    runs = {
+        "dense": evaluate(data, encoder, EvalSettings()).run,
+        "sparse": evaluate(data, None, EvalSettings(mode="sparse"), models={"sparse": sparse}).run,
+        "bm25": evaluate(data, None, EvalSettings(mode="bm25")).run,
+    }
+    for fusion in (Fusion(), Fusion("weighted", weights={"bm25": 0.5}, normalization="zscore")):
+        settings = EvalSettings(
+            mode="hybrid",
+            fusion=fusion.method,
+            weights=dict(fusion.weights) or None,
+            normalization=fusion.normalization,
+        )
+        result = evaluate(data, encoder, settings, models={"sparse": sparse})
+        assert result.settings["kinds"] == ["dense", "sparse", "bm25"]
+        for query, fused in result.run.items():
+            rankings = {
+                k: [(d, run[query][d]) for d in ranked(run[query])] for k, run in runs.items()
+            }
+            expected = dict(fusion.fuse(rankings, 100))
+            assert fused == pytest.approx(expected)
+    with pytest.raises(ValueError, match="the multivector kind needs a multivector model"):
+        evaluate(data, encoder, EvalSettings(mode="hybrid", kinds=("dense", "multivector")))
+
+
+def test_eval_mode_flags_are_checked_before_any_work(tiny, tmp_path):
+    _, beir = tiny
+    result = cli("eval", "--data", str(beir), "--mode", "sparse")
+    assert result.returncode == 2 and "--mode sparse needs --sparse-model DIR" in result.stderr
+    result = cli("eval", "--data", str(beir), "--mode", "bm25", "--fusion", "weighted")
+    assert result.returncode == 2 and "--fusion applies to --mode hybrid" in result.stderr
+    result = cli("eval", "--data", str(beir), "--mode", "bm25", "--storage", "int8", "--index",
+                 str(tmp_path / "i"))  # fmt: skip
+    assert result.returncode == 2 and "describe a dense index" in result.stderr
+    assert not (tmp_path / "i").exists()
