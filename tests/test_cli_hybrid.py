@@ -162,3 +162,19 @@ def test_index_info_lists_the_kinds(setup):
     lines = result.stdout.splitlines()
     assert "120 texts, kinds dense, bm25" in lines[0]
     assert lines[1].startswith("dense ") and lines[2].startswith("bm25 ") and "no model" in lines[2]
+
+
+def test_a_build_without_kind_on_a_folder_of_kinds_adds_its_dense_kind(setup, tmp_path):
+    out = tmp_path / "kinds"
+    first = cli("index", "build", "--kind", "bm25", "--corpus", str(setup["corpus"]),
+                "--out", str(out), "--no-progress")  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    result = cli("index", "build", "--corpus", str(setup["corpus"]), "--out", str(out),
+                 "--model", str(setup["model"]), "--no-progress")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"built the dense index of {out}" in result.stderr
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
+        "bm25",
+        "dense",
+        "texts",
+    ]

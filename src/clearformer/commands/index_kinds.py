@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="build this kind into INDEX as a folder of kinds over one corpus (dense, sparse, "
         "multivector, bm25; several kinds share its texts; bm25 needs no --model); without "
-        "--kind, INDEX is a dense index as before",
+        "--kind, dense: INDEX is a dense index as before, or a folder of kinds gains dense",
     )
     build.add_argument(
         "--engine",
@@ -38,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     dense_build = build.get_default("func")
 
     def run(args: argparse.Namespace) -> int:
+        from ..index.collection import is_collection
+
+        if args.kind is None and is_collection(Path(args.out)):
+            args.kind = "dense"  # a folder of kinds: the dense build adds its dense kind
         return run_kind_build(args) if args.kind is not None else dense_build(args)
 
     build.set_defaults(func=run)
