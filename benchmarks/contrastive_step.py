@@ -127,6 +127,7 @@ def run_clearformer(args, rows, steps) -> float:
             eval_fraction=0.02,
             precision=args.precision,
             mini_batch_size=args.mini_batch_size,
+            checkpointing=args.checkpointing,
         )
         start = time.perf_counter()
         train(config, Path(out) / "run")
@@ -157,6 +158,12 @@ def main() -> None:
         help="also clearformer at this effective batch in mini-batches",
     )
     parser.add_argument("--mini-batch-size", type=int, default=0)
+    parser.add_argument(
+        "--checkpointing",
+        action="store_true",
+        help="clearformer's GradCache run recomputes each layer's activations in backward "
+        "(TrainConfig.checkpointing): its memory is one layer's, not the mini-batch's",
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--library", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--rows-used", type=int, default=0, help=argparse.SUPPRESS)
@@ -194,6 +201,8 @@ def main() -> None:
                 "--mini-batch-size",
                 str(mini),
             ]
+            if mini and args.checkpointing:
+                command.append("--checkpointing")
             if library == "sentence-transformers":
                 command[command.index("--library") + 1] = "sentence-transformers"
             done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -210,6 +219,7 @@ def main() -> None:
                     "precision": precision,
                     "batch": batch,
                     "mini_batch": mini or None,
+                    "checkpointing": bool(mini and args.checkpointing),
                     "steps": args.steps,
                     "tokens_per_second": tokens / measured["seconds"],
                     "seconds": measured["seconds"],
@@ -244,6 +254,7 @@ def markdown(report: dict) -> str:
     for r in report["results"]:
         ratio = r["tokens_per_second"] / base[r["precision"]] if r["precision"] in base else 0
         batch = f"{r['batch']}" + (f" ({r['mini_batch']} a pass)" if r["mini_batch"] else "")
+        batch += ", checkpointing" if r.get("checkpointing") else ""
         lines.append(
             f"| {r['library']} | {r['precision']} | {batch} | "
             f"{r['tokens_per_second']:,.0f} | {ratio:.2f}x | {r['peak_mib']:,.0f} |"

@@ -45,7 +45,7 @@ def _bm25s():
     try:
         import bm25s
     except ImportError:
-        raise ImportError("a bm25 index needs bm25s: pip install bm25s") from None
+        raise ImportError("a bm25 index needs bm25s: pip install 'clearformer[hybrid]'") from None
     # bm25s sets its logger to DEBUG when imported, so its debug lines reach any handler of
     # the root logger (the CLI's phase lines); NOTSET gives it the level every logger has.
     logging.getLogger("bm25s").setLevel(logging.NOTSET)
