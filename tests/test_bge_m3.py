@@ -254,5 +254,9 @@ def test_wrong_shapes_and_wrong_classes_are_refused(m3, tmp_path):
     plain = tmp_path / "plain"
     shutil.copytree(path, plain)
     (plain / "colbert_linear.pt").unlink()
+    # One head file left: a bge-m3 directory missing the other, named (not a dense model).
+    with pytest.raises(CheckpointError, match="lacks its head file colbert_linear.pt"):
+        BGEM3Encoder.from_pretrained(plain)
+    (plain / "sparse_linear.pt").unlink()
     with pytest.raises(CheckpointError, match="TextEncoder"):
         BGEM3Encoder.from_pretrained(plain)
