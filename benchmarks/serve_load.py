@@ -555,7 +555,14 @@ def main() -> None:
             else max(load.others_before or 0.0, load.others_during or 0.0)
             <= args.busy_neighbour + load.margin
         ),
-        "quiet_reason": load.describe(),
+        "quiet_reason": (
+            load.describe()
+            if not args.busy_neighbour
+            else f"besides the neighbours' {args.busy_neighbour} CPU(s), nothing else busy "
+            f"beyond {load.margin} CPU: others' CPUs {load.others_before or 0.0:.2f} before and "
+            f"{load.others_during or 0.0:.2f} during the run, the neighbours included. CPU: "
+            f"{load.cpu}"
+        ),
         "results": results,
     }
     if ceiling is not None:

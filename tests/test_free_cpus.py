@@ -53,11 +53,13 @@ def test_readings_closer_than_the_interval_keep_the_last_estimate():
         (4.0, 4, 8, 2),  # a worker's share shrinks with the machine's free part
         (7.9, 8, 8, 1),  # never below one thread
         (0.0, 1, 2, 1),
-        (0.5, 2, 2, 2),  # half a CPU busy: still both
-        (0.6, 2, 2, 1),
+        (0.5, 2, 2, 2),  # half a CPU busy (a client's bursts, say): still both
+        (0.75, 2, 2, 2),
+        (0.8, 2, 2, 1),  # most of a CPU busy: not counted
+        (1.0, 2, 2, 1),
     ],
 )
-def test_threads_for_is_the_free_part_rounded(others, wanted, of, expected):
+def test_threads_for_counts_a_cpu_at_least_a_quarter_free(others, wanted, of, expected):
     free = FreeCpus(of, read=lambda: None)
     free._others = others
     assert free.threads_for(wanted, of) == expected

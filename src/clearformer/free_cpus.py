@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 MIN_INTERVAL = 0.2  # seconds between two readings
+# A CPU this far from free still counts in threads_for (1 - FREE_ENOUGH of it busy at most).
+FREE_ENOUGH = 0.75
 PROC = Path("/proc")
 
 
@@ -99,8 +101,9 @@ class FreeCpus:
 
     def threads_for(self, wanted: int, of: int) -> int:
         """Threads for a forward pass that would take ``wanted`` of the process's ``of``
-        threads on a free machine: its part of the CPUs the others leave, rounded, at least 1.
-        A busy CPU shared by one of the pass's threads stalls every parallel region, so a
-        CPU that is less than half free is not counted."""
+        threads on a free machine: its part of the CPUs the others leave, at least 1. A CPU
+        counts while it is at least a quarter free: a process that keeps a CPU wholly busy
+        stalls every parallel region of a thread that shares it (docs/serving.md), while the
+        light, bursty use of a client on the same machine (a few tenths of a CPU) does not."""
         free = self.cpus - self.others()
-        return max(1, min(wanted, math.floor(wanted * min(of, free) / of + 0.5)))
+        return max(1, min(wanted, math.floor(wanted * min(of, free) / of + FREE_ENOUGH)))
