@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -160,14 +159,6 @@ class SparseServedModel(ServedModel):
             "max_input_length": self.max_input_tokens,
             "dimensions": self.width,
         }
-
-
-def is_sparse(path: str) -> bool:
-    """Whether ``path`` is a directory of a sparse model (:func:`~clearformer.model_kinds.
-    model_kind`)."""
-    from ..model_kinds import model_kind
-
-    return Path(path).expanduser().is_dir() and model_kind(path) == "sparse"
 
 
 def load_sparse(spec, *, max_input_tokens: int | None, precision: str, backend: str):

@@ -39,8 +39,9 @@ from ..interop.hf import TextTokenizer, find_checkpoint, load_model
 from ..interop.hf.files import CheckpointError, resolve_path
 from ..interop.hf.tokenizer import _token_text, check_texts, max_length_for
 from ..interop.hf.weights import read_tensors
+from ..model_kinds import model_kind
 from .batching import check_batch_limits, default_max_tokens, plan_batches
-from .multivector_files import BGE_M3_HEADS, directory_kind, kind_error
+from .multivector_files import BGE_M3_HEADS, kind_error
 from .progress import ProgressFn, progress_reporter
 from .token_states import TokenRow, pad_rows, token_states
 from .workers import auto_workers, map_in_workers
@@ -171,9 +172,9 @@ class BGEM3Encoder:
         ):
             raise ValueError(f"max_length must be an int of at least 2 or None, got {max_length!r}")
         root = resolve_path(path)
-        kind = directory_kind(root) if root.is_dir() else "bge-m3"
+        kind = model_kind(root) if root.is_dir() else "bge-m3"
         if kind != "bge-m3":
-            raise kind_error(root, kind or "dense", "BGEM3Encoder")
+            raise kind_error(root, kind, "BGEM3Encoder")
         files = find_checkpoint(root)
         loaded = load_model(files)
         config = loaded.model.config

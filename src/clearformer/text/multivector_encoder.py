@@ -31,11 +31,11 @@ from ..interop.hf import LoadedModel, TextTokenizer, find_checkpoint, load_model
 from ..interop.hf.files import resolve_path
 from ..interop.hf.loading import read_family
 from ..interop.hf.tokenizer import check_texts, max_length_for
+from ..model_kinds import model_kind
 from .batching import check_batch_limits, default_max_tokens, plan_batches
 from .multivector_files import (
     MultiVectorConfig,
     SideConfig,
-    directory_kind,
     kind_error,
     read_multivector_config,
 )
@@ -98,9 +98,9 @@ class MultiVectorEncoder:
         ):
             raise ValueError(f"max_length must be an int of at least 2 or None, got {max_length!r}")
         root = resolve_path(path)
-        kind = directory_kind(root) if root.is_dir() else "multivector"
+        kind = model_kind(root) if root.is_dir() else "multivector"
         if kind != "multivector":
-            raise kind_error(root, kind or "dense", "MultiVectorEncoder")
+            raise kind_error(root, kind, "MultiVectorEncoder")
         files = find_checkpoint(root)
         _, backbone = read_family(files, "auto")  # the width, before any weight
         model_max = max_length_for(files, backbone.max_length)

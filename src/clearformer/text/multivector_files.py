@@ -34,7 +34,7 @@ from torch import Tensor
 from ..heads.sentence import DenseConfig
 from ..interop.hf.files import CheckpointError, CheckpointFiles, read_json
 from ..interop.hf.st_modules import module_kind, read_dense
-from ..model_kinds import KIND_CLASSES, model_kind
+from ..model_kinds import KIND_CLASSES
 
 log = logging.getLogger(__name__)
 
@@ -140,13 +140,6 @@ def st_config(root: Path) -> dict[str, Any]:
         return {}
     config = read_json(file, "sentence-transformers config")
     return config if isinstance(config, dict) else {}
-
-
-def directory_kind(root: Path) -> str | None:
-    """The directory's kind (:func:`clearformer.model_kinds.model_kind`), None for a dense
-    model."""
-    kind = model_kind(root)
-    return None if kind == "dense" else kind
 
 
 def kind_error(root: Path, kind: str, cls: str) -> CheckpointError:
