@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..checks import check_int
 from ..fast.packed_weights import KeptPacking, use_packed_weights
 from ..heads.maxsim import maxsim_scores
 from ..index.identity import ModelIdentity, checkpoint_revision
@@ -167,10 +168,7 @@ class BGEM3Encoder:
             CheckpointError: a directory of another kind (naming the class that loads it), a
                 head file that is not plain tensors or does not fit the backbone.
         """
-        if max_length is not None and (
-            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2
-        ):
-            raise ValueError(f"max_length must be an int of at least 2 or None, got {max_length!r}")
+        check_int(max_length, "max_length", low=2, optional=True)
         root = resolve_path(path)
         kind = model_kind(root) if root.is_dir() else "bge-m3"
         if kind != "bge-m3":
