@@ -16,9 +16,10 @@ WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range
 
 # The CLI, with a function of clearformer replaced by one that kills the process with SIGKILL
 # on its Nth call: argv[1] is "module:attribute:N", the rest is the command line.
-KILL_AT = """
-import os, signal, sys, importlib
-target, count = sys.argv[1].rsplit(":", 1)
+# Script lines that replace `target` ("module:attribute") by a function that kills the process
+# with SIGKILL on its `count`th call; the script defines both first.
+DIE_ON_CALL = """
+import importlib, os, signal
 module_name, attribute = target.split(":")
 owner = importlib.import_module(module_name)
 path = attribute.split(".")
@@ -32,9 +33,18 @@ def dying(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
     return original(*args, **kwargs)
 setattr(owner, path[-1], dying)
+"""
+KILL_AT = (
+    """
+import sys
+target, count = sys.argv[1].rsplit(":", 1)
+"""
+    + DIE_ON_CALL
+    + """
 from clearformer.cli import main
 sys.exit(main(sys.argv[2:]))
 """
+)
 
 
 # The CLI with faults put into clearformer's functions, for a run under torchrun (a script

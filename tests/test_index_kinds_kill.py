@@ -15,7 +15,7 @@ import pytest
 from clearformer.index import SparseIndex, SparseOptions, build_index, layout
 
 from .hybrid_helpers import FakeSparseEncoder, word_corpus
-from .index_helpers import env
+from .index_helpers import DIE_ON_CALL, env
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNK_ROWS = 32
@@ -24,24 +24,12 @@ TEXTS = word_corpus(200, seed=4)  # 7 chunks of 32
 # Build a sparse index with the fake encoder of seed argv[2], SIGKILLed on the argv[4]th call
 # of argv[3] ("module:attribute").
 SCRIPT = f"""
-import importlib, os, signal, sys
+import sys
 sys.path.insert(0, {str(ROOT)!r})
 from tests.hybrid_helpers import FakeSparseEncoder, word_corpus
 from clearformer.index import SparseOptions, build_index
 out, seed, target, count = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-module_name, attribute = target.split(":")
-owner = importlib.import_module(module_name)
-path = attribute.split(".")
-for name in path[:-1]:
-    owner = getattr(owner, name)
-original = getattr(owner, path[-1])
-calls = [0]
-def dying(*args, **kwargs):
-    calls[0] += 1
-    if calls[0] >= count:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return original(*args, **kwargs)
-setattr(owner, path[-1], dying)
+{DIE_ON_CALL}
 build_index(out, word_corpus(200, seed=4), FakeSparseEncoder(seed=seed), kind="sparse",
             options=SparseOptions(chunk_rows={CHUNK_ROWS}))
 """
