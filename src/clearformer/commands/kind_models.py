@@ -32,13 +32,11 @@ def load_model(kind: str, path: str | Path | None) -> Any:
     the sparse and multi-vector encoders (dense models load with ``encode.load_encoder``)."""
     if path is None:
         raise ValueError(f"a {kind} index needs --model: no {kind} model ships with clearformer")
-    found = checkpoint_kind(path) or kind
-    if found == "bge-m3":
+    check_model_kind(kind, path, "--model")
+    if checkpoint_kind(path) == "bge-m3":
         from ..text.bge_m3 import BGEM3Encoder
 
         return BGEM3Encoder.from_pretrained(path)
-    if found != kind:
-        raise ValueError(f"--model {path} is a {found} model; a {kind} index needs a {kind} model")
     if kind == "sparse":
         from ..text.sparse_encoder import SparseEncoder
 
