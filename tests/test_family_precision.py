@@ -1,0 +1,187 @@
+"""bf16 and int8 encoding for every family, against the same model in float32.
+
+The int8 route (per-channel weight scales, per-token dynamic activation scales,
+:mod:`clearformer.quant.int8`) and the bf16 copy (:mod:`clearformer.precision.bf16`) were
+first measured on BERT-family layers. These tests hold each family's own layer kinds to the
+same floor: RMSNorm and SwiGLU (Qwen3, Gemma3), grouped-query attention (Qwen3 with 2 key/value
+heads for 4 query heads, Gemma3 with 1), sliding windows (Gemma3, ModernBERT), rotary
+positions (all but BERT), GLU feed-forwards without biases (GTE, Nomic). Each model is a small
+random one written by transformers and wrapped by sentence-transformers, with its family's
+pooling.
+
+The floor is a cosine to float32 of at least 0.995 for every text. The negative control breaks
+one thing, the weight scales of every fourth output channel of each int8 layer (off by 1.5x,
+as a wrong per-channel reduction would make them), and the floor must catch it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from clearformer import TextEncoder
+from clearformer.quant.int8 import Int8Linear, int8_support
+
+from .family_helpers import TEXTS, WORDS, perturb, sentence_dir, word_tokenizer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("sentence_transformers")
+
+MIN_COSINE = 0.995
+needs_int8 = pytest.mark.skipif(
+    not int8_support().available, reason=f"no int8 here: {int8_support().reason}"
+)
+
+
+def _qwen3():
+    config = transformers.Qwen3Config(
+        vocab_size=48,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        max_position_embeddings=128,
+        pad_token_id=0,
+    )
+    return transformers.Qwen3Model(config), "$A <eos>", "lasttoken"
+
+
+def _gemma3():
+    config = transformers.Gemma3TextConfig(
+        vocab_size=48,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=24,
+        query_pre_attn_scalar=20,
+        max_position_embeddings=128,
+        sliding_window=4,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        use_bidirectional_attention=True,
+        pad_token_id=0,
+    )
+    return transformers.Gemma3TextModel(config), "<bos> $A <eos>", "mean"
+
+
+SMALL = dict(
+    vocab_size=48,
+    hidden_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=128,
+    pad_token_id=0,
+)
+
+
+def _gte():
+    config = transformers.GteConfig(**SMALL, type_vocab_size=1)
+    return transformers.GteModel(config), "<bos> $A <eos>", "cls"
+
+
+def _nomic():
+    return transformers.NomicBertModel(transformers.NomicBertConfig(**SMALL)), "<bos> $A <eos>", "mean"
+
+
+def _modernbert():
+    config = transformers.ModernBertConfig(
+        **{**SMALL, "num_hidden_layers": 5},
+        local_attention=8,  # layers 0 and 3 global, the others a window of 8
+        global_attn_every_n_layers=3,
+        bos_token_id=2,
+        eos_token_id=3,
+        cls_token_id=2,
+        sep_token_id=3,
+    )
+    return transformers.ModernBertModel(config), "<bos> $A <eos>", "mean"
+
+
+def _bert():
+    return transformers.BertModel(transformers.BertConfig(**SMALL)), "<bos> $A <eos>", "mean"
+
+
+FAMILIES = {
+    "qwen3": _qwen3,
+    "gemma3": _gemma3,
+    "gte": _gte,
+    "nomic": _nomic,
+    "modernbert": _modernbert,
+    "bert": _bert,
+}
+
+
+def _texts() -> list[str]:
+    """The ragged family texts and 40 random word sentences of 3 to 40 words."""
+    rng = np.random.default_rng(3)
+    words = [w for w in WORDS if w not in ("", " ")]
+    random = [" ".join(rng.choice(words, size=int(n))) for n in rng.integers(3, 41, size=40)]
+    return [*TEXTS, *random]
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    torch.manual_seed(0)
+    model, template, pooling = FAMILIES[request.param]()
+    perturb(model.eval(), seed=5)
+    base = tmp_path_factory.mktemp(f"{request.param}-base")
+    model.save_pretrained(base)
+    word_tokenizer(base, template=template)
+    path = sentence_dir(base, tmp_path_factory.mktemp(f"{request.param}-st"), pooling=pooling)
+    encoder = TextEncoder.from_pretrained(path)
+    texts = _texts()
+    return request.param, encoder, texts, encoder.encode(texts, normalize=True)
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def test_bf16_holds_the_floor(family):
+    name, encoder, texts, float32 = family
+    rows = encoder.encode(texts, normalize=True, precision="bf16")
+    cosine = _cosines(rows, float32)
+    assert cosine.min() >= MIN_COSINE, f"{name}: {cosine.min():.5f} at {texts[cosine.argmin()]!r}"
+    assert np.abs(rows - float32).max() > 1e-4, f"{name}: the bf16 rows are float32's"
+
+
+@needs_int8
+@pytest.mark.parametrize("fuse", [False, True], ids=["eager", "fused"])
+def test_int8_holds_the_floor(family, fuse):
+    name, encoder, texts, float32 = family
+    quantized = [m for m in encoder.int8_model().modules() if isinstance(m, Int8Linear)]
+    assert quantized, f"{name}: no layer was converted to int8"
+    rows = encoder.encode(texts, normalize=True, precision="int8", fuse_int8=fuse)
+    cosine = _cosines(rows, float32)
+    assert cosine.min() >= MIN_COSINE, f"{name}: {cosine.min():.5f} at {texts[cosine.argmin()]!r}"
+    assert np.abs(rows - float32).max() > 1e-4, f"{name}: the int8 rows are float32's"
+
+
+@needs_int8
+def test_a_broken_weight_scale_falls_below_the_floor(family):
+    """Negative control: the floor is tight enough to see one wrong scale per four channels."""
+    name, encoder, texts, float32 = family
+    model = encoder.int8_model()
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    saved = [m.weight_scale.clone() for m in layers]
+    try:
+        with torch.no_grad():
+            for m in layers:
+                m.weight_scale[::4] *= 1.5
+        broken = encoder.encode(texts, normalize=True, precision="int8", fuse_int8=False)
+    finally:
+        with torch.no_grad():
+            for m, scale in zip(layers, saved, strict=True):
+                m.weight_scale.copy_(scale)
+    assert _cosines(broken, float32).min() < MIN_COSINE, name
+    # Restored: the same call holds the floor again.
+    rows = encoder.encode(texts, normalize=True, precision="int8", fuse_int8=False)
+    assert _cosines(rows, float32).min() >= MIN_COSINE
