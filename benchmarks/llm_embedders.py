@@ -19,6 +19,11 @@ What is built (nothing downloaded; everything in a work folder, kept between run
    benchmark then checks that llama.cpp's tokenizer gives the same token count as the
    Hugging Face tokenizer on every text, so both sides run the same number of tokens.
 
+A third model, ``minilm``, is the bundled all-MiniLM-L6-v2 with its real weights and WordPiece
+tokenizer (converted without any change to the converter): random weights say how closely two
+engines compute the same function, real ones how a trained model's embeddings move under each
+engine's precision.
+
 Workloads: ``sentences`` (BBC sentences of 8 to 60 words), ``2k`` and ``8k`` (BBC prose
 joined and cut to 2,048 or 8,192 tokens; EmbeddingGemma takes 2,048 at most, so it runs
 ``sentences`` and ``2k``).
@@ -61,9 +66,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
 HERE = Path(__file__).resolve().parent
-MODELS = ("qwen3", "gemma")
+MODELS = ("qwen3", "gemma", "minilm")
 WORKLOADS = {"sentences": None, "2k": 2048, "8k": 8192}
-MAX_TOKENS = {"qwen3": 32768, "gemma": 2048}
+MAX_TOKENS = {"qwen3": 32768, "gemma": 2048, "minilm": 256}
 ENGINES = (
     "sentence-transformers float32",
     "sentence-transformers bf16",
@@ -82,10 +87,22 @@ QWEN2_PATTERN = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 SPECIALS = {
-    "qwen3": dict(tokens=["<|endoftext|>"], template="$A <|endoftext|>", pad="<|endoftext|>",
-                  bos=None, eos="<|endoftext|>", side="left"),
-    "gemma": dict(tokens=["<pad>", "<bos>", "<eos>"], template="<bos> $A <eos>", pad="<pad>",
-                  bos="<bos>", eos="<eos>", side="right"),
+    "qwen3": dict(
+        tokens=["<|endoftext|>"],
+        template="$A <|endoftext|>",
+        pad="<|endoftext|>",
+        bos=None,
+        eos="<|endoftext|>",
+        side="left",
+    ),
+    "gemma": dict(
+        tokens=["<pad>", "<bos>", "<eos>"],
+        template="<bos> $A <eos>",
+        pad="<pad>",
+        bos="<bos>",
+        eos="<eos>",
+        side="right",
+    ),
 }
 
 
@@ -152,7 +169,14 @@ def write_model(name: str, out: Path, layers: int | None) -> Path:
     )
 
     sys.path.insert(0, str(HERE))
-    from families_speed import GEMMA, GEMMA_DENSE, GEMMA_PATTERN, GEMMA_PROMPTS, QWEN3, QWEN3_PROMPTS
+    from families_speed import (
+        GEMMA,
+        GEMMA_DENSE,
+        GEMMA_PATTERN,
+        GEMMA_PROMPTS,
+        QWEN3,
+        QWEN3_PROMPTS,
+    )
 
     base = out.parent / f"{out.name}-base"
     base.mkdir(parents=True, exist_ok=True)
@@ -195,15 +219,17 @@ def write_model(name: str, out: Path, layers: int | None) -> Path:
     return out
 
 
-def convert(directory: Path, converter: Path, outtype: str, out: Path) -> Path:
-    """``convert_hf_to_gguf.py DIR --outtype OUTTYPE`` in a subprocess, its BPE pre-tokenizer
-    detector told ``qwen2`` (see the module docstring)."""
+def convert(directory: Path, converter: Path, outtype: str, out: Path, *, ours: bool) -> Path:
+    """``convert_hf_to_gguf.py DIR --outtype OUTTYPE`` in a subprocess; for a tokenizer of
+    ``ours`` (trained here), its BPE pre-tokenizer detector is told ``qwen2`` (see the module
+    docstring); a published tokenizer (the bundled MiniLM's) is detected as usual."""
     root = converter.resolve().parent
+    patch = "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'qwen2'\n" if ours else ""
     code = (
         "import sys\n"
         f"sys.path[:0] = [{str(root)!r}, {str(root / 'gguf-py')!r}]\n"
         "from conversion import base\n"
-        "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'qwen2'\n"
+        f"{patch}"
         "import convert_hf_to_gguf\n"
         f"sys.argv = ['convert_hf_to_gguf.py', {str(directory)!r}, '--outtype', {outtype!r},"
         f" '--outfile', {str(out)!r}, '--sentence-transformers-dense-modules']\n"
@@ -218,8 +244,13 @@ def convert(directory: Path, converter: Path, outtype: str, out: Path) -> Path:
 def build(name: str, work: Path, layers: int | None, converter: Path | None) -> dict[str, Path]:
     """The model's directory and, with a converter, its GGUF files under ``work`` (each reused
     when already there)."""
-    tag = f"{name}-{'full' if layers is None else f'{layers}layers'}"
-    directory = work / tag
+    if name == "minilm":  # the bundled all-MiniLM-L6-v2: real weights, its own tokenizer
+        from clearformer.interop.hf import bundled_model_dir
+
+        tag, directory = "minilm", bundled_model_dir()
+    else:
+        tag = f"{name}-{'full' if layers is None else f'{layers}layers'}"
+        directory = work / tag
     if not (directory / "modules.json").is_file():
         print(f"building {tag}", flush=True)
         write_model(name, directory, layers)
@@ -230,7 +261,7 @@ def build(name: str, work: Path, layers: int | None, converter: Path | None) -> 
         path = work / f"{tag}-{label}.gguf"
         if not path.is_file():
             print(f"converting {tag} to {label}", flush=True)
-            convert(directory, converter, outtype, path)
+            convert(directory, converter, outtype, path, ours=name != "minilm")
         files[label] = path
     return files
 
@@ -250,11 +281,20 @@ def sentences(n: int) -> list[str]:
     return found[::step][:n]
 
 
-def long_texts(directory: Path, tokens: int, n: int) -> list[str]:
-    """``n`` texts of BBC prose of exactly ``tokens`` tokens, special tokens included."""
+def plain_tokenizer(directory: Path):
+    """The directory's tokenizer without the padding or truncation its file may ask for: token
+    counts of whole texts."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+def long_texts(directory: Path, tokens: int, n: int) -> list[str]:
+    """``n`` texts of BBC prose of exactly ``tokens`` tokens, special tokens included."""
+    tok = plain_tokenizer(directory)
     specials = len(tok.encode("").ids)
     bodies = bbc_bodies()
     out, start = [], 0
@@ -320,8 +360,10 @@ def encoder_for(engine: str, files: dict, threads: int, longest: int, pooling: s
         model = SentenceTransformer(str(files["dir"]), device="cpu", **kwargs)
 
         def run(texts):
-            rows = model.encode(texts, batch_size=32, show_progress_bar=False, convert_to_tensor=True)
-            return rows.float().numpy()
+            rows = model.encode(
+                texts, batch_size=32, show_progress_bar=False, convert_to_tensor=True
+            )
+            return rows.float().numpy()  # bfloat16 rows widened; numpy has no bfloat16
 
         return run
     from clearformer import TextEncoder
@@ -396,13 +438,11 @@ def cosines(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
 
 
 def measure(name, files, workload, texts, engines, args, scratch: Path) -> dict:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(files["dir"] / "tokenizer.json"))
-    counts = [len(tok.encode(t).ids) for t in texts]
+    tok = plain_tokenizer(files["dir"])
+    counts = [min(len(tok.encode(t).ids), MAX_TOKENS[name]) for t in texts]
     texts_file = scratch / f"{name}-{workload}-texts.json"
     texts_file.write_text(json.dumps(texts))
-    pooling = "lasttoken" if name == "qwen3" else "mean"
+    pooling = "lasttoken" if name == "qwen3" else "mean"  # Gemma and MiniLM take the mean
     per_engine: dict[str, list[dict]] = {e: [] for e in engines}
     for round_ in range(args.rounds):
         shift = round_ % len(engines)
@@ -441,8 +481,11 @@ def measure(name, files, workload, texts, engines, args, scratch: Path) -> dict:
         "model": name,
         "workload": workload,
         "texts": len(texts),
-        "tokens_per_text": {"min": min(counts), "mean": sum(counts) / len(counts),
-                            "max": max(counts)},  # fmt: skip
+        "tokens_per_text": {
+            "min": min(counts),
+            "mean": sum(counts) / len(counts),
+            "max": max(counts),
+        },  # fmt: skip
         "rows": rows,
     }
 
@@ -544,10 +587,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not chosen or wrong:
             parser.error(f"--{field}: expected a comma-separated list of {allowed}, got {wrong}")
         setattr(args, field, chosen)
-    if any(e.startswith("llama.cpp") for e in args.engines):
-        if args.converter is None or not args.converter.is_file():
-            parser.error(f"--converter: expected llama.cpp's convert_hf_to_gguf.py, got "
-                         f"{args.converter}")  # fmt: skip
+    llama = any(e.startswith("llama.cpp") for e in args.engines)
+    if llama and (args.converter is None or not args.converter.is_file()):
+        parser.error(
+            f"--converter: expected llama.cpp's convert_hf_to_gguf.py, got {args.converter}"
+        )
     return args
 
 

@@ -88,7 +88,8 @@ def _gte():
 
 
 def _nomic():
-    return transformers.NomicBertModel(transformers.NomicBertConfig(**SMALL)), "<bos> $A <eos>", "mean"
+    model = transformers.NomicBertModel(transformers.NomicBertConfig(**SMALL))
+    return model, "<bos> $A <eos>", "mean"
 
 
 def _modernbert():
