@@ -2,6 +2,7 @@
 
 * :mod:`.files` -- find a checkpoint directory and check it is complete (:class:`CheckpointFiles`);
 * :mod:`.weights` -- read and write its tensors (safetensors, ``.bin``, sharded);
+* :mod:`.safetensors_file` -- a safetensors file's header, then one tensor at a time;
 * :mod:`.families` -- one plug-in per ``model_type`` (BERT, RoBERTa, DistilBERT): config
   translation and the name table;
 * :mod:`.mapping` -- a state dict into a model and back, strictly (:class:`LoadReport`);

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from ...model import EncoderModel
 from .families import Family, family_for, family_named
 from .files import CheckpointError, CheckpointFiles, find_checkpoint
 from .mapping import LoadReport, export_state, load_state
-from .weights import read_tensors, write_safetensors
+from .weights import open_tensors, write_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,9 @@ def load_model(
     """
     files = path if isinstance(path, CheckpointFiles) else find_checkpoint(path)
     family, config = read_family(files, backend)  # validated before any weight
-    return build_model(files, family, config, read_tensors(files.weights), strict=strict)
+    # Safetensors are read a tensor at a time as the model is filled (headers are checked
+    # here): the model and the whole checkpoint are never in memory together.
+    return build_model(files, family, config, open_tensors(files.weights), strict=strict)
 
 
 def read_family(files: CheckpointFiles, backend: str) -> tuple[Family, EncoderConfig]:
@@ -67,11 +70,12 @@ def build_model(
     files: CheckpointFiles,
     family: Family,
     config: EncoderConfig,
-    tensors: dict[str, Tensor],
+    tensors: Mapping[str, Tensor],
     *,
     strict: bool,
 ) -> LoadedModel:
-    """An :class:`EncoderModel` of ``config`` filled from ``tensors`` (the checkpoint's)."""
+    """An :class:`EncoderModel` of ``config`` filled from ``tensors`` (the checkpoint's: a dict,
+    or a :class:`~.weights.CheckpointTensors` that reads each one when it is copied)."""
     model = EncoderModel(config)
     report, kept = load_state(model, tensors, family, strict=strict, source=str(files.weights))
     log.info("%s", report)

@@ -8,7 +8,9 @@ a known buffer. Anything else is an error unless ``strict=False``, which reports
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -16,6 +18,7 @@ from torch import Tensor
 from ...model import EncoderModel
 from .families import Family
 from .files import CheckpointError
+from .weights import CheckpointTensors
 
 # Checkpoints converted from TensorFlow name LayerNorm parameters gamma / beta.
 _LEGACY_SUFFIXES = {".gamma": ".weight", ".beta": ".bias"}
@@ -55,37 +58,56 @@ class LoadReport:
         return "\n".join(lines)
 
 
-def _normalise_keys(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+def _normalised_names(keys: Iterable[str]) -> dict[str, str]:
+    """Each checkpoint key under the name the tables use (LayerNorm ``gamma`` / ``beta`` as
+    ``weight`` / ``bias``) -> the key as stored. Names only: no tensor is read to rename it."""
     out = {}
-    for key, value in tensors.items():
+    for stored in keys:
+        key = stored
         for old, new in _LEGACY_SUFFIXES.items():
             if key.endswith(old) and "LayerNorm" in key:
                 key = key[: -len(old)] + new
-        out[key] = value
+        out[key] = stored
     return out
 
 
 def _split_prefix(
-    tensors: dict[str, Tensor], family: Family
-) -> tuple[dict[str, Tensor], dict[str, Tensor], str]:
-    """(encoder keys with a task model's prefix removed, keys outside the encoder, prefix)."""
+    names: dict[str, str], family: Family
+) -> tuple[dict[str, str], dict[str, str], str]:
+    """(encoder keys with a task model's prefix removed, keys outside the encoder, prefix),
+    each name -> its key as stored."""
     prefix = family.base_prefix
-    if not any(k.startswith(prefix) for k in tensors):
-        return tensors, {}, ""
-    inner = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-    outer = {k: v for k, v in tensors.items() if not k.startswith(prefix)}
+    if not any(k.startswith(prefix) for k in names):
+        return names, {}, ""
+    inner = {k[len(prefix) :]: v for k, v in names.items() if k.startswith(prefix)}
+    outer = {k: v for k, v in names.items() if not k.startswith(prefix)}
     return inner, outer, prefix
+
+
+class _Piece(NamedTuple):
+    """One source's share of a parameter: checkpoint tensor ``key`` (or rows ``rows`` of it,
+    one part of a fused tensor) goes to rows ``[first, stop)`` of the parameter."""
+
+    key: str
+    rows: tuple[int, int] | None
+    first: int
+    stop: int
 
 
 def load_state(
     model: EncoderModel,
-    tensors: dict[str, Tensor],
+    tensors: Mapping[str, Tensor],
     family: Family,
     *,
     strict: bool = True,
     source: str = "checkpoint",
 ) -> tuple[LoadReport, dict[str, Tensor]]:
     """Copy a Hugging Face state dict into ``model``.
+
+    ``tensors`` may be a :class:`~.weights.CheckpointTensors` that reads each tensor from its
+    file on demand: the checks use the shapes alone, and each tensor is then read (for the
+    parameters whose dtype it has, straight into the parameter) and dropped before the next,
+    so a load holds the model and at most one tensor besides.
 
     Returns:
         The report, and the base-model tensors that clearformer does not run (the pooler), so a
@@ -95,8 +117,9 @@ def load_state(
         CheckpointError: a tensor of the wrong shape (always); with ``strict``, also missing or
             unexpected keys. Shapes are all checked before any parameter is written.
     """
+    checkpoint = tensors if isinstance(tensors, CheckpointTensors) else CheckpointTensors(tensors)
     report = LoadReport(source=source, architecture=family.model_type)
-    inner, outer, prefix = _split_prefix(_normalise_keys(tensors), family)
+    inner, outer, prefix = _split_prefix(_normalised_names(checkpoint), family)
     params = dict(model.named_parameters())
     table = family.name_table(model.config.n_layers, model.config)
     if {t for t, _ in table} != set(params):
@@ -104,12 +127,12 @@ def load_state(
             f"internal name table for {family.model_type} does not cover the model: "
             f"{sorted(set(params) ^ {t for t, _ in table})[:4]}"
         )
-    updates: list[tuple[Tensor, Tensor]] = []
+    plan: list[tuple[Tensor, list[_Piece]]] = []
     used: set[str] = set()
     for target, sources in table:
         param = params[target]
         if not sources:  # the layout lacks this bias: zeros compute what the checkpoint does
-            updates.append((param, torch.zeros_like(param)))
+            plan.append((param, []))
             report.loaded.append(target)
             continue
         names = [source_part(s)[0] for s in sources]
@@ -117,26 +140,8 @@ def load_state(
         if absent:
             report.missing += [prefix + n for n in absent]
             continue
-        # Fused rows (q; k; v, or gate; up): each source holds its share of the first axis.
-        pieces = []
-        for s, rows in zip(sources, row_split(model, target, len(sources)), strict=True):
-            name, index, count = source_part(s)
-            tensor = inner[name]
-            if count > 1 and tensor.shape[0] % count:
-                raise CheckpointError(
-                    f"weight {name} in {source} has {tensor.shape[0]} rows, which do not split "
-                    f"into its {count} fused parts"
-                )
-            tensor = tensor.chunk(count, dim=0)[index] if count > 1 else tensor
-            want = (rows, *param.shape[1:])
-            if tuple(tensor.shape) != want:
-                shape = tuple(inner[name].shape)
-                raise CheckpointError(
-                    f"weight {name} in {source} has shape {shape}, expected "
-                    f"{(rows * count, *param.shape[1:])} from config.json"
-                )
-            pieces.append(tensor)
-        updates.append((param, pieces[0] if len(pieces) == 1 else torch.cat(pieces)))
+        rows = row_split(model, target, len(sources))
+        plan.append((param, _pieces(checkpoint, inner, sources, rows, param, source)))
         used.update(names)
         report.loaded.append(target)
     kept: dict[str, Tensor] = {}
@@ -146,7 +151,7 @@ def load_state(
         elif key.startswith(family.unused_prefixes):
             report.unused.append(prefix + key)
             if key.startswith(family.kept_prefixes):
-                kept[key] = inner[key]  # saved back under the base model's own name
+                kept[key] = checkpoint[inner[key]]  # saved back under the base model's own name
         else:
             report.unexpected.append(prefix + key)
     for key in sorted(outer):
@@ -163,9 +168,52 @@ def load_state(
             f"{'; '.join(problems)} (load with strict=False to accept it)"
         )
     with torch.no_grad():
-        for param, value in updates:
-            param.copy_(value.to(param.dtype))
+        for param, pieces in plan:
+            _fill(param, pieces, checkpoint)
     return report, kept
+
+
+def _pieces(
+    checkpoint: CheckpointTensors,
+    keys: dict[str, str],
+    sources: list[str],
+    rows_each: list[int],
+    param: Tensor,
+    source: str,
+) -> list[_Piece]:
+    """Where each source's rows go in ``param`` (fused rows: q; k; v, or gate; up, each source
+    holding its share of the first axis), after checking every source's shape as stored."""
+    pieces: list[_Piece] = []
+    first = 0
+    for s, rows in zip(sources, rows_each, strict=True):
+        name, index, count = source_part(s)
+        shape = checkpoint.shape(keys[name])
+        if count > 1 and shape and shape[0] % count:
+            raise CheckpointError(
+                f"weight {name} in {source} has {shape[0]} rows, which do not split "
+                f"into its {count} fused parts"
+            )
+        part = (shape[0] // count, *shape[1:]) if count > 1 and shape else shape
+        if part != (rows, *param.shape[1:]):
+            raise CheckpointError(
+                f"weight {name} in {source} has shape {shape}, expected "
+                f"{(rows * count, *param.shape[1:])} from config.json"
+            )
+        span = None if count == 1 else (index * rows, (index + 1) * rows)
+        pieces.append(_Piece(keys[name], span, first, first + rows))
+        first += rows
+    return pieces
+
+
+def _fill(param: Tensor, pieces: list[_Piece], checkpoint: CheckpointTensors) -> None:
+    """Write ``param`` from its pieces, each straight into its block of rows (no
+    concatenation: a fused parameter is never assembled in a second tensor first)."""
+    if not pieces:
+        param.zero_()
+        return
+    for piece in pieces:
+        into = param if len(pieces) == 1 else param[piece.first : piece.stop]
+        checkpoint.copy_into(piece.key, into, piece.rows)
 
 
 def row_split(model: EncoderModel, target: str, count: int) -> list[int]:

@@ -1,5 +1,11 @@
 """Reading and writing checkpoint tensors: safetensors first, ``.bin`` only through
-``torch.load(weights_only=True)`` (which refuses arbitrary pickled objects)."""
+``torch.load(weights_only=True)`` (which refuses arbitrary pickled objects).
+
+Two ways to read: :func:`read_tensors` returns every tensor at once (for the heads and modules
+that want a plain dict); :func:`open_tensors` reads safetensors lazily, one tensor when it is
+asked for, so that loading a model holds the model and a tensor at a time rather than the model
+and the whole checkpoint.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +13,23 @@ import logging
 import pickle
 import re
 import warnings
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 
 from ...io import atomic_write
 from .files import CheckpointError, read_json
+from .safetensors_file import StoredTensor, damaged, read_header
 
 log = logging.getLogger(__name__)
 
 SHARD_SUFFIXES = (".safetensors", ".bin")
+
+# What a shard reader gives for each name: a tensor, or where to read one (StoredTensor).
+_Entry = TypeVar("_Entry")
 
 
 def read_tensors(path: Path) -> dict[str, Tensor]:
@@ -28,8 +40,65 @@ def read_tensors(path: Path) -> dict[str, Tensor]:
             an index and its shards disagree.
     """
     if path.name.endswith(".index.json"):
-        return _read_sharded(path)
+        return _merge_shards(path, _read_file)
     return _read_file(path)
+
+
+def open_tensors(path: Path) -> CheckpointTensors:
+    """The tensors of a weights file (or a sharded index), read when asked for: safetensors
+    files are only parsed and checked here, ``.bin`` files are read whole (``torch.load``
+    cannot read one tensor of a file).
+
+    Raises:
+        CheckpointError: as :func:`read_tensors`, for everything a file's header or an index
+            can tell before any tensor data is read.
+    """
+    if path.name.endswith(".index.json"):
+        return CheckpointTensors(_merge_shards(path, _open_file))
+    return CheckpointTensors(_open_file(path))
+
+
+class CheckpointTensors(Mapping[str, Tensor]):
+    """A checkpoint's tensors by name, each either in memory or read from its file on access.
+
+    Indexing reads a whole tensor; :meth:`shape` answers without reading, and
+    :meth:`copy_into` fills a parameter (or a block of its rows) straight from the file.
+    Wrapping a plain dict of tensors gives the same interface at no cost.
+    """
+
+    def __init__(self, entries: Mapping[str, Tensor | StoredTensor]):
+        self._entries = dict(entries)
+
+    def __getitem__(self, name: str) -> Tensor:
+        entry = self._entries[name]
+        return entry.read() if isinstance(entry, StoredTensor) else entry
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._entries[name].shape)
+
+    def copy_into(
+        self, name: str, destination: Tensor, rows: tuple[int, int] | None = None
+    ) -> None:
+        """Copy tensor ``name`` (or rows ``[first, stop)`` of its first axis) into
+        ``destination``, converting the dtype as ``Tensor.copy_`` does. Where the stored dtype
+        is the destination's, the bytes are read into it in place, with no buffer."""
+        entry = self._entries[name]
+        if not isinstance(entry, StoredTensor):
+            destination.copy_(entry if rows is None else entry[rows[0] : rows[1]])
+        elif (
+            entry.dtype == destination.dtype
+            and destination.is_contiguous()
+            and destination.device.type == "cpu"
+        ):
+            entry.read_into(destination, rows)
+        else:
+            destination.copy_(entry.read(rows))  # one tensor's buffer, freed on return
 
 
 def _read_file(path: Path) -> dict[str, Tensor]:
@@ -38,18 +107,27 @@ def _read_file(path: Path) -> dict[str, Tensor]:
     return _read_bin(path)
 
 
-def _read_sharded(index_path: Path) -> dict[str, Tensor]:
-    """The tensors of every shard an index names, checked against its ``weight_map``.
+def _open_file(path: Path) -> Mapping[str, Tensor | StoredTensor]:
+    if path.suffix == ".safetensors":
+        return read_header(path)
+    return _read_bin(path)
+
+
+def _merge_shards(
+    index_path: Path, read_shard: Callable[[Path], Mapping[str, _Entry]]
+) -> dict[str, _Entry]:
+    """The entries (tensors, or where they lie) of every shard an index names, checked
+    against its ``weight_map``.
 
     The weight_map says which shard holds each tensor; a shard lacking one of its tensors, or
     two shards holding the same name, means the files do not belong together, so either is an
     error rather than a silently missing or overwritten weight.
     """
     shards = _shards_of(index_path)
-    tensors: dict[str, Tensor] = {}
+    tensors: dict[str, _Entry] = {}
     origin: dict[str, str] = {}
     for shard, expected in shards.items():
-        found = _read_file(index_path.parent / shard)
+        found = read_shard(index_path.parent / shard)
         absent = sorted(set(expected) - set(found))
         if absent:
             raise CheckpointError(
@@ -115,9 +193,7 @@ def _read_safetensors(path: Path) -> dict[str, Tensor]:
         return load_file(str(path), device="cpu")
     except Exception as exc:  # safetensors raises its own SafetensorError and others
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CheckpointError(
-            f"cannot read {path}: {reason} (the file is corrupt or truncated)"
-        ) from None
+        raise damaged(path, reason) from None
 
 
 def _read_bin(path: Path) -> dict[str, Tensor]:
