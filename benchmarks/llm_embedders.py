@@ -28,7 +28,8 @@ Workloads: ``sentences`` (BBC sentences of 8 to 60 words), ``2k`` and ``8k`` (BB
 joined and cut to 2,048 or 8,192 tokens; EmbeddingGemma takes 2,048 at most, so it runs
 ``sentences`` and ``2k``).
 
-Engines, each in a fresh process of its own (so that its peak resident memory is its own):
+Engines, each in a fresh process of its own, whose peak resident memory (``VmHWM``: the
+interpreter, the libraries, the weights as loaded and the work) is the figure reported:
 clearformer ``TextEncoder.encode(precision=float32|bf16|int8)``; sentence-transformers
 ``SentenceTransformer(dir).encode`` in float32 and in bfloat16 (loaded with
 ``model_kwargs={"dtype": torch.bfloat16}``); llama.cpp through llama-cpp-python's
@@ -52,7 +53,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -376,6 +376,17 @@ def encoder_for(engine: str, files: dict, threads: int, longest: int, pooling: s
     return run
 
 
+def high_water_bytes() -> int:
+    """This process's peak resident memory, ``VmHWM`` (``getrusage``'s ``ru_maxrss`` will not
+    do: Linux carries it over from the parent across fork and exec, so every worker would
+    report at least the parent's size)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def worker(args) -> int:
     """One engine on one workload: warm up, time, write embeddings and figures."""
     files = {k: Path(v) for k, v in json.loads(args.files).items()}
@@ -395,7 +406,7 @@ def worker(args) -> int:
         times.append(time.perf_counter() - start)
         rows = got if rows is None else rows
     np.save(args.out_prefix + ".npy", rows)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    peak = high_water_bytes()
     Path(args.out_prefix + ".json").write_text(
         json.dumps(
             {"seconds": times, "load_s": load_s, "peak_rss_bytes": peak, "llama_counts": counts}

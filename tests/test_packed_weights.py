@@ -181,6 +181,30 @@ def test_kept_packing_counts_calls_and_drops():
     assert kept.kept is None and kept.for_call(threshold - 1) is None  # counting from zero
 
 
+def test_a_model_past_the_memory_limit_keeps_no_copy(encoder, monkeypatch):
+    """A second copy of a large model's weights costs more memory than its few per cent save:
+    past PACK_MAX_BYTES nothing is kept, however many tokens the calls carry, and the results
+    are those of plain weights."""
+    weights = packed_weights_module.linear_weight_bytes(encoder.model)
+    linears = [m for m in encoder.model.modules() if isinstance(m, nn.Linear)]
+    assert weights == sum(4 * m.weight.numel() for m in linears) > 0  # float32
+    texts = [f"sentence number {i} " + "word " * (i % 40) for i in range(90)]
+    made = record_packings(monkeypatch, packed_weights_module)
+    monkeypatch.setattr(packed_weights_module, "PACK_MAX_BYTES", weights - 1)
+    large = type(encoder).from_pretrained(encoder.path)  # a new encoder reads the limit
+    assert large._packing.too_large
+    plain = large.encode(texts, batch_size=16, progress=False)
+    large.keep_weights_packed()  # asked outright: still no copy
+    assert large.encode(texts[:3], progress=False).shape[0] == 3
+    assert made == [] and large._packing.kept is None
+    monkeypatch.setattr(packed_weights_module, "PACK_MAX_BYTES", weights)  # at the limit: kept
+    small = type(encoder).from_pretrained(encoder.path)
+    assert not small._packing.too_large
+    packed = small.encode(texts, batch_size=16, progress=False)
+    assert len(made) == 1 and small._packing.kept is not None
+    assert np.array_equal(packed, plain)
+
+
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_generate_reads_packed_weights_and_decodes_the_same(monkeypatch, num_beams):
     import clearformer.generation as generation

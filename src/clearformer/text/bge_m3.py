@@ -152,7 +152,7 @@ class BGEM3Encoder:
         self.unused_ids = frozenset(unused)
         self.max_length = tokenizer.max_length
         self.path: Path = loaded.files.path
-        self._packing = KeptPacking()
+        self._packing = KeptPacking(self.model)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, max_length: int | None = None):

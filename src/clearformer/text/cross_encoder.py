@@ -91,7 +91,7 @@ class CrossEncoder:
         # tables have a single row, ModernBERT none, and their tokenizers (in transformers) do
         # not return token_type_ids even when a tokenizer.json template numbers the segments.
         self._token_types = self.model.config.type_vocab_size > 1
-        self._packing = KeptPacking()  # weights in oneDNN's layout, once calls repay it
+        self._packing = KeptPacking(self.model)  # weights in oneDNN's layout, once calls repay it
         # int8 is for embeddings (TextEncoder.encode): a cross-encoder runs float32 or bf16.
         self._precisions: Precisions[tuple[EncoderModel, SequenceClassifier]] = Precisions(
             ("float32", "bf16"), self._device, self._copy_bf16

@@ -116,7 +116,7 @@ class TextEncoder:
         self._precisions: Precisions[EncoderModel] = Precisions(
             ("float32", "bf16", "int8"), self._device, self._copy_bf16
         )
-        self._packing = KeptPacking()  # weights in oneDNN's layout, once calls repay it
+        self._packing = KeptPacking(self.model)  # weights in oneDNN's layout, once calls repay it
 
     @classmethod
     def from_pretrained(

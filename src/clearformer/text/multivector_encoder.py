@@ -76,7 +76,7 @@ class MultiVectorEncoder:
         self.projection = projection.eval()
         self._tokenizers = tokenizers
         self.path: Path = loaded.files.path
-        self._packing = KeptPacking()
+        self._packing = KeptPacking(self.model)
 
     @classmethod
     def from_pretrained(
