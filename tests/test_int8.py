@@ -488,6 +488,35 @@ def test_quantize_returns_a_new_model_and_leaves_the_caller_s_unchanged():
         assert (result(x) - model(x)).norm() / model(x).norm() < 0.03
 
 
+def _storages(module: nn.Module) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
+
+
+@needs_int8
+def test_the_int8_copy_shares_no_tensor_with_the_model_and_copies_no_float_weight(monkeypatch):
+    """The layers to convert hand their float tensors to the copy uncopied (a second float32
+    copy of every weight would double the peak); none of them survives in the copy, and what
+    the copy keeps (a skipped layer, a weight tied to an embedding) is its own."""
+    torch.manual_seed(9)
+    model = _small_model()
+    embedding = nn.Embedding(16, 16)
+    model[0].weight = embedding.weight  # tied: the embedding keeps its tensor in the copy
+    holder = nn.ModuleDict({"embedding": embedding, "body": model})
+    copies: list[int] = []
+    original_deepcopy = quantize_module.copy.deepcopy
+
+    def counting_deepcopy(obj, memo=None):
+        copies.append(len(memo or {}))
+        return original_deepcopy(obj, memo)
+
+    monkeypatch.setattr(quantize_module.copy, "deepcopy", counting_deepcopy)
+    result = quantize_int8(holder, skip=["body.3"])
+    assert copies == [4 - 1]  # layers 0 and 2.0: weights and biases, less the tied weight
+    assert _storages(result).isdisjoint(_storages(holder))
+    assert int8_layers(result) == ["body.0", "body.2.0"]
+    assert torch.equal(result["embedding"].weight, embedding.weight)
+
+
 def test_quantize_falls_back_to_float_with_a_warning(monkeypatch, caplog):
     monkeypatch.setattr(
         quantize_module, "int8_support", lambda: Int8Support(False, "no int8 instructions")

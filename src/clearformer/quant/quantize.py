@@ -124,13 +124,13 @@ def quantize_int8(
     smooth = dict(smooth or {})
     outliers = dict(outliers or {})
     support = int8_support()
-    result = copy.deepcopy(model)
     if not support.available:
         log.warning("int8 requested but not used, float32 instead: %s", support.reason)
-        return result
+        return copy.deepcopy(model)
     unknown = sorted((set(smooth) | set(outliers)) - set(linear_names(model)))
     if unknown:
         raise ValueError(f"smooth or outliers name layers that are not nn.Linear: {unknown}")
+    result = copy.deepcopy(model, _shared_float_weights(model, skip))
     for name in linear_names(result):
         if _matches(name, skip):
             continue
@@ -142,6 +142,34 @@ def quantize_int8(
         layer.fused = fused
         setattr(parent, child, layer)
     return result
+
+
+def _shared_float_weights(model: nn.Module, skip: tuple[str, ...]) -> dict[int, Tensor]:
+    """A ``copy.deepcopy`` memo that hands the copy the very weight and bias tensors of the
+    layers about to become int8, instead of copies: each is read once, by
+    :meth:`Int8Linear.from_linear` (which does not change it), and the float layer holding it
+    is then replaced in the copy, which keeps none of them. Copying them first would hold a
+    second float32 copy of every linear weight at once: twice the model's memory at the peak,
+    for a copy thrown away. Layers kept in float32 (``skip``) are copied as usual, so the copy
+    shares no tensor it keeps with ``model``."""
+    converted = {
+        id(model.get_submodule(name)) for name in linear_names(model) if not _matches(name, skip)
+    }
+    # A tensor some other module also holds (a weight tied to an embedding) is copied as usual.
+    elsewhere = {
+        id(t)
+        for module in model.modules()
+        if id(module) not in converted
+        for t in (*module._parameters.values(), *module._buffers.values())
+        if t is not None
+    }
+    memo: dict[int, Tensor] = {}
+    for module in model.modules():
+        if id(module) in converted:
+            for tensor in (module.weight, module.bias):
+                if tensor is not None and id(tensor) not in elsewhere:
+                    memo[id(tensor)] = tensor
+    return memo
 
 
 def int8_layers(model: nn.Module) -> list[str]:
