@@ -526,18 +526,20 @@ def report_text(result: dict) -> str:
             f"## {run['model']}, {run['workload']} ({run['texts']} texts, "
             f"{t['min']}-{t['max']} tokens, mean {t['mean']:.0f})",
             "",
-            "| engine | texts/s | tokens/s | peak RSS MiB | cosine to ST float32 min / mean |",
-            "| --- | ---: | ---: | ---: | ---: |",
+            "| engine | texts/s | s/text | tokens/s | peak RSS MiB | cosine to ST float32 "
+            "min / mean |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
         ]
         by_name = {r["engine"]: r for r in run["rows"]}
         for r in run["rows"]:
             if "error" in r:
-                lines.append(f"| {r['engine']} | failed | | | |")
+                lines.append(f"| {r['engine']} | failed | | | | |")
                 continue
             c = r.get("cosine_to_reference", {"min": float("nan"), "mean": float("nan")})
             same = "" if r.get("same_token_counts", True) else " (token counts differ)"
             lines.append(
-                f"| {r['engine']}{same} | {r['texts_per_s']:,.2f} | {r['tokens_per_s']:,.0f} | "
+                f"| {r['engine']}{same} | {r['texts_per_s']:,.3g} | {1 / r['texts_per_s']:,.3g} "
+                f"| {r['tokens_per_s']:,.0f} | "
                 f"{r['peak_rss_mib']:,.0f} | {c['min']:.5f} / {c['mean']:.5f} |"
             )
         lines += [
@@ -606,6 +608,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def write_report(result: dict, out: Path) -> str:
+    """OUT.json and OUT.md of ``result``; returns the markdown."""
+    from clearformer.io import atomic_write
+
+    text = report_text(result)
+    with atomic_write(out.with_suffix(".json"), "w") as handle:
+        json.dump(result, handle, indent=1)
+    with atomic_write(out.with_suffix(".md"), "w") as handle:
+        handle.write(text)
+    return text
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
@@ -656,15 +670,7 @@ def main(argv=None) -> int:
         },
         "runs": runs,
     }
-    text = report_text(result)
-    print(text)
-    if args.out is not None:
-        from clearformer.io import atomic_write
-
-        with atomic_write(args.out.with_suffix(".json"), "w") as handle:
-            json.dump(result, handle, indent=1)
-        with atomic_write(args.out.with_suffix(".md"), "w") as handle:
-            handle.write(text)
+    print(report_text(result) if args.out is None else write_report(result, args.out))
     return 0
 
 
