@@ -154,10 +154,18 @@ def test_bf16_holds_the_floor(family):
     assert np.abs(rows - float32).max() > 1e-4, f"{name}: the bf16 rows are float32's"
 
 
+# The compiled steps around the int8 product depend on the widths and the activation, not on
+# the family: the two families with new ones (SwiGLU, GeGLU, grouped-query widths) run them;
+# the compile costs seconds per family.
+FUSED_FAMILIES = ("qwen3", "gemma3")
+
+
 @needs_int8
 @pytest.mark.parametrize("fuse", [False, True], ids=["eager", "fused"])
 def test_int8_holds_the_floor(family, fuse):
     name, encoder, texts, float32 = family
+    if fuse and name not in FUSED_FAMILIES:
+        pytest.skip(f"fused int8 steps are checked on {', '.join(FUSED_FAMILIES)}")
     quantized = [m for m in encoder.int8_model().modules() if isinstance(m, Int8Linear)]
     assert quantized, f"{name}: no layer was converted to int8"
     rows = encoder.encode(texts, normalize=True, precision="int8", fuse_int8=fuse)
