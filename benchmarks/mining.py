@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -95,6 +94,8 @@ def main() -> None:
     parser.add_argument("--library", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.library:
+        from clearformer.bench.memory import _high_water_bytes
+
         pairs, corpus = texts(args.queries, args.documents)
         start = time.perf_counter()
         run = run_clearformer if args.library == "clearformer" else run_sentence_transformers
@@ -106,7 +107,8 @@ def main() -> None:
                     "negatives": negatives,
                     "queries": len(pairs),
                     "documents": len(corpus),
-                    "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                    # VmHWM: ru_maxrss would carry the parent's size across fork and exec.
+                    "peak_mib": _high_water_bytes() / 2**20,
                 }
             )
         )
