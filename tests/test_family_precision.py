@@ -26,6 +26,9 @@ from clearformer import TextEncoder
 from clearformer.quant.int8 import Int8Linear, int8_support
 
 from .family_helpers import TEXTS, WORDS, perturb, sentence_dir, word_tokenizer
+from .test_family_gemma3 import gemma3_config
+from .test_family_gte_nomic import SIZES
+from .test_family_qwen3 import qwen3_config
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -38,48 +41,14 @@ needs_int8 = pytest.mark.skipif(
 
 
 def _qwen3():
-    config = transformers.Qwen3Config(
-        vocab_size=48,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=24,
-        max_position_embeddings=128,
-        pad_token_id=0,
-    )
-    return transformers.Qwen3Model(config), "$A <eos>", "lasttoken"
+    return transformers.Qwen3Model(qwen3_config()), "$A <eos>", "lasttoken"
 
 
 def _gemma3():
-    config = transformers.Gemma3TextConfig(
-        vocab_size=48,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=24,
-        query_pre_attn_scalar=20,
-        max_position_embeddings=128,
-        sliding_window=4,
-        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-        use_bidirectional_attention=True,
-        pad_token_id=0,
-    )
-    return transformers.Gemma3TextModel(config), "<bos> $A <eos>", "mean"
+    return transformers.Gemma3TextModel(gemma3_config()), "<bos> $A <eos>", "mean"
 
 
-SMALL = dict(
-    vocab_size=48,
-    hidden_size=32,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    intermediate_size=48,
-    max_position_embeddings=128,
-    pad_token_id=0,
-)
+SMALL = SIZES  # the GTE / Nomic tests' small widths, for the BERT-era families here too
 
 
 def _gte():
