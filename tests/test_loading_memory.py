@@ -30,6 +30,8 @@ from clearformer.interop.hf.safetensors_file import StoredTensor, read_header
 from clearformer.interop.hf.weights import CheckpointTensors, open_tensors, read_tensors
 
 from .family_helpers import perturb, word_tokenizer
+from .test_family_gte_nomic import SIZES
+from .test_family_qwen3 import qwen3_config
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -242,17 +244,7 @@ def _write_bert(directory: Path, dtype: torch.dtype = torch.float32, **save) -> 
 def _write_qwen3(directory: Path) -> Path:
     """A random Qwen3Model: grouped-query q; k; v and gate; up fused into one parameter each."""
     torch.manual_seed(0)
-    config = transformers.Qwen3Config(
-        vocab_size=48,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=24,
-        max_position_embeddings=128,
-        pad_token_id=0,
-    )
+    config = qwen3_config(num_hidden_layers=2)
     model = transformers.Qwen3Model(config)
     perturb(model, seed=5)
     model.save_pretrained(str(directory))
@@ -263,16 +255,7 @@ def _write_qwen3(directory: Path) -> Path:
 def _write_gte(directory: Path) -> Path:
     """A random GteModel: its up_gate_proj is one tensor read as two parts, in swapped order."""
     torch.manual_seed(0)
-    config = transformers.GteConfig(
-        vocab_size=48,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=48,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        type_vocab_size=1,
-    )
+    config = transformers.GteConfig(**{**SIZES, "num_hidden_layers": 2}, type_vocab_size=1)
     model = transformers.GteModel(config)
     perturb(model, seed=7)
     model.save_pretrained(str(directory))
