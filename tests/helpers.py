@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from clearformer import EncoderConfig, EncoderModel
+from clearformer import EncoderConfig, EncoderModel, routes
 from clearformer.fast import avx512
+from clearformer.fast.fused_linear import linear
 from clearformer.fast.packed_weights import PackedWeights
 from clearformer.interop.hf import save_model
+from clearformer.machine import machine
+from clearformer.options import Decision
 
-AVX512_SUPPORT = avx512.support()
+AVX512_SUPPORT = machine().avx512
 # For a module of tests of clearformer's AVX-512 library: skipped, with the reason, where this
 # machine cannot build it; else the library is loaded for the module (conftest's
 # ``avx512_library``).
@@ -26,6 +29,33 @@ needs_avx512_library = [
     ),
     pytest.mark.usefixtures("avx512_library"),
 ]
+
+
+def resolve_method(
+    method: str,
+    layout,
+    *,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    head_dim: int | None = None,
+    is_causal: bool = False,
+) -> Decision:
+    """The varlen method the routes give a plain layer call with these facts (gradients as
+    the caller's grad mode says)."""
+    call = routes.VarlenCall(device, dtype, head_dim, is_causal, grad=torch.is_grad_enabled())
+    return routes.varlen_method(layout, call, method)
+
+
+def avx512_in_use(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether ``auto`` takes the AVX-512 attention kernel for rows of ``dtype`` here."""
+    return routes.kernel_route(avx512.attention_kernel(dtype)).choice == "avx512"
+
+
+def fused_linear(x: torch.Tensor, layer, **epilogue) -> torch.Tensor:
+    """``layer`` called as a fused plan calls it: the AVX-512 linear kernel for its epilogue
+    where the routes take it (:func:`clearformer.routes.epilogue_route`)."""
+    taken = routes.epilogue_route(Decision("fused", "a test's fused call"), x.dtype)
+    return linear(x, layer, avx512=taken, **epilogue)
 
 
 def lengths_mask(lengths: list[int], T: int | None = None) -> torch.Tensor:

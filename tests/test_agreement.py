@@ -151,8 +151,8 @@ def reference_of(encoder: Encoder, x: torch.Tensor, mask: torch.Tensor) -> torch
 def with_method(plan, method: str):
     """``plan`` with every layer's varlen method ``method``."""
     choice = Decision(method, "chosen by the test")
-    layers = tuple(dataclasses.replace(p, method=choice) for p in plan.per_layer)
-    return dataclasses.replace(plan, method=choice, per_layer=layers)
+    layers = tuple(dataclasses.replace(p, method=choice) for p in plan.layers)
+    return dataclasses.replace(plan, layers=layers)
 
 
 def production(encoder, x, mask, *, backend, method=None, fused=True):
@@ -310,10 +310,15 @@ class TestGroupedKeysWithTheAVX512Kernels:
         assert_agrees(out, want, mask, f"grouped {backend} avx512 on")
         with torch.no_grad():
             plan = encoder.plan_for(mask, backend="varlen")
-            ungrouped = Encoder(dataclasses.replace(encoder.config, n_kv_heads=None)).eval()
-            plain = ungrouped.plan_for(mask, backend="varlen")
+            # The same stack with one key head per query head, and queries, keys and values of
+            # one layout (no rotary positions, no per-head norms): the kernel takes it.
+            plain_config = dataclasses.replace(
+                encoder.config, n_kv_heads=None, qk_norm=False, positions="learned"
+            )
+            plain = Encoder(plain_config).eval().plan_for(mask, backend="varlen")
         assert plan.method.choice != "avx512", str(plan)
-        assert plain.method.choice == "avx512", str(plain)  # the same stack, keys not grouped
+        assert "one key/value head per query head" in plan.method.reason, str(plan)
+        assert plain.method.choice == "avx512", str(plain)
 
 
 def test_the_agreement_check_fails_on_a_fast_path_that_drops_its_residual(monkeypatch):
@@ -323,8 +328,8 @@ def test_the_agreement_check_fails_on_a_fast_path_that_drops_its_residual(monkey
     want = reference_of(encoder, x, mask)
     original = fused_linear.linear
 
-    def without_residual(x, layer, *, fused, activation=None, residual=None, norm=None):
-        return original(x, layer, fused=fused, activation=activation, norm=norm)
+    def without_residual(x, layer, *, avx512=False, activation=None, residual=None, norm=None):
+        return original(x, layer, avx512=avx512, activation=activation, norm=norm)
 
     monkeypatch.setattr(fused_linear, "linear", without_residual)
     from clearformer.fast import fused_blocks

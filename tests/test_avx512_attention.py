@@ -4,6 +4,7 @@ cache. Skipped, with the reason, where this machine cannot build it."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -15,12 +16,15 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clearformer import Encoder, EncoderConfig
+from clearformer import Encoder, EncoderConfig, routes
 from clearformer.fast import avx512
-from clearformer.fast.varlen import resolve_method, varlen_attention
+from clearformer.machine import machine
+from clearformer.options import Decision
+from clearformer.packed_attention import varlen_attention
 from clearformer.padding import layout_from_cu_seqlens
+from clearformer.routes import kernels_wanted
 
-from .helpers import needs_avx512_library
+from .helpers import avx512_in_use, needs_avx512_library, resolve_method
 
 pytestmark = needs_avx512_library
 
@@ -137,27 +141,28 @@ def test_auto_leaves_it_out_where_switched_off(monkeypatch):
 @torch.no_grad()
 def test_it_may_be_built_wherever_it_can_be_but_auto_takes_it_only_on_or_measured(monkeypatch):
     monkeypatch.delenv("CLEARFORMER_AVX512", raising=False)
-    assert avx512.preferred() == (avx512.support().choice == "available")  # any vendor
+    assert kernels_wanted() == (machine().avx512.choice == "available")  # any vendor
     layout = layout_from_cu_seqlens(torch.tensor([0, 5, 12], dtype=torch.int32))
     cpu = torch.device("cpu")
     # auto without a measurement (the suite reads none): PyTorch's route, saying why
     auto = resolve_method("auto", layout, device=cpu, head_dim=32)
     assert auto.choice != "avx512" and "PyTorch's route kept" in auto.reason
-    assert not avx512.in_use()
-    monkeypatch.setattr(avx512, "support", lambda: avx512.Decision("unavailable", "no AVX-512"))
-    assert not avx512.preferred()
+    assert not avx512_in_use()
+    without = dataclasses.replace(machine(), avx512=Decision("unavailable", "no AVX-512"))
+    monkeypatch.setattr(routes, "machine", lambda: without)
+    assert not kernels_wanted()
     monkeypatch.undo()
     monkeypatch.setenv("CLEARFORMER_AVX512", "on")
-    assert avx512.preferred() and avx512.in_use()
+    assert kernels_wanted() and avx512_in_use()
     assert resolve_method("auto", layout, device=cpu, head_dim=32).choice == "avx512"
     monkeypatch.setenv("CLEARFORMER_AVX512", "off")
-    assert not avx512.preferred() and not avx512.in_use()
+    assert not kernels_wanted() and not avx512_in_use()
     assert resolve_method("auto", layout, device=cpu, head_dim=32).choice != "avx512"
     monkeypatch.setenv("CLEARFORMER_AVX512", "maybe")
     with pytest.raises(
         ValueError, match="CLEARFORMER_AVX512: expected 'on', 'off' or 'auto', got 'maybe'"
     ):
-        avx512.preferred()
+        kernels_wanted()
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -262,10 +267,20 @@ def test_export_and_compile_trace_pytorchs_kernels_instead(preferred):
     torch.testing.assert_close(exported, eager, atol=2e-5, rtol=0)
 
 
+def planned_sdpa(q, k, v, keys, *, expect: str):
+    """A lone layer's plan for (B, H, T, Dh) rows under the (B, T) key mask ``keys``, which
+    must send its attention to ``expect`` (``avx512`` or ``torch``), run by the sdpa kernel."""
+    from clearformer.kernels import KERNELS
+    from clearformer.plan import plan_layer
+
+    B, H, T, Dh = q.shape
+    plan = plan_layer(keys, batch=B, heads=H, tq=T, tk=T, device=q.device, head_dim=Dh)
+    assert plan.padded_route.choice == expect, plan.padded_route
+    return KERNELS["sdpa"](q, k, v, plan, 0.0, None, None)
+
+
 @pytest.mark.parametrize("padding", ["right", "left"])
 def test_a_key_padding_mask_of_one_run_per_sequence_matches_sdpa(preferred, padding, monkeypatch):
-    from clearformer.kernels.sdpa import sdpa_attention
-
     calls = []
     kernel = avx512.padded_attention
     monkeypatch.setattr(avx512, "padded_attention", lambda *a: calls.append(1) or kernel(*a))
@@ -278,22 +293,22 @@ def test_a_key_padding_mask_of_one_run_per_sequence_matches_sdpa(preferred, padd
     if padding == "left":
         keys = keys.flip(-1)
     mask = keys[:, None, None, :]  # (B, 1, 1, T)
-    got, _ = sdpa_attention(q, k, v, mask, query_has_key=None)
+    with torch.no_grad():
+        got, _ = planned_sdpa(q, k, v, keys, expect="avx512")
     exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
     torch.testing.assert_close(got.double(), exact, atol=2e-6, rtol=0)  # padded queries too
     assert calls == [1]  # through the kernel
 
 
 def test_keys_with_holes_go_to_pytorchs_kernel(preferred, monkeypatch):
-    from clearformer.kernels import sdpa
-
     calls = []
     monkeypatch.setattr(avx512, "padded_attention", lambda *a: calls.append(a))
     x = torch.randn(2, 10, 3, 2, 32)
     q, k, v = (t.transpose(1, 2) for t in x.unbind(2))
     keys = torch.ones(2, 10, dtype=torch.bool)
     keys[1, 4] = False  # a hole: not one run
-    got, _ = sdpa.sdpa_attention(q, k, v, keys[:, None, None, :], query_has_key=None)
+    with torch.no_grad():
+        got, _ = planned_sdpa(q, k, v, keys, expect="torch")
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=keys[:, None, None, :])
     assert calls == []
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)

@@ -9,10 +9,11 @@ import torch.nn.functional as F
 
 from clearformer import Encoder, EncoderConfig
 from clearformer.fast import avx512
-from clearformer.fast.varlen import resolve_method, varlen_attention
+from clearformer.packed_attention import varlen_attention
 from clearformer.padding import layout_from_cu_seqlens
+from clearformer.routes import kernel_route
 
-from .helpers import needs_avx512_library
+from .helpers import avx512_in_use, needs_avx512_library, resolve_method
 from .test_avx512_attention import packed_qkv, reference
 
 pytestmark = needs_avx512_library
@@ -63,8 +64,8 @@ def test_each_dtype_takes_the_kernel_on_its_own_verdict(measured, float32_speed,
     for dtype, speed in ((torch.float32, float32_speed), (torch.bfloat16, bf16_speed)):
         method = resolve_method("auto", layout, device=cpu, dtype=dtype, head_dim=32)
         assert (method.choice == "avx512") == (speed > 1), (dtype, method)
-        assert avx512.in_use(dtype) == (speed > 1)
-    taken = avx512.route("avx512_attention_bf16")
+        assert avx512_in_use(dtype) == (speed > 1)
+    taken = kernel_route("avx512_attention_bf16")
     assert "bfloat16 rows" in taken.reason and f"{bf16_speed:.2f}x" in taken.reason
 
 
@@ -81,9 +82,9 @@ def test_no_bf16_verdict_keeps_pytorchs_route_for_bf16_rows(measured):
 def test_the_attention_switch_turns_off_both_dtypes(monkeypatch):
     monkeypatch.setenv("CLEARFORMER_AVX512", "on")
     monkeypatch.setenv("CLEARFORMER_AVX512_ATTENTION", "off")
-    assert not avx512.in_use(torch.float32) and not avx512.in_use(torch.bfloat16)
+    assert not avx512_in_use(torch.float32) and not avx512_in_use(torch.bfloat16)
     monkeypatch.delenv("CLEARFORMER_AVX512_ATTENTION")
-    assert avx512.in_use(torch.float32) and avx512.in_use(torch.bfloat16)
+    assert avx512_in_use(torch.float32) and avx512_in_use(torch.bfloat16)
 
 
 def test_a_bf16_encoder_gives_pytorchs_rows_through_the_kernel(monkeypatch):
@@ -117,7 +118,8 @@ def test_a_bf16_encoder_gives_pytorchs_rows_through_the_kernel(monkeypatch):
 
 
 def test_the_unmasked_padded_path_takes_bf16_rows_too(monkeypatch):
-    from clearformer.kernels.sdpa import sdpa_attention
+    from clearformer.kernels import KERNELS
+    from clearformer.plan import plan_layer
 
     monkeypatch.setenv("CLEARFORMER_AVX512", "on")
     calls = []
@@ -125,7 +127,12 @@ def test_the_unmasked_padded_path_takes_bf16_rows_too(monkeypatch):
     monkeypatch.setattr(avx512, "attention", lambda *a: calls.append(1) or kernel(*a))
     x = torch.randn(3, 50, 3, 2, 32, dtype=torch.bfloat16)
     q, k, v = (t.transpose(1, 2) for t in x.unbind(2))  # (B, H, T, Dh) views
-    got, _ = sdpa_attention(q, k, v, None)
+    with torch.no_grad():
+        plan = plan_layer(
+            None, batch=3, heads=2, tq=50, tk=50, device=q.device, dtype=q.dtype, head_dim=32
+        )
+        assert plan.padded_route.choice == "avx512", plan.padded_route
+        got, _ = KERNELS["sdpa"](q, k, v, plan, 0.0, None, None)
     want = F.scaled_dot_product_attention(q, k, v)
     assert calls == [1] and got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want.float(), atol=BF16_STEP, rtol=BF16_STEP)

@@ -15,13 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from clearformer import TextEncoder
+from clearformer import TextEncoder, switches
 from clearformer.fast import avx512_linear
-from clearformer.fast.fused_linear import linear
 from clearformer.fast.packed_weights import PackedWeights, use_packed_weights
 from clearformer.interop.hf import bundled_model_dir
+from clearformer.routes import kernels_wanted
 
-from .helpers import intra_op_threads, needs_avx512_library
+from .helpers import fused_linear, intra_op_threads, needs_avx512_library
 
 pytestmark = needs_avx512_library
 
@@ -259,7 +259,7 @@ def test_bad_arguments_are_refused_with_what_was_expected():
 
 def fused_call(layer, x, **epilogue):
     with torch.inference_mode():
-        return linear(x, layer, fused=True, **epilogue)
+        return fused_linear(x, layer, **epilogue)
 
 
 def test_a_packing_caller_sends_gelu_and_layer_norm_products_to_the_kernel(kernel_calls):
@@ -292,7 +292,7 @@ def test_calls_without_packing_or_switched_off_or_odd_widths_stay_with_onednn(
         fused_call(up, x, activation="gelu_tanh")  # an activation it does not compute
         no_bias = nn.LayerNorm(1536, bias=False)
         fused_call(up, x, norm=no_bias)
-        monkeypatch.setenv(avx512_linear.PREFERENCE_VARIABLE, "off")
+        monkeypatch.setenv(switches.AVX512_LINEAR_VARIABLE, "off")
         fused_call(up, x, activation="gelu")
     assert kernel_calls == []
 
@@ -321,18 +321,18 @@ def test_a_trainable_norm_or_residual_keeps_its_gradient():
     x = torch.randn(40, 384)
     residual = torch.randn(40, 384, requires_grad=True)
     with use_packed_weights(PackedWeights()):
-        out = linear(x, layer, fused=True, residual=residual, norm=norm)
+        out = fused_linear(x, layer, residual=residual, norm=norm)
     out.square().sum().backward()
     assert norm.weight.grad is not None and norm.weight.grad.abs().sum() > 0
     assert residual.grad is not None and residual.grad.abs().sum() > 0
 
 
 def test_a_bad_switch_value_is_refused(monkeypatch):
-    monkeypatch.setenv(avx512_linear.PREFERENCE_VARIABLE, "sometimes")
+    monkeypatch.setenv(switches.AVX512_LINEAR_VARIABLE, "sometimes")
     with pytest.raises(
         ValueError, match="CLEARFORMER_AVX512_LINEAR: expected 'on', 'off' or 'auto'"
     ):
-        avx512_linear.preferred()
+        kernels_wanted(("avx512_linear",))
 
 
 def test_a_weight_changed_in_place_is_packed_again(kernel_calls):
@@ -353,7 +353,7 @@ def test_encode_with_the_kernel_matches_encode_without_it(kernel_calls, monkeypa
     texts = [f"sentence number {i} about the weather in a city by the sea" for i in range(300)]
     with_kernel = encoder.encode(texts, progress=False)  # over PACK_MIN_TOKENS: packed weights
     assert kernel_calls, "the bundled model's post-norm layers should take the kernel"
-    monkeypatch.setenv(avx512_linear.PREFERENCE_VARIABLE, "off")
+    monkeypatch.setenv(switches.AVX512_LINEAR_VARIABLE, "off")
     calls = len(kernel_calls)
     without = encoder.encode(texts, progress=False)
     assert len(kernel_calls) == calls
@@ -398,8 +398,8 @@ def test_the_library_switch_turns_the_linear_kernel_off_too(monkeypatch):
     for setting in ("on", "off"):
         monkeypatch.setenv("CLEARFORMER_AVX512", setting)
         with torch.inference_mode(), use_packed_weights(PackedWeights()):
-            outs.append(linear(x, layer, fused=True, residual=residual, norm=norm))
+            outs.append(fused_linear(x, layer, residual=residual, norm=norm))
         if setting == "on":
             assert calls == [1]  # the kernel serves this call while the switch is on
-    assert calls == [1] and not avx512_linear.preferred()
+    assert calls == [1] and not kernels_wanted(("avx512_linear",))
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)

@@ -16,6 +16,7 @@ import torch
 from clearformer.calibration import cache
 from clearformer.calibration.measure import Verdict, Workload, measure_choice
 from clearformer.cli import main
+from clearformer.routes import kernel_route
 
 from .helpers import needs_avx512_library
 
@@ -190,16 +191,15 @@ class TestAutoReadsTheVerdict:
 
     def test_auto_takes_a_kernel_measured_faster_and_names_the_measurement(self, measured):
         from clearformer import Encoder, EncoderConfig
-        from clearformer.fast import avx512
 
         path = measured(avx512_attention=1.2, avx512_linear=0.89)
-        route = avx512.route("avx512_attention")
+        route = kernel_route("avx512_attention")
         assert route.choice == "avx512"
         assert "avx512 measured 1.20x torch's on" in route.reason
         # The file, named from the setting that chose the folder: no folder of this machine.
         assert f"cached $CLEARFORMER_CACHE/calibration/{path.name}" in route.reason
         assert str(path.parent) not in route.reason
-        linear = avx512.route("avx512_linear")
+        linear = kernel_route("avx512_linear")
         assert linear.choice == "torch" and "measured slower: 0.89x" in linear.reason
         torch.manual_seed(0)
         encoder = Encoder(EncoderConfig(d_model=64, n_heads=2, n_layers=1, dim_mlp=128)).eval()
@@ -210,17 +210,15 @@ class TestAutoReadsTheVerdict:
         assert "PyTorch's route (AVX-512 linear: avx512 measured slower: 0.89x" in str(plan)
 
     def test_no_verdict_keeps_pytorchs_route_and_says_how_to_measure(self, measured):
-        from clearformer.fast import avx512
 
-        route = avx512.route("avx512_attention")
+        route = kernel_route("avx512_attention")
         assert route.choice == "torch" and "clearformer calibrate" in route.reason
 
     def test_a_verdict_measured_slower_keeps_pytorchs_route(self, measured):
-        from clearformer.fast import avx512
 
         measured(avx512_attention=0.89, avx512_linear=1.0)
-        assert avx512.route("avx512_attention").choice == "torch"
-        linear = avx512.route("avx512_linear")
+        assert kernel_route("avx512_attention").choice == "torch"
+        linear = kernel_route("avx512_linear")
         assert linear.choice == "torch" and "within the 5% margin" in linear.reason
 
     def test_calibrate_show_prints_the_verdicts_and_auto_s_choice(self, measured, capsys):

@@ -10,11 +10,13 @@ from torch.profiler import ProfilerActivity, profile
 
 from clearformer import Encoder, EncoderConfig
 from clearformer.fast import fused_blocks
-from clearformer.fast.fused_linear import fusion_decision, linear, onednn_available
+from clearformer.fast.fused_linear import linear
 from clearformer.feedforward import FeedForward, activation_fn
+from clearformer.machine import machine
+from clearformer.routes import fusion_decision
 
 pytestmark = pytest.mark.skipif(
-    not onednn_available(), reason="this PyTorch build has no oneDNN fused linear op"
+    not machine().onednn, reason="this PyTorch build has no oneDNN fused linear op"
 )
 
 
@@ -32,8 +34,8 @@ def test_linear_with_activation_equals_eager(activation, shape):
     x = torch.randn(*shape) * 3
     with torch.inference_mode():
         want = layer(x) if activation is None else activation_fn(activation)(layer(x))
-        got = linear(x, layer, fused=True, activation=activation)
-        assert _ran_fused(lambda: linear(x, layer, fused=True, activation=activation))
+        got = linear(x, layer, activation=activation)
+        assert _ran_fused(lambda: linear(x, layer, activation=activation))
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
@@ -43,16 +45,16 @@ def test_linear_with_residual_equals_eager_and_needs_it():
     layer = nn.Linear(24, 16)
     x, residual = torch.randn(2, 9, 24), torch.randn(2, 9, 16)
     with torch.inference_mode():
-        got = linear(x, layer, fused=True, residual=residual)
+        got = linear(x, layer, residual=residual)
         torch.testing.assert_close(got, residual + layer(x), atol=1e-5, rtol=1e-5)
         # The residual is really added: without it the result is far off.
         assert (got - layer(x)).abs().max() > 0.5
         # No bias, and zero rows, still work.
         plain = nn.Linear(24, 16, bias=False)
-        torch.testing.assert_close(linear(x, plain, fused=True), plain(x), atol=1e-5, rtol=1e-5)
-        assert linear(x[:, :0], layer, fused=True, residual=residual[:, :0]).shape == (2, 0, 16)
+        torch.testing.assert_close(linear(x, plain), plain(x), atol=1e-5, rtol=1e-5)
+        assert linear(x[:, :0], layer, residual=residual[:, :0]).shape == (2, 0, 16)
     with pytest.raises(ValueError, match="not both"):
-        linear(x, layer, fused=True, activation="gelu", residual=residual)
+        linear(x, layer, activation="gelu", residual=residual)
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "swiglu", "geglu"])
@@ -74,7 +76,7 @@ def test_hooks_see_every_call():
     seen = []
     layer.register_forward_hook(lambda module, args, out: seen.append(out.shape))
     with torch.inference_mode():
-        linear(torch.randn(3, 8), layer, fused=True, activation="gelu")
+        linear(torch.randn(3, 8), layer, activation="gelu")
     assert seen == [torch.Size([3, 8])]
 
 
@@ -140,7 +142,7 @@ def test_linear_with_gradients_falls_back_to_eager():
     torch.manual_seed(0)
     layer = nn.Linear(8, 6)
     x = torch.randn(5, 8)
-    linear(x, layer, fused=True, activation="gelu").sum().backward()
+    linear(x, layer, activation="gelu").sum().backward()
     fused_grad = layer.weight.grad.clone()
     layer.weight.grad = None
     nn.functional.gelu(layer(x)).sum().backward()

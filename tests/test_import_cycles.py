@@ -269,7 +269,7 @@ def test_the_checker_sees_an_import_back_into_the_package(module, line, tmp_path
     [
         ("blocks.py", "from .fast import fused_blocks"),
         ("attention/mha.py", "    from ..fast.fused_linear import linear"),  # deferred
-        ("reference.py", "if TYPE_CHECKING:\n    from .fast.varlen import VarlenCall"),
+        ("reference.py", "if TYPE_CHECKING:\n    from .fast.varlen import attend"),
     ],
 )
 def test_the_checker_sees_the_core_importing_the_fast_package(module, line, tmp_path, monkeypatch):

@@ -330,9 +330,9 @@ def test_fused_activation_and_residual_agree_with_the_eager_steps(activation):
     act = activation_fn(activation)
     with torch.inference_mode():
         want_act, want_res = act(eager(x)), residual + eager(x)
-        got_act = linear(x, fused, fused=True, activation=activation)
-        got_res = linear(x, fused, fused=True, residual=residual)
-        assert torch.equal(linear(x, eager, fused=True, residual=residual), want_res)
+        got_act = linear(x, fused, activation=activation)
+        got_res = linear(x, fused, residual=residual)
+        assert torch.equal(linear(x, eager, residual=residual), want_res)
         assert eager.fused_call(x) is None  # not compiled: the helper ran the eager steps
         assert fused.fused_call(x, activation=activation) is not None
         with pytest.raises(ValueError, match="not both"):

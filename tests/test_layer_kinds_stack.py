@@ -179,8 +179,8 @@ def test_grouped_keys_are_not_repeated_in_memory(backend, method):
         plan = model.encoder.plan_for(mask, backend=backend)
         if method is not None:  # every layer's plan takes the method
             choice = Decision(method, "chosen by the test")
-            layers = tuple(dataclasses.replace(p, method=choice) for p in plan.per_layer)
-            plan = dataclasses.replace(plan, method=choice, per_layer=layers)
+            layers = tuple(dataclasses.replace(p, method=choice) for p in plan.layers)
+            plan = dataclasses.replace(plan, layers=layers)
         x = model.embeddings(ids)
         with profile() as prof:
             model.encoder.run(x, plan)
@@ -287,5 +287,5 @@ def test_the_plan_says_which_method_serves_grouped_keys():
     model = model_of("qwen3")
     mask = torch.tensor([[1] * 6, [1] * 2 + [0] * 4], dtype=torch.bool)
     plan = model.encoder.plan_for(mask, backend="varlen")
-    assert plan.is_causal
+    assert plan.layer(0).is_causal
     assert plan.packed and plan.method.choice != "avx512", str(plan)

@@ -127,26 +127,20 @@ def test_the_probe_sees_a_t_by_t_tensor_when_there_is_one():
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_causal_local_layers_agree_across_kernels_and_layouts(is_causal):
     """A causal flag survives the per-layer plans on every path (slab kernel included)."""
+    import dataclasses
+
     from clearformer.padding import repad
-    from clearformer.plan import plan_stack
 
     stack = local_stack("math")
+    # The plans of the same stack made causal (or not): a plan does not read the weights.
+    planner = Encoder(dataclasses.replace(stack.config, causal=is_causal)).eval()
     lengths = [600, 230]
     mask = lengths_mask(lengths)
     x = torch.randn(2, 600, 32)
-    layers = stack._layer_kinds()
     outs = {}
     with torch.no_grad():
         for backend in ("math", "sdpa", "varlen"):
-            plan = plan_stack(
-                mask,
-                shape=(2, 600),
-                device=x.device,
-                backend=backend,
-                is_causal=is_causal,
-                head_dim=8,
-                layers=layers,
-            )
+            plan = planner.plan_for(mask, backend=backend)
             rows = x.reshape(-1, 32)[plan.packing.indices] if plan.packed else x
             for i, block in enumerate(stack.layers):
                 rows = block.run(rows, plan.layer(i)).hidden
@@ -158,7 +152,7 @@ def test_causal_local_layers_agree_across_kernels_and_layouts(is_causal):
 
 def test_many_long_sequences_through_the_padded_varlen_method():
     """More than MAX_SEQUENCE_CALLS lengths: varlen attends on a padded copy, slab by slab."""
-    from clearformer.fast.varlen import varlen_attention
+    from clearformer.packed_attention import varlen_attention
     from clearformer.padding import unpad
 
     from .helpers import intra_op_threads

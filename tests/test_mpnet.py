@@ -105,7 +105,7 @@ def test_packed_ids_and_every_varlen_method_equal_each_sequence_alone(checkpoint
     plan = model.encoder.plan_for(mask)
     assert plan.layout.choice == "packed"
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    from clearformer.fast.varlen import varlen_attention
+    from clearformer.packed_attention import varlen_attention
 
     for method in ("padded", "threads", "sequence"):  # each varlen method adds the bias
         layout = plan.packing

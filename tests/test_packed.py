@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from clearformer import Encoder, EncoderConfig, MultiHeadAttention
 from clearformer.bench.varlen_methods import bench_varlen_attention, length_buckets
-from clearformer.fast.varlen import varlen_attention
+from clearformer.packed_attention import varlen_attention
 from clearformer.padding import pack_layout, repad, unpad
 from clearformer.plan import PACK_MIN_PADDING
 
@@ -224,7 +224,9 @@ def test_runs_of_equal_lengths_match_reference():
 
 
 def test_auto_method_bounds_the_number_of_calls():
-    from clearformer.fast.varlen import MAX_SEQUENCE_CALLS, resolve_method
+    from clearformer.routes import MAX_SEQUENCE_CALLS
+
+    from .helpers import resolve_method
 
     q, _, _, few = packed_qkv([5, 5, 5, 5, 3])  # two runs: two calls
     lengths = [2 + (i % 2) for i in range(MAX_SEQUENCE_CALLS + 1)]  # no two neighbours equal

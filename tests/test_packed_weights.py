@@ -4,6 +4,7 @@ packing, never reach past their scope or thread, and ``encode`` uses them."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 
@@ -13,14 +14,15 @@ import torch
 from torch import nn
 
 import clearformer.fast.packed_weights as packed_weights_module
-from clearformer.fast.fused_linear import linear, onednn_available
+from clearformer.fast.fused_linear import linear
 from clearformer.fast.packed_weights import PackedWeights, packed_weight, use_packed_weights
+from clearformer.machine import machine
 from clearformer.text import TextEncoder
 
 from .helpers import record_packings
 
 pytestmark = pytest.mark.skipif(
-    not onednn_available(), reason="this PyTorch build has no oneDNN fused linear op"
+    not machine().onednn, reason="this PyTorch build has no oneDNN fused linear op"
 )
 
 
@@ -38,10 +40,10 @@ def test_packed_copy_gives_the_same_numbers(rows, kind):
     kwargs = {"gelu": {"activation": "gelu"}, "residual": {"residual": residual}}.get(kind, {})
     packed = PackedWeights()
     with torch.inference_mode():
-        want = linear(x, layer, fused=True, **kwargs)
+        want = linear(x, layer, **kwargs)
         with use_packed_weights(packed):
-            first = linear(x, layer, fused=True, **kwargs)  # packs
-            again = linear(x, layer, fused=True, **kwargs)  # reuses
+            first = linear(x, layer, **kwargs)  # packs
+            again = linear(x, layer, **kwargs)  # reuses
     assert len(packed) == 1
     assert torch.equal(first, again)
     if rows == 1:  # a single row may take oneDNN's matrix-vector kernel: another sum order
@@ -55,17 +57,17 @@ def test_a_weight_changed_after_packing_is_packed_again():
     x = torch.randn(5, 48)
     packed = PackedWeights()
     with torch.inference_mode(), use_packed_weights(packed):
-        before = linear(x, layer, fused=True)
+        before = linear(x, layer)
         with torch.no_grad():
             layer.weight.mul_(-2.0)  # in place: the version counter moves
-        after_update = linear(x, layer, fused=True)
+        after_update = linear(x, layer)
         with torch.inference_mode(False):
             layer.weight = nn.Parameter(torch.randn(80, 48))  # a new tensor
-        after_swap = linear(x, layer, fused=True)
+        after_swap = linear(x, layer)
         want_swap = x @ layer.weight.T + layer.bias
         with torch.inference_mode(False):
             layer.weight.data = torch.randn(80, 48)  # new storage, same tensor and version
-        after_data = linear(x, layer, fused=True)
+        after_data = linear(x, layer)
         want_data = x @ layer.weight.T + layer.bias
     assert not torch.allclose(before, after_update)
     torch.testing.assert_close(after_update - layer.bias, -2.0 * (before - layer.bias))
@@ -97,7 +99,8 @@ def test_where_weights_cannot_be_reordered_the_layers_own_are_read(monkeypatch):
     import clearformer.fast.packed_weights as packed_weights
 
     layer = _layer()
-    monkeypatch.setattr(packed_weights, "reorder_available", lambda dtype=None: False)
+    without = dataclasses.replace(machine(), reorder=frozenset())
+    monkeypatch.setattr(packed_weights, "machine", lambda: without)
     packed = PackedWeights()
     with use_packed_weights(packed):
         assert packed_weight(layer) is layer.weight
@@ -114,18 +117,16 @@ def test_weights_it_cannot_watch_or_oneDNN_does_not_take_are_left_alone():
 
 
 def test_bfloat16_weights_are_packed_and_give_the_plain_products():
-    import clearformer.fast.packed_weights as packed_weights
-
-    if not packed_weights.reorder_available(torch.bfloat16):
+    if torch.bfloat16 not in machine().reorder:
         pytest.skip("oneDNN does not reorder bfloat16 weights here")
     layer = _layer().to(torch.bfloat16)
     x = torch.randn(7, 48, dtype=torch.bfloat16)
     packed = PackedWeights()
     with torch.no_grad():
-        plain = linear(x, layer, fused=True, residual=torch.ones(7, 80, dtype=torch.bfloat16))
+        plain = linear(x, layer, residual=torch.ones(7, 80, dtype=torch.bfloat16))
         with use_packed_weights(packed):
             assert packed_weight(layer) is not layer.weight and len(packed) == 1
-            got = linear(x, layer, fused=True, residual=torch.ones(7, 80, dtype=torch.bfloat16))
+            got = linear(x, layer, residual=torch.ones(7, 80, dtype=torch.bfloat16))
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got, plain, atol=0, rtol=0)
 

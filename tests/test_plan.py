@@ -12,7 +12,7 @@ from clearformer import Encoder, EncoderBlock, EncoderConfig, EncoderModel, Mult
 from clearformer import masks as masks_module
 from clearformer.kernels import sdpa as sdpa_module
 from clearformer.padding import repad, unpad
-from clearformer.plan import plan_stack
+from clearformer.plan import Ask, Rows, plan_stack
 
 from .helpers import lengths_mask
 
@@ -157,6 +157,13 @@ def test_plan_is_frozen():
         plan.kernel = None
 
 
+def stack_plan(mask, *, backend: str, causal: bool = False):
+    """A one-layer stack's plan for ``mask``: its layer's plan is what a block runs."""
+    encoder = Encoder(small_config(n_layers=1, causal=causal)).eval()
+    rows = Rows(*mask.shape, mask.device, torch.float32)
+    return plan_stack(encoder, rows, mask, Ask(backend=backend))
+
+
 def test_causal_plans_agree_across_layouts_and_kernels():
     """The causal flag rides on the plan: packed rows, padded math and padded sdpa agree."""
     block = EncoderBlock(D, H, 64).eval()
@@ -165,9 +172,7 @@ def test_causal_plans_agree_across_layouts_and_kernels():
     outs = {}
     with torch.no_grad():
         for backend in ("math", "sdpa", "varlen"):
-            plan = plan_stack(
-                mask, shape=mask.shape, device=x.device, backend=backend, is_causal=True
-            )
+            plan = stack_plan(mask, backend=backend, causal=True).layer(0)
             rows = x.reshape(-1, D)[plan.packing.indices] if plan.packed else x
             out = block.run(rows, plan).hidden
             if plan.packed:
@@ -178,8 +183,8 @@ def test_causal_plans_agree_across_layouts_and_kernels():
     # and causal really masks: a sequence's first token ignores every later one
     later = x.clone()
     later[:, 1:] += 1.0
-    causal = plan_stack(mask, shape=mask.shape, device=x.device, backend="math", is_causal=True)
-    full = plan_stack(mask, shape=mask.shape, device=x.device, backend="math")
+    causal = stack_plan(mask, backend="math", causal=True).layer(0)
+    full = stack_plan(mask, backend="math").layer(0)
     with torch.no_grad():
         moved = block.run(later, causal).hidden[:, 0]
         plain = block.run(later, full).hidden[:, 0]
@@ -285,13 +290,14 @@ def test_packed_rows_refuse_a_padded_kernel():
 
 def test_the_printed_plan_is_the_plan_that_runs_for_half_precision(monkeypatch):
     """plan_for without an input takes the dtype and head width from the model itself."""
-    from clearformer.fast import varlen
+    from clearformer import routes
+    from clearformer.options import Decision
 
     asked = []
     monkeypatch.setattr(
-        varlen,
-        "flash_available",
-        lambda device, dtype, head_dim=None: asked.append((dtype, head_dim)) or False,
+        routes,
+        "flash_serves",
+        lambda call: asked.append((call.dtype, call.head_dim)) or Decision("declines", "spy"),
     )
     encoder = Encoder(small_config(n_layers=1)).to(torch.bfloat16).eval()
     mask = lengths_mask(LENGTHS)
@@ -307,9 +313,7 @@ def test_the_printed_plan_is_the_plan_that_runs_for_half_precision(monkeypatch):
 def test_varlen_under_compile_is_refused_with_a_reason(monkeypatch):
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     with pytest.raises(ValueError, match="torch.compile"):
-        plan_stack(
-            lengths_mask(LENGTHS), shape=(4, 6), device=torch.device("cpu"), backend="varlen"
-        )
+        stack_plan(lengths_mask(LENGTHS), backend="varlen")
 
 
 def test_two_explains_of_one_training_model_keep_dropout_off():

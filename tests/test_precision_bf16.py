@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from clearformer import CrossEncoder, Seq2SeqConfig, Seq2SeqTransformer, TextEncoder
-from clearformer.fast.fused_linear import onednn_bf16_available
+from clearformer.machine import machine
 from clearformer.precision import bf16_copy, is_bf16
 
 from .helpers import needs_avx512_library, write_tiny_bert
@@ -183,7 +183,7 @@ def test_every_route_in_bf16_agrees_with_the_reference(family, backend, method, 
     context = torch.no_grad() if fused else torch.enable_grad()
     with context:
         plan = copy16.plan_for(mask, backend=backend, dtype=torch.bfloat16)
-        expect_fused = fused and backend != "math" and onednn_bf16_available()
+        expect_fused = fused and backend != "math" and machine().onednn_bf16
         assert plan.fused_linear == expect_fused, str(plan)
         if method is not None:
             plan = with_method(plan, method)
@@ -222,7 +222,7 @@ def test_the_plan_says_bf16_and_its_linear_route():
     with torch.no_grad():
         plan = encoder.plan_for(mask)
     text = str(plan)
-    if onednn_bf16_available():
+    if machine().onednn_bf16:
         assert "fused (CPU inference in bfloat16" in text
     else:
         assert "eager (oneDNN's fused linear op does not run bfloat16 here)" in text

@@ -11,10 +11,11 @@ import torch
 from clearformer import Encoder, EncoderConfig, switches
 from clearformer.fast import avx512, avx512_linear
 from clearformer.fast.packed_weights import PackedWeights, use_packed_weights
-from clearformer.fast.varlen import varlen_attention
+from clearformer.packed_attention import varlen_attention
 from clearformer.padding import layout_from_cu_seqlens
+from clearformer.routes import kernels_wanted
 
-from .helpers import needs_avx512_library
+from .helpers import avx512_in_use, needs_avx512_library
 
 VARIABLES = (
     "CLEARFORMER_KERNELS",
@@ -131,7 +132,7 @@ class TestTheLibraryLoaded:
         assert plan.method.choice != "avx512"
         for decision in (plan.method, plan.linear, padded.kernel):
             assert "CLEARFORMER_KERNELS=off" in decision.reason, str(plan)
-        assert not avx512.in_use() and not avx512_linear.preferred()
+        assert not avx512_in_use() and not kernels_wanted(("avx512_linear",))
 
     @torch.no_grad()
     def test_kernels_off_refuses_the_kernel_by_name_where_avx512_off_does_not(self, unset):

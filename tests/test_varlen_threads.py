@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clearformer.fast.varlen import varlen_attention
 from clearformer.fast.varlen_threads import balanced_groups
+from clearformer.packed_attention import varlen_attention
 from clearformer.padding import pack_layout
 
 from .helpers import intra_op_threads, lengths_mask

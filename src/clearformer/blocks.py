@@ -41,7 +41,7 @@ from .dtypes import check_rows_dtype
 from .feedforward import FeedForward
 from .norms import make_norm
 from .options import ACTIVATIONS, BACKENDS, NORM_KINDS, NORMS
-from .plan import ForwardPlan, plan_attention
+from .plan import LayerPlan, plan_layer
 
 
 class BlockOutput(NamedTuple):
@@ -170,11 +170,11 @@ class EncoderBlock(nn.Module):
 
     def plan_for(
         self, x: Tensor, mask: Tensor | None = None, *, backend: str | None = None
-    ) -> ForwardPlan:
+    ) -> LayerPlan:
         """The plan of a lone call on ``x`` (B, T, D): validated mask, kernel and why."""
         self._check_input(x)
         B, T, _ = x.shape
-        return plan_attention(
+        return plan_layer(
             mask,
             batch=B,
             heads=self.attn.n_heads,
@@ -185,6 +185,8 @@ class EncoderBlock(nn.Module):
             dtype=x.dtype,
             head_dim=self.head_dim,
             grouped=self.attn.kv_heads != self.attn.n_heads,
+            dropout=self.training and self.attn.attn_dropout > 0.0,
+            rows_apart=self.attn.q_norm is not None,
         )
 
     def forward(
@@ -193,8 +195,9 @@ class EncoderBlock(nn.Module):
         mask: Tensor | None = None,
         *,
         backend: str | None = None,
-        plan: ForwardPlan | None = None,
+        plan: LayerPlan | None = None,
         stacked: bool = False,
+        bias: Tensor | None = None,
     ) -> Tensor | BlockOutput:
         """Encode ``x``.
 
@@ -208,6 +211,7 @@ class EncoderBlock(nn.Module):
                 :class:`BlockOutput`. The stack calls its blocks through ``__call__`` this way,
                 not :meth:`run`, so that module hooks fire per block (FSDP2 gathers a block's
                 parameters in one; activation checkpointing recomputes the call).
+            bias: a stack's call: its (H, L, L) score bias (a relative position bias), or None.
 
         Returns:
             Same shape as ``x``. Rows at padded positions are computed like any other query
@@ -217,7 +221,7 @@ class EncoderBlock(nn.Module):
         if stacked:
             if plan is None or mask is not None or backend is not None:
                 raise ValueError("stacked=True takes a stack's plan, and no mask or backend")
-            return self.run(x, plan)
+            return self.run(x, plan, bias)
         if plan is None:
             # Checked here, before the pre-norm runs, so that a bad mask fails before any work.
             plan = self.plan_for(x, mask, backend=backend)
@@ -227,19 +231,20 @@ class EncoderBlock(nn.Module):
             plan.check_rows(x)
         return self.run(x, plan).hidden
 
-    def run(self, x: Tensor, plan: ForwardPlan) -> BlockOutput:
-        """One block on rows laid out as ``plan`` says; the plan is trusted as it is."""
+    def run(self, x: Tensor, plan: LayerPlan, bias: Tensor | None = None) -> BlockOutput:
+        """One block on rows laid out as ``plan`` says (``bias``: the stack call's score bias);
+        the plan is trusted as it is."""
         if plan.fused_linear:
             # A fast route the plan chose (clearformer.fast) runs the whole block on this
             # block's own parameters: each residual add and norm fused into a matrix product.
-            return BlockOutput(*plan.linear.impl.encoder_block(self, x, plan))
+            return BlockOutput(*plan.linear.impl.encoder_block(self, x, plan, bias))
         if self.norm == "pre":
             h = self.attn_norm(x)
-            h, weights = self.attn.attend(h, h, h, plan)
+            h, weights = self.attn.attend(h, h, h, plan, bias)
             x = x + self.attn_residual_dropout(self.attn_out_norm(h))
             x = x + self.mlp_residual_dropout(self.mlp_out_norm(self.mlp(self.mlp_norm(x))))
         else:
-            h, weights = self.attn.attend(x, x, x, plan)
+            h, weights = self.attn.attend(x, x, x, plan, bias)
             x = self.attn_norm(x + self.attn_residual_dropout(h))
             x = self.mlp_norm(x + self.mlp_residual_dropout(self.mlp(x)))
         return BlockOutput(x, weights)

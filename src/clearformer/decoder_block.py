@@ -40,10 +40,8 @@ from .checks import (
 )
 from .dtypes import check_rows_dtype
 from .feedforward import FeedForward
-from .layer_plans import with_linear
 from .options import ACTIVATIONS, BACKENDS, NORMS
-from .plan import ForwardPlan, plan_attention
-from .routes import linear_route
+from .plan import LayerPlan, plan_decoder
 
 
 @dataclass(frozen=True)
@@ -206,7 +204,7 @@ class DecoderBlock(nn.Module):
         return y if cache is None else (y, new_cache)
 
     def run(
-        self, x: Tensor, cache: LayerCache, self_plan: ForwardPlan, cross_plan: ForwardPlan
+        self, x: Tensor, cache: LayerCache, self_plan: LayerPlan, cross_plan: LayerPlan
     ) -> tuple[Tensor, LayerCache]:
         """One block as the plans say (trusted as they are); returns the rows and the cache
         with the new rows' keys and values appended."""
@@ -268,7 +266,7 @@ def memory_kv(attn: MultiHeadAttention, memory: Tensor) -> tuple[Tensor, Tensor]
 def cached_self_attention(
     attn: MultiHeadAttention,
     x: Tensor,
-    plan: ForwardPlan,
+    plan: LayerPlan,
     past: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """Self-attention of new rows ``x`` (B, t, in_dim) over the keys and values of earlier rows
@@ -284,7 +282,7 @@ def cached_self_attention(
 
 
 def memory_attention(
-    attn: MultiHeadAttention, x: Tensor, memory: tuple[Tensor, Tensor], plan: ForwardPlan
+    attn: MultiHeadAttention, x: Tensor, memory: tuple[Tensor, Tensor], plan: LayerPlan
 ) -> Tensor:
     """Cross-attention from ``x`` (B, t, in_dim) to a memory's keys and values from
     :func:`memory_kv`; ``plan`` is made for t queries and S keys. (B, t, out_dim)."""
@@ -305,9 +303,6 @@ def prepare_call(owner, x, memory, mask, memory_mask, cache, *, cache_type, head
         owner._check_rows if isinstance(owner, DecoderBlock) else owner.layers[0]._check_rows
     )
     check_rows(x, "x")
-    fusion = None
-    if backend != "math":  # the math backend is the reference: always the eager layers
-        fusion = linear_route(x.device, x.dtype, owner.training, owner)
     if cache is None:
         if memory is None:
             raise ValueError("memory must be a (B, S, D) tensor unless a cache holds it")
@@ -332,6 +327,7 @@ def prepare_call(owner, x, memory, mask, memory_mask, cache, *, cache_type, head
     B, T, _ = x.shape
     # Planned once for every layer: the masks are validated here, before any work.
     self_plan, cross_plan = plan_decoder(
+        owner,
         mask,
         memory_mask,
         batch=B,
@@ -343,57 +339,6 @@ def prepare_call(owner, x, memory, mask, memory_mask, cache, *, cache_type, head
         backend=backend,
         dtype=x.dtype,
     )
-    if fusion is not None:
-        self_plan, cross_plan = with_linear(self_plan, fusion), with_linear(cross_plan, fusion)
     if mask is not None:
         x = torch.where(mask[..., None], x, 0.0)  # padded rows: zeros, whatever they held
     return x, start, self_plan, cross_plan
-
-
-def plan_decoder(
-    mask: Tensor | None,
-    memory_mask: Tensor | None,
-    *,
-    batch: int,
-    tq: int,
-    past: int,
-    memory_length: int,
-    heads: int,
-    device: torch.device,
-    backend: str,
-    dtype: torch.dtype,
-) -> tuple[ForwardPlan, ForwardPlan]:
-    """The self- and cross-attention plans of a decoder call, made once for all its layers.
-
-    Self-attention: ``tq`` new queries over ``past + tq`` keys, causal (query i sees keys
-    j <= past + i), target key padding from ``mask``. Cross-attention: ``tq`` queries over
-    ``memory_length`` memory keys, key padding from ``memory_mask``.
-    """
-    if backend == "varlen":
-        raise ValueError(
-            "backend='varlen' runs on packed rows; the decoder runs on the padded layout: "
-            "use 'auto', 'sdpa' or 'math'"
-        )
-    self_plan = plan_attention(
-        mask,
-        batch=batch,
-        heads=heads,
-        tq=tq,
-        tk=past + tq,
-        device=device,
-        backend=backend,
-        # One new token sees every earlier one: no constraint left to apply.
-        is_causal=tq > 1,
-        dtype=dtype,
-    )
-    cross_plan = plan_attention(
-        memory_mask,
-        batch=batch,
-        heads=heads,
-        tq=tq,
-        tk=memory_length,
-        device=device,
-        backend=backend,
-        dtype=dtype,
-    )
-    return self_plan, cross_plan

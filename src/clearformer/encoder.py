@@ -20,12 +20,10 @@ from .blocks import EncoderBlock
 from .checks import check_bool
 from .config import EncoderConfig
 from .dtypes import check_rows_dtype, rows_dtype
-from .layer_plans import check_contiguous, with_linear, with_score_bias
 from .norms import make_norm
 from .padding import layout_from_cu_seqlens, repad
-from .plan import ForwardPlan, plan_stack
+from .plan import Ask, CallPlan, Rows, check_given_plan, plan_stack
 from .relative_bias import RelativePositionBias
-from .routes import linear_route
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,8 @@ class Encoder(nn.Module):
         mask_name: str = "mask",
         cu_seqlens: Tensor | None = None,
         checkpointing: bool | None = None,
-    ) -> ForwardPlan:
+        rows_alone: bool = False,
+    ) -> CallPlan:
         """The plan of a call with this (B, T) mask: layout, kernel and the reason for each.
 
         Printed, the plan says what will run and why. ``shape`` and ``device``
@@ -123,58 +122,42 @@ class Encoder(nn.Module):
         parameters' (the input's, in a forward). With ``cu_seqlens`` (rows packed by the
         caller) the mask must be None and the layout gives the shape and device.
         ``checkpointing`` (recompute activations in backward) defaults to the config's.
+        ``rows_alone``: each row's result must not depend on its batch-mates (a batch with
+        padding is packed).
         """
+        for value, name in (
+            (output_attentions, "output_attentions"),
+            (output_hidden_states, "output_hidden_states"),
+            (rows_alone, "rows_alone"),
+        ):
+            check_bool(value, name)
         check_bool(checkpointing, "checkpointing", optional=True)
-        check_bool(output_attentions, "output_attentions")
-        check_bool(output_hidden_states, "output_hidden_states")
-        packing = None
+        dtype = self._dtype() if dtype is None else dtype
         if cu_seqlens is not None:
             packing = layout_from_cu_seqlens(cu_seqlens)
-            shape, device = (packing.batch, packing.seqlen), cu_seqlens.device
-        if shape is None or device is None:
-            if not isinstance(mask, Tensor):
-                raise TypeError(
-                    "shape and device must be given unless mask is a (B, T) tensor, got "
-                    f"mask={type(mask).__name__}"
-                )
-            if shape is None:
-                # A mask of the wrong rank still gets its shape error from the one mask check.
-                dims = tuple(mask.shape) or (0,)
-                shape = (dims[0], dims[-1])
-            device = mask.device if device is None else device
-        plan = plan_stack(
-            mask,
-            shape=shape,
-            device=device,
+            rows = Rows(packing.batch, packing.seqlen, cu_seqlens.device, dtype, packing)
+        else:
+            if shape is None or device is None:
+                if not isinstance(mask, Tensor):
+                    raise TypeError(
+                        "shape and device must be given unless mask is a (B, T) tensor, got "
+                        f"mask={type(mask).__name__}"
+                    )
+                if shape is None:
+                    # A mask of the wrong rank still gets its shape error from the mask check.
+                    dims = tuple(mask.shape) or (0,)
+                    shape = (dims[0], dims[-1])
+                device = mask.device if device is None else device
+            rows = Rows(*shape, device, dtype)
+        ask = Ask(
             backend=self.config.backend if backend is None else backend,
             need_weights=output_attentions,
             output_hidden_states=output_hidden_states,
             checkpointing=self.config.checkpointing if checkpointing is None else checkpointing,
-            dtype=self._dtype() if dtype is None else dtype,
-            head_dim=self.config.head_width,
-            is_causal=self.config.causal,
-            layers=self._layer_kinds(),
+            rows_alone=rows_alone,
             mask_name=mask_name,
-            packing=packing,
-            score_bias=self.relative_bias is not None,
-            grouped=self.config.kv_heads != self.config.n_heads,
         )
-        if self.relative_bias is not None and plan.token_mask is not None:
-            # Distances are read off the row index on the padded layout: one run per row.
-            check_contiguous(plan.token_mask, "a relative position bias")
-        return self._route_linear(plan, self._dtype() if dtype is None else dtype)
-
-    def _route_linear(self, plan: ForwardPlan, dtype: torch.dtype) -> ForwardPlan:
-        """``plan`` with its linear layers' route: the one place the stack decides it."""
-        if plan.kernel.choice == "math":
-            # The math kernel is the reference: always the eager layers.
-            return plan
-        return with_linear(plan, linear_route(plan.device, dtype, self.training, self))
-
-    def _layer_kinds(self) -> tuple[tuple[int | None, float | None], ...]:
-        """(window, rotary base) of every layer, for the plan."""
-        cfg = self.config
-        return tuple((cfg.window_of(t), cfg.rope_theta_of(t)) for t in cfg.layer_types)
+        return plan_stack(self, rows, mask, ask)
 
     def _dtype(self) -> torch.dtype:
         """The dtype the stack computes in (its products' parameters'), for the plan's kernel
@@ -188,7 +171,7 @@ class Encoder(nn.Module):
         mask: Tensor | None = None,
         *,
         backend: str | None = None,
-        plan: ForwardPlan | None = None,
+        plan: CallPlan | None = None,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
         cu_seqlens: Tensor | None = None,
@@ -254,23 +237,10 @@ class Encoder(nn.Module):
                     "give either a plan or mask/backend/output/checkpointing flags, not both: "
                     "the plan holds them"
                 )
-            if plan.scope != "stack":
-                raise ValueError(
-                    f"plan must be a stack's plan (from Encoder.plan_for), got a plan made for "
-                    f"one {plan.scope}: it does not say which rows are padding"
-                )
-            if (plan.batch, plan.tq) != (B, T) or plan.device != x.device:
-                raise ValueError(
-                    f"plan was made for a batch of (B, T) = ({plan.batch}, {plan.tq}) on "
-                    f"{plan.device}, got x of shape {tuple(x.shape)} on {x.device}"
-                )
-            if plan.fused_linear:
-                # A plan made earlier, for another mode maybe (inference, then a training call
-                # with gradients; hooks added since): the linear layers' route is this call's.
-                plan = self._route_linear(plan, x.dtype)
+            plan = check_given_plan(self, plan, x)
         return self.run(x, plan)
 
-    def run(self, x: Tensor, plan: ForwardPlan) -> Tensor | EncoderOutput:
+    def run(self, x: Tensor, plan: CallPlan) -> Tensor | EncoderOutput:
         """The stack on a (B, T, D) batch (or (N, D) packed rows) as ``plan`` says; the plan is
         trusted as it is."""
         recompute = plan.checkpointing and self.training and torch.is_grad_enabled()
@@ -278,10 +248,11 @@ class Encoder(nn.Module):
             return self._run_reference(x, plan)
         hidden: list[Tensor] = []
         attentions: list[Tensor] = []
-        if self.relative_bias is not None:
-            # The bias is a parameter: computed once per call, shared by every layer.
+        bias = None
+        if plan.score_bias:
+            # The bias comes from parameters: computed once per call, handed to every layer.
             longest = plan.packing.max_seqlen if plan.packed else plan.tq
-            plan = with_score_bias(plan, self.relative_bias(longest))  # (H, L, L)
+            bias = self.relative_bias(longest)  # (H, L, L)
         if plan.packed and not plan.packed_input:
             x = x.reshape(-1, x.shape[-1]).index_select(0, plan.packing.indices)  # (N, D)
         elif plan.token_mask is not None:
@@ -295,9 +266,11 @@ class Encoder(nn.Module):
             # Through the module's __call__ (not block.run), so that hooks fire per block.
             if recompute:
                 # Only the block's input is kept for backward; the rest is computed again then.
-                out = checkpoint(block, x, plan=layer_plan, stacked=True, use_reentrant=False)
+                out = checkpoint(
+                    block, x, plan=layer_plan, stacked=True, bias=bias, use_reentrant=False
+                )
             else:
-                out = block(x, plan=layer_plan, stacked=True)
+                out = block(x, plan=layer_plan, stacked=True, bias=bias)
             x = out.hidden
             if plan.output_hidden_states:
                 hidden.append(_padded_output(x, plan))
@@ -306,7 +279,7 @@ class Encoder(nn.Module):
         last = _padded_output(self.final_norm(x), plan)
         return _outputs(last, hidden, attentions, plan)
 
-    def _run_reference(self, x: Tensor, plan: ForwardPlan) -> Tensor | EncoderOutput:
+    def _run_reference(self, x: Tensor, plan: CallPlan) -> Tensor | EncoderOutput:
         """The ``math`` kernel on the padded layout: the reference encoder
         (:func:`clearformer.reference.encoder`), which ``explain`` records."""
         last, hidden, attentions = reference.encoder(self, x, plan.token_mask)
@@ -314,7 +287,7 @@ class Encoder(nn.Module):
 
 
 def _outputs(
-    last: Tensor, hidden: list[Tensor], attentions: list[Tensor], plan: ForwardPlan
+    last: Tensor, hidden: list[Tensor], attentions: list[Tensor], plan: CallPlan
 ) -> Tensor | EncoderOutput:
     if not (plan.output_hidden_states or plan.need_weights):
         return last
@@ -325,7 +298,7 @@ def _outputs(
     )
 
 
-def _check_packed_rows(x: Tensor, plan: ForwardPlan, width: int) -> None:
+def _check_packed_rows(x: Tensor, plan: CallPlan, width: int) -> None:
     if x.dim() != 2 or x.shape[-1] != width:
         raise ValueError(
             f"x must have shape (N, d_model={width}) with cu_seqlens, got {tuple(x.shape)}"
@@ -338,7 +311,7 @@ def _check_packed_rows(x: Tensor, plan: ForwardPlan, width: int) -> None:
         raise ValueError(f"x must be on cu_seqlens' device {plan.device}, got {x.device}")
 
 
-def _padded_output(rows: Tensor, plan: ForwardPlan) -> Tensor:
+def _padded_output(rows: Tensor, plan: CallPlan) -> Tensor:
     """(N, D) packed or (B, T, D) padded rows -> (B, T, D) with zeros at padded positions;
     rows the caller packed stay packed."""
     if plan.packed_input:

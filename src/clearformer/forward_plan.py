@@ -1,16 +1,20 @@
-"""The forward plan: one call's meaning and its route, as one frozen value.
+"""The forward plan: one call's meaning and its route, as frozen values.
 
-A plan is made per call at the stack's edge (:mod:`clearformer.plan`) and read by every layer;
-it is never state on a module. Its fields fall in two groups:
+A plan is made per call (:mod:`clearformer.plan`) and read by every layer; it is never state
+on a module. Two values, no mode flag:
 
-* **what the call means**, read by every implementation alike: the shape and device, the masks
-  (``token_mask``, ``mask`` with its causal fold, ``query_has_key``, ``key_in_use``),
-  ``is_causal``, a local ``window``, ``rotary`` tables, a ``score_bias``, the packed layout's
-  rows (``packing``) and the outputs asked for (``need_weights``, ``output_hidden_states``,
-  ``checkpointing``);
-* **how it runs** (:attr:`ForwardPlan.route`), each choice with its reason, all made by
-  :mod:`clearformer.routes`: the ``layout``, the attention ``kernel``, the varlen ``method``
-  and the ``linear`` layers (eager, or a fused route of :mod:`clearformer.fast`).
+* :class:`CallPlan`, a stack call: the batch's shape, device and key-padding mask, the layout
+  (padded rows, or packed rows with their ``cu_seqlens``), the outputs asked for, and one
+  :class:`LayerPlan` per layer (layers of one kind share one value);
+* :class:`LayerPlan`, what one attention layer runs: its masks (``mask`` with its causal fold,
+  ``query_has_key``, ``key_in_use``), ``is_causal``, a local ``window``, ``rotary`` tables,
+  the packed layout, and how it runs, each choice with its reason, all made by
+  :mod:`clearformer.routes`: the attention ``kernel``, the varlen ``method`` on packed rows,
+  the AVX-512 kernel or PyTorch's on padded ones (``padded_route``), the ``linear`` layers
+  (eager, or a fused route of :mod:`clearformer.fast`) and their epilogue kernel. A lone
+  attention module or block is planned as one :class:`LayerPlan`.
+
+``print(plan)`` shows how the call runs.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from torch import Tensor
 from .options import KERNEL_NAMES, LAYOUTS, Decision
 from .padding import PackedLayout
 
-__all__ = ["ForwardPlan", "Route", "padded_positions", "positions_of"]
+__all__ = ["CallPlan", "ForwardPlan", "LayerPlan", "Route", "padded_positions"]
 
 
 @dataclass(frozen=True)
@@ -45,19 +49,18 @@ class Route:
 
 
 @dataclass(frozen=True, eq=False)
-class ForwardPlan:
-    """Everything the layers of one call need to know besides their input rows.
+class LayerPlan:
+    """Everything one attention layer (and the block around it) needs besides its rows.
 
     Attributes:
         layout: ``padded`` ((B, T, D) rows, ``mask`` applies) or ``packed`` ((N, D) rows).
         kernel: ``math``, ``sdpa`` or ``varlen``.
         method: on packed rows, how ``varlen`` attends (see clearformer.fast.varlen).
-        scope: ``stack`` (made by :func:`plan_stack` for a whole stack) or ``layer`` (made by
-            :func:`plan_attention` for one lone layer); a stack accepts only its own kind.
+        padded_route: an ``sdpa`` layer on padded rows: ``avx512`` where clearformer's AVX-512
+            kernel takes its attention (unmasked, or keys one run per sequence), else
+            ``torch``; None for the other kernels.
         batch, tq, tk: the padded shape of the call (queries and keys).
         device: where the call's rows live.
-        token_mask: (B, T) bool key-padding mask of a stack call, True = real token; None when
-            every position is real. The stack zeroes its padded output rows with it.
         mask: padded layout: bool, broadcastable to (B, H, Tq, Tk), True = may attend, causal
             constraint folded in; None = attend everywhere.
         query_has_key: (B, H|1, Tq|1, 1) bool, whether a query row has any key; None when
@@ -66,14 +69,12 @@ class ForwardPlan:
             whose mask leaves some key unused (its key and value are zeroed, so that a NaN
             there cannot reach a real query); None otherwise. A stack needs none: it zeroes
             padded rows once at its entry.
+        key_runs: with ``padded_route`` ``avx512`` under a key-padding mask: (first real key,
+            count) per sequence, (B,) each.
         packing: packed layout: where each sequence's rows are (``cu_seqlens``, offsets).
         is_causal: the kernel still has to apply the causal constraint itself (packed rows,
             or a padded call whose causal triangle was not folded into ``mask``).
         need_weights: return attention probabilities (``math`` only).
-        output_hidden_states: return every layer's hidden states.
-        checkpointing: recompute each block's activations in the backward pass instead of
-            keeping them (memory for time; a training call's choice). The stack applies it only
-            in training mode with gradients enabled.
         window: local attention: query i sees keys j of its sequence with |i - j| <= window;
             None = global attention.
         band_in_mask: the window is folded into ``mask`` (padded, short sequences or the
@@ -81,48 +82,36 @@ class ForwardPlan:
             padded rows (:mod:`clearformer.fast.local`), per sequence on packed rows.
         rotary: (cos, sin) float32 tables for rotary positions, shaped to broadcast over the
             heads of split queries and keys ((N, 1, Dh) packed, (B, 1, T, Dh) padded).
-        score_bias: (H, L, L) float added to every layer's scores (a relative position bias,
-            :mod:`clearformer.relative_bias`), L the padded length or the longest packed
-            sequence; a sequence of length l starting at position 0 reads its top-left
-            (H, l, l) corner. Attached by the stack that owns the bias; None: no bias.
-        packed_input: the caller gave packed rows and their ``cu_seqlens``: the stack returns
-            packed rows too, and never sees a padded grid.
+        score_bias: every score gets the stack's relative position bias, which the call hands
+            to the layers with the rows (it is computed from parameters, per call).
         linear: how the linear layers run: ``fused`` (bias, activation and residual add inside
-            oneDNN's matrix product, :mod:`clearformer.fast.fused_linear`: CPU inference in
-            float32) or ``eager``; None: eager (a plan no stack decided it for).
-        per_layer: a stack whose layers differ (local and global layers, rotary bases): the
-            plan of each layer, derived from this one and built once per layer type. Empty when
-            every layer runs this plan.
+            oneDNN's matrix product, :mod:`clearformer.fast.fused_linear`) or ``eager``; None:
+            eager (a plan no stack decided it for).
+        avx512_linear: a fused route's products with an exact GELU or a LayerNorm epilogue run
+            on clearformer's AVX-512 linear kernel (:mod:`clearformer.fast.avx512_linear`).
     """
 
     layout: Decision
     kernel: Decision
     method: Decision | None
-    scope: str
     batch: int
     tq: int
     tk: int
     device: torch.device
-    token_mask: Tensor | None = None
+    padded_route: Decision | None = None
     mask: Tensor | None = None
     query_has_key: Tensor | None = None
     key_in_use: Tensor | None = None
+    key_runs: tuple[Tensor, Tensor] | None = None
     packing: PackedLayout | None = None
     is_causal: bool = False
     need_weights: bool = False
-    output_hidden_states: bool = False
-    checkpointing: bool = False
     window: int | None = None
     band_in_mask: bool = False
     rotary: tuple[Tensor, Tensor] | None = None
-    score_bias: Tensor | None = None
-    packed_input: bool = False
+    score_bias: bool = False
     linear: Decision | None = None
-    per_layer: tuple[ForwardPlan, ...] = ()
-
-    def layer(self, index: int) -> ForwardPlan:
-        """The plan layer ``index`` of a stack runs."""
-        return self.per_layer[index] if self.per_layer else self
+    avx512_linear: bool = False
 
     def __post_init__(self) -> None:
         # Decisions speak the vocabulary of clearformer.options, nothing else.
@@ -133,20 +122,14 @@ class ForwardPlan:
         return self.packing is not None
 
     @property
-    def route(self) -> Route:
-        """How the call runs, apart from what it means."""
-        return Route(self.layout, self.kernel, self.method, self.linear)
-
-    @property
     def fused_linear(self) -> bool:
         """The linear layers run fused (see ``linear``)."""
         return self.linear is not None and self.linear.choice == "fused"
 
     @property
-    def positions(self) -> Tensor:
-        """Each row's position within its own sequence, counted over its real tokens: (N,)
-        when packed, (B, T) when padded (what rotary tables are built from)."""
-        return positions_of(self)
+    def route(self) -> Route:
+        """How the layer runs, apart from what it means."""
+        return Route(self.layout, self.kernel, self.method, self.linear)
 
     def check_rows(self, rows: Tensor, name: str = "x") -> None:
         """Raise unless ``rows`` are laid out as this plan says (shape and device)."""
@@ -162,29 +145,99 @@ class ForwardPlan:
             raise ValueError(f"plan was made for device {self.device}, got {name} on {rows.device}")
 
     def __str__(self) -> str:
+        return str(self.route)
+
+
+@dataclass(frozen=True, eq=False)
+class CallPlan:
+    """One call of a stack: the batch, its layout, the outputs asked for, every layer's plan.
+
+    Attributes:
+        layout: ``padded`` ((B, T, D) rows) or ``packed`` ((N, D) real rows).
+        kernel: the call's attention kernel (``math``, ``sdpa``, ``varlen``), every layer's.
+        batch, tq: the padded shape (B, T) of the call.
+        device: where the call's rows live.
+        token_mask: (B, T) bool key-padding mask, True = real token; None when every position
+            is real. The stack zeroes its padded output rows with it.
+        packing: packed layout: where each sequence's rows are (``cu_seqlens``, offsets).
+        packed_input: the caller gave packed rows and their ``cu_seqlens``: the stack returns
+            packed rows too, and never sees a padded grid.
+        need_weights: return every layer's attention probabilities (``math`` only).
+        output_hidden_states: return every layer's hidden states.
+        checkpointing: recompute each block's activations in the backward pass instead of
+            keeping them (memory for time; a training call's choice). The stack applies it only
+            in training mode with gradients enabled.
+        score_bias: the stack computes its relative position bias (H, L, L) once for the call,
+            L the padded length or the longest packed sequence, and hands it to every layer.
+        linear: how the linear layers run (every layer's; see :class:`LayerPlan`).
+        layers: the plan of each layer; layers of one kind (window, rotary base) share one.
+    """
+
+    layout: Decision
+    kernel: Decision
+    batch: int
+    tq: int
+    device: torch.device
+    token_mask: Tensor | None = None
+    packing: PackedLayout | None = None
+    packed_input: bool = False
+    need_weights: bool = False
+    output_hidden_states: bool = False
+    checkpointing: bool = False
+    score_bias: bool = False
+    linear: Decision | None = None
+    layers: tuple[LayerPlan, ...] = ()
+
+    def layer(self, index: int) -> LayerPlan:
+        """The plan layer ``index`` of the stack runs."""
+        return self.layers[index]
+
+    @property
+    def packed(self) -> bool:
+        return self.packing is not None
+
+    @property
+    def fused_linear(self) -> bool:
+        """The linear layers run fused (see ``linear``)."""
+        return self.linear is not None and self.linear.choice == "fused"
+
+    @property
+    def method(self) -> Decision | None:
+        """The varlen method of the call's global layers (a local layer's may differ)."""
+        plans = [p for p in self.layers if p.window is None] or list(self.layers)
+        return plans[0].method if plans else None
+
+    @property
+    def route(self) -> Route:
+        """How the call runs, apart from what it means."""
+        return Route(self.layout, self.kernel, self.method, self.linear)
+
+    @property
+    def positions(self) -> Tensor:
+        """Each row's position within its own sequence, counted over its real tokens: (N,)
+        when packed, (B, T) when padded (what rotary tables are built from)."""
+        if self.packing is not None:
+            return self.packing.positions
+        if self.token_mask is None:
+            return torch.arange(self.tq, device=self.device)[None].expand(self.batch, self.tq)
+        return padded_positions(self.token_mask)
+
+    def __str__(self) -> str:
         lines = [str(self.route)]
-        kinds: dict[str, list[int]] = {}
-        for i, plan in enumerate(self.per_layer):
-            what = "global" if plan.window is None else f"local |i - j| <= {plan.window}"
-            if plan.rotary is not None:
-                what += ", rotary"
-            kinds.setdefault(what, []).append(i)
-        for what, layers in kinds.items():
-            lines.append(f"layers {layers}: {what}")
+        if any(p.window is not None or p.rotary is not None for p in self.layers):
+            kinds: dict[str, list[int]] = {}
+            for i, plan in enumerate(self.layers):
+                what = "global" if plan.window is None else f"local |i - j| <= {plan.window}"
+                if plan.rotary is not None:
+                    what += ", rotary"
+                kinds.setdefault(what, []).append(i)
+            for what, layers in kinds.items():
+                lines.append(f"layers {layers}: {what}")
         return "\n".join(lines)
 
 
-def positions_of(plan: ForwardPlan) -> Tensor:
-    """Each row's position within its own sequence: (N,) packed, (B, T) padded.
-
-    Counted over real tokens only, so that a padded row and the same row packed get the same
-    position (with right padding, as tokenizers pad, that is simply 0, 1, 2, ...).
-    """
-    if plan.packing is not None:
-        return plan.packing.positions
-    if plan.token_mask is None:
-        return torch.arange(plan.tq, device=plan.device)[None].expand(plan.batch, plan.tq)
-    return padded_positions(plan.token_mask)
+# The name a stack call's plan has always had.
+ForwardPlan = CallPlan
 
 
 def padded_positions(token_mask: Tensor) -> Tensor:

@@ -34,6 +34,7 @@ class EncoderModel(nn.Module):
         output_hidden_states: bool = False,
         cu_seqlens: Tensor | None = None,
         checkpointing: bool | None = None,
+        rows_alone: bool = False,
     ) -> Tensor | EncoderOutput:
         """Encode token ids.
 
@@ -49,6 +50,8 @@ class EncoderModel(nn.Module):
                 that no padding reaches the model). Then no ``attention_mask``.
             checkpointing: recompute every block's activations in backward instead of keeping
                 them (training: less memory, more compute); default the config's.
+            rows_alone: each text's result must not depend on the texts beside it in the
+                batch (the text applications' rule: a batch with padding is packed).
 
         Returns:
             (B, T, D) hidden states, zero at padded positions ((N, D) for packed ids); an
@@ -64,6 +67,7 @@ class EncoderModel(nn.Module):
                 output_attentions=output_attentions,
                 output_hidden_states=output_hidden_states,
                 checkpointing=checkpointing,
+                rows_alone=rows_alone,
             )
         check_token_ids(input_ids, self.config)
         B, T = input_ids.shape
@@ -88,6 +92,7 @@ class EncoderModel(nn.Module):
             checkpointing=checkpointing,
             dtype=self.embeddings.word.weight.dtype,
             mask_name="attention_mask",
+            rows_alone=rows_alone,
         )
         # Positions count each sequence's real tokens, as on the packed layout and for rotary
         # tables: a text padded on the left gets the positions it has alone. Without a mask,

@@ -25,7 +25,7 @@ from ..dtypes import check_rows_dtype
 from ..kernels import KERNELS
 from ..options import BACKENDS
 from ..padding import PackedLayout
-from ..plan import ForwardPlan, plan_attention
+from ..plan import LayerPlan, plan_layer
 from ..positions import apply_rotary
 
 
@@ -131,7 +131,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         backend: str | None = None,
         layout: PackedLayout | None = None,
-    ) -> ForwardPlan:
+    ) -> LayerPlan:
         """The plan of a lone call with these inputs: validated mask, kernel and why."""
         # Real bools: is_causal="no" would read as True and silently mask the future.
         check_bool(is_causal, "is_causal")
@@ -142,7 +142,7 @@ class MultiHeadAttention(nn.Module):
             B, Tq, Tk = layout.batch, layout.seqlen, layout.seqlen
         else:
             B, Tq, Tk = query.shape[0], query.shape[1], key.shape[1]
-        return plan_attention(
+        return plan_layer(
             mask,
             batch=B,
             heads=self.n_heads,
@@ -156,6 +156,8 @@ class MultiHeadAttention(nn.Module):
             dtype=query.dtype,
             head_dim=self.qk_dim // self.n_heads,
             grouped=self.kv_heads != self.n_heads,
+            dropout=self.training and self.attn_dropout > 0.0,
+            rows_apart=self.q_norm is not None,
         )
 
     # -- projections ---------------------------------------------------------------------------
@@ -204,7 +206,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         backend: str | None = None,
         layout: PackedLayout | None = None,
-        plan: ForwardPlan | None = None,
+        plan: LayerPlan | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value``.
 
@@ -255,16 +257,22 @@ class MultiHeadAttention(nn.Module):
         return self.attend(query, key, value, plan)
 
     def attend(
-        self, query: Tensor, key: Tensor, value: Tensor, plan: ForwardPlan
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        plan: LayerPlan,
+        bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """The one attention path, whatever the layout: project, split heads, attend with the
-        plan's kernel, merge heads, project out."""
+        plan's kernel, merge heads, project out. ``bias``: the call's (H, L, L) score bias, or
+        None."""
         q, k, v = self.heads(*self.project(query, key, value), plan)
-        out, weights = self.context(q, k, v, plan)
+        out, weights = self.context(q, k, v, plan, bias)
         return self.out_proj(out), weights  # (B, Tq, out_dim) or (N, out_dim)
 
     def heads(
-        self, q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan
+        self, q: Tensor, k: Tensor, v: Tensor, plan: LayerPlan
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Projected rows -> heads: split (H query heads, Hkv key/value heads), then the
         per-head query and key norms where the layer has them. Every route (eager, fused)
@@ -276,7 +284,7 @@ class MultiHeadAttention(nn.Module):
         return q, k, v
 
     def context(
-        self, q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan
+        self, q: Tensor, k: Tensor, v: Tensor, plan: LayerPlan, bias: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
         """Split heads in, merged context out (before ``out_proj``): (positions), the plan's
         kernel, merge heads. ``q``: (B, H, T, Dh) padded or (N, H, Dh) packed; ``k``/``v``
@@ -294,10 +302,10 @@ class MultiHeadAttention(nn.Module):
             cos, sin = plan.rotary
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         dropout_p = self.attn_dropout if self.training else 0.0
-        out, weights = KERNELS[plan.kernel.choice](q, k, v, plan, dropout_p, self.scale)
+        out, weights = KERNELS[plan.kernel.choice](q, k, v, plan, dropout_p, self.scale, bias)
         return self._merge_heads(out, plan), weights
 
-    def split_heads(self, t: Tensor, plan: ForwardPlan, heads: int | None = None) -> Tensor:
+    def split_heads(self, t: Tensor, plan: LayerPlan, heads: int | None = None) -> Tensor:
         """(B, T, H * Dh) -> (B, H, T, Dh) padded, (N, H * Dh) -> (N, H, Dh) packed, for
         ``heads`` heads (default H)."""
         H = self.n_heads if heads is None else heads
@@ -309,7 +317,7 @@ class MultiHeadAttention(nn.Module):
         # Explicit widths, so that an empty batch (B = 0 or T = 0) works.
         return t.view(B, T, H, width // H).transpose(1, 2)
 
-    def _merge_heads(self, out: Tensor, plan: ForwardPlan) -> Tensor:
+    def _merge_heads(self, out: Tensor, plan: LayerPlan) -> Tensor:
         if plan.packed:
             return out.reshape(out.shape[0], self.v_dim)  # (N, H, Dv) -> (N, H*Dv)
         B, _, Tq, _ = out.shape

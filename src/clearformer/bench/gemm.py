@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..fast.fused_linear import onednn_available
+from ..machine import machine
 from .timing import best_seconds, interleaved
 from .workloads import ModelSize
 
@@ -38,7 +38,7 @@ def layer_products(
             torch.matmul(x, w)
 
     runs = {"matmul": matmul_products}
-    if onednn_available():
+    if machine().onednn:
         rows_out = [w.t().contiguous() for w in ws]  # (out, in), as nn.Linear stores it
         op = torch.ops.mkldnn._linear_pointwise.default
 

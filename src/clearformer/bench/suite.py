@@ -260,8 +260,9 @@ def _attention_calls(size: ModelSize, batch: Batch, seed: int) -> dict[str, Call
     """Attention alone on one ragged batch: each varlen method and padded, masked SDPA."""
     import torch.nn.functional as F
 
-    from ..fast.varlen import varlen_attention
+    from ..packed_attention import varlen_attention
     from ..padding import unpad
+    from ..routes import kernel_route
     from .varlen_methods import BENCH_METHODS, bench_varlen_attention
 
     B, T = batch.mask.shape
@@ -271,10 +272,8 @@ def _attention_calls(size: ModelSize, batch: Batch, seed: int) -> dict[str, Call
     q, k, v = rows.view(-1, 3, H, Dh).unbind(1)  # (N, H, Dh) each
     pq, pk, pv = (t.transpose(1, 2) for t in padded.unbind(2))  # (B, H, T, Dh) each
     key_mask = batch.mask[:, None, None, :]  # (B, 1, 1, T)
-    from ..fast import avx512
-
     methods = ["sequence", "padded", "threads"]
-    if avx512.in_use():  # built, on a CPU where auto takes it
+    if kernel_route("avx512_attention").choice == "avx512":  # built, and auto takes it here
         methods.append("avx512")
     fns: dict[str, Callable] = {
         f"varlen {method}": functools.partial(varlen_attention, q, k, v, layout, method=method)

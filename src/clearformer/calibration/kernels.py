@@ -34,11 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import progress, switches
+from .. import progress, routes
 from ..fast import avx512, avx512_linear
 from ..fast.fused_linear import onednn_linear
 from ..fast.packed_weights import PackedWeights
-from ..fast.varlen import VarlenCall, resolve_method, varlen_attention
+from ..fast.varlen import attend
+from ..machine import machine
 from ..options import Decision
 from ..padding import layout_from_cu_seqlens
 from . import cache
@@ -75,7 +76,7 @@ def calibrate(*, force: bool = False, rounds: int | None = None) -> Calibration:
     verdicts, building the library first if need be; with verdicts already cached for this
     CPU and build, return those unless ``force``. Never raises for a machine that cannot run
     the kernels: the result says why."""
-    supported = avx512.support()
+    supported = machine().avx512
     if supported.choice != "available":
         return Calibration({}, None, False, f"nothing to measure: {supported.reason}")
     key = avx512.calibration_key()
@@ -148,7 +149,7 @@ def measure_if_missing() -> Calibration | None:
     with the library built and loaded, neither kernel switched off or forced on, calibration
     not switched off. None where nothing was needed. ``encode`` calls it once it has built
     the library for a large call, which repays the seconds this takes."""
-    if not avx512.is_loaded() or not _verdicts_wanted():
+    if not avx512.is_loaded() or not routes.verdicts_wanted():
         return None
     return calibrate()
 
@@ -156,26 +157,14 @@ def measure_if_missing() -> Calibration | None:
 def measure_before_serving() -> Calibration | None:
     """Calibrate, building the library first (:func:`calibrate` does), where ``auto`` would
     read a verdict and none is cached, on a CPU that can build it
-    (:func:`clearformer.fast.avx512.preferred`); None where nothing was needed. A build that
+    (:func:`clearformer.routes.kernels_wanted`); None where nothing was needed. A build that
     fails gives a calibration that measured nothing and says why. ``clearformer serve`` calls
     it before it loads its models: a server runs for hours, so seconds once per machine repay
     at once, and done before it reports ready, the measurement meets no request and no route
     changes while it serves."""
-    if not avx512.preferred() or not _verdicts_wanted():
+    if not routes.kernels_wanted() or not routes.verdicts_wanted():
         return None
     return calibrate()
-
-
-def _verdicts_wanted() -> bool:
-    """Calibration on, a kernel left to ``auto``, and this CPU and build without a verdict for
-    every kernel."""
-    if not switches.calibration_enabled():
-        return False
-    settings = {switches.kernel_setting(kernel).choice for kernel in avx512.KERNELS}
-    if "auto" not in settings:
-        return False
-    verdicts, _ = cache.cached_verdicts(avx512.calibration_key())
-    return verdicts is None or not set(avx512.KERNELS) <= set(verdicts)
 
 
 def attention_workloads(dtype: torch.dtype = torch.float32) -> list[Workload]:
@@ -188,17 +177,15 @@ def attention_workloads(dtype: torch.dtype = torch.float32) -> list[Workload]:
         layout = layout_from_cu_seqlens(cu)
         # (N, 3, H, Dh) projection rows, split as attention gets them: strided views
         q, k, v = torch.randn(layout.num_tokens, 3, HEADS, HEAD_DIM, dtype=dtype).unbind(1)
-        call = VarlenCall(torch.device("cpu"), dtype, HEAD_DIM)
+        call = routes.VarlenCall(torch.device("cpu"), dtype, HEAD_DIM)
         without = Decision("torch", "calibration: PyTorch's side")
-        method = resolve_method("auto", layout, call=call, avx512_route=without).choice
+        method = routes.varlen_method(layout, call, avx512_taken=without).choice
         scale = HEAD_DIM**-0.5
         workloads.append(
             Workload(
                 f"attention, {name}, packed",
                 {
-                    BASELINE: lambda q=q, k=k, v=v, la=layout, m=method: varlen_attention(
-                        q, k, v, la, method=m
-                    ),
+                    BASELINE: lambda q=q, k=k, v=v, la=layout, m=method: attend(q, k, v, la, m),
                     "avx512": lambda q=q, k=k, v=v, la=layout, s=scale: avx512.attention(
                         q, k, v, la.cu_seqlens, s
                     ),

@@ -43,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
     from ..calibration import cache
     from ..calibration.kernels import calibrate
     from ..fast import avx512
+    from ..machine import machine
 
-    supported = avx512.support()
+    supported = machine().avx512
     if supported.choice != "available":
         print(
             f"nothing to measure on this machine: {supported.reason}; auto keeps PyTorch's routes"
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_table(verdicts: dict, key, path, how: str) -> None:
     from ..fast import avx512
+    from ..routes import kernel_route
 
     print(f"clearformer's kernels against PyTorch's routes: {key.describe()} ({how})")
     print(f"verdicts: {path}")
@@ -77,7 +79,7 @@ def _print_table(verdicts: dict, key, path, how: str) -> None:
     print("| kernel | speed vs PyTorch (geometric mean) | measured winner | auto takes now |")
     print("| --- | ---: | --- | --- |")
     for name, verdict in verdicts.items():
-        now = avx512.route(name) if name in avx512.KERNELS else None
+        now = kernel_route(name) if name in avx512.KERNELS else None
         takes = "" if now is None else f"{now.choice} ({now.reason})"
         print(f"| {name} | {verdict.speedup():.2f}x | {verdict.winner} | {takes} |")
     for name, verdict in verdicts.items():

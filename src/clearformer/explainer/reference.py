@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..blocks import EncoderBlock
 from ..encoder import Encoder
-from ..plan import plan_attention
+from ..plan import plan_layer
 
 REFERENCE = "math attention on the padded layout"
 REFERENCE_BACKEND = "math"
@@ -72,7 +72,7 @@ def production_path(
         if encoder is not None:
             plan = encoder.plan_for(mask, shape=(B, T), device=token_mask.device)
         else:
-            plan = plan_attention(
+            plan = plan_layer(
                 mask,
                 batch=B,
                 heads=block.attn.n_heads,

@@ -7,22 +7,22 @@ file) computes each sequence's attention in AVX-512 registers instead, 1.35-2.3x
 the flash kernel at 8-256 tokens on such a CPU (docs/performance.md, "Attention on AMD
 processors"). On an Intel Xeon with AMX, where MKL runs AVX-512, it was faster alone but whole
 ``encode`` calls were slower with the library on (0.89x-0.99x): which side wins depends on the
-CPU, so ``auto`` takes it only where this CPU measured it faster (:func:`route`,
-:mod:`clearformer.calibration`).
+CPU, so ``auto`` takes it only where this CPU measured it faster
+(:func:`clearformer.routes.kernel_route`, :mod:`clearformer.calibration`).
 
 The same library carries clearformer's AVX-512 linear kernel (``avx512_linear.cpp``, which
 :mod:`clearformer.fast.avx512_linear` routes calls to): one build, one load.
 
 It is C++, so it is compiled here, by the system's C++ compiler (``$CXX``, else ``g++``), once
 per source, PyTorch version and compiler, into clearformer's cache folder
-(:func:`clearformer.calibration.cache.cache_root`)/kernels; later processes load the built
+(:func:`clearformer.machine.cache_folder`)/kernels; later processes load the built
 library in milliseconds. Nothing is compiled unless asked: :func:`load` with ``build=True``
 (``TextEncoder.encode`` asks for calls of at least ``BUILD_MIN_TOKENS`` tokens on CPUs that
-:func:`preferred` names, and measures it there), ``clearformer calibrate``, or a call with
-``method="avx512"``. Where it cannot be built (no AVX-512, no compiler, another platform)
-:func:`load` says why and every call keeps PyTorch's kernels. The switches
-(:mod:`clearformer.switches`: ``CLEARFORMER_KERNELS``, ``CLEARFORMER_AVX512``) turn it off,
-a library already built and loaded included.
+:func:`clearformer.routes.kernels_wanted` names, and measures it there), ``clearformer
+calibrate``, or a call with ``method="avx512"``. Where it cannot be built (no AVX-512, no
+compiler, another platform) :func:`load` says why and every call keeps PyTorch's kernels.
+The switches (:mod:`clearformer.switches`: ``CLEARFORMER_KERNELS``, ``CLEARFORMER_AVX512``)
+turn it off, a library already built and loaded included.
 
 What it serves: float32 CPU rows without gradients, heads a multiple of 16 wide, plain
 bidirectional attention (no causal mask, window, bias or dropout); the varlen kernel sends every
@@ -39,9 +39,7 @@ import functools
 import hashlib
 import logging
 import os
-import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -50,9 +48,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .. import switches
-from ..calibration.cache import CalibrationKey, cache_root, cached_verdicts, shown
+from ..calibration.cache import CalibrationKey
 from ..cpu import cpu_info
+from ..machine import cache_folder, compiler, machine
 from ..options import Decision
 from ..runtime import capturing_graph
 from ..version import __version__
@@ -64,7 +62,6 @@ log = logging.getLogger(__name__)
 SOURCES = tuple(
     Path(__file__).with_name(name) for name in ("avx512_attention.cpp", "avx512_linear.cpp")
 )
-REQUIRED_FLAGS = ("avx512f", "avx512dq", "fma")
 # -fopenmp: ATen's parallel_for is a header template that splits work across threads only where
 # the including file is compiled with OpenMP; without it every call ran on one thread. The
 # library then needs libgomp.so.1, which resolves to the copy PyTorch has already loaded.
@@ -86,90 +83,15 @@ _lock = threading.Lock()
 _state: dict[str, Decision] = {}  # "load" -> the outcome of the first load in this process
 
 
-@functools.cache
-def support() -> Decision:
-    """Whether this machine could build and run the kernel (``available``), and why not."""
-    if not sys.platform.startswith("linux"):
-        return Decision("unavailable", f"built on Linux only, this is {sys.platform}")
-    flags = cpu_info().flags
-    missing = [flag for flag in REQUIRED_FLAGS if flag not in flags]
-    if missing:
-        return Decision("unavailable", f"this CPU lacks {', '.join(missing)}")
-    if _compiler() is None:
-        return Decision("unavailable", f"no C++ compiler ({os.environ.get('CXX', 'g++')})")
-    return Decision("available", "AVX-512 CPU with a C++ compiler")
-
-
-PREFERENCE_VARIABLE = switches.AVX512_VARIABLE
 # The library's kernels, as the switches and the calibration name them: the attention kernel
 # has a verdict for float32 rows and one for bfloat16 rows (widened for it), under one switch.
 KERNELS = ("avx512_attention", "avx512_attention_bf16", "avx512_linear")
-_LABELS = {
-    "avx512_attention": "AVX-512 attention",
-    "avx512_attention_bf16": "AVX-512 attention on bfloat16 rows",
-    "avx512_linear": "AVX-512 linear",
-}
 
 
 def attention_kernel(dtype: torch.dtype) -> str:
     """The attention kernel's name in :data:`KERNELS` for rows of ``dtype``: its own verdict
     for bfloat16 rows, the float32 one otherwise."""
     return "avx512_attention_bf16" if dtype == torch.bfloat16 else "avx512_attention"
-
-
-def preferred() -> bool:
-    """Whether the library may be built and taken here: a CPU that can build it
-    (:func:`support`), with not every kernel of it switched off (``CLEARFORMER_KERNELS=off``,
-    ``CLEARFORMER_AVX512=off``). Whether ``auto`` takes a kernel is :func:`route`'s answer."""
-    if all(switches.kernel_setting(kernel).choice == "off" for kernel in KERNELS):
-        return False
-    return support().choice == "available"
-
-
-def route(kernel: str = "avx512_attention") -> Decision:
-    """``Decision("avx512" | "torch", reason)``: whether ``auto`` takes the library's
-    ``kernel`` (one of :data:`KERNELS`) in this process, for the calls it serves.
-
-    Off where a switch says so (:mod:`clearformer.switches`) or the library is not built (a
-    built one is loaded here; nothing is compiled). ``CLEARFORMER_AVX512=on`` takes it
-    unmeasured. Otherwise (``auto``) it is taken only where this CPU measured it decisively
-    faster than PyTorch's route, as the cached verdict says (:mod:`clearformer.calibration`);
-    with no verdict yet, PyTorch's route is kept."""
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
-    setting = switches.kernel_setting(kernel)
-    if setting.choice == "off":
-        return Decision("torch", setting.reason)
-    supported = support()
-    if supported.choice != "available":
-        return Decision("torch", supported.reason)
-    label = _LABELS[kernel]
-    if setting.choice == "on":
-        taken = Decision("avx512", f"{label}: {setting.reason}, taken unmeasured")
-    elif not switches.calibration_enabled():
-        return Decision(
-            "torch", f"{label}: {switches.CALIBRATION_VARIABLE}=off, PyTorch's route kept"
-        )
-    else:
-        verdicts, path = cached_verdicts(calibration_key())
-        verdict = None if verdicts is None else verdicts.get(kernel)
-        if verdict is None:
-            return Decision(
-                "torch",
-                f"{label}: not measured on this CPU yet, PyTorch's route kept; "
-                "`clearformer calibrate` measures it",
-            )
-        measured_reason = (
-            f"{label}: {verdict.reason} on {calibration_key().cpu}, cached {shown(path)}"
-        )
-        if verdict.winner != "avx512":
-            return Decision("torch", measured_reason)
-        taken = Decision("avx512", measured_reason)
-    # Taken where the library is built: a built one is loaded here, nothing is compiled.
-    loaded = _state.get("load") or load(build=False)
-    if loaded.choice != "loaded":
-        return Decision("torch", f"{label}: the library is {loaded.choice}: {loaded.reason}")
-    return taken
 
 
 @functools.cache
@@ -180,12 +102,6 @@ def calibration_key() -> CalibrationKey:
     cpu = f"{info.model} (family {info.family})" if info.family else info.model
     build = library_path().stem.removeprefix("avx512_kernels-")
     return CalibrationKey(cpu, torch.__version__, __version__, build)
-
-
-def in_use(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether ``auto`` takes the attention kernel for rows of ``dtype`` in this process
-    (:func:`route`)."""
-    return route(attention_kernel(dtype)).choice == "avx512"
 
 
 def is_loaded() -> bool:
@@ -204,7 +120,7 @@ def load(build: bool = True) -> Decision:
     with _lock:
         if "load" in _state:
             return _state["load"]
-        supported = support()
+        supported = machine().avx512
         if supported.choice != "available":
             return _remember(supported)
         library = library_path()
@@ -274,13 +190,6 @@ def serves(q: Tensor, k: Tensor, v: Tensor) -> bool:
     )
 
 
-def cache_dir() -> Path:
-    """clearformer's cache folder (:func:`~clearformer.calibration.cache.cache_root`:
-    ``$CLEARFORMER_CACHE``, ``$XDG_CACHE_HOME/clearformer`` or ``~/.cache/clearformer``)
-    /kernels."""
-    return cache_root() / "kernels"
-
-
 @functools.cache
 def library_path() -> Path:
     """Where the built library lives: its name hashes the source, the PyTorch version and
@@ -289,12 +198,8 @@ def library_path() -> Path:
     for source in SOURCES:
         key.update(source.read_bytes())
     key.update(torch.__version__.encode())
-    key.update(" ".join((_compiler() or "", *COMPILE_FLAGS)).encode())
-    return cache_dir() / f"avx512_kernels-{key.hexdigest()[:16]}.so"
-
-
-def _compiler() -> str | None:
-    return shutil.which(os.environ.get("CXX", "g++"))
+    key.update(" ".join((compiler() or "", *COMPILE_FLAGS)).encode())
+    return cache_folder() / "kernels" / f"avx512_kernels-{key.hexdigest()[:16]}.so"
 
 
 def _build(library: Path) -> None:
@@ -305,7 +210,7 @@ def _build(library: Path) -> None:
 
     library.parent.mkdir(parents=True, exist_ok=True)
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    compiler = _compiler() or "g++"
+    cxx = compiler() or "g++"
     flags = [*COMPILE_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     includes = [f"-I{path}" for path in cpp_extension.include_paths()]
     libraries = [f"-L{path}" for path in cpp_extension.library_paths()]
@@ -316,7 +221,7 @@ def _build(library: Path) -> None:
         objects = [Path(scratch) / f"{source.stem}.o" for source in SOURCES]
         compiles = [
             subprocess.Popen(
-                [compiler, *flags, "-c", *includes, str(source), "-o", str(obj)],
+                [cxx, *flags, "-c", *includes, str(source), "-o", str(obj)],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -334,7 +239,7 @@ def _build(library: Path) -> None:
         if failures:
             raise failures[0]
         partial = Path(scratch) / library.name
-        link = [compiler, *flags, *map(str, objects), *libraries, "-o", str(partial)]
+        link = [cxx, *flags, *map(str, objects), *libraries, "-o", str(partial)]
         subprocess.run(link, check=True, capture_output=True, text=True)
         os.replace(partial, library)
     log.info("built the AVX-512 kernels in %.1fs", time.perf_counter() - started)

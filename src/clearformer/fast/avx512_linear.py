@@ -11,11 +11,11 @@ the residual add and the LayerNorm while the rows are still in cache.
 
 Its plain product is slower than oneDNN's on products with few inputs (384), so it serves only
 the calls that carry such an epilogue: the exact GELU, or a LayerNorm after the product
-(:func:`serves`); the others stay with oneDNN. ``auto`` takes it where the library is built
-and this CPU measured it faster than oneDNN at MiniLM's shapes (:func:`.avx512.route`,
-:mod:`clearformer.calibration`), so two equal calls may differ by float32 rounding before
-and after a measurement; a layer whose calls go both ways keeps a packed copy in each
-kernel's layout. It runs on weights packed once per caller (a
+(:func:`serves`); the others stay with oneDNN. The plan takes it where the library is built
+and this CPU measured it faster than oneDNN at MiniLM's shapes
+(:func:`clearformer.routes.epilogue_route`, :mod:`clearformer.calibration`), so two equal calls
+may differ by float32 rounding before and after a measurement; a layer whose calls go both
+ways keeps a packed copy in each kernel's layout. It runs on weights packed once per caller (a
 :class:`~clearformer.fast.packed_weights.PackedWeights` in use: ``encode``, ``predict``,
 ``generate``), never per call. Each output element is one sum in a fixed order, so results
 do not depend on the thread count; against oneDNN they differ by float32 rounding (tests hold
@@ -32,10 +32,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .. import switches
-from . import avx512
-
-PREFERENCE_VARIABLE = switches.AVX512_LINEAR_VARIABLE
 PANEL = 64  # output columns per packed panel: out_features must be a multiple
 ACTIVATIONS = {"relu": 1, "gelu": 2}  # name -> the kernel's activation code (gelu: exact)
 # The activations calls bring here: the exact GELU, whose erf oneDNN's post-op pays for. The
@@ -43,16 +39,6 @@ ACTIVATIONS = {"relu": 1, "gelu": 2}  # name -> the kernel's activation code (ge
 # plain product is the faster one.
 ROUTED_ACTIVATIONS = ("gelu",)
 TILE_ROWS = 6  # rows per register tile: threads split the rows tile by tile
-
-
-def preferred() -> bool:
-    """Whether calls may take the kernel here: a CPU that can build the library, and no
-    switch off (``CLEARFORMER_AVX512_LINEAR``, ``CLEARFORMER_AVX512``, ``CLEARFORMER_KERNELS``:
-    a library already built and loaded stays unused). Whether ``auto`` takes it is
-    :func:`.avx512.route`'s answer."""
-    if switches.kernel_setting("avx512_linear").choice == "off":
-        return False
-    return avx512.support().choice == "available"
 
 
 def fusable_norm(norm: nn.Module | None, width: int) -> bool:
@@ -77,12 +63,11 @@ def serves(
     residual: Tensor | None,
     norm: nn.Module | None,
 ) -> bool:
-    """Whether the kernel takes this fused call: ``rows`` (M, in) float32 on a CPU where
-    ``auto`` takes it (:func:`.avx512.route`), at least one 6-row tile per thread (the kernel
-    splits rows between threads, so a decoding step's few rows would run on one), ``layer``'s
-    outputs a
-    multiple of 64, and an epilogue it wins on (the exact GELU, or a fusable LayerNorm after
-    the product)."""
+    """Whether the kernel can take this fused call, which the plan sends here: ``rows`` (M, in)
+    float32 on the CPU, at least one 6-row tile per thread (the kernel splits rows between
+    threads, so a decoding step's few rows would run on one), ``layer``'s outputs a multiple of
+    64, and an epilogue it wins on (the exact GELU, or a fusable LayerNorm after the
+    product)."""
     if activation is None and norm is None:
         return False
     if activation is not None and activation not in ROUTED_ACTIVATIONS:
@@ -98,7 +83,6 @@ def serves(
         and rows.dtype == layer.weight.dtype == torch.float32
         and rows.stride(-1) == 1
         and (layer.bias is None or layer.bias.is_contiguous())
-        and avx512.route("avx512_linear").choice == "avx512"
     )
 
 

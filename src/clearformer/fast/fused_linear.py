@@ -12,22 +12,19 @@ makes many calls (``encode``, ``generate``) can have the weights reordered into 
 layout once for all of them (:mod:`clearformer.fast.packed_weights`).
 
 The op has no autograd formula, so it serves calls without gradients only, and it skips what
-the eager path records for ``clearformer explain``: :func:`fusion_decision` says when a call
-may use it, and the forward plan carries that decision (``ForwardPlan.fused_linear``).
+the eager path records for ``clearformer explain``: :func:`clearformer.routes.fusion_decision`
+says when a call may use it, and the forward plan carries that decision (``plan.linear``).
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 from torch import Tensor, nn
 
 from ..activations import activation_fn
-from ..options import Decision
-from ..tracing import is_recording
+from ..ran import note
 from . import avx512_linear
-from .packed_weights import active_packing, packed_weight, reorder_available
+from .packed_weights import active_packing, packed_weight
 
 # Activation name -> oneDNN post-op (attribute, algorithm).
 ONEDNN_ACTIVATIONS = {
@@ -38,105 +35,40 @@ ONEDNN_ACTIVATIONS = {
 }
 
 
-@functools.cache
-def onednn_available() -> bool:
-    """This PyTorch build has oneDNN's fused linear op and it runs here."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        op = torch.ops.mkldnn._linear_pointwise
-        with torch.inference_mode():
-            op(torch.ones(2, 4), torch.ones(3, 4), torch.zeros(3), "gelu", [], "none")
-    except (AttributeError, RuntimeError, NotImplementedError):
-        return False
-    return True
-
-
-@functools.cache
-def onednn_bf16_available() -> bool:
-    """The fused op runs bfloat16 rows and weights here, with its post-operations: oneDNN
-    takes bfloat16 on CPUs with AVX-512 (emulating what the CPU lacks) and AMX."""
-    if not onednn_available():
-        return False
-    try:
-        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            return False
-        op = torch.ops.mkldnn._linear_pointwise
-        rows, weight = (
-            torch.ones(2, 4, dtype=torch.bfloat16),
-            torch.ones(3, 4, dtype=torch.bfloat16),
-        )
-        with torch.inference_mode():
-            out = op.default(rows, weight, torch.zeros(3, dtype=torch.bfloat16), "gelu", [], "none")
-            added = op.binary(rows, out, weight, None, "add")
-    except (AttributeError, RuntimeError, NotImplementedError):
-        return False
-    return added.dtype == torch.bfloat16 and bool((added == 4.0 + out).all())
-
-
-def fusion_decision(
-    device: torch.device, dtype: torch.dtype, training: bool, module: nn.Module | None = None
-) -> Decision:
-    """Whether a call on ``device`` in ``dtype`` by a module in ``training`` mode may run its
-    linear layers fused, and why (``Decision("fused" | "eager", reason)``). ``module``: the
-    stack making the call; forward hooks on any module inside it keep the eager layers."""
-    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
-        return Decision("eager", "fused linear layers serve float32 and bfloat16 on CPU only")
-    if training or torch.is_grad_enabled():
-        return Decision("eager", "gradients (or dropout) need the eager layers")
-    if torch.is_autocast_enabled("cpu"):
-        return Decision("eager", "autocast computes in its own dtype")
-    if is_recording():
-        return Decision("eager", "a trace records every eager step")
-    if torch.compiler.is_compiling():
-        return Decision("eager", "under torch.compile the compiler fuses")
-    if torch.jit.is_tracing():
-        return Decision("eager", "a TorchScript trace records the eager layers")
-    if module is not None and has_inner_hooks(module):
-        return Decision("eager", "forward hooks inside the model see the eager layers")
-    if not onednn_available():
-        return Decision("eager", "this PyTorch build has no oneDNN fused linear op")
-    if dtype == torch.bfloat16:
-        if not onednn_bf16_available():
-            return Decision("eager", "oneDNN's fused linear op does not run bfloat16 here")
-        return Decision(
-            "fused", "CPU inference in bfloat16: bias, activation and residual fused (oneDNN)"
-        )
-    return Decision("fused", "CPU inference: bias, activation and residual fused (oneDNN)")
-
-
 def linear(
     x: Tensor,
     layer: nn.Module,
     *,
-    fused: bool,
+    avx512: bool = False,
     activation: str | None = None,
     residual: Tensor | None = None,
     norm: nn.Module | None = None,
 ) -> Tensor:
     """``layer(x)``, then ``activation`` (a name from ``ONEDNN_ACTIVATIONS``), then
-    ``+ residual``, then ``norm`` (a post-norm block's LayerNorm): fused into one oneDNN call
-    when ``fused`` and ``layer`` is a plain ``nn.Linear`` without forward hooks, with the norm
-    after it; into one call of clearformer's AVX-512 linear kernel, norm included, where that
-    kernel serves the call (:mod:`clearformer.fast.avx512_linear`: an exact GELU or a
-    LayerNorm, weights packed by the caller); into the epilogue of an int8 layer's compiled
-    steps when ``fused`` and the layer runs them (``Int8Linear.fused_call``); other
-    replacement layers, and layers with hooks, run eagerly. ``x`` is (..., in), ``residual``
-    (..., out); the result (..., out)."""
+    ``+ residual``, then ``norm`` (a post-norm block's LayerNorm), on the route a fused plan
+    names: one oneDNN call for a plain ``nn.Linear``, with the norm after it; one call of
+    clearformer's AVX-512 linear kernel, norm included, where the plan takes it (``avx512``)
+    and the kernel can tile the call (:func:`clearformer.fast.avx512_linear.serves`: an exact
+    GELU or a LayerNorm, weights packed by the caller); the epilogue of an int8 layer's
+    compiled steps where the layer runs them (``Int8Linear.fused_call``). Other replacement
+    layers, layers with forward hooks and calls with a gradient to compute run the eager layer
+    (the fused ops would skip the hooks, and have no autograd formula). ``x`` is (..., in),
+    ``residual`` (..., out); the result (..., out)."""
     if activation is not None and residual is not None:
         raise ValueError("linear fuses an activation or a residual add, not both")
     fused_call = getattr(layer, "fused_call", None)  # an int8 layer's compiled steps
-    if fused and fused_call is not None and x.numel() > 0 and not _has_hooks(layer):
+    if fused_call is not None and x.numel() > 0 and not has_hooks(layer):
         out = fused_call(x, activation=activation, residual=residual)
         if out is not None:
+            note("linear", "int8")
             return residual_then_norm(out, None, norm)
     if (
-        not fused
-        or type(layer) is not nn.Linear
+        type(layer) is not nn.Linear
         or x.numel() == 0
-        or _has_hooks(layer)
+        or has_hooks(layer)
         or _needs_grad(x, layer, residual, norm)
     ):
+        note("linear", "eager")
         out = layer(x)
         if activation is not None:
             out = activation_fn(activation)(out)
@@ -145,15 +77,18 @@ def linear(
     other = None if residual is None else residual.reshape(rows.shape[0], layer.out_features)
     packing = active_packing()
     if (
-        packing is not None
+        avx512
+        and packing is not None
         and packing.has_own_copy(layer)
         and avx512_linear.serves(rows, layer, activation, other, norm)
     ):
+        note("linear", "avx512")
         weight = packing.weight_for(layer, "avx512")
         out = avx512_linear.linear(
             rows, weight, layer, activation=activation, residual=other, norm=norm
         )
         return out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
+    note("linear", "onednn")
     weight = packed_weight(layer)  # reordered once per call where the caller packed it
     out = onednn_linear(rows, weight, layer, activation=activation, residual=other)
     out = out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
@@ -166,28 +101,12 @@ def packed_product(x: Tensor, owner: nn.Module) -> Tensor:
     tied to it) called with few rows per pass, a decoding step, where oneDNN's kernel on the
     packed weight reads it faster than ``F.linear`` does. The route where
     :func:`clearformer.routes.projection_route` names it. ``x`` (..., in) -> (..., out)."""
+    note("linear", "packed projection")
     rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (M, in)
     weight = active_packing().weight_for(owner)
     bias = getattr(owner, "bias", None)
     out = torch.ops.mkldnn._linear_pointwise.default(rows, weight, bias, "none", [], "")
     return out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
-
-
-def packing_serves(x: Tensor, owner: nn.Module) -> str | None:
-    """Why :func:`packed_product` does not serve ``x @ owner.weight^T``, or None if it does."""
-    packing = active_packing()
-    weight = owner.weight
-    if packing is None:
-        return "no packed weights for this call (only generate packs them)"
-    if x.numel() == 0 or x.dtype != weight.dtype or not packing.has_own_copy(owner):
-        return "rows and weight must be non-empty float32 or bfloat16 CPU tensors of one dtype"
-    if not reorder_available(weight.dtype):
-        return "this PyTorch build cannot reorder the weight for oneDNN"
-    if _has_hooks(owner):
-        return "forward hooks on the projection see the eager layer"
-    # fusion_decision refuses any call with gradients enabled, so no per-tensor check here.
-    decision = fusion_decision(x.device, x.dtype, owner.training)
-    return None if decision.choice == "fused" else decision.reason
 
 
 def onednn_linear(
@@ -231,7 +150,7 @@ def has_inner_hooks(module: nn.Module) -> bool:
     return _global_hooks() or any(_own_hooks(m) for m in inner)
 
 
-def _has_hooks(layer: nn.Module) -> bool:
+def has_hooks(layer: nn.Module) -> bool:
     """Forward hooks on ``layer`` (or on every module) would not see a fused call: such a
     layer runs eagerly (int8 calibration, a user's probes)."""
     return _own_hooks(layer) or _global_hooks()

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import logging
 import threading
 from collections.abc import Iterator
@@ -33,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+from ..machine import machine
 
 log = logging.getLogger(__name__)
 
@@ -78,22 +79,6 @@ class _Copy:
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
-@functools.cache
-def reorder_available(dtype: torch.dtype = torch.float32) -> bool:
-    """This build can reorder a linear weight in ``dtype`` for oneDNN and run the fused op on
-    it, with the result of the plain weight."""
-    try:
-        weight = torch.arange(12.0).view(3, 4).to(dtype)
-        rows = torch.ones(2, 4, dtype=dtype)
-        with torch.inference_mode():
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-            got = torch.ops.mkldnn._linear_pointwise(rows, packed, None, "none", [], "")
-    except (AttributeError, RuntimeError, NotImplementedError) as error:
-        log.info("%s linear weights are not packed for oneDNN here: %s", dtype, error)
-        return False
-    return bool((got.float() == torch.tensor([6.0, 22.0, 38.0])).all())
-
-
 class PackedWeights:
     """Reordered copies of the weights of the layers called while it is in use, made on each
     layer's first fused call, in the layout of the kernel that reads them: oneDNN's
@@ -124,7 +109,7 @@ class PackedWeights:
                 from . import avx512_linear
 
                 packed = avx512_linear.pack(weight)
-            elif reorder_available(weight.dtype):
+            elif weight.dtype in machine().reorder:
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
             else:
                 return weight

@@ -8,7 +8,8 @@ output layers, sentence-transformers' Dense modules, an LLM reranker's two logit
 next to the encoder's, so each row runs alone: a text scored or embedded alone gets the bits
 it gets in any batch, which ``clearformer serve`` promises whatever shares a request's batch.
 The encoder's own products need no such care: every token row of one text meets the same
-kernel, and a batch with padding is packed (``text.batching.row_backend``).
+kernel, and a batch with padding is packed (``rows_alone``,
+:func:`clearformer.routes.stack_layout`).
 
 Only without gradients (inference, where results are served): a training step has no use for
 it. While a graph is traced, compiled or exported the function is applied to the whole batch:

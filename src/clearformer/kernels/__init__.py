@@ -1,12 +1,13 @@
-"""Attention kernels, all behind one signature: ``kernel(q, k, v, plan, dropout_p, scale)``.
+"""Attention kernels, all behind one signature: ``kernel(q, k, v, plan, dropout_p, scale, bias)``.
 
 Each takes queries, keys and values already split into heads in the plan's layout (padded:
 ``(B, H, T, Dh)``; packed: ``(N, H, Dh)``; keys and values may have fewer heads, Hkv, a
 divisor of H: grouped-query attention) and the scores' scale (None: Dh ** -0.5), and returns
 ``(out, weights)``, ``out`` in the queries' layout and ``weights`` (B, H, Tq, Tk) from ``math``
-on request, else None. They read what the
-forward plan prepared once for the call (the mask with its causal fold, which rows have a key,
-the packed layout and the varlen method) and never re-check it.
+on request, else None; ``bias`` is the stack's (H, L, L) score bias for the call, or None. They
+read what the layer's plan prepared once for the call (the mask with its causal fold, which
+rows have a key, the packed layout) and run the implementation it names (the varlen method,
+clearformer's AVX-512 kernel or PyTorch's): they never decide, nor re-check.
 """
 
 from __future__ import annotations
@@ -17,36 +18,40 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from ..fast.local import banded_attention
-from ..fast.varlen import varlen_attention
+from ..fast.varlen import attend
 from ..options import KERNEL_NAMES
+from ..ran import note
 from .math import math_attention
 from .sdpa import sdpa_attention
 
 if TYPE_CHECKING:  # the plan imports the kernels' rules; the kernels only read the plan
-    from ..plan import ForwardPlan
+    from ..forward_plan import LayerPlan
 
-__all__ = ["KERNELS", "Kernel", "math_attention", "sdpa_attention", "varlen_attention"]
+__all__ = ["KERNELS", "Kernel", "math_attention", "sdpa_attention"]
 
 Kernel = Callable[
-    [Tensor, Tensor, Tensor, "ForwardPlan", float, "float | None"], tuple[Tensor, Tensor | None]
+    [Tensor, Tensor, Tensor, "LayerPlan", float, "float | None", "Tensor | None"],
+    tuple[Tensor, Tensor | None],
 ]
 
 
-def _math(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float, scale=None):
+def _math(q: Tensor, k: Tensor, v: Tensor, plan: LayerPlan, dropout_p: float, scale, bias):
     if plan.packing is not None:  # the reference formula, sequence by sequence
-        out = varlen_attention(
+        out = attend(
             q,
             k,
             v,
             plan.packing,
+            "sequence",
             is_causal=plan.is_causal,
             dropout_p=dropout_p,
             scale=scale,
             reference=True,
             window=plan.window,
-            bias=plan.score_bias,
+            bias=bias,
         )
         return out, None
+    note("attention", "math")
     return math_attention(
         q,
         k,
@@ -56,19 +61,20 @@ def _math(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float, 
         dropout_p=dropout_p,
         scale=scale,
         need_weights=plan.need_weights,
-        bias=_padded_bias(plan),
+        bias=_padded_bias(plan, bias),
     )
 
 
-def _padded_bias(plan: ForwardPlan) -> Tensor | None:
-    """The plan's (H, L, L) score bias cut to the call's (1, H, Tq, Tk), or None."""
-    if plan.score_bias is None:
+def _padded_bias(plan: LayerPlan, bias: Tensor | None) -> Tensor | None:
+    """The call's (H, L, L) score bias cut to the layer's (1, H, Tq, Tk), or None."""
+    if bias is None:
         return None
-    return plan.score_bias[None, :, : plan.tq, : plan.tk]
+    return bias[None, :, : plan.tq, : plan.tk]
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float, scale=None):
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, plan: LayerPlan, dropout_p: float, scale, bias):
     if plan.window is not None and not plan.band_in_mask:
+        note("attention", "banded")
         out = banded_attention(
             q,
             k,
@@ -89,22 +95,24 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float, 
         dropout_p=dropout_p,
         scale=scale,
         query_has_key=plan.query_has_key,
-        bias=_padded_bias(plan),
+        bias=_padded_bias(plan, bias),
+        avx512=plan.padded_route is not None and plan.padded_route.choice == "avx512",
+        key_runs=plan.key_runs,
     )
 
 
-def _varlen(q: Tensor, k: Tensor, v: Tensor, plan: ForwardPlan, dropout_p: float, scale=None):
-    out = varlen_attention(
+def _varlen(q: Tensor, k: Tensor, v: Tensor, plan: LayerPlan, dropout_p: float, scale, bias):
+    out = attend(
         q,
         k,
         v,
         plan.packing,
+        plan.method.choice,
         is_causal=plan.is_causal,
         dropout_p=dropout_p,
         scale=scale,
-        method=plan.method.choice,
         window=plan.window,
-        bias=plan.score_bias,
+        bias=bias,
     )
     return out, None
 

@@ -1,11 +1,11 @@
 """Attention through ``torch.nn.functional.scaled_dot_product_attention``.
 
 PyTorch picks a fused kernel (flash attention on CPU and CUDA, memory-efficient attention on
-CUDA) that never materialises the (Tq, Tk) score matrix, so memory stays linear in T. Unmasked
-float32 or bfloat16 self-attention on a CPU where ``auto`` takes clearformer's AVX-512 kernel
-(built, and measured faster there: :func:`clearformer.routes.kernel_route`) runs that kernel
-instead, as the packed rows would, and so does attention under a key-padding mask whose keys
-are one run per sequence.
+CUDA) that never materialises the (Tq, Tk) score matrix, so memory stays linear in T. Where the
+plan names clearformer's AVX-512 kernel (``avx512=True``: unmasked float32 or bfloat16
+self-attention, or attention under a key-padding mask whose keys are one run per sequence, on a
+CPU where ``auto`` takes it, :func:`clearformer.routes.padded_attention_route`), that kernel
+runs instead, as the packed rows would.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from torch import Tensor
 from ..fast import avx512
 from ..fast.sdpa_call import sdpa
 from ..masks import fold_causal, rows_with_key
+from ..ran import note
 
 _UNKNOWN = object()  # query_has_key not computed by the caller: work it out here
 
@@ -32,6 +33,8 @@ def sdpa_attention(
     need_weights: bool = False,
     query_has_key: Tensor | None | object = _UNKNOWN,
     bias: Tensor | None = None,
+    avx512: bool = False,
+    key_runs: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, None]:
     """Same contract as :func:`clearformer.kernels.math.math_attention`, without weights.
 
@@ -43,6 +46,8 @@ def sdpa_attention(
             row has one; a forward plan computes it once for all layers. Left out, it is
             computed here.
         bias: float, broadcastable to (B, H, Tq, Tk), added to the scores; or None.
+        avx512: the plan names clearformer's AVX-512 kernel for this call: unmasked, or with
+            ``key_runs`` (first real key, key count) per sequence under a key-padding mask.
     """
     if need_weights:
         raise ValueError(
@@ -50,12 +55,14 @@ def sdpa_attention(
             "use backend='math' (or 'auto', which picks 'math' when weights are requested)"
         )
     tq, tk = q.shape[-2], k.shape[-2]
+    if avx512:
+        out = _avx512(q, k, v, key_runs, scale)
+        if out is not None:
+            note("attention", "avx512")
+            return out, None
+    note("attention", "sdpa")
     if bias is not None:
         return _with_bias(q, k, v, mask, bias, is_causal, dropout_p, scale, query_has_key), None
-    if mask is None and not is_causal and dropout_p == 0.0 and tq == tk:
-        out = _avx512_unmasked(q, k, v, scale)
-        if out is not None:
-            return out, None
     # SDPA's own is_causal is top-left aligned; it equals ours only when Tq == Tk.
     if mask is None and (not is_causal or tq == tk):
         out = sdpa(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
@@ -64,10 +71,6 @@ def sdpa_attention(
         mask = fold_causal(mask, tq, tk, q.device)
     if query_has_key is _UNKNOWN:
         query_has_key = rows_with_key(mask, q.device)
-    if query_has_key is None and dropout_p == 0.0 and tq == tk:
-        out = _avx512_key_run(q, k, v, mask, scale)
-        if out is not None:
-            return out, None
     if query_has_key is None:
         # The usual case, every query has a key: no mask widening, no output zeroing.
         out = sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
@@ -82,29 +85,24 @@ def sdpa_attention(
     return torch.where(query_has_key, out, 0.0), None
 
 
-def _avx512_may_run(q: Tensor, k: Tensor) -> bool:
-    """float32 or bfloat16 CPU rows in a process where ``auto`` takes the AVX-512 kernel for
-    them, with as many key/value heads as query heads (the kernel reads one per query head;
-    grouped keys go to SDPA, which reads them in place)."""
-    return (
-        q.dtype in (torch.float32, torch.bfloat16)
-        and q.device.type == "cpu"
-        and k.shape[1] == q.shape[1]
-        and avx512.in_use(q.dtype)
-    )
-
-
 def _scale(scale: float | None, head_dim: int) -> float:
     return head_dim**-0.5 if scale is None else scale  # SDPA's default
 
 
-def _avx512_unmasked(q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor | None:
-    """Unmasked self-attention through clearformer's AVX-512 kernel where ``auto`` would take
-    it on packed rows (:func:`clearformer.fast.avx512.route`), every sequence as long as the
-    next; None where it does not serve these rows."""
-    if not _avx512_may_run(q, k):
-        return None
+def _avx512(
+    q: Tensor, k: Tensor, v: Tensor, key_runs: tuple[Tensor, Tensor] | None, scale: float | None
+) -> Tensor | None:
+    """Self-attention through clearformer's AVX-512 kernel, as the plan names it: unmasked
+    (every sequence as long as the next), or every query of sequence b over its keys
+    ``first[b] : first[b] + count[b]`` (``key_runs``); None where the rows are not laid out as
+    the kernel reads them (its strides), which PyTorch's kernel then takes."""
     B, H, T, Dh = q.shape
+    if key_runs is not None:
+        rows = [t.transpose(1, 2) for t in (q, k, v)]  # (B, T, H, Dh) views
+        if not avx512.serves(*rows):
+            return None
+        out = avx512.padded_attention(*rows, *key_runs, _scale(scale, Dh))
+        return out.transpose(1, 2)  # (B, H, T, Dh), in (B, T, H, Dh) order
     try:  # (B, H, T, Dh) -> (B * T, H, Dh): a view of the projection's rows, no copy
         rows = [t.transpose(1, 2).view(B * T, H, Dh) for t in (q, k, v)]
     except RuntimeError:
@@ -114,31 +112,6 @@ def _avx512_unmasked(q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Te
     bounds = torch.arange(0, B * T + 1, T, dtype=torch.int64)  # (B + 1,)
     out = avx512.attention(*rows, bounds, _scale(scale, Dh))  # (B*T, H, Dh)
     return out.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh), in (B, T, H, Dh) order
-
-
-def _avx512_key_run(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float | None
-) -> Tensor | None:
-    """Self-attention under a key-padding mask whose real keys are one run per sequence (right
-    or left padding), through clearformer's AVX-512 kernel where ``auto`` would take it; None
-    for any other mask or rows it does not serve."""
-    if not _avx512_may_run(q, k):
-        return None
-    B, H, T, Dh = q.shape
-    if mask.dtype != torch.bool or mask.shape != (B, 1, 1, T):
-        return None  # not a key-padding mask
-    keys = mask[:, 0, 0, :]  # (B, T)
-    count = keys.sum(-1)  # (B,)
-    first = keys.to(torch.uint8).argmax(-1)  # (B,) first real key
-    positions = torch.arange(T, device=mask.device)
-    run = (positions >= first[:, None]) & (positions < (first + count)[:, None])  # (B, T)
-    if not bool((count > 0).all()) or not torch.equal(run, keys):
-        return None  # a sequence without keys, or keys with holes
-    rows = [t.transpose(1, 2) for t in (q, k, v)]  # (B, T, H, Dh) views
-    if not avx512.serves(*rows):
-        return None
-    out = avx512.padded_attention(*rows, first, count, _scale(scale, Dh))
-    return out.transpose(1, 2)  # (B, H, T, Dh), in (B, T, H, Dh) order
 
 
 def _with_bias(q, k, v, mask, bias, is_causal, dropout_p, scale, query_has_key) -> Tensor:

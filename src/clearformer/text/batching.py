@@ -13,19 +13,16 @@ equal estimated cost, so the workers finish together instead of one idling while
 runs the call's last batch.
 
 The plan changes only which texts share a forward pass. A text's embedding does not depend on
-its batch-mates, to the bit at a given thread count (:func:`row_backend` runs every padded
-batch packed), so the plan changes speed and memory, not results.
+its batch-mates, to the bit at a given thread count (the forward plan packs every padded
+batch: ``rows_alone``, :func:`clearformer.routes.stack_layout`), so the plan changes speed and
+memory, not results.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..checks import check_positive_int
-
-if TYPE_CHECKING:
-    from torch import Tensor
 
 # Padded tokens per forward pass when no batch size is given: as fast as larger budgets and
 # 32-text batches in the measurements (docs/performance.md, "Encoding texts"), and small in
@@ -180,18 +177,3 @@ def _equal_cost_cut(
 def _fits(batch: list[int], lengths: Sequence[int], max_tokens: int) -> bool:
     longest = max(lengths[i] for i in batch)
     return len(batch) == 1 or len(batch) * max(longest, 1) <= max_tokens
-
-
-def row_backend(backend: str, mask: Tensor) -> str | None:
-    """The attention backend of one batch (None: the model's), such that a row's embedding does
-    not depend on the rows beside it.
-
-    ``auto`` runs a batch with little padding (under ``routes.PACK_MIN_PADDING``) on the padded
-    layout, where attention spans the batch's padded length with a mask; that rounds otherwise
-    than the same text attending alone (1e-7 apart). So a batch with any padding is packed, each
-    text attending to itself whatever its batch-mates, and a batch without padding, which has
-    nothing to pack, keeps ``auto``'s padded layout, where each text attends to itself too. A
-    backend named at load time is kept."""
-    if backend != "auto" or bool(mask.all()):
-        return None
-    return "varlen"

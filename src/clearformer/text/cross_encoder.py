@@ -34,7 +34,6 @@ from .batching import (
     balance_batches,
     check_batch_limits,
     plan_batches,
-    row_backend,
 )
 from .kernel_builds import attention_kernel_for
 from .llm_reranker import is_causal_lm, load_llm_reranker
@@ -139,14 +138,18 @@ class CrossEncoder:
         *,
         precision: str = "float32",
         backend: str | None = None,
+        rows_alone: bool = False,
     ) -> Tensor:
         """(B, T) ids, bool mask and token types -> (B, L) float32 logits, computed in
         ``precision`` (``"float32"`` or ``"bf16"``, a name as :meth:`predict` takes), on
-        ``backend`` (None: the model's)."""
+        ``backend`` (None: the model's); ``rows_alone``: a row's logits must not depend on its
+        batch-mates (the plan packs a batch with padding)."""
         chosen = self._precisions.decide(self._precisions.check(precision)).choice
         model, head = self.bf16_model() if chosen == "bf16" else (self.model, self.head)
         types = token_type_ids if self._token_types else None
-        hidden = model(input_ids, attention_mask, types, backend=backend)  # (B, T, D)
+        hidden = model(
+            input_ids, attention_mask, types, backend=backend, rows_alone=rows_alone
+        )  # (B, T, D)
         return head(hidden, attention_mask).float()  # (B, L)
 
     def precision_for(self, precision: str = "auto") -> Decision:
@@ -285,7 +288,6 @@ class CrossEncoder:
         batch = self.tokenizer.pad(encodings, with_tokens=False)
         # A row's score must not depend on its batch-mates (score_batch): packed wherever the
         # batch has padding, as encode's batches are.
-        backend = row_backend(self.model.config.backend, batch.attention_mask)
         # Grad mode and the packed weights are per thread: each worker enters both itself.
         with torch.inference_mode(), use_packed_weights(packed):
             logits = self.logits(
@@ -293,7 +295,7 @@ class CrossEncoder:
                 batch.attention_mask,
                 batch.token_type_ids,
                 precision=precision,
-                backend=backend,
+                rows_alone=True,
             )  # (B, L) float32
             scores = ACTIVATIONS[activation](logits)
             if apply_softmax and self.num_labels > 1:

@@ -36,7 +36,6 @@ from .batching import (
     check_batch_limits,
     default_max_tokens,
     plan_batches,
-    row_backend,
 )
 from .encoder_files import EncoderParts, read_encoder_parts, write_encoder_files
 from .int8_models import Int8Models
@@ -381,11 +380,12 @@ class TextEncoder:
         (encode's and embed_batch's one path)."""
         batch = self.tokenizer.pad(encodings, with_tokens=False)
         mask = batch.attention_mask  # (B, T) bool
-        backend = row_backend(model.config.backend, mask)
         # Grad mode and the packed weights are per thread: each worker enters both itself.
         with torch.inference_mode(), use_packed_weights(packed):
             # The mask goes as it is: the Encoder's plan drops one without padding itself.
-            hidden = model(batch.input_ids, mask, batch.token_type_ids, backend=backend)
+            # Each text's vector must not depend on its batch-mates: the plan packs a batch
+            # with padding (rows_alone).
+            hidden = model(batch.input_ids, mask, batch.token_type_ids, rows_alone=True)
             # The head (pooling, Dense modules, cut, normalisation) in float32 whatever the
             # model's rows (bfloat16): a mean over hundreds of tokens would otherwise round at
             # every partial sum.

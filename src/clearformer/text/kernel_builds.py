@@ -9,16 +9,17 @@ import torch
 
 def attention_kernel_for(tokens: int, device: torch.device) -> None:
     """On a CPU that can build clearformer's AVX-512 kernels, with no switch off
-    (:func:`clearformer.fast.avx512.preferred`), build them for a call of at least
+    (:func:`clearformer.routes.kernels_wanted`), build them for a call of at least
     ``BUILD_MIN_TOKENS`` tokens, which repays the build, and measure them against PyTorch's
     routes if this CPU has no verdict yet (:mod:`clearformer.calibration`): the forward plan
     takes each kernel where it measured faster."""
     from ..fast import avx512
+    from ..routes import kernels_wanted
 
     if (
         device.type == "cpu"
         and tokens >= avx512.BUILD_MIN_TOKENS
-        and avx512.preferred()
+        and kernels_wanted()
         and avx512.load(build=True).choice == "loaded"
     ):
         from ..calibration.kernels import measure_if_missing

@@ -4,7 +4,7 @@ models read, where a sentence encoder pools.
 A row is its token ids, then (ColBERT's query expansion) extra tokens appended after them,
 which the encoder attends to or not. Rows are padded on the right into (B, T); a batch whose
 tokens all attend to each other runs packed, as ``TextEncoder`` runs its batches
-(:func:`~.batching.row_backend`: a text's states do not depend on its batch-mates). Tokens
+(``rows_alone``: a text's states do not depend on its batch-mates). Tokens
 computed but never attended (expansion with ``attend=False``) need a key mask other than the
 rows' own, which only the reference's stack takes (:func:`clearformer.reference.encoder`'s
 ``keys``): such batches, short queries, run there.
@@ -20,7 +20,6 @@ from torch import Tensor
 
 from .. import reference
 from ..model import EncoderModel
-from .batching import row_backend
 
 
 @dataclass(frozen=True)
@@ -87,8 +86,7 @@ def token_states(model: EncoderModel, batch: PaddedRows) -> Tensor:
     Call under ``torch.inference_mode()``."""
     if bool((batch.attended == batch.tokens).all()):
         mask = batch.tokens
-        backend = row_backend(model.config.backend, mask)
-        return model(batch.input_ids, mask, batch.token_type_ids, backend=backend)
+        return model(batch.input_ids, mask, batch.token_type_ids, rows_alone=True)
     # Positions 0 .. T-1: every row starts at 0 and its appended tokens follow its text, as
     # ColBERT places them; padding after them is computed and dropped.
     x = model.embeddings(batch.input_ids, batch.token_type_ids)  # (B, T, D)
