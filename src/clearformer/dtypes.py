@@ -1,4 +1,5 @@
-"""The dtype a call computes in, and the check that input rows are in the model's dtype.
+"""The dtype a call computes in, and the check of a call's input rows: their dtype (the
+model's), shape and device (:func:`check_rows`).
 
 Both look at autocast: under it the layers cast their inputs themselves, and attention sees
 autocast's dtype rather than the rows' own (which decides the kernel the plan may choose).
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
+from .padding import PackedLayout
 
 
 def _autocast_on(device: torch.device) -> bool:
@@ -61,3 +64,31 @@ def check_rows_dtype(rows: Tensor, name: str, module: torch.nn.Module) -> None:
         f"{name} must have the dtype of the model's parameters, {want}, got {rows.dtype}; "
         f"convert the input ({name}.to({want})) or the model (.to({rows.dtype}))"
     )
+
+
+def check_rows(
+    rows: Tensor, name: str, module: nn.Module, width: int, packing: PackedLayout | None
+) -> torch.dtype:
+    """Raise unless ``rows`` are (B, T, ``width``) rows (or (N, ``width``) rows of ``packing``)
+    in ``module``'s dtype; return the dtype attention computes in."""
+    if not isinstance(rows, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(rows).__name__}")
+    check_rows_dtype(rows, name, module)
+    if packing is None and (rows.dim() != 3 or rows.shape[-1] != width):
+        raise ValueError(f"{name} must have shape (B, T, d_model={width}), got {tuple(rows.shape)}")
+    if packing is not None:
+        if rows.dim() != 2 or rows.shape[-1] != width:
+            raise ValueError(
+                f"{name} must have shape (N, d_model={width}) with cu_seqlens, got "
+                f"{tuple(rows.shape)}"
+            )
+        if rows.shape[0] != packing.num_tokens:
+            raise ValueError(
+                f"{name} has N={rows.shape[0]} rows but cu_seqlens ends at {packing.num_tokens}"
+            )
+        if rows.device != packing.cu_seqlens.device:
+            raise ValueError(
+                f"{name} must be on cu_seqlens' device {packing.cu_seqlens.device}, got "
+                f"{rows.device}"
+            )
+    return compute_dtype(rows.device, rows.dtype)

@@ -17,12 +17,11 @@ from torch.utils.checkpoint import checkpoint
 
 from . import reference
 from .blocks import EncoderBlock
-from .checks import check_bool
 from .config import EncoderConfig
-from .dtypes import check_rows_dtype, rows_dtype
+from .dtypes import rows_dtype
 from .norms import make_norm
-from .padding import layout_from_cu_seqlens, repad
-from .plan import Ask, CallPlan, Rows, check_given_plan, plan_stack
+from .padding import repad
+from .plan import Ask, CallPlan, Rows, plan_stack
 from .relative_bias import RelativePositionBias
 
 
@@ -125,31 +124,24 @@ class Encoder(nn.Module):
         ``rows_alone``: each row's result must not depend on its batch-mates (a batch with
         padding is packed).
         """
-        for value, name in (
-            (output_attentions, "output_attentions"),
-            (output_hidden_states, "output_hidden_states"),
-            (rows_alone, "rows_alone"),
-        ):
-            check_bool(value, name)
-        check_bool(checkpointing, "checkpointing", optional=True)
+        ask = self._ask(
+            backend, output_attentions, output_hidden_states, checkpointing, rows_alone, mask_name
+        )
         dtype = self._dtype() if dtype is None else dtype
-        if cu_seqlens is not None:
-            packing = layout_from_cu_seqlens(cu_seqlens)
-            rows = Rows(packing.batch, packing.seqlen, cu_seqlens.device, dtype, packing)
-        else:
-            if shape is None or device is None:
-                if not isinstance(mask, Tensor):
-                    raise TypeError(
-                        "shape and device must be given unless mask is a (B, T) tensor, got "
-                        f"mask={type(mask).__name__}"
-                    )
-                if shape is None:
-                    # A mask of the wrong rank still gets its shape error from the mask check.
-                    dims = tuple(mask.shape) or (0,)
-                    shape = (dims[0], dims[-1])
-                device = mask.device if device is None else device
-            rows = Rows(*shape, device, dtype)
-        ask = Ask(
+        rows = Rows.described(mask, shape, device, dtype, cu_seqlens)
+        return plan_stack(self, rows, mask, ask, cu_seqlens=cu_seqlens)
+
+    def _ask(
+        self,
+        backend: str | None,
+        output_attentions: bool,
+        output_hidden_states: bool,
+        checkpointing: bool | None,
+        rows_alone: bool = False,
+        mask_name: str = "mask",
+    ) -> Ask:
+        """What a call asks for, the config's defaults filled in."""
+        return Ask.checked(
             backend=self.config.backend if backend is None else backend,
             need_weights=output_attentions,
             output_hidden_states=output_hidden_states,
@@ -157,7 +149,6 @@ class Encoder(nn.Module):
             rows_alone=rows_alone,
             mask_name=mask_name,
         )
-        return plan_stack(self, rows, mask, ask)
 
     def _dtype(self) -> torch.dtype:
         """The dtype the stack computes in (its products' parameters'), for the plan's kernel
@@ -176,6 +167,7 @@ class Encoder(nn.Module):
         output_hidden_states: bool = False,
         cu_seqlens: Tensor | None = None,
         checkpointing: bool | None = None,
+        rows_alone: bool = False,
     ) -> Tensor | EncoderOutput:
         """Encode a batch.
 
@@ -192,52 +184,25 @@ class Encoder(nn.Module):
             checkpointing: recompute every block's activations in backward instead of keeping
                 them (less memory, about a third more compute); default the config's. Only in
                 training mode with gradients enabled.
+            rows_alone: each row's result must not depend on its batch-mates.
 
         Returns:
             (B, T, D) hidden states, zero at padded positions ((N, D) for packed rows); an
             :class:`EncoderOutput` when attentions or hidden states are asked for.
         """
-        if not isinstance(x, Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        check_rows_dtype(x, "x", self)
-        if cu_seqlens is not None:
-            if plan is not None:
-                raise ValueError("give either a plan or cu_seqlens, not both: the plan holds it")
-            plan = self.plan_for(
-                mask,
-                backend=backend,
-                output_attentions=output_attentions,
-                output_hidden_states=output_hidden_states,
-                dtype=x.dtype,
-                cu_seqlens=cu_seqlens,
-                checkpointing=checkpointing,
-            )
-            _check_packed_rows(x, plan, self.config.d_model)
-            return self.run(x, plan)
-        if x.dim() != 3 or x.shape[-1] != self.config.d_model:
-            raise ValueError(
-                f"x must have shape (B, T, d_model={self.config.d_model}), got {tuple(x.shape)}"
-            )
-        B, T, _ = x.shape
+        ask = None
         if plan is None:
-            plan = self.plan_for(
-                mask,
-                shape=(B, T),
-                device=x.device,
-                backend=backend,
-                output_attentions=output_attentions,
-                output_hidden_states=output_hidden_states,
-                dtype=x.dtype,
-                checkpointing=checkpointing,
+            ask = self._ask(
+                backend, output_attentions, output_hidden_states, checkpointing, rows_alone
             )
-        else:
-            flags = (output_attentions, output_hidden_states, checkpointing is not None)
-            if mask is not None or backend is not None or any(flags):
-                raise ValueError(
-                    "give either a plan or mask/backend/output/checkpointing flags, not both: "
-                    "the plan holds them"
-                )
-            plan = check_given_plan(self, plan, x)
+        elif any((output_attentions, output_hidden_states, rows_alone)) or any(
+            given is not None for given in (mask, backend, checkpointing, cu_seqlens)
+        ):
+            raise ValueError(
+                "give either a plan or mask/backend/output/checkpointing flags/cu_seqlens, not "
+                "both: the plan holds them"
+            )
+        plan = plan_stack(self, x, mask, ask, cu_seqlens=cu_seqlens, given=plan)
         return self.run(x, plan)
 
     def run(self, x: Tensor, plan: CallPlan) -> Tensor | EncoderOutput:
@@ -296,19 +261,6 @@ def _outputs(
         tuple(hidden) if plan.output_hidden_states else None,
         tuple(attentions) if plan.need_weights else None,
     )
-
-
-def _check_packed_rows(x: Tensor, plan: CallPlan, width: int) -> None:
-    if x.dim() != 2 or x.shape[-1] != width:
-        raise ValueError(
-            f"x must have shape (N, d_model={width}) with cu_seqlens, got {tuple(x.shape)}"
-        )
-    if x.shape[0] != plan.packing.num_tokens:
-        raise ValueError(
-            f"x has N={x.shape[0]} rows but cu_seqlens ends at {plan.packing.num_tokens}"
-        )
-    if x.device != plan.device:
-        raise ValueError(f"x must be on cu_seqlens' device {plan.device}, got {x.device}")
 
 
 def _padded_output(rows: Tensor, plan: CallPlan) -> Tensor:

@@ -26,8 +26,9 @@ from torch import Tensor
 
 from .options import KERNEL_NAMES, LAYOUTS, Decision
 from .padding import PackedLayout
+from .positions import sequence_positions
 
-__all__ = ["CallPlan", "ForwardPlan", "LayerPlan", "Route", "padded_positions"]
+__all__ = ["CallPlan", "ForwardPlan", "LayerPlan", "Route"]
 
 
 @dataclass(frozen=True)
@@ -216,11 +217,7 @@ class CallPlan:
     def positions(self) -> Tensor:
         """Each row's position within its own sequence, counted over its real tokens: (N,)
         when packed, (B, T) when padded (what rotary tables are built from)."""
-        if self.packing is not None:
-            return self.packing.positions
-        if self.token_mask is None:
-            return torch.arange(self.tq, device=self.device)[None].expand(self.batch, self.tq)
-        return padded_positions(self.token_mask)
+        return sequence_positions(self.packing, self.token_mask, self.batch, self.tq, self.device)
 
     def __str__(self) -> str:
         lines = [str(self.route)]
@@ -238,9 +235,3 @@ class CallPlan:
 
 # The name a stack call's plan has always had.
 ForwardPlan = CallPlan
-
-
-def padded_positions(token_mask: Tensor) -> Tensor:
-    """(B, T) bool mask, True = real token -> (B, T) int64: each token's index among its row's
-    real tokens (a padded position takes its real neighbour's; its row is zeroed anyway)."""
-    return (token_mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, T)

@@ -32,6 +32,7 @@ __all__ = [
     "band_mask",
     "rows_with_key",
     "keys_in_use",
+    "layer_masks",
     "from_key_padding_mask",
     "from_attention_mask",
 ]
@@ -196,3 +197,42 @@ def from_attention_mask(attention_mask: Tensor) -> Tensor:
     if not bool(((values == 0) | (values == 1)).all()):
         raise ValueError(f"attention_mask must hold only 0 and 1, got values {values.tolist()[:8]}")
     return attention_mask.bool()
+
+
+def layer_masks(
+    token_mask: Tensor | None,
+    length: int,
+    device: torch.device,
+    is_causal: bool,
+    window: int | None,
+    slab: bool,
+    padded: bool,
+) -> dict:
+    """What one kind of layer's attention reads of a stack call's (B, T) key-padding mask
+    (``token_mask``, None: no padding), as :class:`~clearformer.forward_plan.LayerPlan` fields:
+    on packed rows nothing (each sequence attends to itself; the kernel applies the causal flag
+    and the ``window``); on padded rows the key-padding, causal and band constraints folded
+    into one mask, once for all layers of the kind, and which queries have a key. ``slab``: a
+    long local layer the kernel runs slab by slab (it reads the key mask alone)."""
+    if not padded:
+        return dict(is_causal=is_causal)
+    keys = None if token_mask is None else token_mask[:, None, None, :]  # (B, 1, 1, T)
+    if slab:
+        # Long rows: the kernel goes slab by slab, so no (T, T) band is ever built here. It
+        # reads the key-padding mask alone and applies the causal flag itself.
+        return dict(mask=keys, is_causal=is_causal)
+    # An unmasked causal global layer keeps the flag instead: sdpa has a fast causal path.
+    mask, band_in_mask = keys, False
+    if is_causal and (keys is not None or window is not None):
+        mask, is_causal = fold_causal(keys, length, length, device), False
+    if window is not None:
+        # A padded query farther than the window from every real key has no key: its row is
+        # zeroed by the kernel.
+        band = band_mask(length, window, device)  # (1, 1, T, T)
+        mask, band_in_mask = (band if mask is None else mask & band), True
+    return dict(
+        mask=mask,
+        query_has_key=rows_with_key(mask, device),
+        is_causal=is_causal,
+        band_in_mask=band_in_mask,
+    )

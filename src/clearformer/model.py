@@ -8,8 +8,8 @@ from torch import Tensor, nn
 from .config import EncoderConfig
 from .embeddings import Embeddings
 from .encoder import Encoder, EncoderOutput
-from .forward_plan import padded_positions
 from .masks import from_attention_mask
+from .positions import padded_positions
 
 
 class EncoderModel(nn.Module):

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from . import masks, routes
-from .checks import check_choice
+from . import dtypes, masks, routes
+from .checks import check_bool, check_choice
 from .dtypes import compute_dtype
-from .forward_plan import CallPlan, ForwardPlan, LayerPlan, padded_positions
+from .forward_plan import CallPlan, ForwardPlan, LayerPlan
 from .options import BACKENDS, Decision
-from .padding import PackedLayout, pack_layout
-from .positions import rotary_tables
+from .padding import PackedLayout, layout_from_cu_seqlens, pack_layout
+from .positions import head_rotary, sequence_positions
 from .routes import PACK_MIN_PADDING, VarlenCall
 
 __all__ = [
@@ -57,14 +57,38 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Rows:
-    """The rows a call is given: their padded shape (B, T), device and dtype (None: the
-    autocast dtype under autocast, else float32), or the layout of rows the caller packed."""
+    """The rows a call is given, described: their padded shape (B, T), device and dtype
+    (None: the autocast dtype under autocast, else float32)."""
 
     batch: int
     length: int
     device: torch.device
     dtype: torch.dtype | None = None
-    packing: PackedLayout | None = None
+
+    @staticmethod
+    def described(
+        mask: Tensor | None,
+        shape: tuple[int, int] | None,
+        device: torch.device | None,
+        dtype: torch.dtype | None,
+        cu_seqlens: Tensor | None = None,
+    ) -> Rows:
+        """Rows of ``shape`` on ``device``, each defaulting to the (B, T) mask's; rows packed
+        by the caller take both from their ``cu_seqlens`` (checked by the planner)."""
+        if cu_seqlens is not None:
+            return Rows(0, 0, getattr(cu_seqlens, "device", torch.device("cpu")), dtype)
+        if shape is None or device is None:
+            if not isinstance(mask, Tensor):
+                raise TypeError(
+                    "shape and device must be given unless mask is a (B, T) tensor, got "
+                    f"mask={type(mask).__name__}"
+                )
+            if shape is None:
+                # A mask of the wrong rank still gets its shape error from the mask check.
+                dims = tuple(mask.shape) or (0,)
+                shape = (dims[0], dims[-1])
+            device = mask.device if device is None else device
+        return Rows(*shape, device, dtype)
 
 
 @dataclass(frozen=True)
@@ -88,39 +112,109 @@ class Ask:
     rows_alone: bool = False
     mask_name: str = "mask"
 
+    @staticmethod
+    def checked(**asked) -> Ask:
+        """An :class:`Ask` whose flags are checked to be real bools (``"no"`` would read as
+        True) and whose backend is one of ``BACKENDS``."""
+        ask = Ask(**asked)
+        check_choice(ask.backend, BACKENDS, "backend")
+        names = ("need_weights", "output_hidden_states", "checkpointing", "rows_alone")
+        spelled = {"need_weights": "output_attentions"}
+        for name in names:
+            check_bool(getattr(ask, name), spelled.get(name, name))
+        return ask
 
-def plan_stack(encoder: nn.Module, rows: Rows, mask: Tensor | None, ask: Ask) -> CallPlan:
-    """Plan one call of ``encoder`` (an :class:`~clearformer.encoder.Encoder`) on ``rows``
-    with an optional (B, T) key-padding ``mask`` (True = real token).
+
+def plan_stack(
+    encoder: nn.Module,
+    rows: Tensor | Rows,
+    mask: Tensor | None,
+    ask: Ask | None,
+    *,
+    cu_seqlens: Tensor | None = None,
+    given: CallPlan | None = None,
+) -> CallPlan:
+    """Plan one call of ``encoder`` (an :class:`~clearformer.encoder.Encoder`) on ``rows``: the
+    input itself ((B, T, D), or (N, D) packed rows with their ``cu_seqlens``), checked here,
+    or a description of it; ``mask`` is an optional (B, T) key-padding mask (True = real
+    token); ``ask``, what the call asks for.
+
+    ``given``: a plan made earlier by ``plan_for`` for these rows (then ``ask`` is None): it is
+    checked against them and returned as it is; where it fuses the linear layers and this call
+    needs the eager ones (gradients, training mode, forward hooks added since), the call gets a
+    new plan for the same rows, layout and kernel, whose linear route is its own. A plan is
+    never changed after it is made.
 
     Raises:
-        TypeError, ValueError: a bad mask or backend, or a backend that cannot serve the call.
+        TypeError, ValueError: bad rows, a bad mask or backend, or a backend that cannot serve
+            the call.
     """
     config = encoder.config
-    check_choice(ask.backend, BACKENDS, "backend")
-    dtype = compute_dtype(rows.device, rows.dtype)
     compiling = torch.compiler.is_compiling()
+    if not isinstance(rows, Tensor | Rows):
+        raise TypeError(f"x must be a torch.Tensor, got {type(rows).__name__}")
+    if given is not None and not isinstance(given, CallPlan):
+        raise ValueError(
+            f"plan must be a stack's plan (from Encoder.plan_for), got a "
+            f"{type(given).__name__}: a plan made for one layer does not say which rows are "
+            "padding"
+        )
 
-    # 1-3. The mask, the layout and the kernel.
-    if rows.packing is not None:
+    # 0. The linear layers' route for this call's mode and rows. The math kernel is the
+    # reference: always the eager layers (asked for by name, or for the attention weights).
+    reference = given.kernel.choice == "math" if given is not None else ask.backend == "math"
+    linear = None
+    if not (reference or (ask is not None and ask.need_weights)):
+        dtype = rows.dtype or torch.float32
+        linear = routes.linear_route(rows.device, dtype, encoder.training, encoder)
+    if given is not None:
+        packing = given.packing if given.packed_input else None
+        dtypes.check_rows(rows, "x", encoder, config.d_model, packing)
+        if packing is not None:
+            want, got = (packing.num_tokens,), tuple(rows.shape[:1])
+        else:
+            want, got = (given.batch, given.tq), tuple(rows.shape[:2])
+        if want != got or given.device != rows.device:
+            raise ValueError(
+                f"plan was made for a batch of (B, T) = ({given.batch}, {given.tq}) on "
+                f"{given.device}, got x of shape {tuple(rows.shape)} on {rows.device}"
+            )
+        if not given.fused_linear or linear is None or linear.choice == "fused":
+            return given
+        # Planned again for this call: the same rows, layout and kernel, its own linear route.
+        ask = Ask(
+            backend=given.kernel.choice,
+            output_hidden_states=given.output_hidden_states,
+            checkpointing=given.checkpointing,
+        )
+        mask, cu_seqlens = given.token_mask, None if packing is None else packing.cu_seqlens
+
+    # 1. The rows and the mask, checked once for every layer.
+    packing = None if cu_seqlens is None else layout_from_cu_seqlens(cu_seqlens)
+    if isinstance(rows, Rows):
+        device, dtype = rows.device, compute_dtype(rows.device, rows.dtype)
+        batch, length = (
+            (rows.batch, rows.length) if packing is None else (packing.batch, packing.seqlen)
+        )
+    else:
+        dtype = dtypes.check_rows(rows, "x", encoder, config.d_model, packing)
+        device = rows.device
+        batch, length = rows.shape[:2] if packing is None else (packing.batch, packing.seqlen)
+    if packing is not None:
         if mask is not None:
             raise ValueError(
                 "mask must be None with cu_seqlens: the packed rows hold real tokens only, and "
                 "cu_seqlens says where each sequence starts and ends"
             )
-        packing = rows.packing
-        batch, length = packing.batch, packing.seqlen
-        layout = Decision("packed", "the caller gave packed rows and their cu_seqlens")
-        kernel = routes.packed_rows_kernel(ask.backend, ask.need_weights)
+        device = cu_seqlens.device
     else:
-        batch, length = rows.batch, rows.length
         masks.prepare_attention_mask(
             mask,
             batch=batch,
             heads=1,
             tq=length,
             tk=length,
-            device=rows.device,
+            device=device,
             key_padding_only=True,
             name=ask.mask_name,
         )
@@ -128,6 +222,13 @@ def plan_stack(encoder: nn.Module, rows: Rows, mask: Tensor | None, ask: Ask) ->
             # Nothing is padding: the unmasked kernels are faster and nothing needs zeroing.
             # (Under torch.compile the check would break the graph; the mask stays.)
             mask = None
+
+    # 2. The layout and the kernel.
+    if packing is not None:
+        layout = Decision("packed", "the caller gave packed rows and their cu_seqlens")
+        kernel = routes.packed_rows_kernel(ask.backend, ask.need_weights)
+        token_mask = None
+    else:
         layout, kernel = routes.stack_layout(
             mask,
             ask.backend,
@@ -135,17 +236,18 @@ def plan_stack(encoder: nn.Module, rows: Rows, mask: Tensor | None, ask: Ask) ->
             compiling=compiling,
             rows_alone=ask.rows_alone,
         )
-        packing = None
-        if layout.choice == "packed":
-            keep = mask
-            if keep is None:
-                keep = torch.ones(batch, length, dtype=torch.bool, device=rows.device)
-            packing = pack_layout(keep)
+        token_mask = mask
+    # 3. The packed rows' layout.
+    if layout.choice == "packed" and packing is None:
+        keep = mask
+        if keep is None:
+            keep = torch.ones(batch, length, dtype=torch.bool, device=device)
+        packing = pack_layout(keep)
 
-    # The facts every layer's attention route reads.
+    # 4. How each kind of layer runs, and the linear layers (the routes' choices, together).
     dropout = config.dropout if config.attn_dropout is None else config.attn_dropout
     call = VarlenCall(
-        rows.device,
+        device,
         dtype,
         config.head_width,
         config.causal,
@@ -155,34 +257,34 @@ def plan_stack(encoder: nn.Module, rows: Rows, mask: Tensor | None, ask: Ask) ->
         grouped=config.kv_heads != config.n_heads,
         rows_apart=config.qk_norm,
     )
+    kinds = tuple((config.window_of(t), config.rope_theta_of(t)) for t in config.layer_types)
+    padded = layout.choice == "padded"
+    attention = {
+        kind: _attention_route(call, kernel, packing, token_mask, *kind, length=length)
+        for kind in dict.fromkeys(kinds)
+    }
     if kernel.choice == "sdpa" and not compiling:
         kernel = Decision("sdpa", kernel.reason + routes.sdpa_note(call))
-
-    # 4. The linear layers (the math kernel is the reference: always the eager layers).
-    linear = None
-    if kernel.choice != "math":
-        linear = routes.linear_route(rows.device, dtype, encoder.training, encoder)
+    if kernel.choice == "math":
+        linear = None
     avx512_linear = routes.epilogue_route(linear, dtype)
 
-    # 5. Each kind of layer once.
-    token_mask = mask  # None for rows the caller packed
-    kinds = tuple((config.window_of(t), config.rope_theta_of(t)) for t in config.layer_types)
+    # 5. What each kind of layer means: its mask (causal fold, band), its rotary tables.
     windowed = any(window is not None for window, _ in kinds)
     if token_mask is not None and (windowed or call.bias):
         # Distances are read off the row index on the padded layout.
-        check_contiguous(
-            token_mask, "local (windowed) attention" if windowed else "a relative position bias"
-        )
+        what = "local (windowed) attention" if windowed else "a relative position bias"
+        check_contiguous(token_mask, what)
     positions = None
     if any(theta is not None for _, theta in kinds):
-        positions = _positions(packing, token_mask, batch, length, rows.device)
+        positions = sequence_positions(packing, token_mask, batch, length, device)
     common = dict(
         layout=layout,
         kernel=kernel,
         batch=batch,
         tq=length,
         tk=length,
-        device=rows.device,
+        device=device,
         packing=packing,
         need_weights=ask.need_weights,
         score_bias=call.bias,
@@ -190,26 +292,23 @@ def plan_stack(encoder: nn.Module, rows: Rows, mask: Tensor | None, ask: Ask) ->
         avx512_linear=avx512_linear,
     )
     built: dict[tuple[int | None, float | None], LayerPlan] = {}
-    for window, theta in kinds:
-        if (window, theta) not in built:
-            rotary = None
-            if theta is not None:
-                rotary = _rotary(positions, config.head_width, theta, packed=packing is not None)
-            layer_call = dataclasses.replace(
-                call, window=window is not None, rows_apart=call.rows_apart or rotary is not None
-            )
-            built[window, theta] = _stack_layer(
-                common, layer_call, token_mask, window, rotary, padded=packing is None
-            )
+    for window, theta in attention:
+        rotary = None
+        if theta is not None:
+            rotary = head_rotary(positions, config.head_width, theta, packed=not padded)
+        route = dict(attention[window, theta])
+        slab = route.pop("slab", False)
+        meaning = masks.layer_masks(token_mask, length, device, config.causal, window, slab, padded)
+        built[window, theta] = LayerPlan(**common, **route, **meaning, window=window, rotary=rotary)
     return CallPlan(
         layout,
         kernel,
         batch,
         length,
-        rows.device,
+        device,
         token_mask=token_mask,
         packing=packing,
-        packed_input=rows.packing is not None,
+        packed_input=cu_seqlens is not None,
         need_weights=ask.need_weights,
         output_hidden_states=ask.output_hidden_states,
         checkpointing=ask.checkpointing,
@@ -219,103 +318,38 @@ def plan_stack(encoder: nn.Module, rows: Rows, mask: Tensor | None, ask: Ask) ->
     )
 
 
-def check_given_plan(encoder: nn.Module, plan: object, x: Tensor) -> CallPlan:
-    """``plan``, made earlier by ``encoder.plan_for``, for this call of ``encoder`` on ``x``
-    (B, T, D): raise unless it is a stack's plan for this shape and device. A plan that fuses
-    the linear layers, given to a call that needs the eager ones (gradients, training mode,
-    forward hooks added since), is not changed: the call gets a new plan for the same rows,
-    layout and kernel, whose linear route is its own."""
-    if not isinstance(plan, CallPlan):
-        raise ValueError(
-            f"plan must be a stack's plan (from Encoder.plan_for), got a "
-            f"{type(plan).__name__}: a plan made for one layer does not say which rows are "
-            "padding"
-        )
-    B, T = x.shape[0], x.shape[1]
-    if (plan.batch, plan.tq) != (B, T) or plan.device != x.device:
-        raise ValueError(
-            f"plan was made for a batch of (B, T) = ({plan.batch}, {plan.tq}) on "
-            f"{plan.device}, got x of shape {tuple(x.shape)} on {x.device}"
-        )
-    if plan.fused_linear:
-        now = routes.linear_route(x.device, x.dtype, encoder.training, encoder)
-        if now.choice != "fused":
-            ask = Ask(
-                backend=plan.kernel.choice,
-                output_hidden_states=plan.output_hidden_states,
-                checkpointing=plan.checkpointing,
-            )
-            return plan_stack(encoder, Rows(B, T, x.device, x.dtype), plan.token_mask, ask)
-    return plan
-
-
-def _stack_layer(
-    common: dict,
+def _attention_route(
     call: VarlenCall,
+    kernel: Decision,
+    packing: PackedLayout | None,
     token_mask: Tensor | None,
     window: int | None,
-    rotary: tuple[Tensor, Tensor] | None,
+    theta: float | None,
     *,
-    padded: bool,
-) -> LayerPlan:
-    """The plan of one kind of layer of a stack call."""
-    kernel, is_causal = common["kernel"], call.is_causal
-    if not padded:
-        method = None
-        if kernel.choice != "math":
-            method = routes.varlen_method(common["packing"], call)
-        return LayerPlan(method=method, is_causal=is_causal, window=window, rotary=rotary, **common)
-    T, device = common["tq"], common["device"]
-    keys = None if token_mask is None else token_mask[:, None, None, :]  # (B, 1, 1, T)
-    if window is not None and kernel.choice == "sdpa" and routes.slab_by_slab(T, window):
-        # Long rows: the kernel goes slab by slab, so no (T, T) band is ever built here. It
-        # reads the key-padding mask alone and applies the causal flag itself.
-        return LayerPlan(
-            method=None, mask=keys, is_causal=is_causal, window=window, rotary=rotary, **common
-        )
-    # Fold the key-padding, causal and band constraints into one mask, once for all layers of
-    # this kind. An unmasked causal global layer keeps the flag instead: sdpa has a fast causal
-    # path.
-    mask, band_in_mask = keys, False
-    if is_causal and (keys is not None or window is not None):
-        mask, is_causal = masks.fold_causal(keys, T, T, device), False
-    if window is not None:
-        # A padded query farther than the window from every real key has no key: its row is
-        # zeroed by the kernel.
-        band = masks.band_mask(T, window, device)  # (1, 1, T, T)
-        mask, band_in_mask = (band if mask is None else mask & band), True
-    query_has_key = masks.rows_with_key(mask, device)
-    padded_route, runs = None, None
-    if kernel.choice == "sdpa" and window is None:
-        padded_route, runs = _padded_route(call, token_mask, mask, is_causal)
-    return LayerPlan(
-        method=None,
-        padded_route=padded_route,
-        mask=mask,
-        query_has_key=query_has_key,
-        key_runs=runs,
-        is_causal=is_causal,
-        window=window,
-        band_in_mask=band_in_mask,
-        rotary=rotary,
-        **common,
+    length: int,
+) -> dict:
+    """How one kind of layer attends: the varlen method on packed rows; on padded rows under
+    ``sdpa``, clearformer's AVX-512 kernel or PyTorch's (``padded_route``), with the key runs
+    it reads."""
+    # Rotary positions and per-head norms make new queries and keys; values stay views.
+    call = dataclasses.replace(
+        call, window=window is not None, rows_apart=call.rows_apart or theta is not None
     )
-
-
-def _padded_route(
-    call: VarlenCall, token_mask: Tensor | None, mask: Tensor | None, is_causal: bool
-) -> tuple[Decision, tuple[Tensor, Tensor] | None]:
-    """Whether a padded ``sdpa`` layer's attention takes clearformer's AVX-512 kernel, and
-    the (first key, key count) per sequence it reads under a key-padding mask."""
-    unmasked = mask is None and not is_causal
-    runs = None
+    if kernel.choice == "varlen":
+        return dict(method=routes.varlen_method(packing, call))
+    if kernel.choice != "sdpa":
+        return dict(method=None)
+    if window is not None:
+        # Long rows of a local layer go slab by slab: no (T, T) band.
+        return dict(method=None, slab=routes.slab_by_slab(length, window))
+    unmasked = token_mask is None
     route = routes.padded_attention_route(call, square=True, unmasked=unmasked, key_runs=True)
+    runs = None
     if route.choice == "avx512" and not unmasked:
-        if mask is not None and mask.shape[1:3] == (1, 1):  # keys only: (B, 1, 1, T)
-            runs = key_runs(token_mask)
+        runs = key_runs(token_mask)
         if runs is None:
             route = Decision("torch", "keys are not one run per sequence: PyTorch's kernel")
-    return route, runs
+    return dict(method=None, padded_route=route, key_runs=runs)
 
 
 def key_runs(token_mask: Tensor | None) -> tuple[Tensor, Tensor] | None:
@@ -330,27 +364,6 @@ def key_runs(token_mask: Tensor | None) -> tuple[Tensor, Tensor] | None:
     if not bool((count > 0).all()) or not torch.equal(run, token_mask):
         return None
     return first, count
-
-
-def _positions(
-    packing: PackedLayout | None, token_mask: Tensor | None, batch: int, length: int, device
-) -> Tensor:
-    """Each row's position within its own sequence, counted over real tokens: (N,) packed,
-    (B, T) padded (a padded row and the same row packed get the same position)."""
-    if packing is not None:
-        return packing.positions
-    if token_mask is None:
-        return torch.arange(length, device=device)[None].expand(batch, length)
-    return padded_positions(token_mask)
-
-
-def _rotary(
-    positions: Tensor, head_dim: int, theta: float, *, packed: bool
-) -> tuple[Tensor, Tensor]:
-    cos, sin = rotary_tables(positions, head_dim, theta)  # P + (Dh,)
-    # Broadcast over heads: packed (N, Dh) -> (N, 1, Dh); padded (B, T, Dh) -> (B, 1, T, Dh).
-    axis = -2 if packed else 1
-    return cos.unsqueeze(axis), sin.unsqueeze(axis)
 
 
 def check_contiguous(token_mask: Tensor, what: str = "local (windowed) attention") -> None:

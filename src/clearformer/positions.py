@@ -59,3 +59,32 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate ``x`` (..., Dh) by the tables (broadcastable to it), in float32, back to x's dtype."""
     wide = x.float()  # one copy in half precision, none in float32
     return (wide * cos + rotate_half(wide) * sin).to(x.dtype)
+
+
+def sequence_positions(
+    packing, token_mask: Tensor | None, batch: int, length: int, device: torch.device
+) -> Tensor:
+    """Each row's position within its own sequence, counted over real tokens: (N,) for packed
+    rows (``packing``), (B, T) for padded ones, so that a padded row and the same row packed
+    get the same position (with right padding, as tokenizers pad, simply 0, 1, 2, ...)."""
+    if packing is not None:
+        return packing.positions
+    if token_mask is None:
+        return torch.arange(length, device=device)[None].expand(batch, length)
+    return padded_positions(token_mask)
+
+
+def padded_positions(token_mask: Tensor) -> Tensor:
+    """(B, T) bool mask, True = real token -> (B, T) int64: each token's index among its row's
+    real tokens (a padded position takes its real neighbour's; its row is zeroed anyway)."""
+    return (token_mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
+
+
+def head_rotary(
+    positions: Tensor, head_dim: int, theta: float, *, packed: bool
+) -> tuple[Tensor, Tensor]:
+    """Rotary tables for ``positions``, shaped to broadcast over the heads of split queries
+    and keys: packed (N, Dh) -> (N, 1, Dh); padded (B, T, Dh) -> (B, 1, T, Dh)."""
+    cos, sin = rotary_tables(positions, head_dim, theta)  # P + (Dh,)
+    axis = -2 if packed else 1
+    return cos.unsqueeze(axis), sin.unsqueeze(axis)
