@@ -1,6 +1,7 @@
 """Print the plans of documented examples, to compare two checkouts: PYTHONPATH=<checkout>/src python benchmarks/print_plans.py"""
 
 import torch
+
 from clearformer import Encoder, EncoderConfig
 from clearformer.attention import MultiHeadAttention
 
