@@ -1,4 +1,7 @@
-"""Print the plans of documented examples, to compare two checkouts: PYTHONPATH=<checkout>/src python benchmarks/print_plans.py"""
+"""Print the plans of documented examples, to hold two checkouts' plans side by side:
+
+PYTHONPATH=<checkout>/src python benchmarks/print_plans.py > plans.txt
+"""
 
 import torch
 

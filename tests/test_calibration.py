@@ -16,6 +16,7 @@ import torch
 from clearformer.calibration import cache
 from clearformer.calibration.measure import Verdict, Workload, measure_choice
 from clearformer.cli import main
+from clearformer.machine import cache_folder
 from clearformer.routes import kernel_route
 
 from .helpers import needs_avx512_library
@@ -137,9 +138,9 @@ def test_verdicts_round_trip_through_an_atomic_file(tmp_path, monkeypatch):
 def test_the_cache_folder_follows_xdg_unless_clearformer_names_one(tmp_path, monkeypatch):
     monkeypatch.delenv("CLEARFORMER_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert cache.cache_root() == tmp_path / "clearformer"
+    assert cache_folder() == tmp_path / "clearformer"
     monkeypatch.setenv("CLEARFORMER_CACHE", str(tmp_path / "own"))
-    assert cache.cache_root() == tmp_path / "own"
+    assert cache_folder() == tmp_path / "own"
 
 
 def test_a_cache_file_is_named_from_the_setting_that_chose_the_folder(tmp_path, monkeypatch):
@@ -147,13 +148,13 @@ def test_a_cache_file_is_named_from_the_setting_that_chose_the_folder(tmp_path, 
     for variable in ("CLEARFORMER_CACHE", "XDG_CACHE_HOME"):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    file = cache.cache_root() / "calibration" / "verdicts-1.json"
+    file = cache_folder() / "calibration" / "verdicts-1.json"
     assert cache.shown(file) == "~/.cache/clearformer/calibration/verdicts-1.json"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    file = cache.cache_root() / "calibration" / "verdicts-1.json"
+    file = cache_folder() / "calibration" / "verdicts-1.json"
     assert cache.shown(file) == "$XDG_CACHE_HOME/clearformer/calibration/verdicts-1.json"
     monkeypatch.setenv("CLEARFORMER_CACHE", str(tmp_path / "own"))
-    file = cache.cache_root() / "calibration" / "verdicts-1.json"
+    file = cache_folder() / "calibration" / "verdicts-1.json"
     assert cache.shown(file) == "$CLEARFORMER_CACHE/calibration/verdicts-1.json"
     assert cache.shown(tmp_path / "elsewhere" / "verdicts-1.json") == "verdicts-1.json"
 

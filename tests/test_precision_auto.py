@@ -15,7 +15,7 @@ from clearformer import TextEncoder
 from clearformer.cli import main
 from clearformer.cpu import CpuInfo
 from clearformer.precision import auto as auto_module
-from clearformer.precision import calibration, check_precision
+from clearformer.precision import check_precision, speedup
 from clearformer.precision.auto import MIN_BF16_SPEEDUP, auto_precision, choose_precision
 from clearformer.precision.bf16 import bf16_support
 
@@ -85,13 +85,13 @@ def test_avx512_bf16_measured_slow_falls_to_int8_and_says_why():
 
 
 def test_the_switch_skips_the_measurement(monkeypatch):
-    monkeypatch.setenv(calibration.CALIBRATION_VARIABLE, "off")
+    monkeypatch.setenv(speedup.SPEEDUP_VARIABLE, "off")
     decision = auto_precision(cpu("avx512_bf16"), speedup=never_measured)
     assert decision.choice == "int8"
     assert "not measured" in decision.reason
-    assert calibration.CALIBRATION_VARIABLE in decision.reason
-    monkeypatch.setenv(calibration.CALIBRATION_VARIABLE, "sometimes")
-    with pytest.raises(ValueError, match=f"{calibration.CALIBRATION_VARIABLE}: expected"):
+    assert speedup.SPEEDUP_VARIABLE in decision.reason
+    monkeypatch.setenv(speedup.SPEEDUP_VARIABLE, "sometimes")
+    with pytest.raises(ValueError, match=f"{speedup.SPEEDUP_VARIABLE}: expected"):
         auto_precision(cpu("avx512_bf16"), speedup=never_measured)
 
 
@@ -131,7 +131,7 @@ def test_choose_precision_by_name_and_off_the_cpu():
 
 
 def test_auto_on_this_machine_names_a_precision_and_a_reason(monkeypatch):
-    monkeypatch.setenv(calibration.CALIBRATION_VARIABLE, "off")
+    monkeypatch.setenv(speedup.SPEEDUP_VARIABLE, "off")
     decision = choose_precision("auto")
     assert decision.choice in ("float32", "bf16", "int8") and decision.reason
 
@@ -142,9 +142,9 @@ def test_auto_on_this_machine_names_a_precision_and_a_reason(monkeypatch):
 def test_the_measurement_is_cached_per_cpu_model_and_torch_version(tmp_path, monkeypatch):
     monkeypatch.setenv("CLEARFORMER_CACHE", str(tmp_path))
     zen = cpu("avx512_bf16", "AMD EPYC 9R14")
-    ratio, source = calibration.bf16_speedup(zen, measure=lambda: 1.75)
+    ratio, source = speedup.bf16_speedup(zen, measure=lambda: 1.75)
     assert ratio == 1.75 and "measured now" in source
-    path = calibration.cache_path(zen)
+    path = speedup.cache_path(zen)
     assert path.parent == tmp_path / "precision" and str(path) in source
     record = json.loads(path.read_text())
     assert record["bf16_speedup"] == 1.75 and record["cpu"] == "AMD EPYC 9R14"
@@ -155,22 +155,22 @@ def test_the_measurement_is_cached_per_cpu_model_and_torch_version(tmp_path, mon
     def must_not_measure() -> float:
         raise AssertionError("cached: nothing to measure")
 
-    ratio, source = calibration.bf16_speedup(zen, measure=must_not_measure)
+    ratio, source = speedup.bf16_speedup(zen, measure=must_not_measure)
     assert ratio == 1.75 and "measured earlier" in source
     # Another CPU model, another PyTorch: another file.
     other = cpu("avx512_bf16", "Intel Xeon Cooper Lake")
-    assert calibration.cache_path(other) != path
-    assert calibration.cache_path(zen, torch_version="0.0.1") != path
-    assert calibration.bf16_speedup(other, measure=lambda: 0.9)[0] == 0.9
+    assert speedup.cache_path(other) != path
+    assert speedup.cache_path(zen, torch_version="0.0.1") != path
+    assert speedup.bf16_speedup(other, measure=lambda: 0.9)[0] == 0.9
 
 
 def test_a_damaged_cache_is_measured_again(tmp_path, monkeypatch):
     monkeypatch.setenv("CLEARFORMER_CACHE", str(tmp_path))
     zen = cpu("avx512_bf16")
-    path = calibration.cache_path(zen)
+    path = speedup.cache_path(zen)
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
-    assert calibration.bf16_speedup(zen, measure=lambda: 1.5)[0] == 1.5
+    assert speedup.bf16_speedup(zen, measure=lambda: 1.5)[0] == 1.5
     assert json.loads(path.read_text())["bf16_speedup"] == 1.5
 
 
@@ -178,21 +178,21 @@ def test_a_cache_that_cannot_be_written_costs_a_warning(tmp_path, monkeypatch, c
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setenv("CLEARFORMER_CACHE", str(blocker))  # a directory cannot be made in it
-    with caplog.at_level(logging.WARNING, logger="clearformer.precision.calibration"):
-        ratio, source = calibration.bf16_speedup(cpu("avx512_bf16"), measure=lambda: 1.4)
+    with caplog.at_level(logging.WARNING, logger="clearformer.precision.speedup"):
+        ratio, source = speedup.bf16_speedup(cpu("avx512_bf16"), measure=lambda: 1.4)
     assert ratio == 1.4 and "not cached" in source
     assert "could not cache" in caplog.text
 
 
 def test_the_measurement_times_both_dtypes():
-    ratio = calibration.measure_bf16_speedup((8, 16, 16), repeats=1)
+    ratio = speedup.measure_bf16_speedup((8, 16, 16), repeats=1)
     assert np.isfinite(ratio) and ratio > 0
 
 
 def test_auto_reads_the_cached_measurement(tmp_path, monkeypatch):
     monkeypatch.setenv("CLEARFORMER_CACHE", str(tmp_path))
     zen = cpu("avx512_bf16")
-    calibration.bf16_speedup(zen, measure=lambda: MIN_BF16_SPEEDUP + 1.0)
+    speedup.bf16_speedup(zen, measure=lambda: MIN_BF16_SPEEDUP + 1.0)
     decision = auto_precision(zen, calibrate=True)
     assert decision.choice == "bf16" and "cached in" in decision.reason
 

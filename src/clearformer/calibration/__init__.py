@@ -7,7 +7,7 @@ This package's root imports only the generic parts, so the fast paths can read v
 without importing the workloads that exercise them.
 """
 
-from .cache import CalibrationKey, cache_root, cached_verdicts
+from .cache import CalibrationKey, cached_verdicts
 from .measure import MARGIN, Verdict, Workload, measure_choice
 
 __all__ = [
@@ -15,7 +15,6 @@ __all__ = [
     "CalibrationKey",
     "Verdict",
     "Workload",
-    "cache_root",
     "cached_verdicts",
     "measure_choice",
 ]

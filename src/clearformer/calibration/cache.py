@@ -6,8 +6,9 @@ where a virtual machine hides the full name), the PyTorch and clearformer versio
 build of clearformer's kernels. Change any of them and the old file no longer applies; a new
 measurement writes a new file.
 
-Files live in ``$CLEARFORMER_CACHE/calibration``, else ``$XDG_CACHE_HOME/clearformer/
-calibration``, else ``~/.cache/clearformer/calibration``; each is written whole to a temporary
+Files live in clearformer's cache folder (:func:`clearformer.machine.cache_folder`:
+``$CLEARFORMER_CACHE``, else ``$XDG_CACHE_HOME/clearformer``, else ``~/.cache/clearformer``),
+under ``calibration/``; each is written whole to a temporary
 file and moved into place (``os.replace``), so a reader never sees half of one. A file that
 does not parse, or holds another key, is ignored with a warning in the log and rebuilt by the
 next measurement.
@@ -27,25 +28,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..io import atomic_write
+from ..machine import CACHE_VARIABLE, cache_folder
 from .measure import Verdict
 
 log = logging.getLogger(__name__)
 
-CACHE_VARIABLE = "CLEARFORMER_CACHE"
 FORMAT = 1  # the file's layout; a file of another format is ignored and rebuilt
 
 _lock = threading.Lock()
-
-
-def cache_root() -> Path:
-    """clearformer's cache folder: ``$CLEARFORMER_CACHE``, else ``$XDG_CACHE_HOME/clearformer``,
-    else ``~/.cache/clearformer``."""
-    own = os.environ.get(CACHE_VARIABLE)
-    if own:
-        return Path(own)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "clearformer"
 
 
 def shown(path: Path) -> str:
@@ -54,14 +44,13 @@ def shown(path: Path) -> str:
     ``$XDG_CACHE_HOME/clearformer/...``, ``~/.cache/clearformer/...``), so that a plan or an
     explain report sent to someone else names no folder of this machine; the file name alone
     for a file outside it."""
-    own = os.environ.get(CACHE_VARIABLE)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if own:
-        folder, spelled = Path(own), f"${CACHE_VARIABLE}"
-    elif xdg and Path(xdg).is_absolute():
-        folder, spelled = Path(xdg) / "clearformer", "$XDG_CACHE_HOME/clearformer"
+    folder = cache_folder()
+    if os.environ.get(CACHE_VARIABLE):
+        spelled = f"${CACHE_VARIABLE}"
+    elif folder.parent != Path.home() / ".cache":
+        spelled = "$XDG_CACHE_HOME/clearformer"
     else:
-        folder, spelled = Path.home() / ".cache" / "clearformer", "~/.cache/clearformer"
+        spelled = "~/.cache/clearformer"
     try:
         inside = Path(path).relative_to(folder)
     except ValueError:
@@ -81,7 +70,7 @@ class CalibrationKey:
     def path(self) -> Path:
         """The file this key's verdicts live in."""
         digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
-        return cache_root() / "calibration" / f"verdicts-{digest[:16]}.json"
+        return cache_folder() / "calibration" / f"verdicts-{digest[:16]}.json"
 
     def describe(self) -> str:
         build = f", kernels {self.build}" if self.build else ""
@@ -143,7 +132,7 @@ def write(key: CalibrationKey, verdicts: dict[str, Verdict]) -> Path:
 def cached_verdicts(key: CalibrationKey) -> tuple[dict[str, Verdict] | None, Path]:
     """:func:`read` and the file it read, once per process, key and cache folder (routes ask
     on every call)."""
-    memo = (key, os.environ.get(CACHE_VARIABLE, "") + "|" + os.environ.get("XDG_CACHE_HOME", ""))
+    memo = (key, str(cache_folder()))
     with _lock:
         if memo not in _read:
             _read[memo] = (read(key), key.path())

@@ -26,8 +26,8 @@ _EXPORTS = {
     "is_bf16": ".bf16",
     "choose_precision": ".auto",
     "auto_precision": ".auto",
-    "CALIBRATION_VARIABLE": ".calibration",
-    "bf16_speedup": ".calibration",
+    "SPEEDUP_VARIABLE": ".speedup",
+    "bf16_speedup": ".speedup",
 }
 
 __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
@@ -35,7 +35,7 @@ __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
 if TYPE_CHECKING:
     from .auto import auto_precision, choose_precision
     from .bf16 import Bf16Support, bf16_copy, bf16_support, is_bf16
-    from .calibration import CALIBRATION_VARIABLE, bf16_speedup
+    from .speedup import SPEEDUP_VARIABLE, bf16_speedup
 
 
 __all__ = [
@@ -43,7 +43,7 @@ __all__ = [
     "PRECISIONS",
     "PRECISION_NAMES",
     "Bf16Support",
-    "CALIBRATION_VARIABLE",
+    "SPEEDUP_VARIABLE",
     "auto_precision",
     "bf16_copy",
     "bf16_speedup",

@@ -27,8 +27,8 @@ import torch
 from ..cpu import CpuInfo, cpu_info
 from ..options import Decision
 from .bf16 import bf16_support
-from .calibration import CALIBRATION_VARIABLE, bf16_speedup, calibration_enabled
 from .names import PRECISIONS, check_precision
+from .speedup import SPEEDUP_VARIABLE, bf16_speedup, speedup_measured
 
 # bfloat16 is taken without AMX when its products measure at least this much faster: the
 # products are most but not all of a forward pass (attention, norms and the element-wise
@@ -54,7 +54,7 @@ def auto_precision(
         calibrate: measure where the flags do not settle it (None: unless
             ``CLEARFORMER_PRECISION_CALIBRATION=off``).
         speedup: ``cpu -> (bf16 speedup, where it came from)``; default
-            :func:`~clearformer.precision.calibration.bf16_speedup` (cached measurement).
+            :func:`~clearformer.precision.speedup.bf16_speedup` (cached measurement).
     """
     cpu = cpu_info() if cpu is None else cpu
     support = bf16_support(cpu)
@@ -66,7 +66,7 @@ def auto_precision(
             "within cosine 0.995 of float32",
         )
     if "bf16" in offered and support.native:
-        if calibration_enabled() if calibrate is None else calibrate:
+        if speedup_measured() if calibrate is None else calibrate:
             ratio, source = (speedup or bf16_speedup)(cpu)
             if ratio >= MIN_BF16_SPEEDUP:
                 return Decision(
@@ -80,8 +80,7 @@ def auto_precision(
             )
         else:
             not_bf16 = (
-                f"{support.reason}: bfloat16 not measured ({CALIBRATION_VARIABLE}=off), "
-                "so not taken; "
+                f"{support.reason}: bfloat16 not measured ({SPEEDUP_VARIABLE}=off), so not taken; "
             )
     int8_flags = [flag for flag in INT8_FLAGS if flag in cpu.flags]
     if "int8" in offered and int8_flags:

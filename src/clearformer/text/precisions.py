@@ -3,7 +3,7 @@ decision, and the bfloat16 copy of its model, made once and kept.
 
 A decision depends on the precision asked for and the machine, never on the texts: each one is
 made on the application's first call that asks for it (``auto`` may measure once per CPU
-model, :mod:`clearformer.precision.calibration`) and reused by the later calls, so a server
+model, :mod:`clearformer.precision.speedup`) and reused by the later calls, so a server
 that calls once per batch does not decide again per batch.
 """
 

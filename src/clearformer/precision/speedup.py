@@ -7,7 +7,8 @@ AMX (AVX512-BF16 on AMD Zen 4 or Intel Cooper Lake, ARM's BF16) is not settled b
 how much oneDNN gains there depends on the chip (Zen 4 runs its AVX-512 on 256-bit halves)
 and on the oneDNN version PyTorch ships. There :func:`bf16_speedup` times one product of
 MiniLM's feed-forward shape in both dtypes (well under a second), and keeps the ratio in a
-small JSON file under ``$CLEARFORMER_CACHE/precision`` (default ``~/.cache/clearformer``),
+small JSON file under ``precision/`` in clearformer's cache folder
+(:func:`clearformer.machine.cache_folder`),
 named by a hash of the CPU's model, vendor, family, flags and the PyTorch version, written
 atomically, so every later process reads it instead of measuring.
 
@@ -29,10 +30,11 @@ from pathlib import Path
 
 from ..cpu import CpuInfo, cpu_info
 from ..io import atomic_write
+from ..machine import cache_folder
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_VARIABLE = "CLEARFORMER_PRECISION_CALIBRATION"
+SPEEDUP_VARIABLE = "CLEARFORMER_PRECISION_CALIBRATION"
 # rows, inputs, outputs: MiniLM's first feed-forward product on a 4096-token batch split
 # between encode's two workers; 2.4 GFLOP, about 12 ms in float32 on two Zen 4 cores.
 SHAPE = (2048, 384, 1536)
@@ -40,14 +42,14 @@ REPEATS = 5  # timed calls per dtype, after two warm-up calls; the fastest count
 FORMAT = 1  # the cache file's layout; another one is measured again
 
 
-def calibration_enabled() -> bool:
-    """False when :data:`CALIBRATION_VARIABLE` says ``off`` (``0``, ``false``, ``no``)."""
-    setting = os.environ.get(CALIBRATION_VARIABLE, "").strip().lower()
+def speedup_measured() -> bool:
+    """False when :data:`SPEEDUP_VARIABLE` says ``off`` (``0``, ``false``, ``no``)."""
+    setting = os.environ.get(SPEEDUP_VARIABLE, "").strip().lower()
     if setting in ("", "1", "on", "true", "yes"):
         return True
     if setting in ("0", "off", "false", "no"):
         return False
-    raise ValueError(f"{CALIBRATION_VARIABLE}: expected 'on' or 'off', got {setting!r}")
+    raise ValueError(f"{SPEEDUP_VARIABLE}: expected 'on' or 'off', got {setting!r}")
 
 
 def cache_path(cpu: CpuInfo, torch_version: str | None = None) -> Path:
@@ -58,9 +60,7 @@ def cache_path(cpu: CpuInfo, torch_version: str | None = None) -> Path:
     key = hashlib.sha256()
     for part in (cpu.model, cpu.vendor, cpu.family, " ".join(sorted(cpu.flags)), version):
         key.update(part.encode("utf-8", "replace") + b"\0")
-    root = os.environ.get("CLEARFORMER_CACHE")
-    base = Path(root) if root else Path.home() / ".cache" / "clearformer"
-    return base / "precision" / f"bf16-speedup-{key.hexdigest()[:16]}.json"
+    return cache_folder() / "precision" / f"bf16-speedup-{key.hexdigest()[:16]}.json"
 
 
 def bf16_speedup(
