@@ -408,7 +408,7 @@ def test_a_flood_gets_429_at_once_and_the_admitted_finish(tiny, encoder, monkeyp
         assert 'clearformer_requests_total{endpoint="embed",status="429"} 40.0' in metrics
         assert 'clearformer_requests_total{endpoint="embed",status="200"} 3.0' in metrics
         assert "clearformer_requests_in_flight 0.0" in metrics
-        assert running.state.engine.queued == 0
+        assert running.state.batcher.queued == 0
 
 
 def _raw_post(url: str, path: str, body: dict) -> socket.socket:
@@ -433,11 +433,11 @@ def test_a_client_that_disconnects_frees_its_slot_and_its_inputs(tiny, monkeypat
             held = pool.submit(post, running.url, "/embed", {"inputs": "a"})
             wait_for(lambda: gate.started() == 1, "the first batch")
             gone = _raw_post(running.url, "/embed", {"inputs": "dog dog dog dog dog"})
-            wait_for(lambda: running.state.engine.queued == 1, "the second request queued")
+            wait_for(lambda: running.state.batcher.queued == 1, "the second request queued")
             assert post(running.url, "/embed", {"inputs": "b"}).status_code == 429  # full
             gone.close()
             wait_for(lambda: running.state.in_flight == 1, "the slot freed")
-            assert running.state.engine.queued == 0  # its input left the queue
+            assert running.state.batcher.queued == 0  # its input left the queue
             later = pool.submit(post, running.url, "/embed", {"inputs": "c"})
             wait_for(lambda: running.state.in_flight == 2, "the next request admitted")
             gate.open()

@@ -80,7 +80,7 @@ def test_served_rows_equal_encodes_batched_alone_and_from_the_cli(texts, tmp_pat
                 "every request admitted",
             )
             wait_for(
-                lambda: running.state.engine.queued + sum(map(len, gate.batches)) == total,
+                lambda: running.state.batcher.queued + sum(map(len, gate.batches)) == total,
                 "every input queued or in a batch",
             )
             gate.open()

@@ -5,7 +5,7 @@ text-embeddings-inference's ``/embed``, ``/rerank``, ``/tokenize``, ``/health`` 
 * :mod:`.config` -- :class:`ServeConfig`: every limit and setting, validated once;
 * :mod:`.models` -- the models served (``TextEncoder`` or ``CrossEncoder``), their tokenizers
   and input limit;
-* :mod:`.engine` -- the dynamic batcher: requests' inputs merged into forward passes under a
+* :mod:`.batcher` -- the dynamic batcher: requests' inputs merged into forward passes under a
   token budget, on batch workers like ``encode``'s;
 * :mod:`.state` -- a server's life (loading, ready, draining) and its admission count;
 * :mod:`.schemas` and :mod:`.errors` -- request bodies and error answers, in the shapes of the
@@ -13,7 +13,7 @@ text-embeddings-inference's ``/embed``, ``/rerank``, ``/tokenize``, ``/health`` 
 * :mod:`.guards` -- the checks before any work: the API key, the body's size, the input count;
 * :mod:`.waiting` -- a request waiting for its rows, its client's disconnection or its timeout;
 * :mod:`.metrics` -- the Prometheus metrics;
-* :mod:`.routes` -- each route's handler; :mod:`.app` -- the Starlette app: the route table and
+* :mod:`.handlers` -- each route's handler; :mod:`.app` -- the Starlette app: the route table and
   the wrapper every route goes through;
 * :mod:`.server` -- :func:`run_server`: the app on uvicorn, drained on SIGTERM and SIGINT.
 

@@ -31,12 +31,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import routes, token_routes
+from . import handlers, token_handlers
 from .config import ServeConfig
 from .errors import ApiError, ClientGone
 from .guards import check_key
+from .handlers import Handler
 from .models import ModelSpec
-from .routes import Handler
 from .state import ServerState
 
 log = logging.getLogger(__name__)
@@ -65,26 +65,26 @@ def create_app(
         return Route(path, _endpoint(state, name, api, handler, compute=compute), methods=[method])
 
     table = [
-        Route("/health", routes.health(state), methods=["GET"]),  # open, unwrapped: probes
-        route("/info", "GET", "info", "tei", routes.info(state)),
-        route("/metrics", "GET", "metrics", "tei", routes.metrics(state)),
-        route("/v1/models", "GET", "models", "openai", routes.models(state)),
-        route("/embed", "POST", "embed", "tei", routes.embed(state), compute=True),
+        Route("/health", handlers.health(state), methods=["GET"]),  # open, unwrapped: probes
+        route("/info", "GET", "info", "tei", handlers.info(state)),
+        route("/metrics", "GET", "metrics", "tei", handlers.metrics(state)),
+        route("/v1/models", "GET", "models", "openai", handlers.models(state)),
+        route("/embed", "POST", "embed", "tei", handlers.embed(state), compute=True),
         route(
             "/v1/embeddings",
             "POST",
             "embeddings",
             "openai",
-            routes.openai_embeddings(state),
+            handlers.openai_embeddings(state),
             compute=True,
         ),
-        route("/rerank", "POST", "rerank", "tei", routes.rerank(state), compute=True),
+        route("/rerank", "POST", "rerank", "tei", handlers.rerank(state), compute=True),
         route(
             "/embed_multivector",
             "POST",
             "embed_multivector",
             "tei",
-            token_routes.embed_multivector(state),
+            token_handlers.embed_multivector(state),
             compute=True,
         ),
         route(
@@ -92,10 +92,10 @@ def create_app(
             "POST",
             "embed_sparse",
             "tei",
-            routes.embed_sparse(state),
+            handlers.embed_sparse(state),
             compute=True,
         ),
-        route("/tokenize", "POST", "tokenize", "tei", routes.tokenize(state)),
+        route("/tokenize", "POST", "tokenize", "tei", handlers.tokenize(state)),
     ]
     app = Starlette(
         routes=table,

@@ -2,7 +2,7 @@
 
 A directory that :func:`clearformer.retrieval.model_kind` calls ``"sparse"`` is served by a
 :class:`SparseServedModel` around a :class:`~clearformer.SparseEncoder`, on the same batching
-engine as the embedding models: inputs are tokenized (and refused past the limit) in the
+batcher as the embedding models: inputs are tokenized (and refused past the limit) in the
 request's handler, batched with other requests' inputs of the same task, and each batch runs
 the encoder's own ``weights`` (packed rows, chunked pooling), so a row is ``encode_document``'s
 (or ``encode_query``'s) row for the same text.

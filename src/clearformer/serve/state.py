@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..free_cpus import FreeCpus
+from .batcher import Batcher
 from .config import ServeConfig
-from .engine import Engine
 from .errors import ApiError
 from .metrics import ServerMetrics
 from .models import ModelSpec, ServedModel
@@ -70,7 +70,7 @@ _KIND_MISSING = {
 
 
 class ServerState:
-    """The models, the engine, the metrics and the admission count of one server."""
+    """The models, the batcher, the metrics and the admission count of one server."""
 
     def __init__(
         self,
@@ -85,13 +85,13 @@ class ServerState:
         self.report = report or (lambda message: None)
         self.models: list[ServedModel] = []
         self._by_name: dict[str, ServedModel] = {}
-        self.engine: Engine | None = None
+        self.batcher: Batcher | None = None
         self.status = "loading"
         self.load_error: BaseException | None = None
         self.in_flight = 0
         self.cut_off = 0  # requests the drain's time bound stopped unfinished (answered 503)
         self.forced = False  # a second signal stopped the server without waiting
-        self.stopped = False  # the server has stopped: no engine may take work any more
+        self.stopped = False  # the server has stopped: no batcher may take work any more
         self._loader: threading.Thread | None = None
         self.settled = threading.Event()  # set once loading has ended, ready or failed
         self.on_failure: Callable[[], None] = lambda: None  # set by the server: stop it
@@ -114,16 +114,16 @@ class ServerState:
             models = [self._load_one(spec) for spec in self.specs]
             self._index(models)
             workers = self.config.workers or (2 if torch.get_num_threads() >= 2 else 1)
-            engine = Engine(
+            batcher = Batcher(
                 max_batch_tokens=self.config.max_batch_tokens,
                 workers=workers,
                 metrics=self.metrics,
                 free_cpus=None if self.config.fixed_threads else FreeCpus(),
             )
-            engine.start(models)
-            engine.wait_ready()
-            if engine.warm_up_error is not None:
-                raise engine.warm_up_error
+            batcher.start(models)
+            batcher.wait_ready()
+            if batcher.warm_up_error is not None:
+                raise batcher.warm_up_error
         except BaseException as exc:
             # Raised again by run_server (the CLI prints it); an app run otherwise shows it
             # as /health's "failed" and in load_error.
@@ -133,9 +133,9 @@ class ServerState:
             self.settled.set()
             self.on_failure()
             return
-        self.models, self.engine = models, engine
+        self.models, self.batcher = models, batcher
         if self.stopped:  # the server stopped while the models loaded: nothing will come
-            engine.close()
+            batcher.close()
         if self.status == "loading":  # not draining already
             self.status = "ready"
             self.metrics.ready.set(1)
@@ -185,10 +185,10 @@ class ServerState:
         and they stop at once; otherwise one may be in a batch, which is not waited for (the
         workers are daemon threads)."""
         self.begin_drain()
-        if self.engine is not None:
-            self.engine.close()
+        if self.batcher is not None:
+            self.batcher.close()
             if not self.cut_off:
-                self.engine.join(timeout=self.config.graceful_timeout)
+                self.batcher.join(timeout=self.config.graceful_timeout)
 
     def stop_work(self) -> bool:
         """Once the server has stopped (the lifespan's end skipped, on a forced stop): drop the
@@ -199,20 +199,20 @@ class ServerState:
         self.stopped = True
         self.begin_drain()
         busy = self._loader is not None and self._loader.is_alive()
-        engine = self.engine
-        if engine is not None:
-            engine.abandon()
+        batcher = self.batcher
+        if batcher is not None:
+            batcher.abandon()
             # A worker in a batch is not waited for; idle ones end at once.
-            if engine.busy or not engine.join(timeout=self.config.graceful_timeout):
+            if batcher.busy or not batcher.join(timeout=self.config.graceful_timeout):
                 busy = True
         return busy
 
     # Requests ---------------------------------------------------------------------------
 
-    def require_ready(self) -> Engine:
-        """The engine, or a 503 saying why there is none to take work."""
-        if self.status == "ready" and self.engine is not None:
-            return self.engine
+    def require_ready(self) -> Batcher:
+        """The batcher, or a 503 saying why there is none to take work."""
+        if self.status == "ready" and self.batcher is not None:
+            return self.batcher
         why = {
             "loading": "the models are still loading",
             "draining": "the server is shutting down",
@@ -223,8 +223,8 @@ class ServerState:
     def admit(self) -> None:
         """Take a slot for a request, or raise 429 at once when all are taken."""
         if self.in_flight >= self.config.max_concurrent_requests:
-            engine = self.engine
-            wait = engine.retry_after() if engine is not None else 1
+            batcher = self.batcher
+            wait = batcher.retry_after() if batcher is not None else 1
             raise ApiError(
                 "Overloaded",
                 f"the server is at its limit of {self.config.max_concurrent_requests} "

@@ -2,8 +2,8 @@
 vector per token, ``/embed_multivector``) and bge-m3 (dense on ``/embed``, its token weights on
 ``/embed_sparse``, its ColBERT vectors on ``/embed_multivector``).
 
-They share the batch engine with the other models: a batch's answer is a ``(B, 1)`` object
-array, one payload per input (a text's token vectors, or its token weights), which the engine
+They share the batch batcher with the other models: a batch's answer is a ``(B, 1)`` object
+array, one payload per input (a text's token vectors, or its token weights), which the batcher
 hands back in input order as it does rows. Inputs are tokenized in the handler as the model
 does it (each side's length for a multi-vector model, the model's length for bge-m3: these
 models cut texts themselves, as ``encode_query`` / ``encode_document`` do).

@@ -10,7 +10,7 @@ import time
 
 from starlette.requests import Request
 
-from .engine import Closed, Job
+from .batcher import Closed, Job
 from .errors import ApiError, ClientGone
 from .models import Prepared, ServedModel
 from .state import ServerState
@@ -24,15 +24,15 @@ async def wait_for_rows(
     """Queue the inputs and wait for their rows: (n, width) float32 in input order.
 
     The request was admitted while the server was ready; a drain that began since still lets
-    it finish (the engine takes work until the drain has answered every request admitted).
+    it finish (the batcher takes work until the drain has answered every request admitted).
     ``request_timeout`` counts from the admission (``request.state.admitted``), where the
     app's wrapper set ``request.state.deadline``."""
-    engine = state.engine
+    batcher = state.batcher
     admitted = getattr(request.state, "admitted", None) or time.monotonic()
     deadline = getattr(request.state, "deadline", None) or admitted + state.config.request_timeout
     job = Job(model, prepared, asyncio.get_running_loop(), admitted=admitted)
     try:
-        engine.submit(job)
+        batcher.submit(job)
     except Closed:
         raise ApiError(
             "Unhealthy", "not ready: the server is shutting down", headers={"Retry-After": "1"}
@@ -44,20 +44,20 @@ async def wait_for_rows(
             {job.future, gone}, timeout=max(left, 0.0), return_when=asyncio.FIRST_COMPLETED
         )
     except asyncio.CancelledError:
-        engine.cancel(job)
+        batcher.cancel(job)
         raise
     finally:
         gone.cancel()
     if job.future.done():
         return job.future.result()
-    engine.cancel(job)
+    batcher.cancel(job)
     if gone in done:
         raise ClientGone
     raise ApiError(
         "Unhealthy",
         f"the request was not answered within {state.config.request_timeout:g} s "
         "(request_timeout); its work was dropped",
-        headers={"Retry-After": str(engine.retry_after())},
+        headers={"Retry-After": str(batcher.retry_after())},
     )
 
 

@@ -75,7 +75,7 @@ def embed_multivector(state: ServerState):
 
 
 async def bge_m3_sparse(state: ServerState, request: Request, model, inputs: list[str]) -> Response:
-    """``/embed_sparse`` answered by a bge-m3 model (:func:`.routes.embed_sparse` asks): its
+    """``/embed_sparse`` answered by a bge-m3 model (:func:`.handlers.embed_sparse` asks): its
     token weights, one pass per batch as for its other outputs."""
     prepared = model.prepare_tokens(inputs, output="sparse", side="document", field="inputs")
     payloads = await wait_for_rows(state, request, model, prepared)  # (n, 1) objects

@@ -182,14 +182,14 @@ def rerank(state: ServerState) -> Handler:
 
 def embed_sparse(state: ServerState) -> Handler:
     """TEI's ``/embed_sparse``, for sparse (SPLADE) models (:mod:`.sparse`) and bge-m3
-    (:func:`.token_routes.bge_m3_sparse`)."""
+    (:func:`.token_handlers.bge_m3_sparse`)."""
 
     async def embed_sparse(request: Request) -> Response:
         parsed = parse_embed_sparse(await read_json(request, state.config))
         model = state.model_for(parsed.model, "sparse")
         check_count(len(parsed.inputs), state.config, "inputs")
         if model.kind == "bge-m3":
-            from .token_routes import bge_m3_sparse
+            from .token_handlers import bge_m3_sparse
 
             return await bge_m3_sparse(state, request, model, parsed.inputs)
         prepared = model.prepare_sparse(

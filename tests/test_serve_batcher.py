@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("prometheus_client")
 
-from clearformer.serve.engine import Closed, Engine, Job  # noqa: E402
+from clearformer.serve.batcher import Batcher, Closed, Job  # noqa: E402
 from clearformer.serve.metrics import ServerMetrics  # noqa: E402
 from clearformer.serve.models import Prepared  # noqa: E402
 
@@ -51,25 +51,25 @@ def _inputs(*lengths_and_ids: tuple[int, int]) -> list:
     return [SimpleNamespace(ids=[first] * length) for first, length in lengths_and_ids]
 
 
-async def _plug(engine: Engine, model: Recorder) -> Job:
+async def _plug(batcher: Batcher, model: Recorder) -> Job:
     """Hold the (one) worker in a batch of its own, so the test's requests queue up whole."""
     model.go.clear()
     model.plugged.clear()
     plug = Job(model, Prepared(_inputs((PLUG, 1)), "plug"), asyncio.get_running_loop())
-    engine.submit(plug)
+    batcher.submit(plug)
     await asyncio.get_running_loop().run_in_executor(None, model.plugged.wait)
     return plug
 
 
-def _run(engine: Engine, model: Recorder, requests: list[tuple[list, object]]) -> list:
+def _run(batcher: Batcher, model: Recorder, requests: list[tuple[list, object]]) -> list:
     """Submit every request while the worker is held, then release it; the rows of each."""
 
     async def main():
         loop = asyncio.get_running_loop()
-        plug = await _plug(engine, model)
+        plug = await _plug(batcher, model)
         jobs = [Job(model, Prepared(enc, options), loop) for enc, options in requests]
         for job in jobs:
-            engine.submit(job)
+            batcher.submit(job)
         model.go.set()
         await plug.future
         return [await job.future for job in jobs]
@@ -86,45 +86,45 @@ async def _until(condition, seconds: float = 5.0) -> None:
 
 
 @contextlib.contextmanager
-def running_engine(model: Recorder, *, workers: int, max_batch_tokens: int = 10, free_cpus=None):
-    """An engine started on ``model`` and warmed; closed, its workers joined, on leaving."""
-    engine = Engine(
+def running_batcher(model: Recorder, *, workers: int, max_batch_tokens: int = 10, free_cpus=None):
+    """An batcher started on ``model`` and warmed; closed, its workers joined, on leaving."""
+    batcher = Batcher(
         max_batch_tokens=max_batch_tokens,
         workers=workers,
         metrics=ServerMetrics(),
         free_cpus=free_cpus,
     )
-    engine.start([model])
+    batcher.start([model])
     try:
-        assert engine.wait_ready(30)
-        yield engine
+        assert batcher.wait_ready(30)
+        yield batcher
     finally:
-        engine.close()
-    assert engine.join(30)
+        batcher.close()
+    assert batcher.join(30)
 
 
 @pytest.fixture
-def engine_and_model():
+def batcher_and_model():
     model = Recorder()
-    with running_engine(model, workers=1) as engine:
-        yield engine, model
+    with running_batcher(model, workers=1) as batcher:
+        yield batcher, model
 
 
-def test_batches_take_the_queue_in_order_within_the_budget(engine_and_model):
-    engine, model = engine_and_model
+def test_batches_take_the_queue_in_order_within_the_budget(batcher_and_model):
+    batcher, model = batcher_and_model
     a = _inputs((1, 4), (2, 4))
     b = _inputs((3, 4), (4, 1), (5, 9))
-    rows = _run(engine, model, [(a, "x"), (b, "x")])
+    rows = _run(batcher, model, [(a, "x"), (b, "x")])
     # 4 + 4 fit, 4 more would not; then 4 + 1 (9 next would pass 10); then 9 alone.
     assert model.batches == [[1, 2], [3, 4], [5]]
     np.testing.assert_array_equal(rows[0], [[1, 4], [2, 4]])
     np.testing.assert_array_equal(rows[1], [[3, 4], [4, 1], [5, 9]])
 
 
-def test_only_inputs_with_equal_options_share_a_batch(engine_and_model):
-    engine, model = engine_and_model
+def test_only_inputs_with_equal_options_share_a_batch(batcher_and_model):
+    batcher, model = batcher_and_model
     rows = _run(
-        engine,
+        batcher,
         model,
         [(_inputs((1, 2)), "x"), (_inputs((2, 2)), "y"), (_inputs((3, 2)), "x")],
     )
@@ -133,26 +133,26 @@ def test_only_inputs_with_equal_options_share_a_batch(engine_and_model):
     assert [r[0, 0] for r in rows] == [1, 2, 3]
 
 
-def test_an_input_over_the_budget_runs_alone(engine_and_model):
-    engine, model = engine_and_model
-    rows = _run(engine, model, [(_inputs((7, 50), (8, 2)), "x")])
+def test_an_input_over_the_budget_runs_alone(batcher_and_model):
+    batcher, model = batcher_and_model
+    rows = _run(batcher, model, [(_inputs((7, 50), (8, 2)), "x")])
     assert model.batches == [[7], [8]]
     np.testing.assert_array_equal(rows[0], [[7, 50], [8, 2]])
 
 
-def test_a_cancelled_requests_waiting_inputs_never_run(engine_and_model):
-    engine, model = engine_and_model
+def test_a_cancelled_requests_waiting_inputs_never_run(batcher_and_model):
+    batcher, model = batcher_and_model
 
     async def main():
         loop = asyncio.get_running_loop()
-        plug = await _plug(engine, model)
+        plug = await _plug(batcher, model)
         gone = Job(model, Prepared(_inputs((2, 3), (3, 3)), "x"), loop)
         after = Job(model, Prepared(_inputs((4, 3)), "x"), loop)
-        engine.submit(gone)
-        engine.submit(after)
-        assert engine.queued == 3
-        engine.cancel(gone)
-        assert engine.queued == 1
+        batcher.submit(gone)
+        batcher.submit(after)
+        assert batcher.queued == 3
+        batcher.cancel(gone)
+        assert batcher.queued == 1
         model.go.set()
         await plug.future
         await after.future
@@ -163,24 +163,24 @@ def test_a_cancelled_requests_waiting_inputs_never_run(engine_and_model):
     assert model.batches == [[4]]
 
 
-def test_a_closed_engine_takes_no_work_and_its_workers_stop():
+def test_a_closed_batcher_takes_no_work_and_its_workers_stop():
     model = Recorder()
-    engine = Engine(max_batch_tokens=10, workers=2, metrics=ServerMetrics())
-    engine.start([model])
-    assert engine.wait_ready(30)
-    engine.close()
-    assert engine.join(30)
+    batcher = Batcher(max_batch_tokens=10, workers=2, metrics=ServerMetrics())
+    batcher.start([model])
+    assert batcher.wait_ready(30)
+    batcher.close()
+    assert batcher.join(30)
 
     async def main():
         job = Job(model, Prepared(_inputs((1, 2)), "x"), asyncio.get_running_loop())
         with pytest.raises(Closed):
-            engine.submit(job)
+            batcher.submit(job)
 
     asyncio.run(main())
 
 
-def test_a_failing_batch_fails_its_requests_only(engine_and_model):
-    engine, model = engine_and_model
+def test_a_failing_batch_fails_its_requests_only(batcher_and_model):
+    batcher, model = batcher_and_model
 
     class Broken(Recorder):
         name = "broken"
@@ -194,8 +194,8 @@ def test_a_failing_batch_fails_its_requests_only(engine_and_model):
         loop = asyncio.get_running_loop()
         bad = Job(broken, Prepared(_inputs((1, 2)), "x"), loop)
         good = Job(model, Prepared(_inputs((2, 2)), "x"), loop)
-        engine.submit(bad)
-        engine.submit(good)
+        batcher.submit(bad)
+        batcher.submit(good)
         with pytest.raises(RuntimeError, match="the model broke"):
             await bad.future
         return await good.future
@@ -268,19 +268,19 @@ def two_workers_on_two_threads():
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     model = ThreadRecorder()
-    with running_engine(model, workers=2, max_batch_tokens=4) as engine:
-        yield engine, model
+    with running_batcher(model, workers=2, max_batch_tokens=4) as batcher:
+        yield batcher, model
     torch.set_num_threads(before)
 
 
 def test_a_lone_request_runs_on_every_thread(two_workers_on_two_threads):
-    engine, model = two_workers_on_two_threads
+    batcher, model = two_workers_on_two_threads
 
     async def main():
         loop = asyncio.get_running_loop()
         for first in (1, 2, 3):  # one after another, as one client sends them
             job = Job(model, Prepared(_inputs((first, 2)), "x"), loop)
-            engine.submit(job)
+            batcher.submit(job)
             await job.future
 
     asyncio.run(main())
@@ -308,13 +308,13 @@ def test_a_lone_request_takes_only_the_cpus_others_leave_free(busy, threads):
     torch.set_num_threads(2)
     model = ThreadRecorder()
     try:
-        with running_engine(
+        with running_batcher(
             model, workers=2, max_batch_tokens=4, free_cpus=_OthersBusy(busy).free
-        ) as engine:
+        ) as batcher:
 
             async def main():
                 job = Job(model, Prepared(_inputs((1, 2)), "x"), asyncio.get_running_loop())
-                engine.submit(job)
+                batcher.submit(job)
                 await job.future
 
             asyncio.run(main())
@@ -324,11 +324,11 @@ def test_a_lone_request_takes_only_the_cpus_others_leave_free(busy, threads):
 
 
 def test_a_lone_request_of_several_inputs_runs_whole_on_every_thread(two_workers_on_two_threads):
-    engine, model = two_workers_on_two_threads
+    batcher, model = two_workers_on_two_threads
 
     async def main():
         job = Job(model, Prepared(_inputs((1, 2), (2, 2)), "x"), asyncio.get_running_loop())
-        engine.submit(job)
+        batcher.submit(job)
         return await job.future
 
     rows = asyncio.run(main())
@@ -340,12 +340,12 @@ def test_a_lone_request_of_several_inputs_runs_whole_on_every_thread(two_workers
 
 
 def test_a_lone_request_over_the_budget_is_shared_by_the_workers(two_workers_on_two_threads):
-    engine, model = two_workers_on_two_threads
+    batcher, model = two_workers_on_two_threads
 
     async def main():
         model.go.clear()  # each batch waits: the two run side by side, neither ends first
         job = Job(model, Prepared(_inputs((1, 2), (2, 2), (3, 2)), "x"), asyncio.get_running_loop())
-        engine.submit(job)
+        batcher.submit(job)
         await _until(lambda: len(model.overlaps) >= 2)
         model.go.set()
         return await job.future
@@ -383,12 +383,12 @@ def test_queued_work_is_shared_by_the_workers_not_taken_whole():
     torch.set_num_threads(2)
     model = HeldRecorder()
 
-    async def main(engine):
+    async def main(batcher):
         loop = asyncio.get_running_loop()
-        plug = await _plug(engine, model)  # on both threads: the other worker waits
+        plug = await _plug(batcher, model)  # on both threads: the other worker waits
         jobs = [Job(model, Prepared(_inputs((i, 2)), "x"), loop) for i in range(1, 9)]
         for job in jobs:
-            engine.submit(job)
+            batcher.submit(job)
         model.go.set()
         await plug.future
         await _until(lambda: model.held >= 2)
@@ -396,8 +396,8 @@ def test_queued_work_is_shared_by_the_workers_not_taken_whole():
         return [await job.future for job in jobs]
 
     try:
-        with running_engine(model, workers=2, max_batch_tokens=100) as engine:
-            rows = asyncio.run(main(engine))
+        with running_batcher(model, workers=2, max_batch_tokens=100) as batcher:
+            rows = asyncio.run(main(batcher))
     finally:
         torch.set_num_threads(before)
     # The budget would take all eight requests (16 tokens) in one batch. Shared: the first
@@ -422,53 +422,53 @@ class WrongRows(Recorder):
         return np.concatenate([rows, rows[:1]]) if self.calls == 1 else rows
 
 
-def test_a_model_returning_the_wrong_rows_fails_its_request_and_the_engine_goes_on():
+def test_a_model_returning_the_wrong_rows_fails_its_request_and_the_batcher_goes_on():
     model = WrongRows()
 
-    async def main(engine):
+    async def main(batcher):
         loop = asyncio.get_running_loop()
         bad = Job(model, Prepared(_inputs((1, 2)), "x"), loop)
-        engine.submit(bad)
+        batcher.submit(bad)
         with pytest.raises(RuntimeError, match="rows of shape \\(2, 2\\) for a batch of 1"):
             await asyncio.wait_for(bad.future, 10)
         good = Job(model, Prepared(_inputs((2, 2)), "x"), loop)
-        engine.submit(good)
+        batcher.submit(good)
         return await asyncio.wait_for(good.future, 10)
 
-    with running_engine(model, workers=2) as engine:
-        assert asyncio.run(main(engine))[0, 0] == 2
+    with running_batcher(model, workers=2) as batcher:
+        assert asyncio.run(main(batcher))[0, 0] == 2
 
 
 # The first worker's thread ends on the exception: that is the case under test.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_work_goes_on_if_the_first_worker_stops(monkeypatch):
     model = Recorder()
-    engine = Engine(max_batch_tokens=10, workers=2, metrics=ServerMetrics())
-    real_run = engine._run
+    batcher = Batcher(max_batch_tokens=10, workers=2, metrics=ServerMetrics())
+    real_run = batcher._run
 
     def run(batch):
         if threading.current_thread().name == "clearformer-serve-0":
             raise KeyboardInterrupt  # not an Exception: nothing inside the worker catches it
         real_run(batch)
 
-    monkeypatch.setattr(engine, "_run", run)
-    engine.start([model])
-    assert engine.wait_ready(30)
+    monkeypatch.setattr(batcher, "_run", run)
+    batcher.start([model])
+    assert batcher.wait_ready(30)
 
     async def main():
         loop = asyncio.get_running_loop()
-        engine.submit(Job(model, Prepared(_inputs((1, 2)), "x"), loop))  # lost with worker 0
+        batcher.submit(Job(model, Prepared(_inputs((1, 2)), "x"), loop))  # lost with worker 0
         for _ in range(1000):
-            if not engine._threads[0].is_alive():
+            if not batcher._threads[0].is_alive():
                 break
             await asyncio.sleep(0.01)
         later = Job(model, Prepared(_inputs((2, 2)), "x"), loop)
-        engine.submit(later)
+        batcher.submit(later)
         return await asyncio.wait_for(later.future, 10)
 
     assert asyncio.run(main())[0, 0] == 2  # the second worker took it
-    engine.close()
-    assert engine.join(30)
+    batcher.close()
+    assert batcher.join(30)
 
 
 def test_workers_warm_up_one_at_a_time(two_workers_on_two_threads):
@@ -480,36 +480,36 @@ def test_workers_warm_up_one_at_a_time(two_workers_on_two_threads):
 
 
 def test_busy_workers_run_on_their_share_and_never_oversubscribe(two_workers_on_two_threads):
-    engine, model = two_workers_on_two_threads
+    batcher, model = two_workers_on_two_threads
     # The plug runs alone (on both threads); the requests behind it fill 4 batches (4 tokens
     # each, the budget): with work waiting, a worker takes its one-thread share, and the other
     # worker never starts while a batch runs on both threads.
-    rows = _run(engine, model, [(_inputs((i, 4)), "x") for i in range(1, 5)])
+    rows = _run(batcher, model, [(_inputs((i, 4)), "x") for i in range(1, 5)])
     assert sorted(b[0] for b in model.batches) == [1, 2, 3, 4]
     assert model.threads[0] == 1  # three more were waiting behind the first
     assert max(model.overlaps) <= 2
     assert [r[0, 0] for r in rows] == [1, 2, 3, 4]
 
 
-def test_abandon_drops_the_queue_and_the_workers_end_after_their_batch(engine_and_model):
+def test_abandon_drops_the_queue_and_the_workers_end_after_their_batch(batcher_and_model):
     """A forced stop: the inputs still queued never run, the batch running ends, and then
     every worker stops, busy no more."""
-    engine, model = engine_and_model
+    batcher, model = batcher_and_model
 
     async def main():
         loop = asyncio.get_running_loop()
-        plug = await _plug(engine, model)
+        plug = await _plug(batcher, model)
         queued = Job(model, Prepared(_inputs((1, 2), (2, 2)), "x"), loop)
-        engine.submit(queued)
-        assert engine.busy and engine.queued == 2
-        engine.abandon()
-        assert engine.queued == 0 and engine.busy  # the plug's batch is still running
+        batcher.submit(queued)
+        assert batcher.busy and batcher.queued == 2
+        batcher.abandon()
+        assert batcher.queued == 0 and batcher.busy  # the plug's batch is still running
         with pytest.raises(Closed):
-            engine.submit(Job(model, Prepared(_inputs((3, 1)), "x"), loop))
+            batcher.submit(Job(model, Prepared(_inputs((3, 1)), "x"), loop))
         model.go.set()
         await plug.future  # its rows still come
         return queued
 
     queued = asyncio.run(main())
-    assert engine.join(30) and not engine.busy
+    assert batcher.join(30) and not batcher.busy
     assert model.batches == [] and not queued.future.done()  # its inputs never ran

@@ -67,7 +67,7 @@ SCAN_LIMIT = 1024
 
 
 class Closed(Exception):
-    """The engine takes no new work: the server is draining."""
+    """The batcher takes no new work: the server is draining."""
 
 
 class Job:
@@ -102,7 +102,7 @@ class _Input:
     tokens: int
 
 
-class Engine:
+class Batcher:
     """The queue and the batch workers.
 
     Args:
