@@ -6,7 +6,7 @@
 * ``"int8"``: int8 matrix products (:mod:`clearformer.quant`; ``TextEncoder.encode`` only);
 * ``"auto"``: the fastest of them whose accuracy floor holds on this CPU, decided from the
   CPU's instruction sets and, where they do not settle it, a short measurement cached per CPU
-  model and PyTorch version (:mod:`.auto`, :mod:`.calibration`).
+  model and PyTorch version (:mod:`.auto`, :mod:`.speedup`).
 
 Names are imported on first use, so that the command line can read :data:`PRECISIONS` without
 importing torch.

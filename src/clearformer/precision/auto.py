@@ -5,7 +5,7 @@
 1. ``bf16`` where the CPU has AMX-BF16 tiles: bfloat16 products measured 2.7-3.0x float32's,
    embeddings within the bf16 floor (cosine to float32 >= 0.995 each, >= 0.9995 on average);
 2. ``bf16`` where it has bfloat16 dot products without AMX (AVX512-BF16, ARM BF16) and a
-   short measurement (:mod:`.calibration`, cached per CPU model and PyTorch version) finds
+   short measurement (:mod:`.speedup`, cached per CPU model and PyTorch version) finds
    bfloat16 products at least :data:`MIN_BF16_SPEEDUP` times as fast as float32's; the
    flags alone do not settle it there;
 3. ``int8`` where it has int8 dot products (AVX512-VNNI, AVX-VNNI, AMX-INT8, ARM's dot

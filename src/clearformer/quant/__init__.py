@@ -3,7 +3,7 @@
 * :mod:`.int8` -- :class:`Int8Linear` and the start-up probe :func:`int8_support`;
 * :mod:`.quantize` -- :func:`quantize_int8` (a converted copy of a model) and the calibrated
   default policy :func:`quantize_int8_calibrated`;
-* :mod:`.calibration` -- the texts the default policy calibrates on.
+* :mod:`.smoothing_texts` -- the texts the default policy calibrates its smoothing on.
 
 Names are imported on first use. The precisions ``encode`` accepts (``float32``, ``bf16``,
 ``int8``, ``auto``) are named in :mod:`clearformer.precision`.

@@ -36,10 +36,10 @@ class Int8Models:
         with self._lock:
             if False not in self._built:
                 from ..quant import quantize_int8_calibrated
-                from ..quant.calibration import CALIBRATION_TEXTS
+                from ..quant.smoothing_texts import SMOOTHING_TEXTS
 
                 started = time.perf_counter()
-                self._calibration = self._tokenizer(list(CALIBRATION_TEXTS))
+                self._calibration = self._tokenizer(list(SMOOTHING_TEXTS))
                 self._built[False] = quantize_int8_calibrated(self._model, self._calibrate).eval()
                 log.info("built the int8 model in %.2fs", time.perf_counter() - started)
             if fused and True not in self._built:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from ...machine import cache_folder
 from .files import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -138,9 +139,8 @@ ALL_MPNET_BASE_V2 = SplitArchive(
 
 
 def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/clearformer``, else ``~/.cache/clearformer``."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "clearformer"
+    """clearformer's cache folder (:func:`clearformer.machine.cache_folder`)."""
+    return cache_folder()
 
 
 def installed_part(part: Part) -> Path:

@@ -1,4 +1,4 @@
-"""Calibration texts for int8 smoothing: a few varied sentences whose activations set the
+"""Texts for int8 smoothing: a few varied sentences whose activations set the
 per-channel smoothing factors (their maxima, not their meaning, matter).
 
 They are deliberately unlike the sentences the tests measure accuracy on, so that the tests do
@@ -7,7 +7,7 @@ not grade the calibration on its own data.
 
 from __future__ import annotations
 
-CALIBRATION_TEXTS: tuple[str, ...] = (
+SMOOTHING_TEXTS: tuple[str, ...] = (
     "The committee postponed its decision until the spring meeting.",
     "How do I reset the password on my router?",
     "Photosynthesis converts light energy into chemical energy stored in glucose.",
