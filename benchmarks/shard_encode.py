@@ -142,7 +142,7 @@ def main() -> None:
     if args.processes < 2 or args.repeats < 1 or args.chunk_rows < 1:
         parser.error("--processes must be >= 2, --repeats and --chunk-rows >= 1")
 
-    from clearformer.index.shards import read_shards
+    from clearformer.sharded.shards import read_shards
 
     corpus, rows, keep = read_corpus(args)
     n = args.processes

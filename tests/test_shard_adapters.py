@@ -28,7 +28,7 @@ def model(tmp_path_factory):
 
 def test_ray_map_batches_with_the_callable_class(model):
     ray = pytest.importorskip("ray")
-    from clearformer.index.ray_adapter import TextEmbedder
+    from clearformer.sharded.ray_adapter import TextEmbedder
 
     texts = word_texts(40)
     expected = TextEncoder.from_pretrained(model).encode(texts)
@@ -54,7 +54,7 @@ def test_ray_map_batches_with_the_callable_class(model):
 
 def test_ray_embedder_takes_pandas_batches_and_names_a_missing_column(model):
     pd = pytest.importorskip("pandas")
-    from clearformer.index.ray_adapter import TextEmbedder
+    from clearformer.sharded.ray_adapter import TextEmbedder
 
     embedder = TextEmbedder(str(model), column="body")
     frame = pd.DataFrame({"body": ["w1 w2", "w3"]})
@@ -74,7 +74,7 @@ def test_spark_iterator_pandas_udf(model, monkeypatch):
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from clearformer.index.spark_adapter import embedding_udf
+    from clearformer.sharded.spark_adapter import embedding_udf
 
     texts = word_texts(40)
     expected = TextEncoder.from_pretrained(model).encode(texts)

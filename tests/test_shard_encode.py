@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from clearformer.index.identity import file_sha256
-from clearformer.index.shards import rank_chunks, read_manifest, read_shards
+from clearformer.sharded.shards import rank_chunks, read_manifest, read_shards
 
 from .helpers import intra_op_threads, needs_avx512_library
 from .index_helpers import cli, faulty_torchrun, killed_cli, tiny_model, torchrun, word_texts
 
-SHARDS_MODULE = "clearformer.index.shards"
+SHARDS_MODULE = "clearformer.sharded.shards"
 CHUNK_ROWS = 32  # 300 rows: 10 chunks, rank 0 of 2 takes chunks 0-4 (rows 0-160), rank 1 5-9
 SHARDS = [
     "manifest.json",
@@ -133,7 +133,7 @@ def test_a_run_killed_right_after_its_manifest_leaves_its_chunks_to_the_next_run
     out = tmp_path / "out"
     argv = command(setup, out)
     # The first rmtree is the chunks': the manifest is written, nothing is removed yet.
-    killed = killed_cli("clearformer.index.shards:shutil.rmtree:1", *argv)
+    killed = killed_cli("clearformer.sharded.shards:shutil.rmtree:1", *argv)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert (out / "manifest.json").is_file()
     assert len(list((out / ".chunks").glob("chunk-*.npy"))) == 10
@@ -214,7 +214,7 @@ class TestWithTheAVX512Library:
     pytestmark = needs_avx512_library
 
     def test_a_row_does_not_depend_on_what_its_process_computed_before(self, tmp_path, monkeypatch):
-        from clearformer.index.shards import encode_shard
+        from clearformer.sharded.shards import encode_shard
         from clearformer.text import TextEncoder
 
         from .helpers import write_tiny_bert
@@ -252,8 +252,8 @@ def test_another_job_in_the_same_directory_is_refused(tmp_path, setup):
 
 
 def test_auto_precision_is_recorded_as_what_it_chose(tmp_path, monkeypatch):
-    from clearformer.index.shards import encode_shard
     from clearformer.options import Decision
+    from clearformer.sharded.shards import encode_shard
     from clearformer.text import TextEncoder
 
     model = tiny_model(tmp_path / "model")

@@ -1,7 +1,7 @@
 """``clearformer encode --input CORPUS --output DIR``: embeddings as shards and a manifest.
 
 Run alone it writes one shard; under ``torchrun --nproc_per_node=N [--nnodes=M]`` each process
-writes its own (:mod:`clearformer.index.shards`). Either way the run is resumable: run the same
+writes its own (:mod:`clearformer.sharded.shards`). Either way the run is resumable: run the same
 command again after a kill and only the chunks that were not committed are encoded.
 
 This module adds no command: it extends ``encode``'s parser with the shard options and sends
@@ -52,7 +52,7 @@ def is_shard_directory(output: str | None) -> bool:
 
 def run_sharded(args: argparse.Namespace) -> int:
     from ..cli import CliError
-    from ..index.shards import encode_shard, launch_rank, read_manifest
+    from ..sharded.shards import encode_shard, launch_rank, read_manifest
     from .encode import load_encoder, read_input
     from .outputs import check_destination
     from .status_line import progress_for
@@ -79,7 +79,7 @@ def run_sharded(args: argparse.Namespace) -> int:
                 "--shard-format parquet needs pyarrow: pip install 'clearformer[index]'"
             ) from None
     texts = read_input([], args.input, args.field)
-    from ..index.shards import corpus_sha256
+    from ..sharded.shards import corpus_sha256
 
     source = {"file": str(Path(args.input)), "sha256": corpus_sha256(Path(args.input).read_bytes())}
     encoder = load_encoder(args)

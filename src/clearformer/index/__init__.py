@@ -19,9 +19,10 @@ over processes.
   sub-index per kind): ``build_index(..., kind=)`` and :class:`HybridIndex`, searched per kind
   or fused (:mod:`.fusion`); the kinds: :mod:`.sparse_index` (an exact inverted index),
   :mod:`.bm25_index` (bm25s), :mod:`.multivector_index` (:mod:`.muvera` candidates in usearch,
-  exact MaxSim); models loaded by :func:`.kinds.load_model`;
-* :mod:`.shards` -- ``clearformer encode --output DIR`` under ``torchrun``: one shard per rank
-  and a manifest; :mod:`.ray_adapter` and :mod:`.spark_adapter` for Ray Data and Spark.
+  exact MaxSim); models loaded by :func:`.kinds.load_model`.
+
+Sharded encoding (``torchrun``, Ray, Spark), which uses the chunk store, has a package of its
+own: :mod:`clearformer.sharded`.
 
 The engine (usearch) is an optional extra: ``pip install 'clearformer[index]'``. See
 ``docs/index.md``.

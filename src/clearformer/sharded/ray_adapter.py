@@ -9,7 +9,7 @@ only defines what Ray calls. ``pip install 'clearformer[ray]'``.
 ::
 
     import ray
-    from clearformer.index.ray_adapter import TextEmbedder
+    from clearformer.sharded.ray_adapter import TextEmbedder
 
     ds = ray.data.read_text("corpus.txt")  # a "text" column
     ds = ds.map_batches(

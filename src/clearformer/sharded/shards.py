@@ -40,10 +40,10 @@ from typing import Any
 
 import numpy as np
 
+from ..index.chunks import ChunkStore, chunk_count, chunk_progress, embed_chunks, texts_sha256
+from ..index.identity import ModelIdentity, file_sha256
+from ..index.layout import read_json, write_json
 from ..io import atomic_write
-from .chunks import ChunkStore, chunk_count, chunk_progress, embed_chunks, texts_sha256
-from .identity import ModelIdentity, file_sha256
-from .layout import read_json, write_json
 
 log = logging.getLogger(__name__)
 

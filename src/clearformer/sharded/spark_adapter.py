@@ -8,7 +8,7 @@ imported only when the UDF is made. ``pip install 'clearformer[spark]'`` (and a 
 
 ::
 
-    from clearformer.index.spark_adapter import embedding_udf
+    from clearformer.sharded.spark_adapter import embedding_udf
 
     embed = embedding_udf(model=None)  # None: the bundled all-MiniLM-L6-v2
     df = spark.read.text("corpus.txt").withColumnRenamed("value", "text")
