@@ -6,7 +6,7 @@ Kernels (``--kernels``):
 ``avx512_attention``  clearformer's AVX-512 attention (packed rows and unpadded sequences)
                       against the varlen method ``auto`` takes without it and SDPA's flash kernel
 ``avx512_linear``     clearformer's AVX-512 products with their GELU or LayerNorm epilogue
-                      against oneDNN's fused products (weights packed once, as ``encode`` runs)
+                      against oneDNN's fused products (weights reordered once, as ``encode`` runs)
 ``int8_steps``        the int8 layers' element-wise steps compiled by ``torch.compile`` against
                       the same steps eager (``encode(precision="int8", fuse_int8=...)``; the
                       first compile takes a minute or more on two cores)

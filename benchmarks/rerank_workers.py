@@ -108,7 +108,7 @@ def main() -> None:
             "clearformer": lambda: ours.predict(pairs),
         }
         for run in runners.values():
-            run()  # lazy initialisation, the weight packing, the kernel's first call
+            run()  # lazy initialisation, the weight reordering, the kernel's first call
         best = dict.fromkeys(runners, float("inf"))
         scores = {}
         for round_ in range(args.rounds):

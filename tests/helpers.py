@@ -13,7 +13,7 @@ import torch
 from clearformer import EncoderConfig, EncoderModel, routes
 from clearformer.fast import avx512
 from clearformer.fast.fused_linear import linear
-from clearformer.fast.packed_weights import PackedWeights
+from clearformer.fast.reordered_weights import ReorderedWeights
 from clearformer.interop.hf import save_model
 from clearformer.machine import machine
 from clearformer.options import Decision
@@ -102,16 +102,16 @@ def write_tiny_bert(
     return directory
 
 
-def record_packings(monkeypatch, module) -> list[PackedWeights]:
-    """Every PackedWeights ``module`` makes from now on, in the list returned."""
+def record_packings(monkeypatch, module) -> list[ReorderedWeights]:
+    """Every ReorderedWeights ``module`` makes from now on, in the list returned."""
     made = []
 
-    class Recorded(PackedWeights):
+    class Recorded(ReorderedWeights):
         def __init__(self):
             super().__init__()
             made.append(self)
 
-    monkeypatch.setattr(module, "PackedWeights", Recorded)
+    monkeypatch.setattr(module, "ReorderedWeights", Recorded)
     return made
 
 

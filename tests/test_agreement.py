@@ -262,7 +262,7 @@ class TestWithTheAVX512Kernels:
 
     def test_the_avx512_routes_agree_with_the_reference(self, family, backend, monkeypatch):
         from clearformer.fast import avx512_linear
-        from clearformer.fast.packed_weights import PackedWeights, use_packed_weights
+        from clearformer.fast.reordered_weights import ReorderedWeights, use_reordered_weights
 
         # The suite switches the library off (conftest); here both of its kernels run.
         monkeypatch.setenv("CLEARFORMER_AVX512", "on")
@@ -277,8 +277,8 @@ class TestWithTheAVX512Kernels:
             return original(*args, **kwargs)
 
         monkeypatch.setattr(avx512_linear, "linear", counting)
-        # Packed weights let the AVX-512 linear kernel take the GELU and LayerNorm epilogues.
-        with use_packed_weights(PackedWeights()):
+        # Reordered weights let the AVX-512 linear kernel take the GELU and LayerNorm epilogues.
+        with use_reordered_weights(ReorderedWeights()):
             out = production(encoder, x, mask, backend=backend)
             with torch.no_grad():
                 plan = encoder.plan_for(mask, backend=backend)

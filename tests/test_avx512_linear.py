@@ -17,7 +17,7 @@ from torch import nn
 
 from clearformer import TextEncoder, switches
 from clearformer.fast import avx512_linear
-from clearformer.fast.packed_weights import PackedWeights, use_packed_weights
+from clearformer.fast.reordered_weights import ReorderedWeights, use_reordered_weights
 from clearformer.interop.hf import bundled_model_dir
 from clearformer.routes import kernels_wanted
 
@@ -81,7 +81,7 @@ def make_norm(width, seed=1):
 
 def kernel(x, layer, **epilogue):
     with torch.inference_mode():
-        return avx512_linear.linear(x, avx512_linear.pack(layer.weight), layer, **epilogue)
+        return avx512_linear.linear(x, avx512_linear.reorder(layer.weight), layer, **epilogue)
 
 
 def gelu_exact(values: np.ndarray) -> np.ndarray:
@@ -233,9 +233,9 @@ def test_any_shape_matches_float64(rows, fan_in, panels, scale):
 
 def test_bad_arguments_are_refused_with_what_was_expected():
     with pytest.raises(RuntimeError, match="multiple of 64"):
-        avx512_linear.pack(torch.randn(100, 8))
+        avx512_linear.reorder(torch.randn(100, 8))
     layer = make_layer(8, 64)
-    packed = avx512_linear.pack(layer.weight)
+    packed = avx512_linear.reorder(layer.weight)
     with pytest.raises(RuntimeError, match="x has 9 features, the weight 8"):
         torch.ops.clearformer_avx512.linear(
             torch.randn(2, 9), packed, None, 0, None, None, None, 0.0
@@ -265,7 +265,7 @@ def fused_call(layer, x, **epilogue):
 def test_a_packing_caller_sends_gelu_and_layer_norm_products_to_the_kernel(kernel_calls):
     up, down, norm = make_layer(384, 1536), make_layer(1536, 384, seed=2), make_norm(384)
     x = torch.randn(2, 10, 384)
-    with use_packed_weights(PackedWeights()):
+    with use_reordered_weights(ReorderedWeights()):
         h = fused_call(up, x, activation="gelu")
         out = fused_call(down, h, residual=x, norm=norm)
         fused_call(up, x)  # a plain product stays with oneDNN, which is faster there
@@ -284,7 +284,7 @@ def test_calls_without_packing_or_switched_off_or_odd_widths_stay_with_onednn(
     up, odd, norm = make_layer(384, 1536), make_layer(384, 100), make_norm(100)
     x = torch.randn(40, 384)
     fused_call(up, x, activation="gelu")  # no packing: packing per call would cost more
-    with use_packed_weights(PackedWeights()):
+    with use_reordered_weights(ReorderedWeights()):
         fused_call(up, x[:5], activation="gelu")  # a decoding step's rows: one thread's tile
         fused_call(up, x, activation="relu")  # oneDNN's ReLU costs next to nothing
         fused_call(odd, x, activation="gelu")  # 100 outputs: not whole panels
@@ -320,7 +320,7 @@ def test_a_trainable_norm_or_residual_keeps_its_gradient():
     norm = make_norm(384)
     x = torch.randn(40, 384)
     residual = torch.randn(40, 384, requires_grad=True)
-    with use_packed_weights(PackedWeights()):
+    with use_reordered_weights(ReorderedWeights()):
         out = fused_linear(x, layer, residual=residual, norm=norm)
     out.square().sum().backward()
     assert norm.weight.grad is not None and norm.weight.grad.abs().sum() > 0
@@ -337,8 +337,8 @@ def test_a_bad_switch_value_is_refused(monkeypatch):
 
 def test_a_weight_changed_in_place_is_packed_again(kernel_calls):
     layer, x = make_layer(64, 128), torch.randn(30, 64)
-    packing = PackedWeights()
-    with use_packed_weights(packing):
+    packing = ReorderedWeights()
+    with use_reordered_weights(packing):
         first = fused_call(layer, x, activation="gelu")
         with torch.no_grad():
             layer.weight.mul_(-1)
@@ -351,7 +351,9 @@ def test_a_weight_changed_in_place_is_packed_again(kernel_calls):
 def test_encode_with_the_kernel_matches_encode_without_it(kernel_calls, monkeypatch):
     encoder = TextEncoder.from_pretrained(bundled_model_dir())
     texts = [f"sentence number {i} about the weather in a city by the sea" for i in range(300)]
-    with_kernel = encoder.encode(texts, progress=False)  # over PACK_MIN_TOKENS: packed weights
+    with_kernel = encoder.encode(
+        texts, progress=False
+    )  # over REORDER_MIN_TOKENS: reordered weights
     assert kernel_calls, "the bundled model's post-norm layers should take the kernel"
     monkeypatch.setenv(switches.AVX512_LINEAR_VARIABLE, "off")
     calls = len(kernel_calls)
@@ -374,7 +376,7 @@ def test_a_post_norm_encoder_under_packing_matches_its_eager_layers(backend, ker
     mask = torch.tensor([[True] * 9, [True] * 5 + [False] * 4, [False] * 2 + [True] * 7])
     x[~mask] = float("nan")  # padded positions hold anything; real rows must not see it
     eager = model(x, mask, backend="math")  # gradients enabled: the eager layers
-    with torch.inference_mode(), use_packed_weights(PackedWeights()):
+    with torch.inference_mode(), use_reordered_weights(ReorderedWeights()):
         fused = model(x, mask, backend=backend)
     assert kernel_calls, "the post-norm blocks should take the kernel"
     torch.testing.assert_close(fused[mask], eager.detach()[mask], atol=2e-5, rtol=1e-5)
@@ -397,7 +399,7 @@ def test_the_library_switch_turns_the_linear_kernel_off_too(monkeypatch):
     outs = []
     for setting in ("on", "off"):
         monkeypatch.setenv("CLEARFORMER_AVX512", setting)
-        with torch.inference_mode(), use_packed_weights(PackedWeights()):
+        with torch.inference_mode(), use_reordered_weights(ReorderedWeights()):
             outs.append(fused_linear(x, layer, residual=residual, norm=norm))
         if setting == "on":
             assert calls == [1]  # the kernel serves this call while the switch is on

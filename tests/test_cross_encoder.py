@@ -60,20 +60,20 @@ def test_predict_equals_sentence_transformers(checkpoint):
         assert np.abs(ours.predict(PAIRS, activation="identity") - want).max() > 1e-3
 
 
-def test_predict_reads_packed_weights_and_scores_the_same(checkpoint, monkeypatch):
-    import clearformer.fast.packed_weights as packed_weights_module
+def test_predict_reads_reordered_weights_and_scores_the_same(checkpoint, monkeypatch):
+    import clearformer.fast.reordered_weights as reordered_weights_module
 
     path, _ = checkpoint
     ours = CrossEncoder.from_pretrained(path)
-    made = record_packings(monkeypatch, packed_weights_module)
+    made = record_packings(monkeypatch, reordered_weights_module)
     assert ours.predict(PAIRS[:2]) is not None and made == []  # too few tokens to repay it
-    monkeypatch.setattr(packed_weights_module, "PACK_MIN_TOKENS", 1)
+    monkeypatch.setattr(reordered_weights_module, "REORDER_MIN_TOKENS", 1)
     packed = ours.predict(PAIRS, max_tokens=64)  # several batches
     assert len(made) == 1 and len(made[0]) > 0
     ours.predict(PAIRS[:1])
     assert len(made) == 1  # kept for later calls
-    ours.drop_packed_weights()
-    monkeypatch.setattr(packed_weights_module, "PACK_MIN_TOKENS", 10**12)
+    ours.drop_reordered_weights()
+    monkeypatch.setattr(reordered_weights_module, "REORDER_MIN_TOKENS", 10**12)
     plain = ours.predict(PAIRS, max_tokens=64)
     assert len(made) == 1
     np.testing.assert_array_equal(packed, plain)

@@ -291,11 +291,11 @@ def test_beam_two_beats_greedy_on_a_constructed_chain():
 
 
 @pytest.mark.parametrize("tie_output", [False, True])
-def test_logits_under_packed_weights_read_the_packed_table(tie_output):
+def test_logits_under_reordered_weights_read_the_reordered_table(tie_output):
     """Inside generate's packing, the output projection (a Linear, or the tied embedding
     table) runs on its reordered copy: the same logits as the plain product; outside it, or
     where a gradient is wanted, the plain product runs."""
-    from clearformer.fast.packed_weights import PackedWeights, use_packed_weights
+    from clearformer.fast.reordered_weights import ReorderedWeights, use_reordered_weights
     from clearformer.machine import machine
     from clearformer.routes import projection_route
 
@@ -305,12 +305,12 @@ def test_logits_under_packed_weights_read_the_packed_table(tie_output):
     projection = model.target_embeddings.word if tie_output else model.output
     hidden = torch.randn(3, 1, 32)
     expected = torch.nn.functional.linear(hidden, projection.weight)
-    packing = PackedWeights()
-    with torch.no_grad(), use_packed_weights(packing):
+    packing = ReorderedWeights()
+    with torch.no_grad(), use_reordered_weights(packing):
         got = model.logits(hidden)
     assert len(packing) == 1  # the projection's copy was made, and read
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert projection_route(hidden, projection).choice == "eager"  # no packing active
-    with use_packed_weights(packing):  # gradients on: the plain product
+    with use_reordered_weights(packing):  # gradients on: the plain product
         route = projection_route(hidden, projection)
         assert route.choice == "eager" and "gradients" in route.reason

@@ -20,7 +20,7 @@ import torch
 
 import clearformer
 from clearformer.fast import avx512, varlen
-from clearformer.fast.packed_weights import PackedWeights, use_packed_weights
+from clearformer.fast.reordered_weights import ReorderedWeights, use_reordered_weights
 from clearformer.ran import watching
 
 from .helpers import AVX512_SUPPORT
@@ -66,9 +66,9 @@ def run_watched(encoder, x, mask, backend: str, *, grad: bool):
     """(plan, notes) of one forward of ``encoder`` on ``backend``, gradients on or off."""
     with torch.set_grad_enabled(grad):
         plan = encoder.plan_for(mask, backend=backend, dtype=x.dtype)
-        # Weights packed for the call, as encode packs them: the AVX-512 linear kernel's
-        # epilogues read packed weights only.
-        with use_packed_weights(PackedWeights()), watching() as notes:
+        # Weights reordered for the call, as encode packs them: the AVX-512 linear kernel's
+        # epilogues read reordered weights only.
+        with use_reordered_weights(ReorderedWeights()), watching() as notes:
             encoder(x, plan=plan)
     return plan, list(notes)
 

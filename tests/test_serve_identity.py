@@ -2,7 +2,7 @@
 and to ``clearformer encode`` of the same texts, whether each text came alone or shared its
 batches with other clients' texts, on the bundled all-MiniLM-L6-v2.
 
-The texts carry more than ``PACK_MIN_TOKENS`` tokens, so the reference calls pack their weights
+The texts carry more than ``REORDER_MIN_TOKENS`` tokens, so the reference calls pack their weights
 as the server does from its start: where clearformer's AVX-512 library is loaded, packed
 weights take some products to its kernel, and both sides then run the same products."""
 
@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from clearformer.fast.packed_weights import PACK_MIN_TOKENS
+from clearformer.fast.reordered_weights import REORDER_MIN_TOKENS
 
 from .test_serve_api import WAIT, Gate, floats, post, running_server, wait_for
 
@@ -51,7 +51,7 @@ def _texts(count: int, seed: int) -> list[str]:
 def texts():
     chosen = _texts(80, seed=0)
     tokens = sum(len(t) for t in TextEncoder.from_pretrained().tokenize(chosen).tokens)
-    assert tokens > PACK_MIN_TOKENS  # see the module docstring
+    assert tokens > REORDER_MIN_TOKENS  # see the module docstring
     return chosen
 
 

@@ -206,9 +206,9 @@ def test_one_of_two_processes_killed_then_the_same_command_again(
 
 
 class TestWithTheAVX512Library:
-    """Where clearformer's AVX-512 linear kernel is loaded, packed weights take some products to
+    """Where clearformer's AVX-512 linear kernel is loaded, reordered weights take some products to
     it, which rounds otherwise than oneDNN on plain ones, and ``encode`` packs once a process's
-    calls have carried ``PACK_MIN_TOKENS``: without packing from the first chunk, a chunk's
+    calls have carried ``REORDER_MIN_TOKENS``: without packing from the first chunk, a chunk's
     rows would depend on the chunks its process happened to compute before it."""
 
     pytestmark = needs_avx512_library
@@ -227,7 +227,7 @@ class TestWithTheAVX512Library:
         with intra_op_threads(1):
             plain = TextEncoder.from_pretrained(model).encode(texts[:64])
             packed = TextEncoder.from_pretrained(model)
-            packed.keep_weights_packed()
+            packed.keep_weights_reordered()
             # Negative control: packed and plain weights do give other bits here.
             assert not np.array_equal(packed.encode(texts[:64]), plain)
             one = encode_shard(texts, tmp_path / "one", TextEncoder.from_pretrained(model),

@@ -10,7 +10,7 @@ import torch
 
 from clearformer import Encoder, EncoderConfig, switches
 from clearformer.fast import avx512, avx512_linear
-from clearformer.fast.packed_weights import PackedWeights, use_packed_weights
+from clearformer.fast.reordered_weights import ReorderedWeights, use_reordered_weights
 from clearformer.packed_attention import varlen_attention
 from clearformer.padding import layout_from_cu_seqlens
 from clearformer.routes import kernels_wanted
@@ -84,10 +84,10 @@ def post_norm_encoder() -> Encoder:
 
 def run_every_route(encoder: Encoder) -> dict[str, torch.Tensor]:
     """The encoder on packed rows (varlen), on padded rows with one run of keys per sequence
-    and unmasked (sdpa), under packed weights (the linear kernel's condition)."""
+    and unmasked (sdpa), under reordered weights (the linear kernel's condition)."""
     x = torch.randn(4, 30, 64, generator=torch.Generator().manual_seed(1))
     mask = torch.arange(30) < torch.tensor([30, 12, 7, 25])[:, None]
-    with torch.inference_mode(), use_packed_weights(PackedWeights()):
+    with torch.inference_mode(), use_reordered_weights(ReorderedWeights()):
         return {
             "varlen": encoder(x, mask, backend="varlen")[mask],
             "sdpa": encoder(x, mask, backend="sdpa")[mask],

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from .checks import check_bool, check_int, check_positive_int
-from .fast.packed_weights import PackedWeights, use_packed_weights
+from .fast.reordered_weights import ReorderedWeights, use_reordered_weights
 from .precision import check_precision
 from .routes import routes_fixed_for_call
 
@@ -84,7 +84,7 @@ def generate(
     ``num_beams`` 1 is greedy search. ``use_cache=False`` recomputes every step from the whole
     prefix (the reference the cache is tested against). Ids default to the model's config.
     On a CPU in float32 the call holds a copy of every linear weight in oneDNN's layout
-    (:mod:`clearformer.fast.packed_weights`) until it returns.
+    (:mod:`clearformer.fast.reordered_weights`) until it returns.
 
     ``precision``: ``"float32"``; ``"bf16"`` (or ``"bfloat16"``): the call runs on a
     bfloat16 copy of ``model`` (:func:`clearformer.precision.bf16_copy`, made per call and
@@ -128,7 +128,7 @@ def generate(
     # Every decoding step is a forward pass with few rows, whose fused linear calls would each
     # reorder their weight into oneDNN's layout: reorder each once for the whole call.
     # The linear route (and its walk over the modules for hooks) is decided once for all steps.
-    with torch.no_grad(), use_packed_weights(PackedWeights()), routes_fixed_for_call():
+    with torch.no_grad(), use_reordered_weights(ReorderedWeights()), routes_fixed_for_call():
         memory = model.encode(src, src_mask)  # (B, S, D), validates src and its mask
         mask = None if src_mask is None else src_mask.bool()
         if mask is not None and bool(mask.all()):

@@ -15,7 +15,7 @@ this machine. Each answer is a :class:`~clearformer.options.Decision` with its r
 * the linear layers: eager, or whole blocks with their residual adds and norms fused into the
   matrix products (:func:`linear_route`), and whether the products with an exact GELU or a
   LayerNorm epilogue take the AVX-512 linear kernel (:func:`epilogue_route`);
-* an output projection on weights packed for the call (:func:`projection_route`).
+* an output projection on weights reordered for the call (:func:`projection_route`).
 
 It is the only reader of the switches (:mod:`clearformer.switches`), of the measured verdicts
 (:mod:`clearformer.calibration`) and of the machine's capabilities
@@ -37,9 +37,9 @@ from . import switches
 from .calibration.cache import cached_verdicts, shown
 from .checks import check_choice
 from .fast import avx512, fused_blocks
-from .fast.fused_linear import has_hooks, has_inner_hooks, packed_product
+from .fast.fused_linear import has_hooks, has_inner_hooks, reordered_product
 from .fast.local import use_banded
-from .fast.packed_weights import active_packing
+from .fast.reordered_weights import active_reordering
 from .machine import machine
 from .options import VARLEN_METHODS, Decision
 from .padding import PackedLayout
@@ -548,15 +548,15 @@ def epilogue_route(linear: Decision | None, dtype: torch.dtype) -> bool:
 
 
 def projection_route(x: Tensor, owner: nn.Module) -> Decision:
-    """``packed`` (naming :func:`clearformer.fast.fused_linear.packed_product`) or ``eager``,
+    """``reordered`` (naming :func:`clearformer.fast.fused_linear.reordered_product`) or ``eager``,
     and why, for an output projection ``x @ owner.weight^T`` (an ``nn.Linear`` or a tied
-    embedding table): packed where the call runs under weights packed once for it (a decoding
+    embedding table): packed where the call runs under weights reordered once for it (a decoding
     step inside ``generate``)."""
-    packing = active_packing()
+    copies = active_reordering()
     weight = owner.weight
-    if packing is None:
-        return Decision("eager", "no packed weights for this call (only generate packs them)")
-    if x.numel() == 0 or x.dtype != weight.dtype or not packing.has_own_copy(owner):
+    if copies is None:
+        return Decision("eager", "no reordered weights for this call (only generate packs them)")
+    if x.numel() == 0 or x.dtype != weight.dtype or not copies.has_own_copy(owner):
         return Decision(
             "eager",
             "rows and weight must be non-empty float32 or bfloat16 CPU tensors of one dtype",
@@ -569,5 +569,5 @@ def projection_route(x: Tensor, owner: nn.Module) -> Decision:
     if decision.choice != "fused":
         return Decision("eager", decision.reason)
     return Decision(
-        "packed", "the weight reordered once for the call (oneDNN)", impl=packed_product
+        "reordered", "the weight reordered once for the call (oneDNN)", impl=reordered_product
     )

@@ -154,10 +154,10 @@ class Seq2SeqTransformer(nn.Module):
     def logits(self, hidden: Tensor) -> Tensor:
         """(..., D) decoder states -> (..., V_tgt) logits."""
         projection = self.output if self.output is not None else self.target_embeddings.word
-        # Inside generate, the weights packed once for the call: each step's few rows would
+        # Inside generate, the weights reordered once for the call: each step's few rows would
         # otherwise stream the whole (V, D) table through F.linear's kernel.
         route = projection_route(hidden, projection)
-        if route.choice == "packed":
+        if route.choice == "reordered":
             return route.impl(hidden, projection)
         if self.output is not None:
             return self.output(hidden)

@@ -16,7 +16,7 @@ CPU model, PyTorch, clearformer and kernel build (:mod:`clearformer.calibration.
 * ``avx512_linear``: the three products of a post-norm block that carry an epilogue (the first
   feed-forward product with the exact GELU; the attention output and the second feed-forward
   product with the residual add and the LayerNorm) against oneDNN's fused products, both on
-  weights packed once, as ``encode`` runs them.
+  weights reordered once, as ``encode`` runs them.
 
 It takes a few seconds on two cores and runs only when asked: ``clearformer calibrate``, an
 ``encode`` call large enough to build the kernels (:func:`measure_if_missing`), or the start
@@ -37,7 +37,7 @@ from torch import nn
 from .. import progress, routes
 from ..fast import avx512, avx512_linear
 from ..fast.fused_linear import onednn_linear
-from ..fast.packed_weights import PackedWeights
+from ..fast.reordered_weights import ReorderedWeights
 from ..fast.varlen import attend
 from ..machine import machine
 from ..options import Decision
@@ -215,7 +215,7 @@ def attention_workloads(dtype: torch.dtype = torch.float32) -> list[Workload]:
 
 def linear_workloads() -> list[Workload]:
     """A post-norm block's three products with an epilogue, on clearformer's kernel and on
-    oneDNN, weights packed once for each, at the rows of each batch and of the long
+    oneDNN, weights reordered once for each, at the rows of each batch and of the long
     sequence."""
     with torch.no_grad():  # packing needs weights that are not inference tensors
         attn_out, fc_in, fc_out = (
@@ -224,7 +224,7 @@ def linear_workloads() -> list[Workload]:
             nn.Linear(MLP, WIDTH),
         )
         norm = nn.LayerNorm(WIDTH)
-        packing = PackedWeights()
+        packing = ReorderedWeights()
         layers = (attn_out, fc_in, fc_out)
         own = {id(layer): packing.weight_for(layer, "avx512") for layer in layers}
         onednn = {id(layer): packing.weight_for(layer, "onednn") for layer in layers}

@@ -7,7 +7,7 @@ reference) never imports this package; :mod:`clearformer.routes` chooses among i
 * :mod:`.fused_linear`: linear layers with bias, activation, residual add (and a post-norm
   LayerNorm) fused into one matrix product (oneDNN, or :mod:`.avx512_linear`).
 * :mod:`.fused_blocks`: whole encoder and decoder blocks on fused linear layers.
-* :mod:`.packed_weights`: weights reordered once per caller for the fused products.
+* :mod:`.reordered_weights`: weights reordered once per caller for the fused products.
 * :mod:`.varlen`, :mod:`.varlen_threads`: attention on packed rows (no padding computed).
 * :mod:`.avx512`, :mod:`.avx512_linear`: clearformer's own AVX-512 kernels, built on request.
 """

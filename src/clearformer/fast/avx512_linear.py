@@ -15,8 +15,8 @@ the calls that carry such an epilogue: the exact GELU, or a LayerNorm after the 
 and this CPU measured it faster than oneDNN at MiniLM's shapes
 (:func:`clearformer.routes.epilogue_route`, :mod:`clearformer.calibration`), so two equal calls
 may differ by float32 rounding before and after a measurement; a layer whose calls go both
-ways keeps a packed copy in each kernel's layout. It runs on weights packed once per caller (a
-:class:`~clearformer.fast.packed_weights.PackedWeights` in use: ``encode``, ``predict``,
+ways keeps a packed copy in each kernel's layout. It runs on weights reordered once per caller (a
+:class:`~clearformer.fast.reordered_weights.ReorderedWeights` in use: ``encode``, ``predict``,
 ``generate``), never per call. Each output element is one sum in a fixed order, so results
 do not depend on the thread count; against oneDNN they differ by float32 rounding (tests hold
 both to the float64 reference). What it saves is measured in docs/performance.md ("Products
@@ -86,7 +86,7 @@ def serves(
     )
 
 
-def pack(weight: Tensor) -> Tensor:
+def reorder(weight: Tensor) -> Tensor:
     """``weight`` (out, in) in the kernel's panels: (out / 64, in, 64)."""
     return torch.ops.clearformer_avx512.pack_linear_weight(weight.detach())
 
@@ -101,7 +101,7 @@ def linear(
     norm: nn.LayerNorm | None = None,
 ) -> Tensor:
     """``norm(act(rows @ layer.weight^T + layer.bias) + residual)``, each step optional:
-    ``rows`` (M, in), ``packed`` from :func:`pack`, ``residual`` (M, out); returns (M, out).
+    ``rows`` (M, in), ``packed`` from :func:`reorder`, ``residual`` (M, out); returns (M, out).
     The caller checked :func:`serves`."""
     return torch.ops.clearformer_avx512.linear(
         rows,

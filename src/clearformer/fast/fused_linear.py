@@ -9,7 +9,7 @@ matrix-product kernel, while each output tile is still in cache: one pass instea
 three. The arithmetic is the same, summed in another order (tests hold it to float32 rounding
 against the eager layers); what it saves is measured in docs/performance.md. A caller that
 makes many calls (``encode``, ``generate``) can have the weights reordered into oneDNN's own
-layout once for all of them (:mod:`clearformer.fast.packed_weights`).
+layout once for all of them (:mod:`clearformer.fast.reordered_weights`).
 
 The op has no autograd formula, so it serves calls without gradients only, and it skips what
 the eager path records for ``clearformer explain``: :func:`clearformer.routes.fusion_decision`
@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from ..activations import activation_fn
 from ..ran import note
 from . import avx512_linear
-from .packed_weights import active_packing, packed_weight
+from .reordered_weights import active_reordering, reordered_weight
 
 # Activation name -> oneDNN post-op (attribute, algorithm).
 ONEDNN_ACTIVATIONS = {
@@ -49,7 +49,7 @@ def linear(
     names: one oneDNN call for a plain ``nn.Linear``, with the norm after it; one call of
     clearformer's AVX-512 linear kernel, norm included, where the plan takes it (``avx512``)
     and the kernel can tile the call (:func:`clearformer.fast.avx512_linear.serves`: an exact
-    GELU or a LayerNorm, weights packed by the caller); the epilogue of an int8 layer's
+    GELU or a LayerNorm, weights reordered by the caller); the epilogue of an int8 layer's
     compiled steps where the layer runs them (``Int8Linear.fused_call``). Other replacement
     layers, layers with forward hooks and calls with a gradient to compute run the eager layer
     (the fused ops would skip the hooks, and have no autograd formula). ``x`` is (..., in),
@@ -75,35 +75,35 @@ def linear(
         return residual_then_norm(out, residual, norm)
     rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (M, in)
     other = None if residual is None else residual.reshape(rows.shape[0], layer.out_features)
-    packing = active_packing()
+    copies = active_reordering()
     if (
         avx512
-        and packing is not None
-        and packing.has_own_copy(layer)
+        and copies is not None
+        and copies.has_own_copy(layer)
         and avx512_linear.serves(rows, layer, activation, other, norm)
     ):
         note("linear", "avx512")
-        weight = packing.weight_for(layer, "avx512")
+        weight = copies.weight_for(layer, "avx512")
         out = avx512_linear.linear(
             rows, weight, layer, activation=activation, residual=other, norm=norm
         )
         return out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
     note("linear", "onednn")
-    weight = packed_weight(layer)  # reordered once per call where the caller packed it
+    weight = reordered_weight(layer)  # reordered once per call where the caller packed it
     out = onednn_linear(rows, weight, layer, activation=activation, residual=other)
     out = out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)
     return residual_then_norm(out, None, norm)
 
 
-def packed_product(x: Tensor, owner: nn.Module) -> Tensor:
-    """``x @ owner.weight^T (+ owner.bias)`` on the active :class:`PackedWeights`' reordered
+def reordered_product(x: Tensor, owner: nn.Module) -> Tensor:
+    """``x @ owner.weight^T (+ owner.bias)`` on the active :class:`ReorderedWeights`' reordered
     copy of ``owner``'s weight: an output projection (an ``nn.Linear``, or an embedding table
     tied to it) called with few rows per pass, a decoding step, where oneDNN's kernel on the
     packed weight reads it faster than ``F.linear`` does. The route where
     :func:`clearformer.routes.projection_route` names it. ``x`` (..., in) -> (..., out)."""
     note("linear", "packed projection")
     rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (M, in)
-    weight = active_packing().weight_for(owner)
+    weight = active_reordering().weight_for(owner)
     bias = getattr(owner, "bias", None)
     out = torch.ops.mkldnn._linear_pointwise.default(rows, weight, bias, "none", [], "")
     return out.view(*x.shape[:-1], out.shape[-1])  # (M, out) -> (..., out)

@@ -108,7 +108,7 @@ def _packed_copy(weight: Tensor) -> _Packed:
     if weight.is_inference():
         # An inference tensor (made under inference_mode) has no version counter, so an
         # in-place change of it could not be noticed: its copy is made for this call only, as
-        # clearformer.fast.packed_weights reads such a float weight as it is.
+        # clearformer.fast.reordered_weights reads such a float weight as it is.
         return _pack(weight, version=-1)
     copy = _packed.get(weight)
     if copy is not None and copy.matches(weight):

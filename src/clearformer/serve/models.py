@@ -200,7 +200,7 @@ class ServedModel:
         packed for oneDNN from here on, so every request takes the same products, the first
         as the thousandth."""
         if self.precision in ("float32", "bf16"):
-            self.model.keep_weights_packed()
+            self.model.keep_weights_reordered()
         # Cut to the limit: a small model's may be shorter than the warm-up text.
         if self.kind == "embed":
             prepared = self.prepare([WARM_UP_TEXT], field="warm-up", normalize=True, truncate=True)

@@ -20,8 +20,8 @@ describes this job is left as it is.
 
 A row's embedding does not depend on the rank that computes it, nor on what that process
 computed before: each chunk is one ``encode`` call of its own rows (its batches cut from those
-rows alone), and every rank keeps its weights packed from the first chunk on
-(:meth:`~clearformer.TextEncoder.keep_weights_packed`), so every chunk takes the same products.
+rows alone), and every rank keeps its weights reordered from the first chunk on
+(:meth:`~clearformer.TextEncoder.keep_weights_reordered`), so every chunk takes the same products.
 The shards of N processes are therefore the bytes of a one-process run's, at the same thread
 count per process (see docs/index.md for the thread count).
 """
@@ -162,10 +162,10 @@ def encode_shard(
     started = time.perf_counter()
     progress = encode_options.pop("progress", None)
     if precision == "float32":
-        # From the first chunk on, whatever this rank computed before: packed weights may take
+        # From the first chunk on, whatever this rank computed before: reordered weights may take
         # other products than plain ones (clearformer's AVX-512 linear kernel, where loaded),
-        # and a one-process run packs once its first chunks have carried PACK_MIN_TOKENS.
-        encoder.keep_weights_packed()
+        # and a one-process run packs once its first chunks have carried REORDER_MIN_TOKENS.
+        encoder.keep_weights_reordered()
     reused_chunks: list[int] = []
 
     def chunk_done(index: int, reused: bool) -> None:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_int
-from ..fast.packed_weights import KeptPacking, use_packed_weights
+from ..fast.reordered_weights import KeptReordering, use_reordered_weights
 from ..heads.maxsim import maxsim_scores
 from ..index.identity import ModelIdentity, checkpoint_revision
 from ..interop.hf import TextTokenizer, find_checkpoint, load_model
@@ -152,7 +152,7 @@ class BGEM3Encoder:
         self.unused_ids = frozenset(unused)
         self.max_length = tokenizer.max_length
         self.path: Path = loaded.files.path
-        self._packing = KeptPacking(self.model)
+        self._reordering = KeptReordering(self.model)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, max_length: int | None = None):
@@ -262,7 +262,7 @@ class BGEM3Encoder:
             log.info("bge-m3 encode: %d texts, %d tokens", n, tokens)
             batches = plan_batches([len(r) for r in rows], batch_size, max_tokens)
             workers = auto_workers(len(batches), next(self.model.parameters()).device)
-            packed = self._packing.for_call(tokens)
+            packed = self._reordering.for_call(tokens)
             report = progress_reporter(progress, n)
 
             def run(indices: list[int]):
@@ -297,7 +297,7 @@ class BGEM3Encoder:
         batch: (dense (B, D) | None, per row (token ids, weights) | None, per row (tokens_i, D)
         | None). For callers that form their own batches (``clearformer serve``)."""
         batch = pad_rows(rows, self.tokenizer.pad_id)
-        with torch.inference_mode(), use_packed_weights(packed):
+        with torch.inference_mode(), use_reordered_weights(packed):
             hidden = token_states(self.model, batch).float()  # (B, T, D)
             d = F.normalize(hidden[:, 0], p=2.0, dim=-1) if dense else None  # (B, D)
             s = self._token_weights(hidden, batch) if sparse else None

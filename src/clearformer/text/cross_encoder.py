@@ -21,7 +21,12 @@ import torch
 from torch import Tensor
 
 from ..checks import check_bool, check_choice, check_positive_int
-from ..fast.packed_weights import PACK_MIN_TOKENS, KeptPacking, PackedWeights, use_packed_weights
+from ..fast.reordered_weights import (
+    REORDER_MIN_TOKENS,
+    KeptReordering,
+    ReorderedWeights,
+    use_reordered_weights,
+)
 from ..heads import SequenceClassifier
 from ..interop.hf import LoadReport, TextTokenizer, find_checkpoint
 from ..interop.hf.heads import LoadedClassifier, load_classifier
@@ -90,7 +95,9 @@ class CrossEncoder:
         # tables have a single row, ModernBERT none, and their tokenizers (in transformers) do
         # not return token_type_ids even when a tokenizer.json template numbers the segments.
         self._token_types = self.model.config.type_vocab_size > 1
-        self._packing = KeptPacking(self.model)  # weights in oneDNN's layout, once calls repay it
+        self._reordering = KeptReordering(
+            self.model
+        )  # weights in oneDNN's layout, once calls repay it
         # int8 is for embeddings (TextEncoder.encode): a cross-encoder runs float32 or bf16.
         self._precisions: Precisions[tuple[EncoderModel, SequenceClassifier]] = Precisions(
             ("float32", "bf16"), self._device, self._copy_bf16
@@ -237,7 +244,7 @@ class CrossEncoder:
             d_model = self.model.config.d_model
             batches = balance_batches(lengths, batches, workers, d_model, max_tokens)
         # Each weight reordered for oneDNN once and kept for later calls, once calls repay it.
-        packed = self._packing.for_call(tokens)
+        packed = self._reordering.for_call(tokens)
 
         if n:
             log.info("predict: %d pairs in %s", n, chosen)
@@ -272,13 +279,13 @@ class CrossEncoder:
         precision = self._precisions.check(precision)
         if not encodings:
             return np.empty((0, self.num_labels), dtype=np.float32)
-        packed = self._packing.for_call(sum(len(e.ids) for e in encodings))
+        packed = self._reordering.for_call(sum(len(e.ids) for e in encodings))
         return self._forward(encodings, packed, name, apply_softmax, precision)
 
     def _forward(
         self,
         encodings: list,
-        packed: PackedWeights | None,
+        packed: ReorderedWeights | None,
         activation: str,
         apply_softmax: bool,
         precision: str,
@@ -288,8 +295,8 @@ class CrossEncoder:
         batch = self.tokenizer.pad(encodings, with_tokens=False)
         # A row's score must not depend on its batch-mates (score_batch): packed wherever the
         # batch has padding, as encode's batches are.
-        # Grad mode and the packed weights are per thread: each worker enters both itself.
-        with torch.inference_mode(), use_packed_weights(packed):
+        # Grad mode and the reordered weights are per thread: each worker enters both itself.
+        with torch.inference_mode(), use_reordered_weights(packed):
             logits = self.logits(
                 batch.input_ids,
                 batch.attention_mask,
@@ -302,18 +309,19 @@ class CrossEncoder:
                 scores = torch.softmax(scores, dim=-1)
         return scores.float().numpy()
 
-    def keep_weights_packed(self) -> None:
+    def keep_weights_reordered(self) -> None:
         """Keep the linear weights in oneDNN's layout from now on, as ``predict`` does once its
-        calls have carried :data:`~clearformer.fast.packed_weights.PACK_MIN_TOKENS` tokens: for a
-        long-lived caller of many small calls (``clearformer serve``), whose calls then take
+        calls have carried :data:`~clearformer.fast.reordered_weights.REORDER_MIN_TOKENS`
+        tokens: for a long-lived caller of many small calls (``clearformer serve``), whose calls
+        then take
         the same products from the first one on (where clearformer's AVX-512 library is
-        loaded, packed weights route some products to its kernel, which rounds differently)."""
-        self._packing.for_call(PACK_MIN_TOKENS)
+        loaded, reordered weights route some products to its kernel, which rounds differently)."""
+        self._reordering.for_call(REORDER_MIN_TOKENS)
 
-    def drop_packed_weights(self) -> None:
+    def drop_reordered_weights(self) -> None:
         """Free the copies of the linear weights that ``predict`` keeps in oneDNN's layout
-        (:class:`~clearformer.fast.packed_weights.KeptPacking`)."""
-        self._packing.drop()
+        (:class:`~clearformer.fast.reordered_weights.KeptReordering`)."""
+        self._reordering.drop()
 
     def rank(
         self,

@@ -18,7 +18,12 @@ from torch import Tensor
 
 from ..checks import check_bool, check_choice
 from ..config import EncoderConfig
-from ..fast.packed_weights import PACK_MIN_TOKENS, KeptPacking, PackedWeights, use_packed_weights
+from ..fast.reordered_weights import (
+    REORDER_MIN_TOKENS,
+    KeptReordering,
+    ReorderedWeights,
+    use_reordered_weights,
+)
 from ..heads import POOLING_MODES, pool
 from ..heads.sentence import SentenceHead, SentenceHeadConfig
 from ..interop.hf import (
@@ -115,7 +120,9 @@ class TextEncoder:
         self._precisions: Precisions[EncoderModel] = Precisions(
             ("float32", "bf16", "int8"), self._device, self._copy_bf16
         )
-        self._packing = KeptPacking(self.model)  # weights in oneDNN's layout, once calls repay it
+        self._reordering = KeptReordering(
+            self.model
+        )  # weights in oneDNN's layout, once calls repay it
 
     @classmethod
     def from_pretrained(
@@ -263,9 +270,10 @@ class TextEncoder:
             batch-mates.
 
         On a CPU in float32 or bfloat16, once this encoder's calls have carried
-        :data:`~clearformer.fast.packed_weights.PACK_MIN_TOKENS` tokens in all, it keeps a copy
-        of every linear weight in oneDNN's layout (:mod:`clearformer.fast.packed_weights`) for its
-        later calls: as much memory again as those weights, until :meth:`drop_packed_weights`.
+        :data:`~clearformer.fast.reordered_weights.REORDER_MIN_TOKENS` tokens in all, it keeps a
+        copy of every linear weight in oneDNN's layout (:mod:`clearformer.fast.reordered_weights`)
+        for its later calls: as much memory again as those weights, until
+        :meth:`drop_reordered_weights`.
         """
         texts = check_texts(texts)
         # Flags are real bools: normalize="no" would read as True and silently normalise.
@@ -293,7 +301,7 @@ class TextEncoder:
             max_tokens = default_max_tokens(chosen)
         encodings = self.tokenizer.encode(texts)
         lengths = [len(e.ids) for e in encodings]
-        tokens = sum(lengths)  # sets the int8 fusion, the kernel build and the weight packing
+        tokens = sum(lengths)  # sets the int8 fusion, the kernel build and the weight reordering
         log.info("encode: %d texts, %d tokens, in %s", n, tokens, chosen)
         if chosen == "int8":
             auto = tokens >= FUSED_INT8_MIN_TOKENS
@@ -312,7 +320,7 @@ class TextEncoder:
         report = progress_reporter(progress, n)
         # Each fused linear call would reorder its weight into oneDNN's layout again: reorder
         # each weight once and keep it for later calls, once the calls are large enough to repay it.
-        packed = self._packing.for_call(tokens) if chosen != "int8" else None
+        packed = self._reordering.for_call(tokens) if chosen != "int8" else None
 
         def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:
             chosen = [encodings[i] for i in rows]
@@ -361,7 +369,7 @@ class TextEncoder:
             model, packed = self.int8_model(fused=False), None
         else:
             model = self.bf16_model() if chosen == "bf16" else self.model
-            packed = self._packing.for_call(tokens)
+            packed = self._reordering.for_call(tokens)
         return self._forward(
             encodings, model, packed, skip=skip, normalize=normalize, dimensions=dimensions
         )
@@ -370,7 +378,7 @@ class TextEncoder:
         self,
         encodings: list,
         model: EncoderModel,
-        packed: PackedWeights | None,
+        packed: ReorderedWeights | None,
         *,
         skip: int,
         normalize: bool,
@@ -380,8 +388,8 @@ class TextEncoder:
         (encode's and embed_batch's one path)."""
         batch = self.tokenizer.pad(encodings, with_tokens=False)
         mask = batch.attention_mask  # (B, T) bool
-        # Grad mode and the packed weights are per thread: each worker enters both itself.
-        with torch.inference_mode(), use_packed_weights(packed):
+        # Grad mode and the reordered weights are per thread: each worker enters both itself.
+        with torch.inference_mode(), use_reordered_weights(packed):
             # The mask goes as it is: the Encoder's plan drops one without padding itself.
             # Each text's vector must not depend on its batch-mates: the plan packs a batch
             # with padding (rows_alone).
@@ -405,19 +413,20 @@ class TextEncoder:
             return None, 0
         return prompt, 0 if self.include_prompt else self.prompt_length(prompt)
 
-    def keep_weights_packed(self) -> None:
+    def keep_weights_reordered(self) -> None:
         """Keep the linear weights in oneDNN's layout from now on, as ``encode`` does once its
-        calls have carried :data:`~clearformer.fast.packed_weights.PACK_MIN_TOKENS` tokens: for a
-        long-lived caller of many small calls (``clearformer serve``), whose calls then take
+        calls have carried :data:`~clearformer.fast.reordered_weights.REORDER_MIN_TOKENS`
+        tokens: for a long-lived caller of many small calls (``clearformer serve``), whose calls
+        then take
         the same products from the first one on (where clearformer's AVX-512 library is
-        loaded, packed weights route some products to its kernel, which rounds differently)."""
-        self._packing.for_call(PACK_MIN_TOKENS)
+        loaded, reordered weights route some products to its kernel, which rounds differently)."""
+        self._reordering.for_call(REORDER_MIN_TOKENS)
 
-    def drop_packed_weights(self) -> None:
+    def drop_reordered_weights(self) -> None:
         """Free the copies of the linear weights that ``encode`` keeps in oneDNN's layout
-        (:class:`~clearformer.fast.packed_weights.KeptPacking`); later calls make them again once
-        they have carried enough tokens to repay it."""
-        self._packing.drop()
+        (:class:`~clearformer.fast.reordered_weights.KeptReordering`); later calls make them again
+        once they have carried enough tokens to repay it."""
+        self._reordering.drop()
 
     def precision_for(self, precision: str = "auto") -> Decision:
         """The precision ``encode(precision=...)`` runs in on this machine, and why: a

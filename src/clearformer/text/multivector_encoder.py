@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_int
-from ..fast.packed_weights import KeptPacking, use_packed_weights
+from ..fast.reordered_weights import KeptReordering, use_reordered_weights
 from ..heads.maxsim import maxsim_scores
 from ..heads.sentence import Dense
 from ..index.identity import ModelIdentity, checkpoint_revision
@@ -76,7 +76,7 @@ class MultiVectorEncoder:
         self.projection = projection.eval()
         self._tokenizers = tokenizers
         self.path: Path = loaded.files.path
-        self._packing = KeptPacking(self.model)
+        self._reordering = KeptReordering(self.model)
 
     @classmethod
     def from_pretrained(
@@ -211,7 +211,7 @@ class MultiVectorEncoder:
         log.info("encode_%s: %d texts, %d tokens", side, len(rows), tokens)
         batches = plan_batches([len(r) for r in rows], batch_size, max_tokens)
         workers = auto_workers(len(batches), next(self.model.parameters()).device)
-        packed = self._packing.for_call(tokens)
+        packed = self._reordering.for_call(tokens)
         report = progress_reporter(progress, len(rows))
 
         def embed(indices: list[int]) -> tuple[list[int], list[Tensor]]:
@@ -252,7 +252,7 @@ class MultiVectorEncoder:
         if config.skiplist:
             skip = torch.tensor(sorted(config.skiplist), dtype=torch.int64)
             keep = keep & ~torch.isin(batch.input_ids, skip)
-        with torch.inference_mode(), use_packed_weights(packed):
+        with torch.inference_mode(), use_reordered_weights(packed):
             hidden = token_states(self.model, batch)  # (B, T, D)
             vectors = hidden[keep].float()  # (N kept, D)
             for dense in self.projection:

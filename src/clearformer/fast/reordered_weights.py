@@ -6,11 +6,11 @@ on every call: a pass over the whole weight whatever the number of rows, which w
 calls with few rows (a decoding step, a short batch). Reordered once
 (``torch.ops.mkldnn._reorder_linear_weight``), the same weight serves every call after it.
 
-A caller that makes many forward passes holds a :class:`PackedWeights`: ``generate`` for the
+A caller that makes many forward passes holds a :class:`ReorderedWeights`: ``generate`` for the
 length of its own call, ``TextEncoder`` and ``CrossEncoder`` across their calls
-(:class:`KeptPacking`: made once their calls have carried :data:`PACK_MIN_TOKENS` tokens, below
-which reordering costs more than it saves), and runs its passes inside
-:func:`use_packed_weights`; there :func:`clearformer.fast.fused_linear.linear` takes a layer's
+(:class:`KeptReordering`: made once their calls have carried :data:`REORDER_MIN_TOKENS`
+tokens, below which reordering costs more than it saves), and runs its passes inside
+:func:`use_reordered_weights`; there :func:`clearformer.fast.fused_linear.linear` takes a layer's
 reordered copy in place of its weight, reordering it on the layer's first call, which costs
 what the plain call's own reordering would have. Nothing is stored on the modules. A weight
 replaced or changed in place after its copy was made (another tensor, other storage, a moved
@@ -40,19 +40,19 @@ log = logging.getLogger(__name__)
 # Rows (tokens) a call's forward passes must carry in all before its caller packs the weights:
 # reordering every weight of the bundled model costs about 7 ms on two threads, as much as
 # two single-text forward passes, and saves a few per cent of each large product
-# (docs/performance.md, "Weights packed once per call"). Below this, plain weights are faster.
-PACK_MIN_TOKENS = 2_048
+# (docs/performance.md, "Weights reordered once per call"). Below this, plain weights are faster.
+REORDER_MIN_TOKENS = 2_048
 # The largest second copy a long-lived caller keeps: the copy doubles the linear weights'
 # memory for as long as the caller lives, and saves a pass over each weight per forward pass,
 # a share of the pass that does not grow with the model (both scale with the weights). At
 # Qwen3-Embedding-0.6B's shape (1.7 GB of float32 linear weights) it saved about 1 % of an
 # encode call while its copy took peak memory past sentence-transformers' (docs/performance.md,
-# "Weights packed once per call"); BERT-base's 340 MB and the bundled model's 42 MB stay under.
-PACK_MAX_BYTES = 512 * 2**20
+# "Weights reordered once per call"); BERT-base's 340 MB and the bundled model's 42 MB stay under.
+REORDER_MAX_BYTES = 512 * 2**20
 
 
 def linear_weight_bytes(model: nn.Module) -> int:
-    """Bytes of the model's ``nn.Linear`` weights: what a :class:`PackedWeights` copies."""
+    """Bytes of the model's ``nn.Linear`` weights: what a :class:`ReorderedWeights` copies."""
     return sum(
         m.weight.numel() * m.weight.element_size()
         for m in model.modules()
@@ -79,7 +79,7 @@ class _Copy:
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
-class PackedWeights:
+class ReorderedWeights:
     """Reordered copies of the weights of the layers called while it is in use, made on each
     layer's first fused call, in the layout of the kernel that reads them: oneDNN's
     (``"onednn"``) or clearformer's AVX-512 linear kernel's panels (``"avx512"``,
@@ -108,7 +108,7 @@ class PackedWeights:
             if layout == "avx512":
                 from . import avx512_linear
 
-                packed = avx512_linear.pack(weight)
+                packed = avx512_linear.reorder(weight)
             elif weight.dtype in machine().reorder:
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
             else:
@@ -131,45 +131,46 @@ class PackedWeights:
         )
 
 
-# The PackedWeights of the calls inside use_packed_weights. A context variable, so that a
-# thread sees only the packing it entered itself or, where new threads inherit the context
+# The ReorderedWeights of the calls inside use_reordered_weights. A context variable, so that a
+# thread sees only the reordering it entered itself or, where new threads inherit the context
 # (free-threaded Python's default), the one its parent was in.
-_active: contextvars.ContextVar[PackedWeights | None] = contextvars.ContextVar(
-    "clearformer_packed_weights", default=None
+_active: contextvars.ContextVar[ReorderedWeights | None] = contextvars.ContextVar(
+    "clearformer_reordered_weights", default=None
 )
 
 
-class KeptPacking:
-    """The :class:`PackedWeights` a long-lived caller (a ``TextEncoder``, a ``CrossEncoder``)
-    keeps across its calls: none until its calls have carried :data:`PACK_MIN_TOKENS` tokens
+class KeptReordering:
+    """The :class:`ReorderedWeights` a long-lived caller (a ``TextEncoder``, a ``CrossEncoder``)
+    keeps across its calls: none until its calls have carried :data:`REORDER_MIN_TOKENS` tokens
     in all, then one, made once and handed to every later call. A one-off short call thus runs
     on plain weights, while a stream of queries or batches stops paying each call's reordering
     (about 13 ms per call and worker for the bundled model); the price is a second copy of the
     linear weights for as long as the caller lives, or until :meth:`drop`. A caller whose
-    model's linear weights exceed :data:`PACK_MAX_BYTES` never keeps a copy (``model``: the
+    model's linear weights exceed :data:`REORDER_MAX_BYTES` never keeps a copy (``model``: the
     caller's float32 model; None = no limit). Safe to share between threads."""
 
     def __init__(self, model: nn.Module | None = None) -> None:
         self._tokens = 0
-        self._packed: PackedWeights | None = None
+        self._packed: ReorderedWeights | None = None
         self._lock = threading.Lock()
         self.weight_bytes = None if model is None else linear_weight_bytes(model)
-        self.too_large = self.weight_bytes is not None and self.weight_bytes > PACK_MAX_BYTES
+        self.too_large = self.weight_bytes is not None and self.weight_bytes > REORDER_MAX_BYTES
         if self.too_large:
             log.info(
                 "linear weights of %.0f MiB: no packed copy is kept (limit %.0f MiB)",
                 self.weight_bytes / 2**20,
-                PACK_MAX_BYTES / 2**20,
+                REORDER_MAX_BYTES / 2**20,
             )
 
-    def for_call(self, tokens: int) -> PackedWeights | None:
-        """The packing a call of ``tokens`` tokens should run under (None: plain weights)."""
+    def for_call(self, tokens: int) -> ReorderedWeights | None:
+        """The reordered weights a call of ``tokens`` tokens should run under (None: plain
+        weights)."""
         if self.too_large:
             return None
         with self._lock:
             self._tokens += tokens
-            if self._packed is None and self._tokens >= PACK_MIN_TOKENS:
-                self._packed = PackedWeights()
+            if self._packed is None and self._tokens >= REORDER_MIN_TOKENS:
+                self._packed = ReorderedWeights()
             return self._packed
 
     def drop(self) -> None:
@@ -178,12 +179,12 @@ class KeptPacking:
             self._tokens, self._packed = 0, None
 
     @property
-    def kept(self) -> PackedWeights | None:
+    def kept(self) -> ReorderedWeights | None:
         return self._packed
 
 
 @contextlib.contextmanager
-def use_packed_weights(packed: PackedWeights | None) -> Iterator[None]:
+def use_reordered_weights(packed: ReorderedWeights | None) -> Iterator[None]:
     """Within the block, on this thread, fused linear calls read their weights from
     ``packed`` (None: from the layers, as outside any block)."""
     token = _active.set(packed)
@@ -193,13 +194,13 @@ def use_packed_weights(packed: PackedWeights | None) -> Iterator[None]:
         _active.reset(token)
 
 
-def packed_weight(layer: nn.Linear) -> Tensor:
-    """The weight a fused call of ``layer`` reads: from the active :class:`PackedWeights`,
-    or the layer's own outside :func:`use_packed_weights`."""
+def reordered_weight(layer: nn.Linear) -> Tensor:
+    """The weight a fused call of ``layer`` reads: from the active :class:`ReorderedWeights`,
+    or the layer's own outside :func:`use_reordered_weights`."""
     packed = _active.get()
     return layer.weight if packed is None else packed.weight_for(layer)
 
 
-def active_packing() -> PackedWeights | None:
-    """The :class:`PackedWeights` this thread's calls run under, if any."""
+def active_reordering() -> ReorderedWeights | None:
+    """The :class:`ReorderedWeights` this thread's calls run under, if any."""
     return _active.get()

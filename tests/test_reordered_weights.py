@@ -1,5 +1,5 @@
-"""Weights reordered once per call (clearformer.fast.packed_weights): the fused layers give the same
-numbers from a packed copy as from the layer's own weight, notice a weight changed after
+"""Weights reordered once per call (clearformer.fast.reordered_weights): the fused layers give
+the same numbers from a reordered copy as from the layer's own weight, notice a weight changed after
 packing, never reach past their scope or thread, and ``encode`` uses them."""
 
 from __future__ import annotations
@@ -13,9 +13,13 @@ import pytest
 import torch
 from torch import nn
 
-import clearformer.fast.packed_weights as packed_weights_module
+import clearformer.fast.reordered_weights as reordered_weights_module
 from clearformer.fast.fused_linear import linear
-from clearformer.fast.packed_weights import PackedWeights, packed_weight, use_packed_weights
+from clearformer.fast.reordered_weights import (
+    ReorderedWeights,
+    reordered_weight,
+    use_reordered_weights,
+)
 from clearformer.machine import machine
 from clearformer.text import TextEncoder
 
@@ -38,10 +42,10 @@ def test_packed_copy_gives_the_same_numbers(rows, kind):
     x = torch.randn(rows, 48)
     residual = torch.randn(rows, 80)
     kwargs = {"gelu": {"activation": "gelu"}, "residual": {"residual": residual}}.get(kind, {})
-    packed = PackedWeights()
+    packed = ReorderedWeights()
     with torch.inference_mode():
         want = linear(x, layer, **kwargs)
-        with use_packed_weights(packed):
+        with use_reordered_weights(packed):
             first = linear(x, layer, **kwargs)  # packs
             again = linear(x, layer, **kwargs)  # reuses
     assert len(packed) == 1
@@ -55,8 +59,8 @@ def test_packed_copy_gives_the_same_numbers(rows, kind):
 def test_a_weight_changed_after_packing_is_packed_again():
     layer = _layer()
     x = torch.randn(5, 48)
-    packed = PackedWeights()
-    with torch.inference_mode(), use_packed_weights(packed):
+    packed = ReorderedWeights()
+    with torch.inference_mode(), use_reordered_weights(packed):
         before = linear(x, layer)
         with torch.no_grad():
             layer.weight.mul_(-2.0)  # in place: the version counter moves
@@ -78,32 +82,32 @@ def test_a_weight_changed_after_packing_is_packed_again():
 
 def test_outside_its_block_and_on_other_threads_the_layers_own_weight_is_read():
     layer = _layer()
-    packed = PackedWeights()
+    packed = ReorderedWeights()
     seen = {}
 
     def other_thread():
-        seen["other"] = packed_weight(layer)
+        seen["other"] = reordered_weight(layer)
 
-    with use_packed_weights(packed):
-        inside = packed_weight(layer)
+    with use_reordered_weights(packed):
+        inside = reordered_weight(layer)
         worker = threading.Thread(target=other_thread)
         worker.start()
         worker.join()
     assert inside is not layer.weight and inside.is_mkldnn
     if not getattr(sys.flags, "thread_inherit_context", False):
         assert seen["other"] is layer.weight  # a new thread starts outside every block
-    assert packed_weight(layer) is layer.weight
+    assert reordered_weight(layer) is layer.weight
 
 
 def test_where_weights_cannot_be_reordered_the_layers_own_are_read(monkeypatch):
-    import clearformer.fast.packed_weights as packed_weights
+    import clearformer.fast.reordered_weights as reordered_weights
 
     layer = _layer()
     without = dataclasses.replace(machine(), reorder=frozenset())
-    monkeypatch.setattr(packed_weights, "machine", lambda: without)
-    packed = PackedWeights()
-    with use_packed_weights(packed):
-        assert packed_weight(layer) is layer.weight
+    monkeypatch.setattr(reordered_weights, "machine", lambda: without)
+    packed = ReorderedWeights()
+    with use_reordered_weights(packed):
+        assert reordered_weight(layer) is layer.weight
     assert len(packed) == 0
 
 
@@ -111,9 +115,9 @@ def test_weights_it_cannot_watch_or_oneDNN_does_not_take_are_left_alone():
     half = _layer().to(torch.float16)
     with torch.inference_mode():
         made_in_inference_mode = nn.Linear(48, 80)  # no version counter to watch
-    with use_packed_weights(PackedWeights()):
-        assert packed_weight(half) is half.weight
-        assert packed_weight(made_in_inference_mode) is made_in_inference_mode.weight
+    with use_reordered_weights(ReorderedWeights()):
+        assert reordered_weight(half) is half.weight
+        assert reordered_weight(made_in_inference_mode) is made_in_inference_mode.weight
 
 
 def test_bfloat16_weights_are_packed_and_give_the_plain_products():
@@ -121,11 +125,11 @@ def test_bfloat16_weights_are_packed_and_give_the_plain_products():
         pytest.skip("oneDNN does not reorder bfloat16 weights here")
     layer = _layer().to(torch.bfloat16)
     x = torch.randn(7, 48, dtype=torch.bfloat16)
-    packed = PackedWeights()
+    packed = ReorderedWeights()
     with torch.no_grad():
         plain = linear(x, layer, residual=torch.ones(7, 80, dtype=torch.bfloat16))
-        with use_packed_weights(packed):
-            assert packed_weight(layer) is not layer.weight and len(packed) == 1
+        with use_reordered_weights(packed):
+            assert reordered_weight(layer) is not layer.weight and len(packed) == 1
             got = linear(x, layer, residual=torch.ones(7, 80, dtype=torch.bfloat16))
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got, plain, atol=0, rtol=0)
@@ -137,19 +141,19 @@ def encoder() -> TextEncoder:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_encode_reads_packed_weights_and_gives_the_same_vectors(encoder, monkeypatch, workers):
+def test_encode_reads_reordered_weights_and_gives_the_same_vectors(encoder, monkeypatch, workers):
     texts = [f"sentence number {i} " + "word " * (i % 40) for i in range(90)]
     tokens = sum(len(e.ids) for e in encoder.tokenizer.encode(texts))
-    assert tokens >= packed_weights_module.PACK_MIN_TOKENS  # a call large enough to pack
-    encoder.drop_packed_weights()  # as a new encoder
-    made = record_packings(monkeypatch, packed_weights_module)
+    assert tokens >= reordered_weights_module.REORDER_MIN_TOKENS  # a call large enough to pack
+    encoder.drop_reordered_weights()  # as a new encoder
+    made = record_packings(monkeypatch, reordered_weights_module)
     packed = encoder.encode(texts, workers=workers, batch_size=16, progress=False)
     linears = sum(type(m) is nn.Linear for m in encoder.model.modules())
     assert len(made) == 1 and len(made[0]) == linears > 0
     again = encoder.encode(texts[:3], workers=workers, progress=False)  # a later, short call
     assert len(made) == 1  # kept: the short call reads the same copies
-    encoder.drop_packed_weights()
-    monkeypatch.setattr(packed_weights_module, "PACK_MIN_TOKENS", 10**12)  # never packs
+    encoder.drop_reordered_weights()
+    monkeypatch.setattr(reordered_weights_module, "REORDER_MIN_TOKENS", 10**12)  # never packs
     plain = encoder.encode(texts, workers=workers, batch_size=16, progress=False)
     assert len(made) == 1
     assert np.array_equal(packed, plain)
@@ -161,9 +165,9 @@ def test_encode_packs_once_its_calls_have_carried_enough_tokens(encoder, monkeyp
     # stream of such calls repays it.
     texts = ["A short query.", "Another one, a little longer than the first."]
     tokens = sum(len(e.ids) for e in encoder.tokenizer.encode(texts))
-    encoder.drop_packed_weights()
-    made = record_packings(monkeypatch, packed_weights_module)
-    monkeypatch.setattr(packed_weights_module, "PACK_MIN_TOKENS", 2 * tokens + 1)
+    encoder.drop_reordered_weights()
+    made = record_packings(monkeypatch, reordered_weights_module)
+    monkeypatch.setattr(reordered_weights_module, "REORDER_MIN_TOKENS", 2 * tokens + 1)
     short = encoder.encode(texts, progress=False)
     encoder.encode(texts, progress=False)
     assert made == []  # 2 * tokens so far: below the threshold
@@ -173,41 +177,43 @@ def test_encode_packs_once_its_calls_have_carried_enough_tokens(encoder, monkeyp
 
 
 def test_kept_packing_counts_calls_and_drops():
-    kept = packed_weights_module.KeptPacking()
-    threshold = packed_weights_module.PACK_MIN_TOKENS
+    kept = reordered_weights_module.KeptReordering()
+    threshold = reordered_weights_module.REORDER_MIN_TOKENS
     assert kept.for_call(threshold - 1) is None and kept.kept is None
     first = kept.for_call(1)
-    assert isinstance(first, PackedWeights) and kept.for_call(1) is first is kept.kept
+    assert isinstance(first, ReorderedWeights) and kept.for_call(1) is first is kept.kept
     kept.drop()
     assert kept.kept is None and kept.for_call(threshold - 1) is None  # counting from zero
 
 
 def test_a_model_past_the_memory_limit_keeps_no_copy(encoder, monkeypatch):
     """A second copy of a large model's weights costs more memory than its few per cent save:
-    past PACK_MAX_BYTES nothing is kept, however many tokens the calls carry, and the results
+    past REORDER_MAX_BYTES nothing is kept, however many tokens the calls carry, and the results
     are those of plain weights."""
-    weights = packed_weights_module.linear_weight_bytes(encoder.model)
+    weights = reordered_weights_module.linear_weight_bytes(encoder.model)
     linears = [m for m in encoder.model.modules() if isinstance(m, nn.Linear)]
     assert weights == sum(4 * m.weight.numel() for m in linears) > 0  # float32
     texts = [f"sentence number {i} " + "word " * (i % 40) for i in range(90)]
-    made = record_packings(monkeypatch, packed_weights_module)
-    monkeypatch.setattr(packed_weights_module, "PACK_MAX_BYTES", weights - 1)
+    made = record_packings(monkeypatch, reordered_weights_module)
+    monkeypatch.setattr(reordered_weights_module, "REORDER_MAX_BYTES", weights - 1)
     large = type(encoder).from_pretrained(encoder.path)  # a new encoder reads the limit
-    assert large._packing.too_large
+    assert large._reordering.too_large
     plain = large.encode(texts, batch_size=16, progress=False)
-    large.keep_weights_packed()  # asked outright: still no copy
+    large.keep_weights_reordered()  # asked outright: still no copy
     assert large.encode(texts[:3], progress=False).shape[0] == 3
-    assert made == [] and large._packing.kept is None
-    monkeypatch.setattr(packed_weights_module, "PACK_MAX_BYTES", weights)  # at the limit: kept
+    assert made == [] and large._reordering.kept is None
+    monkeypatch.setattr(
+        reordered_weights_module, "REORDER_MAX_BYTES", weights
+    )  # at the limit: kept
     small = type(encoder).from_pretrained(encoder.path)
-    assert not small._packing.too_large
+    assert not small._reordering.too_large
     packed = small.encode(texts, batch_size=16, progress=False)
-    assert len(made) == 1 and small._packing.kept is not None
+    assert len(made) == 1 and small._reordering.kept is not None
     assert np.array_equal(packed, plain)
 
 
 @pytest.mark.parametrize("num_beams", [1, 3])
-def test_generate_reads_packed_weights_and_decodes_the_same(monkeypatch, num_beams):
+def test_generate_reads_reordered_weights_and_decodes_the_same(monkeypatch, num_beams):
     import clearformer.generation as generation
     from clearformer import Seq2SeqConfig, Seq2SeqTransformer
 
@@ -220,7 +226,7 @@ def test_generate_reads_packed_weights_and_decodes_the_same(monkeypatch, num_bea
     src = torch.randint(4, 50, (3, 9))
     made = record_packings(monkeypatch, generation)
     packed = model.generate(src, max_new_tokens=12, min_length=12, num_beams=num_beams)
-    monkeypatch.setattr(generation, "PackedWeights", lambda: None)
+    monkeypatch.setattr(generation, "ReorderedWeights", lambda: None)
     plain = model.generate(src, max_new_tokens=12, min_length=12, num_beams=num_beams)
     assert len(made) == 1 and len(made[0]) > 0
     assert torch.equal(packed.sequences, plain.sequences)
