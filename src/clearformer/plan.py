@@ -332,9 +332,10 @@ def _attention_route(
     ``sdpa``, clearformer's AVX-512 kernel or PyTorch's (``padded_route``), with the key runs
     it reads."""
     # Rotary positions and per-head norms make new queries and keys; values stay views.
-    call = dataclasses.replace(
-        call, window=window is not None, rows_apart=call.rows_apart or theta is not None
-    )
+    if window is not None or (theta is not None and not call.rows_apart):
+        call = dataclasses.replace(
+            call, window=window is not None, rows_apart=call.rows_apart or theta is not None
+        )
     if kernel.choice == "varlen":
         return dict(method=routes.varlen_method(packing, call))
     if kernel.choice != "sdpa":

@@ -392,9 +392,10 @@ def varlen_method(
 def _avx512_serves_now(call: VarlenCall) -> Decision:
     """:func:`avx512_serves`, and no graph being captured: a compiler, exporter or tracer
     records PyTorch's own ops (the kernel's op has no shape function)."""
-    if capturing_graph():
+    served = avx512_serves(call)
+    if served.choice == "serves" and capturing_graph():
         return Decision("declines", "a graph capture records PyTorch's own kernels")
-    return avx512_serves(call)
+    return served
 
 
 def avx512_refusal() -> str | None:
