@@ -42,4 +42,4 @@ def test_verdicts_and_the_bf16_speedup_share_one_cache_folder(setting, tmp_path,
     assert cache_folder() == want
     verdicts = CalibrationKey("cpu", "torch", "clearformer", "").path()
     bf16 = speedup.cache_path(cpu_info())
-    assert verdicts.parent.parent == want and bf16.parent.parent == want
+    assert verdicts.parent == bf16.parent == want / "calibration"  # one store

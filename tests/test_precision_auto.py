@@ -145,10 +145,12 @@ def test_the_measurement_is_cached_per_cpu_model_and_torch_version(tmp_path, mon
     ratio, source = speedup.bf16_speedup(zen, measure=lambda: 1.75)
     assert ratio == 1.75 and "measured now" in source
     path = speedup.cache_path(zen)
-    assert path.parent == tmp_path / "precision" and str(path) in source
+    # One store for every measured verdict: the kernels' and this one.
+    assert path.parent == tmp_path / "calibration" and str(path) in source
     record = json.loads(path.read_text())
-    assert record["bf16_speedup"] == 1.75 and record["cpu"] == "AMD EPYC 9R14"
-    assert record["torch"] == torch.__version__
+    assert record["verdicts"][speedup.CHOICE]["speedups"]["bf16"] == 1.75
+    assert record["key"]["cpu"].startswith("AMD EPYC 9R14")
+    assert record["key"]["torch"] == torch.__version__
     # The atomic write leaves no temporary file behind.
     assert [p.name for p in path.parent.iterdir()] == [path.name]
 
@@ -171,7 +173,7 @@ def test_a_damaged_cache_is_measured_again(tmp_path, monkeypatch):
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     assert speedup.bf16_speedup(zen, measure=lambda: 1.5)[0] == 1.5
-    assert json.loads(path.read_text())["bf16_speedup"] == 1.5
+    assert json.loads(path.read_text())["verdicts"][speedup.CHOICE]["speedups"]["bf16"] == 1.5
 
 
 def test_a_cache_that_cannot_be_written_costs_a_warning(tmp_path, monkeypatch, caplog):

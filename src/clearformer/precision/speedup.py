@@ -7,10 +7,9 @@ AMX (AVX512-BF16 on AMD Zen 4 or Intel Cooper Lake, ARM's BF16) is not settled b
 how much oneDNN gains there depends on the chip (Zen 4 runs its AVX-512 on 256-bit halves)
 and on the oneDNN version PyTorch ships. There :func:`bf16_speedup` times one product of
 MiniLM's feed-forward shape in both dtypes (well under a second), and keeps the ratio in a
-small JSON file under ``precision/`` in clearformer's cache folder
-(:func:`clearformer.machine.cache_folder`),
-named by a hash of the CPU's model, vendor, family, flags and the PyTorch version, written
-atomically, so every later process reads it instead of measuring.
+verdict in clearformer's one store of measured verdicts (:mod:`clearformer.calibration.cache`,
+in the cache folder), keyed by the CPU's model, vendor, family, flags and the PyTorch
+version, written atomically, so every later process reads it instead of measuring.
 
 ``CLEARFORMER_PRECISION_CALIBRATION=off`` skips the measurement (a machine that must not spend
 the time, or a test): ``auto`` then takes only what the flags settle. The two dtypes take turns
@@ -21,16 +20,16 @@ measure again (after a change of machine image, say), delete the file.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..calibration import cache
+from ..calibration.cache import CalibrationKey
+from ..calibration.measure import Verdict
 from ..cpu import CpuInfo, cpu_info
-from ..io import atomic_write
-from ..machine import cache_folder
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +38,6 @@ SPEEDUP_VARIABLE = "CLEARFORMER_PRECISION_CALIBRATION"
 # between encode's two workers; 2.4 GFLOP, about 12 ms in float32 on two Zen 4 cores.
 SHAPE = (2048, 384, 1536)
 REPEATS = 5  # timed calls per dtype, after two warm-up calls; the fastest counts
-FORMAT = 1  # the cache file's layout; another one is measured again
 
 
 def speedup_measured() -> bool:
@@ -52,71 +50,68 @@ def speedup_measured() -> bool:
     raise ValueError(f"{SPEEDUP_VARIABLE}: expected 'on' or 'off', got {setting!r}")
 
 
-def cache_path(cpu: CpuInfo, torch_version: str | None = None) -> Path:
-    """The file that holds the measurement for ``cpu`` and this PyTorch version."""
+# The verdict's name in the store, and its candidates.
+CHOICE = "bf16_products"
+
+
+def speedup_key(cpu: CpuInfo, torch_version: str | None = None) -> CalibrationKey:
+    """The verdict store's key of the measurement on ``cpu`` with this PyTorch version: the
+    products are PyTorch's, so neither clearformer's version nor its kernels enter it; the
+    CPU's flags do (a virtual machine may hide a model's generation, not its instructions)."""
     import torch
 
     version = torch.__version__ if torch_version is None else torch_version
-    key = hashlib.sha256()
-    for part in (cpu.model, cpu.vendor, cpu.family, " ".join(sorted(cpu.flags)), version):
-        key.update(part.encode("utf-8", "replace") + b"\0")
-    return cache_folder() / "precision" / f"bf16-speedup-{key.hexdigest()[:16]}.json"
+    flags = hashlib.sha256(" ".join(sorted(cpu.flags)).encode()).hexdigest()[:12]
+    described = f"{cpu.model} ({cpu.vendor} family {cpu.family}; flags {flags})"
+    return CalibrationKey(described, version, "", "")
+
+
+def cache_path(cpu: CpuInfo, torch_version: str | None = None) -> Path:
+    """The verdict file that holds the measurement for ``cpu`` and this PyTorch version."""
+    return speedup_key(cpu, torch_version).path()
 
 
 def bf16_speedup(
     cpu: CpuInfo | None = None, *, measure: Callable[[], float] | None = None
 ) -> tuple[float, str]:
     """(float32 time / bfloat16 time of one product, where the figure came from): read from
-    the cache file of this CPU and PyTorch version, else measured (``measure``, default
-    :func:`measure_bf16_speedup`) and written there. A cache that cannot be written (a
-    read-only home) costs a warning and a measurement per process, nothing else."""
+    the verdict store (:mod:`clearformer.calibration.cache`) for this CPU and PyTorch version,
+    else measured (``measure``, default :func:`measure_bf16_speedup`) and kept there. A store
+    that cannot be written (a read-only home) costs a warning and a measurement per process,
+    nothing else."""
     import torch
 
     cpu = cpu_info() if cpu is None else cpu
-    path = cache_path(cpu)
-    cached = _read(path, cpu, torch.__version__)
-    if cached is not None:
-        return cached, f"measured earlier, cached in {path}"
+    key = speedup_key(cpu)
+    path = key.path()
+    verdict = (cache.read(key) or {}).get(CHOICE)
+    ratio = None if verdict is None else verdict.speedups.get("bf16")
+    if ratio is not None and ratio > 0:
+        return ratio, f"measured earlier, cached in {path}"
     started = time.perf_counter()
-    speedup = float((measure or measure_bf16_speedup)())
+    ratio = float((measure or measure_bf16_speedup)())
     log.info(
         "measured bfloat16 products at %.2fx float32's in %.2fs",
-        speedup,
+        ratio,
         time.perf_counter() - started,
     )
-    record = {
-        "format": FORMAT,
-        "cpu": cpu.model,
-        "vendor": cpu.vendor,
-        "family": cpu.family,
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "shape": list(SHAPE),
-        "bf16_speedup": speedup,
-    }
+    verdict = Verdict(
+        choice=CHOICE,
+        baseline="float32",
+        winner="bf16" if ratio > 1.0 else "float32",
+        speedups={"float32": 1.0, "bf16": ratio},
+        seconds={},
+        margin=0.0,
+        rounds=REPEATS,
+        reason=f"bfloat16 products at {ratio:.2f}x float32's ({'x'.join(map(str, SHAPE))})",
+        context={"threads": torch.get_num_threads(), "shape": list(SHAPE)},
+    )
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(path) as handle:
-            json.dump(record, handle, indent=1)
+        cache.write(key, {CHOICE: verdict})
     except OSError as error:
         log.warning("could not cache the bfloat16 measurement in %s: %s", path, error)
-        return speedup, "measured now (not cached)"
-    return speedup, f"measured now, cached in {path}"
-
-
-def _read(path: Path, cpu: CpuInfo, version: str) -> float | None:
-    """The cached speedup, or None where the file is missing, unreadable or another one's."""
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        speedup = float(record["bf16_speedup"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    same = (
-        record.get("format") == FORMAT
-        and record.get("cpu") == cpu.model
-        and record.get("torch") == version
-    )
-    return speedup if same and speedup > 0 else None
+        return ratio, "measured now (not cached)"
+    return ratio, f"measured now, cached in {path}"
 
 
 def measure_bf16_speedup(shape: tuple[int, int, int] = SHAPE, repeats: int = REPEATS) -> float:
