@@ -49,8 +49,25 @@ class Route:
         return "\n".join(lines)
 
 
+class _Layout:
+    """What a call plan and a layer plan both answer from their ``packing`` and ``linear``."""
+
+    packing: PackedLayout | None
+    linear: Decision | None
+
+    @property
+    def packed(self) -> bool:
+        """The rows are packed ((N, D) real tokens, ``packing`` says where each sequence is)."""
+        return self.packing is not None
+
+    @property
+    def fused_linear(self) -> bool:
+        """The linear layers run fused (see ``linear``)."""
+        return self.linear is not None and self.linear.choice == "fused"
+
+
 @dataclass(frozen=True, eq=False)
-class LayerPlan:
+class LayerPlan(_Layout):
     """Everything one attention layer (and the block around it) needs besides its rows.
 
     Attributes:
@@ -119,15 +136,6 @@ class LayerPlan:
         assert self.layout.choice in LAYOUTS and self.kernel.choice in KERNEL_NAMES, self
 
     @property
-    def packed(self) -> bool:
-        return self.packing is not None
-
-    @property
-    def fused_linear(self) -> bool:
-        """The linear layers run fused (see ``linear``)."""
-        return self.linear is not None and self.linear.choice == "fused"
-
-    @property
     def route(self) -> Route:
         """How the layer runs, apart from what it means."""
         return Route(self.layout, self.kernel, self.method, self.linear)
@@ -150,7 +158,7 @@ class LayerPlan:
 
 
 @dataclass(frozen=True, eq=False)
-class CallPlan:
+class CallPlan(_Layout):
     """One call of a stack: the batch, its layout, the outputs asked for, every layer's plan.
 
     Attributes:
@@ -192,15 +200,6 @@ class CallPlan:
     def layer(self, index: int) -> LayerPlan:
         """The plan layer ``index`` of the stack runs."""
         return self.layers[index]
-
-    @property
-    def packed(self) -> bool:
-        return self.packing is not None
-
-    @property
-    def fused_linear(self) -> bool:
-        """The linear layers run fused (see ``linear``)."""
-        return self.linear is not None and self.linear.choice == "fused"
 
     @property
     def method(self) -> Decision | None:
