@@ -43,19 +43,40 @@ def shown(path: Path) -> str:
     spelled from the setting that chose the folder (``$CLEARFORMER_CACHE/...``,
     ``$XDG_CACHE_HOME/clearformer/...``, ``~/.cache/clearformer/...``), so that a plan or an
     explain report sent to someone else names no folder of this machine; the file name alone
-    for a file outside it."""
+    for a file outside it. (Every plan's reasons name it: kept per path and settings.)"""
+    memo = (str(path), _settings())
+    spelled = _shown.get(memo)
+    if spelled is None:
+        spelled = _shown[memo] = _spelled(Path(path))
+    return spelled
+
+
+def _spelled(path: Path) -> str:
     folder = cache_folder()
     if os.environ.get(CACHE_VARIABLE):
-        spelled = f"${CACHE_VARIABLE}"
+        setting = f"${CACHE_VARIABLE}"
     elif folder.parent != Path.home() / ".cache":
-        spelled = "$XDG_CACHE_HOME/clearformer"
+        setting = "$XDG_CACHE_HOME/clearformer"
     else:
-        spelled = "~/.cache/clearformer"
+        setting = "~/.cache/clearformer"
     try:
-        inside = Path(path).relative_to(folder)
+        inside = path.relative_to(folder)
     except ValueError:
-        return Path(path).name
-    return f"{spelled}/{inside.as_posix()}"
+        return path.name
+    return f"{setting}/{inside.as_posix()}"
+
+
+def _settings() -> tuple[str, str, str]:
+    """The environment that chooses the cache folder, as a cheap key for what was read."""
+    environ = os.environ
+    return (
+        environ.get(CACHE_VARIABLE, ""),
+        environ.get("XDG_CACHE_HOME", ""),
+        environ.get("HOME", ""),
+    )
+
+
+_shown: dict[tuple[str, tuple[str, str, str]], str] = {}
 
 
 @dataclass(frozen=True)
@@ -78,7 +99,9 @@ class CalibrationKey:
 
 
 # What cached_verdicts read: (key, cache folder settings) -> (verdicts or None, their file).
-_read: dict[tuple[CalibrationKey, str], tuple[dict[str, Verdict] | None, Path]] = {}
+_read: dict[
+    tuple[CalibrationKey, tuple[str, str, str]], tuple[dict[str, Verdict] | None, Path]
+] = {}
 
 
 def read(key: CalibrationKey) -> dict[str, Verdict] | None:
@@ -132,7 +155,7 @@ def write(key: CalibrationKey, verdicts: dict[str, Verdict]) -> Path:
 def cached_verdicts(key: CalibrationKey) -> tuple[dict[str, Verdict] | None, Path]:
     """:func:`read` and the file it read, once per process, key and cache folder (routes ask
     on every call)."""
-    memo = (key, str(cache_folder()))
+    memo = (key, _settings())
     with _lock:
         if memo not in _read:
             _read[memo] = (read(key), key.path())
