@@ -2,7 +2,7 @@
 
 Each policy is a call of ``clearformer.quant.quantize_int8`` on the float model (which layers
 stay float32, which are smoothed, how many input channels per layer stay float32), calibrated
-on ``clearformer.quant.calibration.CALIBRATION_TEXTS``. Measured on two sets:
+on ``clearformer.quant.smoothing_texts.SMOOTHING_TEXTS``. Measured on two sets:
 
 ``sentences``  the 53 varied sentences of ``tests/int8_sentences.py`` (short, long, numbers,
                code, eight scripts, punctuation);
@@ -44,7 +44,7 @@ def main() -> None:
 
     from clearformer import TextEncoder
     from clearformer.quant import calibrate, linear_names, outlier_channels, quantize_int8
-    from clearformer.quant.calibration import CALIBRATION_TEXTS
+    from clearformer.quant.smoothing_texts import SMOOTHING_TEXTS
     from encode_throughput import make_corpus
     from int8_sentences import QUERIES, SENTENCES
 
@@ -62,7 +62,7 @@ def main() -> None:
     sets = {"sentences": SENTENCES, "mixed": mixed, "queries": QUERIES}
     reference = {k: embed(float_model, v) for k, v in sets.items()}
     names = linear_names(float_model)
-    stats = calibrate(float_model, lambda m: embed(m, list(CALIBRATION_TEXTS)), names)
+    stats = calibrate(float_model, lambda m: embed(m, list(SMOOTHING_TEXTS)), names)
 
     def layers(*suffixes):
         return [n for n in names if n.endswith(suffixes)]

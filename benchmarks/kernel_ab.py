@@ -309,13 +309,14 @@ def main() -> int:
     from clearformer.calibration.measure import MARGIN
     from clearformer.cpu import cpu_description
     from clearformer.fast import avx512
+    from clearformer.machine import machine
     from clearformer.quant.int8 import int8_support
     from encode_throughput import make_corpus
 
     meter = LoadMeter(threads=torch.get_num_threads()).start()
     encoder = TextEncoder.from_pretrained()
     texts = make_corpus(args.texts, "mixed", seed=7)
-    library = avx512.support()
+    library = machine().avx512
     if library.choice == "available":
         library = avx512.load(build=not args.no_build)
     results: dict[str, dict] = {}
