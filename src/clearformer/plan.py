@@ -343,14 +343,25 @@ def _attention_route(
     if window is not None:
         # Long rows of a local layer go slab by slab: no (T, T) band.
         return dict(method=None, slab=routes.slab_by_slab(length, window))
-    unmasked = token_mask is None
-    route = routes.padded_attention_route(call, square=True, unmasked=unmasked, key_runs=True)
+    route, runs = _padded_route(call, square=True, unmasked=token_mask is None, keys=token_mask)
+    return dict(method=None, padded_route=route, key_runs=runs)
+
+
+def _padded_route(
+    call: VarlenCall, *, square: bool, unmasked: bool, keys: Tensor | None
+) -> tuple[Decision, tuple[Tensor, Tensor] | None]:
+    """Whether a padded ``sdpa`` layer's attention takes clearformer's AVX-512 kernel, and the
+    (first key, key count) per sequence it then reads from the (B, T) key-padding mask ``keys``
+    (None: the mask is no key-padding mask, or there is none)."""
+    route = routes.padded_attention_route(
+        call, square=square, unmasked=unmasked, key_runs=keys is not None
+    )
     runs = None
     if route.choice == "avx512" and not unmasked:
-        runs = key_runs(token_mask)
+        runs = key_runs(keys)
         if runs is None:
             route = Decision("torch", "keys are not one run per sequence: PyTorch's kernel")
-    return dict(method=None, padded_route=route, key_runs=runs)
+    return route, runs
 
 
 def key_runs(token_mask: Tensor | None) -> tuple[Tensor, Tensor] | None:
@@ -456,17 +467,12 @@ def plan_layer(
     is_causal = is_causal and not fold
     padded_route, runs = None, None
     if kernel.choice == "sdpa":
-        unmasked = full is None and not is_causal
-        key_mask = None
+        keys = None
         if full is not None and full.dtype == torch.bool and full.shape == (batch, 1, 1, tk):
-            key_mask = full[:, 0, 0, :]  # (B, Tk)
-        padded_route = routes.padded_attention_route(
-            call, square=tq == tk, unmasked=unmasked, key_runs=key_mask is not None
+            keys = full[:, 0, 0, :]  # (B, Tk); key_runs refuses rows without a key
+        padded_route, runs = _padded_route(
+            call, square=tq == tk, unmasked=full is None and not is_causal, keys=keys
         )
-        if padded_route.choice == "avx512" and not unmasked:
-            runs = key_runs(key_mask) if query_has_key is None else None
-            if runs is None:
-                padded_route = Decision("torch", "keys are not one run per sequence")
     return LayerPlan(
         Decision("padded", "a lone layer runs on the rows it is given"),
         kernel,
