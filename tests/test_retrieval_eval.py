@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from clearformer.retrieval import DataError, EvalSettings, evaluate, load_beir
+from clearformer.retrieval.metrics import ranked
 from clearformer.retrieval.stages import rerank_run
 from clearformer.retrieval.trec import read_run
 
@@ -157,6 +158,57 @@ def test_rerank_puts_the_cross_encoders_order_first_and_keeps_the_rest_below():
     out = rerank_run(run, {"q": "q"}, {d: d for d in "abcd"}, score, top=3)
     order = sorted(out["q"], key=lambda d: -out["q"][d])
     assert order == ["c", "b", "a", "d"]
+
+
+def test_rerank_fused_with_the_first_stage_is_reciprocal_rank_fusion_of_the_two_orders():
+    run = {"q": {"a": 0.9, "b": 0.8, "c": 0.7, "d": 0.6, "e": 0.5}}
+    oracle = {"a": 0.1, "b": 0.5, "c": 0.9, "d": 0.3}
+
+    def score(pairs):
+        return np.array([oracle[doc] for _, doc in pairs])
+
+    out = rerank_run(run, {"q": "q"}, {d: d for d in "abcde"}, score, top=4, fusion="rrf", rrf_k=1)
+    # By hand, k = 1: first stage a1 b2 c3 d4, cross-encoder c1 b2 d3 a4.
+    expected = {"a": 1 / 2 + 1 / 5, "b": 1 / 3 + 1 / 3, "c": 1 / 4 + 1 / 2, "d": 1 / 5 + 1 / 4}
+    for doc, value in expected.items():
+        assert out["q"][doc] == pytest.approx(value, abs=1e-12)
+    order = sorted(out["q"], key=lambda d: -out["q"][d])
+    assert order == ["c", "a", "b", "d", "e"]  # e: below the head, in the first stage's order
+    with pytest.raises(ValueError, match="rerank fusion must be one of"):
+        rerank_run(run, {"q": "q"}, {d: d for d in "abcde"}, score, top=4, fusion="max")
+
+
+def test_rerank_follows_every_first_stage_mode(tiny, tmp_path):
+    """A cross-encoder reranks a BM25 (or fused) run as it reranks a dense one: the head of
+    each query's run is in the cross-encoder's order, the tail in the first stage's."""
+    from clearformer import CrossEncoder
+
+    from .test_sequence_classification import make_classifier
+
+    _, beir = tiny
+    reranker = tmp_path / "reranker"
+    make_classifier("bert", reranker, num_labels=1)
+    data = load_beir(beir)
+    first = evaluate(data, None, EvalSettings(mode="bm25")).run
+    result = evaluate(data, None, EvalSettings(mode="bm25", rerank=str(reranker), rerank_top=4))
+    assert result.settings["rerank_model"]["name"] == "reranker"
+    assert "rerank" in result.seconds
+    cross = CrossEncoder.from_pretrained(reranker)
+    text = dict(zip(data.corpus_ids, data.corpus_texts, strict=True))
+    for query, query_text in zip(data.query_ids, data.query_texts, strict=True):
+        order = ranked(result.run[query])  # trec_eval's order, ties broken by id
+        assert set(order[:4]) == set(ranked(first[query])[:4])
+        scores = cross.predict([(query_text, text[d]) for d in order[:4]])
+        assert np.all(np.diff(scores) <= 1e-6)
+        assert order[4:] == ranked(first[query])[4:]
+
+
+def test_rerank_fusion_without_a_reranker_is_refused_in_one_line(tiny, tmp_path):
+    _, beir = tiny
+    done = cli("eval", "--data", str(beir), "--mode", "bm25", "--rerank-fusion", "rrf")
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.endswith("--rerank-fusion applies with --rerank MODEL")
 
 
 def test_rerank_stage_with_a_real_cross_encoder(tiny, tmp_path):

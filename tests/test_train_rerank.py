@@ -126,3 +126,103 @@ def test_a_model_whose_family_has_no_classifier_is_refused_in_one_line(data, tmp
     )
     assert result.returncode == 2 and "anchor equals its positive" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def _listwise_rows(tmp_path, negatives_per_row=(3, 1, 2, 3)):
+    # The tiny classifier's vocabulary has 60 pieces: rows of word ids below it.
+    rows = [
+        {
+            "anchor": f"w{i} w{i + 1}",
+            "positive": f"w{i} w{i + 2} w{i + 3}",
+            "negative": [f"w{(i + 7 * j + 20) % 50} w{(i + 3 * j + 30) % 50}" for j in range(n)],
+        }
+        for i, n in enumerate(negatives_per_row)
+    ]
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows, pairs
+
+
+def test_listwise_loss_equals_sentence_transformers_multiple_negatives_ranking_loss(tmp_path):
+    """The listwise loss on clearformer's pair scores equals sentence-transformers' cross-encoder
+    MultipleNegativesRankingLoss computed by sentence-transformers on the same weights and rows
+    (each row alone: one row has no in-batch negatives, so only its own negatives count)."""
+    from sentence_transformers.cross_encoder import CrossEncoder as Reference
+    from sentence_transformers.cross_encoder.losses import MultipleNegativesRankingLoss
+
+    from clearformer.train.config import TrainConfig
+    from clearformer.train.tasks.rerank import RerankTask
+
+    from .test_sequence_classification import make_classifier
+
+    base = tmp_path / "base"
+    make_classifier("bert", base, num_labels=1)
+    rows, pairs = _listwise_rows(tmp_path)
+    config = TrainConfig(task="rerank", train_file=str(pairs), model=str(base),
+                         rerank_loss="listwise")  # fmt: skip
+    task = RerankTask(config)
+    examples = {anchor: (anchor, docs, labels) for anchor, docs, labels in
+                task.train_examples + task.eval_examples}  # fmt: skip
+    examples = [examples[row["anchor"]] for row in rows]  # the held-out split too, in row order
+    scorer = task.build_model().eval()
+    ours = []
+    with torch.no_grad():
+        for example in examples:
+            batch = task._collate([example])
+            ours.append(task.loss_sum(scorer(batch), batch).item())
+    reference = Reference(str(base), device="cpu")
+    reference.model.eval()
+    loss = MultipleNegativesRankingLoss(reference, num_negatives=None)
+    theirs = []
+    with torch.no_grad():
+        for row in rows:
+            columns = [[row["anchor"]], [row["positive"]]] + [[n] for n in row["negative"]]
+            theirs.append(loss(columns, labels=None).item())
+    assert np.allclose(ours, theirs, atol=1e-5, rtol=0)
+    # A batch of rows of different lengths sums each row's loss (-inf pads the short groups).
+    with torch.no_grad():
+        batch = task._collate(examples)
+        assert batch.groups.shape == (4, 4) and int((batch.groups < 0).sum()) == 2 + 1
+        together = task.loss_sum(scorer(batch), batch).item()
+    assert together == pytest.approx(sum(theirs), abs=1e-4)
+
+
+def test_listwise_loss_is_softmax_cross_entropy_toward_the_positive_by_hand():
+    from clearformer.train.tasks.rerank import LISTWISE_SCALE, listwise_loss_sum
+
+    logits = torch.tensor([2.0, -1.0, 0.5, -3.0, 1.0], requires_grad=True)
+    groups = torch.tensor([[0, 1, 2], [3, 4, -1]])
+    s = torch.sigmoid(logits.detach()) * LISTWISE_SCALE
+    first = -(s[0] - torch.logsumexp(s[:3], 0))
+    second = -(s[3] - torch.logsumexp(s[3:], 0))
+    loss = listwise_loss_sum(logits, groups)
+    assert loss.item() == pytest.approx((first + second).item(), abs=1e-6)
+    loss.backward()
+    assert torch.isfinite(logits.grad).all()  # the -inf pad gives no NaN gradient
+    # Negative control: the positive scored highest gives the lowest loss of any permutation.
+    best = listwise_loss_sum(torch.tensor([3.0, -3.0, -3.0]), torch.tensor([[0, 1, 2]]))
+    worst = listwise_loss_sum(torch.tensor([-3.0, 3.0, -3.0]), torch.tensor([[0, 1, 2]]))
+    assert best < worst
+
+
+def test_a_listwise_reranker_trains_and_both_libraries_load_it(data, tmp_path):
+    from .test_sequence_classification import make_classifier
+
+    base = tmp_path / "base"
+    make_classifier("bert", base, num_labels=1)
+    rows, pairs = _listwise_rows(tmp_path, negatives_per_row=(2, 0, 3, 1) * 4)
+    run = tmp_path / "run"
+    flags = _flags({"pairs": pairs}, base, **{"eval-fraction": 0.25, "rerank-loss": "listwise"})
+    result = run_train(*flags, "--out", str(run), "-q")
+    assert result.returncode == 0, result.stderr
+    before, after = _same_scores(base), _same_scores(run / "model")
+    assert np.abs(before - after).max() > 1e-4
+    described = json.loads((run / "data.json").read_text())
+    # Rows without a negative are left out: one positive per example, the rest negatives.
+    assert described["loss"] == "listwise"
+    assert 0 < described["train_examples"] <= 12
+    assert described["positives"] == described["train_examples"]
+    assert described["train_pairs"] > described["train_examples"]
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [r for r in records if "eval_accuracy" in r]
+    assert evaluated and all(0.0 <= r["eval_accuracy"] <= 1.0 for r in evaluated)

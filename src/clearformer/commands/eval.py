@@ -77,6 +77,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="documents per query the cross-encoder rescores (default 100)",
     )
     p.add_argument(
+        "--rerank-fusion",
+        choices=("none", "rrf"),
+        default="none",
+        help="none: the cross-encoder's order; rrf: its order fused with the first stage's "
+        "by reciprocal rank fusion (default none)",
+    )
+    p.add_argument(
         "--depth",
         type=positive_int,
         default=100,
@@ -184,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
             ann=args.ann,
             rerank=args.rerank,
             rerank_top=args.rerank_top,
+            rerank_fusion=args.rerank_fusion,
             depth=args.depth,
             measures=tuple(m.strip() for m in args.measures.split(",") if m.strip()),
             query_prompt_name=args.query_prompt_name,
@@ -198,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
     other = _read_compared(args.compare, data) if args.compare else None
     if args.rerank is not None and not Path(args.rerank).is_dir():
         raise CliError(f"--rerank {args.rerank}: no such directory")
+    if args.rerank is None and args.rerank_fusion != "none":
+        raise CliError("--rerank-fusion applies with --rerank MODEL")
     show = args.progress if args.progress is not None else True
     progress = PhaseProgress("eval", enabled=show)
     print(
@@ -287,6 +297,8 @@ def format_table(result) -> str:
         path = f"{settings['mode']} ({', '.join(settings['kinds'])}), {path}"
     if settings["rerank"]:
         path += f", reranked top {settings['rerank_top']} by {Path(settings['rerank']).name}"
+        if settings.get("rerank_fusion", "none") != "none":
+            path += f" ({settings['rerank_fusion']} with the first stage)"
     name = result.model.get("name") or "+".join(result.model.get("kinds", {})) or "none"
     lines = [
         f"model {name} ({settings['precision']}"

@@ -22,7 +22,7 @@ import numpy as np
 from ..version import __version__
 from .beir import RetrievalData
 from .metrics import DEFAULT_MEASURES, evaluate_run, mean_measures, parse_measure
-from .stages import Run, exact_run, index_run, rerank_run
+from .stages import RERANK_FUSIONS, Run, exact_run, index_run, rerank_run
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ class EvalSettings:
     rerank: str | None = None  # a cross-encoder directory: reranks each query's first `rerank_top`
     rerank_top: int = 100
     rerank_precision: str = "float32"
+    rerank_fusion: str = "none"  # none: the cross-encoder's order | rrf: fused with the first stage
     depth: int = 100  # documents retrieved per query (at least the deepest measure's cut-off)
     measures: tuple[str, ...] = DEFAULT_MEASURES
     query_prompt_name: str | None = None  # the model's named prompts, as encode(prompt_name=)
@@ -72,6 +73,10 @@ class EvalSettings:
             )
         if self.rerank_top <= 0:
             raise ValueError(f"rerank_top must be a positive integer, got {self.rerank_top}")
+        if self.rerank_fusion not in RERANK_FUSIONS:
+            raise ValueError(
+                f"rerank_fusion must be one of {RERANK_FUSIONS}, got {self.rerank_fusion!r}"
+            )
         if self.index is None and (self.storage is not None or self.ann is not None):
             raise ValueError("storage and ann describe an index: give index too")
 
@@ -165,33 +170,10 @@ def evaluate(
     else:
         run = exact_run(data.query_ids, queries, data.corpus_ids, corpus, settings.depth)
     seconds["search"] = time.perf_counter() - start
-    if cross_encoder is not None:
-        start = time.perf_counter()
-        pairs_done = [0]
-
-        def score_pairs(pairs: list[tuple[str, str]]) -> np.ndarray:
-            report("rerank", 0, len(pairs))
-            scores = cross_encoder.predict(pairs, precision=settings.rerank_precision)
-            pairs_done[0] = len(pairs)
-            report("rerank", len(pairs), len(pairs))
-            return scores
-
-        run = rerank_run(
-            run,
-            dict(zip(data.query_ids, data.query_texts, strict=True)),
-            dict(zip(data.corpus_ids, data.corpus_texts, strict=True)),
-            score_pairs,
-            settings.rerank_top,
-        )
-        seconds["rerank"] = time.perf_counter() - start
+    run = _reranked(run, data, cross_encoder, settings, report, seconds)
     per_query = evaluate_run(run, data.qrels, settings.measures)
     described = asdict(settings)
-    described["rerank_model"] = None
-    if cross_encoder is not None:
-        described["rerank_model"] = {
-            "name": cross_encoder.path.name,
-            "path": str(cross_encoder.path),
-        }
+    described["rerank_model"] = _rerank_model(cross_encoder)
     return EvalResult(
         metrics=mean_measures(per_query),
         per_query=per_query,
@@ -201,6 +183,38 @@ def evaluate(
         settings=described,
         seconds={name: round(value, 3) for name, value in seconds.items()},
     )
+
+
+def _reranked(run: Run, data, cross_encoder, settings: EvalSettings, report, seconds) -> Run:
+    """``run`` with each query's first ``settings.rerank_top`` documents rescored by
+    ``cross_encoder`` (``run`` itself without one); whatever the first stage was."""
+    if cross_encoder is None:
+        return run
+    start = time.perf_counter()
+
+    def score_pairs(pairs: list[tuple[str, str]]) -> np.ndarray:
+        report("rerank", 0, len(pairs))
+        scores = cross_encoder.predict(pairs, precision=settings.rerank_precision)
+        report("rerank", len(pairs), len(pairs))
+        return scores
+
+    run = rerank_run(
+        run,
+        dict(zip(data.query_ids, data.query_texts, strict=True)),
+        dict(zip(data.corpus_ids, data.corpus_texts, strict=True)),
+        score_pairs,
+        settings.rerank_top,
+        fusion=settings.rerank_fusion,
+        rrf_k=settings.rrf_k,
+    )
+    seconds["rerank"] = time.perf_counter() - start
+    return run
+
+
+def _rerank_model(cross_encoder) -> dict | None:
+    if cross_encoder is None:
+        return None
+    return {"name": cross_encoder.path.name, "path": str(cross_encoder.path)}
 
 
 def _prepared_index(data, encoder, settings: EvalSettings, report, encode_options, seconds):
@@ -281,6 +295,10 @@ def _evaluate_kinds(data, encoder, settings: EvalSettings, models, cross_encoder
     for kind in kinds:
         if kind != "bm25" and kind not in models:
             raise ValueError(f"mode {settings.mode}: the {kind} kind needs a {kind} model")
+    if settings.rerank is not None and cross_encoder is None:
+        from ..text import CrossEncoder
+
+        cross_encoder = CrossEncoder.from_pretrained(settings.rerank)  # before any encoding
     seconds: dict[str, float] = {}
     runs: dict[str, Run] = {}
     for kind in kinds:
@@ -298,14 +316,11 @@ def _evaluate_kinds(data, encoder, settings: EvalSettings, models, cross_encoder
         fusion = Fusion(settings.fusion, k=settings.rrf_k, weights=settings.weights or {},
                         normalization=settings.normalization)  # fmt: skip
         run = fused_run(runs, fusion, settings.depth)
-    if settings.rerank is not None:
-        raise ValueError(
-            "rerank applies to mode dense (rerank a fused run with `clearformer rerank`)"
-        )
+    run = _reranked(run, data, cross_encoder, settings, report, seconds)
     per_query = evaluate_run(run, data.qrels, settings.measures)
     described = asdict(settings)
     described["kinds"] = kinds
-    described["rerank_model"] = None
+    described["rerank_model"] = _rerank_model(cross_encoder)
     model = {kind: identity_of(m).to_dict() for kind, m in models.items() if kind in kinds}
     return EvalResult(
         metrics=mean_measures(per_query),
@@ -314,7 +329,7 @@ def _evaluate_kinds(data, encoder, settings: EvalSettings, models, cross_encoder
         data=data.describe(),
         model=model.get(kinds[0], {"name": "bm25"}) if len(kinds) == 1 else {"kinds": model},
         settings=described,
-        seconds=seconds,
+        seconds={name: round(value, 3) for name, value in seconds.items()},
     )
 
 

@@ -5,7 +5,8 @@
 * :func:`index_run`: a persistent index (:class:`~clearformer.index.VectorIndex`), searched as
   ``clearformer search --index`` searches it (graph or scan, stored as float32 / int8 / binary,
   rescored in float32);
-* :func:`rerank_run`: a cross-encoder rescoring each query's first ``top`` documents.
+* :func:`rerank_run`: a cross-encoder rescoring each query's first ``top`` documents, its
+  order taken as it is or fused with the first stage's (reciprocal rank fusion).
 """
 
 from __future__ import annotations
@@ -66,19 +67,34 @@ def index_run(query_ids: Sequence[str], queries: np.ndarray, index, depth: int) 
     }
 
 
+RERANK_FUSIONS = ("none", "rrf")
+
+
 def rerank_run(
     run: Run,
     query_text: dict[str, str],
     document_text: dict[str, str],
     score_pairs: Callable[[list[tuple[str, str]]], np.ndarray],
     top: int,
+    *,
+    fusion: str = "none",
+    rrf_k: int = 60,
 ) -> Run:
     """Each query's first ``top`` documents rescored by ``score_pairs`` (a cross-encoder's
     predict), ranked above the rest, which keep the first stage's order below them.
 
+    With ``fusion="rrf"`` the head's order is reciprocal rank fusion of the cross-encoder's
+    order and the first stage's (``1 / (rrf_k + rank)`` summed over the two): a cross-encoder
+    trained on little data and a fine-tuned first stage are wrong on different documents, and
+    the fusion keeps what each gets right without a weight to tune.
+
     All pairs go to ``score_pairs`` in one call, so that its batching sorts them by length
     across queries.
     """
+    from ..index.fusion import reciprocal_rank_fusion
+
+    if fusion not in RERANK_FUSIONS:
+        raise ValueError(f"rerank fusion must be one of {RERANK_FUSIONS}, got {fusion!r}")
     heads = {query: ranked(scores)[:top] for query, scores in run.items()}
     pairs = [(query_text[q], document_text[d]) for q, docs in heads.items() for d in docs]
     log.info("rerank: %d pairs", len(pairs))
@@ -88,6 +104,10 @@ def rerank_run(
     for query, docs in heads.items():
         reranked = dict(zip(docs, scores[at : at + len(docs)].tolist(), strict=True))
         at += len(docs)
+        if fusion == "rrf":
+            first = [(d, run[query][d]) for d in docs]
+            second = [(d, reranked[d]) for d in ranked(reranked)]
+            reranked = dict(reciprocal_rank_fusion([first, second], rrf_k, len(docs)))
         floor = min(reranked.values(), default=0.0)
         # The documents below the reranked head keep their first-stage order, each one step
         # below the last: their scores say order only, not relevance.

@@ -29,6 +29,8 @@ PATCHES = ("2x2", "4x4", "row")
 DISTRIBUTED = ("none", "ddp", "fsdp")
 BATCHINGS = ("packed", "padded")
 TEXT_UNITS = ("line", "paragraph")
+RERANK_LOSSES = ("bce", "listwise")
+RERANK_FUSIONS = ("none", "rrf")
 # The allowed values of each field that has a fixed set (the CLI offers them as choices).
 CHOICES = {
     "task": TASKS,
@@ -41,6 +43,8 @@ CHOICES = {
     "distributed": DISTRIBUTED,
     "batching": BATCHINGS,
     "text_unit": TEXT_UNITS,
+    "rerank_loss": RERANK_LOSSES,
+    "rerank_fusion": RERANK_FUSIONS,
 }
 
 # Fields that decide the parameters' shapes: a resume that changes one is refused, since the
@@ -85,6 +89,7 @@ DATA_ORDER_FIELDS = (
     "query_prompt",
     "document_prompt",
     "negatives",
+    "rerank_loss",
 )
 # Fields that change nothing already computed: a resume that changes one is a warning only.
 HARMLESS_FIELDS = (
@@ -95,6 +100,7 @@ HARMLESS_FIELDS = (
     "device",
     "retriever",
     "rerank_top",
+    "rerank_fusion",
 )
 
 
@@ -195,9 +201,13 @@ class TrainConfig:
     query_prompt: str = ""  # put before every anchor ("query: ")
     document_prompt: str = ""  # put before every positive and negative ("passage: ")
     negatives: int = 0  # hard negatives per row used; 0: every one the row has
-    # rerank: a cross-encoder trained on the same rows (binary cross-entropy).
+    # rerank: a cross-encoder trained on the same rows.
+    # bce: each pair labelled 1 / 0 (binary cross-entropy) | listwise: each row's positive
+    # against its own negatives (softmax cross-entropy over the row's pairs)
+    rerank_loss: str = "bce"
     retriever: str = "bundled"  # the fixed first stage whose results eval_data's run reranks
     rerank_top: int = 50  # documents per query the cross-encoder reranks at each evaluation
+    rerank_fusion: str = "none"  # evaluation: none | rrf (the reranked order fused with the first)
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -1,17 +1,23 @@
-"""``rerank``: train a cross-encoder on (query, positive, negatives) rows with binary
-cross-entropy, as sentence-transformers' ``CrossEncoderTrainer`` with
-``BinaryCrossEntropyLoss`` does.
+"""``rerank``: train a cross-encoder on (query, positive, negatives) rows, with one of two
+losses (``rerank_loss``):
 
-Each row gives one pair labelled 1 (the query and its positive) and one labelled 0 per hard
-negative; ``pos_weight`` is the negatives per positive, so that positives and negatives weigh
-the same in the loss whatever their ratio. The base ``model`` is a cross-encoder to go on
-training, or an encoder without a classification head (the bundled embedding model, say), which
-gets a new one-label head. With ``eval_data``, the model reranks the first ``rerank_top``
-documents a fixed first stage (``retriever``, the bundled model by default) finds for each
-query, and NDCG@10 of the reranked run picks the best checkpoint; without it, the loss on a
-held-out ``eval_fraction`` of the rows does. ``RUN/model/`` is the trained cross-encoder, which
-``CrossEncoder.from_pretrained``, sentence-transformers' ``CrossEncoder`` and ``clearformer
-rerank`` / ``serve`` load.
+* ``bce``, as sentence-transformers' ``CrossEncoderTrainer`` with ``BinaryCrossEntropyLoss``:
+  each row gives one pair labelled 1 (the query and its positive) and one labelled 0 per hard
+  negative, each pair an example; ``pos_weight`` is the negatives per positive, so that
+  positives and negatives weigh the same in the loss whatever their ratio.
+* ``listwise``, as sentence-transformers' cross-encoder ``MultipleNegativesRankingLoss`` with
+  the row's hard negatives and no in-batch ones: a row is one example, its pairs scored
+  together; ``sigmoid(logit) x 10`` over the positive and its negatives, softmax
+  cross-entropy toward the positive. It asks the question a reranker answers (which of these
+  documents is the relevant one), where binary cross-entropy asks each pair alone.
+
+The base ``model`` is a cross-encoder to go on training, or an encoder without a classification
+head (the bundled embedding model, say), which gets a new one-label head. With ``eval_data``,
+the model reranks the first ``rerank_top`` documents a fixed first stage (``retriever``, the
+bundled model by default) finds for each query, and NDCG@10 of the reranked run picks the best
+checkpoint; without it, the loss on a held-out ``eval_fraction`` of the rows does.
+``RUN/model/`` is the trained cross-encoder, which ``CrossEncoder.from_pretrained``, sentence-
+transformers' ``CrossEncoder`` and ``clearformer rerank`` / ``serve`` load.
 """
 
 from __future__ import annotations
@@ -33,22 +39,52 @@ from .contrastive import _split
 log = logging.getLogger(__name__)
 
 
+# sentence-transformers' cross-encoder MultipleNegativesRankingLoss defaults: the logits go
+# through a sigmoid and are multiplied by 10 before the softmax.
+LISTWISE_SCALE = 10.0
+
+# One example: (query, its documents, their labels). bce: one pair; listwise: a row's
+# positive first, then its negatives.
+Example = tuple[str, tuple[str, ...], tuple[int, ...]]
+
+
 @dataclass(frozen=True)
 class PairBatch:
-    """Text pairs padded: ids, types and mask (B, T); labels (B,) float (1 relevant, 0 not)."""
+    """Text pairs padded: ids, types and mask (P, T); labels (P,) float (1 relevant, 0 not).
+
+    ``groups`` (listwise only): (G, S) rows of the pairs, one row per example, its positive
+    first; -1 where an example has fewer than S pairs.
+    """
 
     input_ids: Tensor
     token_type_ids: Tensor
     attention_mask: Tensor
     labels: Tensor
+    groups: Tensor | None = None
 
     def to(self, device: torch.device) -> PairBatch:
         return PairBatch(
             *(
                 t.to(device)
                 for t in (self.input_ids, self.token_type_ids, self.attention_mask, self.labels)
-            )
+            ),
+            None if self.groups is None else self.groups.to(device),
         )
+
+
+def group_scores(logits: Tensor, groups: Tensor) -> Tensor:
+    """(P,) pair logits -> (G, S) per example, its positive in column 0, -inf where absent."""
+    present = groups >= 0  # (G, S)
+    picked = logits[groups.clamp(min=0)]  # (G, S)
+    return picked.masked_fill(~present, float("-inf"))
+
+
+def listwise_loss_sum(logits: Tensor, groups: Tensor) -> Tensor:
+    """Softmax cross-entropy toward each example's positive over ``sigmoid(logit) x 10`` of
+    its pairs, summed over the examples."""
+    scores = group_scores(torch.sigmoid(logits.float()) * LISTWISE_SCALE, groups)  # (G, S)
+    target = torch.zeros(len(groups), dtype=torch.int64, device=logits.device)  # positive: 0
+    return F.cross_entropy(scores, target, reduction="sum")
 
 
 class PairScorer(nn.Module):
@@ -105,13 +141,18 @@ class RerankTask:
             self.metric, self.metrics = "loss", ("accuracy",)
             train_rows, eval_rows = _split(pairs, config.eval_fraction, config.split_seed)
             self.evaluate_before_training = False
+        self.listwise = config.rerank_loss == "listwise"
         self.train_examples = self._examples(train_rows)
         self.eval_examples = self._examples(eval_rows)
-        positives = sum(1 for _, _, label in self.train_examples if label == 1)
-        self.pos_weight = (len(self.train_examples) - positives) / max(positives, 1)
+        labels = [label for _, _, row_labels in self.train_examples for label in row_labels]
+        positives = sum(labels)
+        self.pos_weight = (len(labels) - positives) / max(positives, 1)
         self.labels = ()
         self._ids = self._tokenize(self.train_examples + self.eval_examples)
-        self.train_lengths = [len(self._ids[(q, d)][0]) for q, d, _ in self.train_examples]
+        # An example's padded length is its longest pair's (bucketing groups like lengths).
+        self.train_lengths = [
+            max(len(self._ids[(q, d)][0]) for d in docs) for q, docs, _ in self.train_examples
+        ]
 
     def _load_base(self, load_model) -> None:
         """The encoder and its head: the checkpoint's own, or a new one-label head."""
@@ -134,22 +175,41 @@ class RerankTask:
         self.base_model = loaded.model
         self.base_head = new_head(self.family, self.hf_config, loaded.kept, self.config.seed)
 
-    def _examples(self, rows) -> list[tuple[str, str, int]]:
-        out = []
+    def _examples(self, rows) -> list[Example]:
+        out: list[Example] = []
         limit = self.config.negatives
+        dropped = 0
         for row in rows:
-            out.append((row.anchor, row.positive, 1))
-            negatives = row.negatives[:limit] if limit > 0 else row.negatives
-            out += [(row.anchor, negative, 0) for negative in negatives]
+            negatives = tuple(row.negatives[:limit] if limit > 0 else row.negatives)
+            if self.listwise:
+                if not negatives:  # a positive alone has nothing to be ranked above
+                    dropped += 1
+                    continue
+                out.append((row.anchor, (row.positive, *negatives), (1,) + (0,) * len(negatives)))
+                continue
+            out.append((row.anchor, (row.positive,), (1,)))
+            out += [(row.anchor, (negative,), (0,)) for negative in negatives]
+        if dropped:
+            log.info("rerank: %d row(s) without a negative left out of the listwise loss", dropped)
+        if self.listwise and rows and not out:
+            raise ValueError(
+                f"train_file {self.config.train_file}: rerank_loss='listwise' needs rows with "
+                "hard negatives; no row has one"
+            )
         return out
 
     def _tokenize(self, examples) -> dict:
-        pairs = sorted({(q, d) for q, d, _ in examples})
+        pairs = sorted({(q, d) for q, docs, _ in examples for d in docs})
         encodings = self.tokenizer.encode_pairs(pairs)
         return {p: (list(e.ids), list(e.type_ids)) for p, e in zip(pairs, encodings, strict=True)}
 
-    def _collate(self, examples: Sequence[tuple[str, str, int]]) -> PairBatch:
-        rows = [self._ids[(q, d)] for q, d, _ in examples]
+    def _collate(self, examples: Sequence[Example]) -> PairBatch:
+        pairs = [
+            (q, d, label)
+            for q, docs, labels in examples
+            for d, label in zip(docs, labels, strict=True)
+        ]
+        rows = [self._ids[(q, d)] for q, d, _ in pairs]
         T = max(len(ids) for ids, _ in rows)
         ids = torch.full((len(rows), T), self.pad_id, dtype=torch.int64)  # (B, T)
         types = torch.zeros((len(rows), T), dtype=torch.int64)  # (B, T)
@@ -158,8 +218,16 @@ class RerankTask:
             ids[i, : len(row_ids)] = torch.tensor(row_ids)
             types[i, : len(row_types)] = torch.tensor(row_types)
             mask[i, : len(row_ids)] = True
-        labels = torch.tensor([float(label) for _, _, label in examples])
-        return PairBatch(ids, types, mask, labels)
+        labels = torch.tensor([float(label) for _, _, label in pairs])
+        groups = None
+        if self.listwise:
+            width = max(len(docs) for _, docs, _ in examples)
+            groups = torch.full((len(examples), width), -1, dtype=torch.int64)  # (G, S)
+            at = 0
+            for g, (_, docs, _) in enumerate(examples):
+                groups[g, : len(docs)] = torch.arange(at, at + len(docs))
+                at += len(docs)
+        return PairBatch(ids, types, mask, labels, groups)
 
     # -- what the trainer asks ---------------------------------------------------------------
 
@@ -170,7 +238,10 @@ class RerankTask:
         return self._collate([self.train_examples[i] for i in indices])
 
     def loss_sum(self, logits: Tensor, batch: PairBatch) -> Tensor:
-        """Binary cross-entropy summed over the batch, positives weighed by ``pos_weight``."""
+        """Summed over the batch's examples: binary cross-entropy with positives weighed by
+        ``pos_weight`` (bce), or each row's softmax cross-entropy (listwise)."""
+        if batch.groups is not None:
+            return listwise_loss_sum(logits, batch.groups)
         weight = torch.tensor(self.pos_weight, device=logits.device)
         return F.binary_cross_entropy_with_logits(
             logits.float(), batch.labels, pos_weight=weight, reduction="sum"
@@ -199,6 +270,7 @@ class RerankTask:
             dict(zip(data.corpus_ids, data.corpus_texts, strict=True)),
             lambda pairs: cross.predict(pairs, activation="identity"),
             self.config.rerank_top,
+            fusion=self.config.rerank_fusion,
         )
         return mean_measures(evaluate_run(run, data.qrels, self.metrics))
 
@@ -225,8 +297,12 @@ class RerankTask:
             with precision.autocast():
                 logits = model(batch).float()
             total += self.loss_sum(logits, batch).item()
-            right += int(((logits > 0).float() == batch.labels).sum())
-            count += len(batch.labels)
+            if batch.groups is None:  # each pair on the right side of 0
+                right += int(((logits > 0).float() == batch.labels).sum())
+                count += len(batch.labels)
+            else:  # each row's positive above its negatives
+                right += int((group_scores(logits, batch.groups).argmax(dim=1) == 0).sum())
+                count += len(batch.groups)
         model.train(was_training)
         return {"loss": total / max(count, 1), "accuracy": right / max(count, 1)}
 
@@ -277,12 +353,14 @@ class RerankTask:
         self._write(weights, run_dir / "model")
 
     def describe(self) -> dict:
-        positives = sum(1 for _, _, label in self.train_examples if label == 1)
+        labels = [label for _, _, row_labels in self.train_examples for label in row_labels]
         return {
             "task": self.name,
+            "loss": self.config.rerank_loss,
             "train_file": self.config.train_file,
-            "train_pairs": len(self.train_examples),
-            "positives": positives,
+            "train_examples": len(self.train_examples),
+            "train_pairs": len(labels),
+            "positives": sum(labels),
             "pos_weight": self.pos_weight,
             "model": str(self.files.path),
             "max_length": self.tokenizer.max_length,
