@@ -286,3 +286,41 @@ def test_cli_encode_writes_sparse_jsonl(splade, tmp_path, capsys):
     assert main(["encode", "--model", str(splade), "--dimensions", "4", "x"]) == 2
     error = capsys.readouterr().err
     assert "--dimensions is for dense embeddings" in error and "Traceback" not in error
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("activation", ["relu", "log1p_relu"])
+def test_max_pooling_of_the_logits_equals_the_max_of_the_weights_to_the_bit(dtype, activation):
+    """Max pooling reduces the raw logits and activates the (B, V) result; the definition
+    activates every token's logits, then takes the max. relu and log1p never decrease, so the
+    two agree to the bit: for every chunk size (texts split across chunks), an empty text in
+    the middle, and bfloat16 logits."""
+    from clearformer.heads.splade import SpladeConfig, splade_pool
+
+    torch.manual_seed(0)
+    lengths = [5, 0, 9, 1, 13]
+    rows = torch.randn(sum(lengths), 16)  # (N, D) packed
+    table = torch.randn(300, 16)  # (V, D)
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+
+    logits = (rows @ table.T).to(dtype)  # (N, V), computed once: a chunk's product may round
+    row_bytes = rows.stride(0) * rows.element_size()  # differently from the whole's
+
+    def head(chunk):  # the chunk's rows of the logits
+        start = (chunk.data_ptr() - rows.data_ptr()) // row_bytes
+        return logits[start : start + len(chunk)]  # (n, V)
+
+    weights = logits.float().relu().log1p()  # the definition, token by token
+    if activation == "log1p_relu":
+        weights = weights.log1p()
+    expected = torch.zeros(len(lengths), 300)
+    for b in range(len(lengths)):
+        if lengths[b]:
+            expected[b] = weights[cu_seqlens[b] : cu_seqlens[b + 1]].amax(dim=0)
+    config = SpladeConfig(pooling="max", activation=activation)
+    for chunk_tokens in (1, 4, 7, 256):
+        got = splade_pool(rows, cu_seqlens, head, config, 300, chunk_tokens=chunk_tokens)
+        assert got.dtype == torch.float32
+        assert torch.equal(got, expected), chunk_tokens
+    assert torch.equal(got[1], torch.zeros(300))  # the empty text
+    assert int((got > 0).sum()) > 0  # the test sees non-zero weights, not zeros everywhere

@@ -14,11 +14,17 @@ at once and freed, so the peak is ``chunk_tokens x V`` plus the result, whatever
 sentence-transformers' ``SpladePooling`` is the reference: the same formula, on the padded
 logits with padded positions multiplied by zero (which max and sum then ignore, since every
 weight is at least zero).
+
+Why max pools the logits: relu and log1p never decrease, so the largest weight of a text is
+the weight of its largest logit, to the bit. Max pooling therefore reduces the raw logits
+(in the head's dtype) per text and applies the activation to the (B, V) result only, instead
+of to every token's V logits; sum pooling must activate each token's logits first.
 """
 
 from __future__ import annotations
 
 import bisect
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +46,9 @@ SPLADE_ACTIVATIONS = ("relu", "log1p_relu")  # sentence-transformers' names
 # Tokens whose logits exist at once: 256 x 30,522 float32 is 31 MB, small beside a BERT-base
 # batch's activations, and large enough that each chunk's matrix product runs at full speed.
 DEFAULT_CHUNK_TOKENS = 256
+# index_reduce_ (the scatter-max below) warns once that its API is in beta; the call here uses
+# its stable form (dim, index, source, "amax"), so the one message it would print is dropped.
+warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta", category=UserWarning)
 
 
 @dataclass(frozen=True)
@@ -82,27 +91,48 @@ def splade_pool(
         (B, V) float32 weights, zero for a text without tokens.
     """
     check_positive_int(chunk_tokens, "chunk_tokens")
+    if config.pooling == "max":
+        return _max_pool(rows, cu_seqlens, logits, config, width, chunk_tokens)
     bounds = cu_seqlens.tolist()
     B, N = len(bounds) - 1, rows.shape[0]
-    # Zero, not -inf, to start a max: every weight is at least zero, and a text without
-    # tokens then pools to zeros, as sentence-transformers' masked rows do.
     out = torch.zeros(B, width, device=rows.device)  # (B, V) float32
     for start in range(0, N, chunk_tokens):
         end = min(start + chunk_tokens, N)
-        weights = logits(rows[start:end]).float().relu_().log1p_()  # (n, V)
-        if config.activation == "log1p_relu":
-            weights.log1p_()
-        # Each text's tokens that fall in this chunk, reduced into its row.
+        weights = _activated(logits(rows[start:end]).float(), config)  # (n, V)
+        # Each text's tokens that fall in this chunk, summed into its row.
         for b in _texts_in(bounds, start, end):
             lo, hi = max(bounds[b], start) - start, min(bounds[b + 1], end) - start
-            if lo >= hi:
-                continue  # a text without tokens
-            part = weights[lo:hi]  # (tokens of text b in the chunk, V)
-            if config.pooling == "max":
-                torch.maximum(out[b], part.amax(dim=0), out=out[b])
-            else:
-                out[b] += part.sum(dim=0)
+            if lo < hi:  # else a text without tokens
+                out[b] += weights[lo:hi].sum(dim=0)
     return out
+
+
+def _max_pool(rows, cu_seqlens, logits, config, width, chunk_tokens) -> Tensor:
+    """Max pooling: each text's largest logit per entry, then the activation on (B, V)."""
+    B, N = len(cu_seqlens) - 1, rows.shape[0]
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]  # (B,)
+    text_of = torch.repeat_interleave(
+        torch.arange(B, device=rows.device), lengths.to(rows.device).long()
+    )  # (N,): the text each packed row belongs to
+    peak = None  # (B, V) in the logits' dtype
+    for start in range(0, N, chunk_tokens):
+        end = min(start + chunk_tokens, N)
+        chunk = logits(rows[start:end])  # (n, V)
+        if peak is None:
+            # -inf: a text without tokens keeps it, and relu turns it into zero weights.
+            peak = torch.full((B, width), float("-inf"), dtype=chunk.dtype, device=rows.device)
+        peak.index_reduce_(0, text_of[start:end], chunk, "amax")  # scatter-max by text
+    if peak is None:  # no tokens at all
+        return torch.zeros(B, width, device=rows.device)
+    return _activated(peak.float(), config)  # (B, V) float32
+
+
+def _activated(logits: Tensor, config: SpladeConfig) -> Tensor:
+    """log1p(relu(z)), and log1p once more for ``"log1p_relu"``; in place on ``logits``."""
+    weights = logits.relu_().log1p_()
+    if config.activation == "log1p_relu":
+        weights.log1p_()
+    return weights
 
 
 def _texts_in(bounds: list[int], start: int, end: int) -> range:
