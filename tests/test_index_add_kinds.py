@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from clearformer import TextEncoder
@@ -23,6 +24,8 @@ from clearformer.index import (
     layout,
     open_kind_index,
 )
+from clearformer.index.multivector_index import ENCODINGS, TOKEN_INDPTR, TOKENS
+from clearformer.index.sparse_index import POSTINGS_INDPTR, POSTINGS_ROWS, POSTINGS_WEIGHTS
 
 from .add_kinds_helpers import (
     IDS,
@@ -42,6 +45,10 @@ pytest.importorskip("usearch")
 pytest.importorskip("bm25s")
 
 ROOT = Path(__file__).resolve().parents[1]
+FILES = {
+    "sparse": (POSTINGS_INDPTR, POSTINGS_ROWS, POSTINGS_WEIGHTS),
+    "multivector": (TOKENS, TOKEN_INDPTR, ENCODINGS),
+}
 
 
 class Killed(BaseException):
@@ -69,6 +76,10 @@ def folders(tmp_path_factory, dense):
 
 def test_an_add_gives_each_kind_what_a_build_of_all_the_texts_gives(folders, dense):
     assert_same_results(results(folders["added"], dense), results(folders["whole"], dense))
+    for kind, files in FILES.items():
+        added, whole = (open_kind_index(folders[f], kind).folder for f in ("added", "whole"))
+        for name in files:
+            np.testing.assert_allclose(np.load(added / name), np.load(whole / name), atol=1e-6)
     _, added = collection.open_texts(folders["added"])
     _, whole = collection.open_texts(folders["whole"])
     assert (added["rows"], added["content"]) == (whole["rows"], whole["content"])
