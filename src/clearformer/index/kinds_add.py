@@ -53,6 +53,7 @@ from .collection import (
     is_collection,
     kinds_present,
     open_texts,
+    remove_stale_texts,
 )
 from .identity import ModelIdentity, ModelMismatchError
 from .kind_extend import StagedKind, check_engine, read_state, stage_kind
@@ -171,6 +172,8 @@ def add_to_kinds(
             )  # fmt: skip
         if new_texts:  # step 3: the store holds the new rows; every kind still opens
             extend_texts(root, record, all_ids, all_texts)
+        else:  # a stopped add finished: what it left in the store's folder goes
+            remove_stale_texts(root, record)
         for each in staged:  # step 4
             each.commit()
     kinds = {kind: (states[kind].rows,) * 2 for kind in present}
