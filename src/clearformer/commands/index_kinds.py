@@ -1,5 +1,6 @@
 """``clearformer index build --kind KIND``: one kind (dense, sparse, multivector, bm25) of a
-folder of kinds over one corpus (``clearformer.index.collection``).
+folder of kinds over one corpus (``clearformer.index.collection``); ``index info`` and
+``index add`` of such a folder (the add: :mod:`.index_kinds_add`).
 
 Every check comes before any encoding: the kind's options, the destination, the corpus
 against the texts the folder already holds, and the model's kind (a sparse model for a dense
@@ -54,6 +55,31 @@ def register(sub: argparse._SubParsersAction) -> None:
         return run_kind_info(args) if is_collection(Path(args.index)) else dense_info(args)
 
     info.set_defaults(func=describe)
+    _register_add(actions.choices["add"])
+
+
+def _register_add(add: argparse.ArgumentParser) -> None:
+    """Send ``index add`` on a folder of kinds to ``index_kinds_add``, with its model flags."""
+    from .index_kinds_add import add_kind_model_arguments
+
+    add_kind_model_arguments(add)
+    add.description += (
+        " On a folder of kinds, the texts go to its texts store and to every kind it holds, "
+        "each encoded by its own model (--model, --sparse-model, --multivector-model; by "
+        "default the one it records; bm25 needs none)."
+    )
+    dense_add = add.get_default("func")
+
+    def run(args: argparse.Namespace) -> int:
+        from ..index.collection import is_collection
+        from .index_kinds_add import refuse_kind_model_flags, run_kind_add
+
+        if is_collection(Path(args.index)):
+            return run_kind_add(args)
+        refuse_kind_model_flags(args)
+        return dense_add(args)
+
+    add.set_defaults(func=run)
 
 
 def run_kind_info(args: argparse.Namespace) -> int:
@@ -67,7 +93,7 @@ def run_kind_info(args: argparse.Namespace) -> int:
     for kind in kinds_present(path):
         index = open_kind_index(path, kind)
         model = "no model" if index.identity is None else index.identity.describe()
-        print(f"{kind:<11} {index.generation}, {model}")
+        print(f"{kind:<11} {index.generation}, {index.rows:,} rows, {model}")
     return 0
 
 

@@ -195,7 +195,7 @@ def run_kind_search(args: argparse.Namespace, path: Path) -> int:
 def _model(args: argparse.Namespace, path: Path, kind: str):
     """The query model of ``kind``: its flag, else the model the sub-index records."""
     from ..cli import CliError
-    from .kind_models import load_model
+    from .kind_models import check_model_kind, load_model
 
     if kind == "dense":
         from ..index.collection import is_collection
@@ -213,6 +213,7 @@ def _model(args: argparse.Namespace, path: Path, kind: str):
             )
     elif not Path(given).is_dir():
         raise CliError(f"{flag} {given}: no such directory")
+    check_model_kind(kind, given, flag)  # a model of another kind: refused naming this flag
     return load_model(kind, given)
 
 

@@ -4,7 +4,8 @@ over processes.
 * :mod:`.vector_index` -- :class:`VectorIndex`: an index directory, opened for search, with
   its model's identity, texts and ids beside the vectors;
 * :mod:`.build` -- the dense index's :func:`build_index` and :func:`add_to_index`: crash-safe
-  writes, resumable, and exactly-once adds (``build_index`` here also takes ``kind=``);
+  writes, resumable, and exactly-once adds (``build_index`` here also takes ``kind=``, and
+  ``add_to_index`` a folder of kinds);
 * :mod:`.options` -- :class:`IndexOptions`: storage (float32, int8, binary), Matryoshka
   dimensions, graph or exact search;
 * :mod:`.engine` -- the embedded vector library (usearch's HNSW) behind a few functions;
@@ -17,9 +18,11 @@ over processes.
   (:class:`IndexDamagedError` naming the file);
 * :mod:`.hybrid` -- several kinds over one corpus (:mod:`.collection`: one texts store, a
   sub-index per kind): ``build_index(..., kind=)`` and :class:`HybridIndex`, searched per kind
-  or fused (:mod:`.fusion`); the kinds: :mod:`.sparse_index` (an exact inverted index),
-  :mod:`.bm25_index` (bm25s), :mod:`.multivector_index` (:mod:`.muvera` candidates in usearch,
-  exact MaxSim); models loaded by :func:`.kinds.load_model`.
+  or fused (:mod:`.fusion`); :func:`add_to_kinds` (:mod:`.kinds_add`) appends texts to the
+  store and every kind (:mod:`.kind_extend`), crash-safe and exactly once; the kinds:
+  :mod:`.sparse_index` (an exact inverted index), :mod:`.bm25_index` (bm25s),
+  :mod:`.multivector_index` (:mod:`.muvera` candidates in usearch, exact MaxSim); models
+  loaded by :func:`.kinds.load_model`.
 
 Sharded encoding (``torchrun``, Ray, Spark), which uses the chunk store, has a package of its
 own: :mod:`clearformer.sharded`.
@@ -31,11 +34,11 @@ The engine (usearch) is an optional extra: ``pip install 'clearformer[index]'``.
 from __future__ import annotations
 
 from .bm25_index import BM25Index, BM25Options
-from .build import add_to_index
-from .collection import KindNotFoundError
+from .collection import KindNotFoundError, KindsDisagreeError
 from .fusion import Fusion
 from .hybrid import HybridIndex, build_index, open_kind_index
 from .identity import ModelIdentity, ModelMismatchError
+from .kinds_add import KindsAdded, add_to_index, add_to_kinds
 from .layout import IndexDamagedError
 from .multivector_index import MultiVectorIndex, MultiVectorOptions
 from .muvera import Muvera, MuveraConfig
@@ -55,6 +58,8 @@ __all__ = [
     "Hit",
     "HybridIndex",
     "KindNotFoundError",
+    "KindsAdded",
+    "KindsDisagreeError",
     "MultiVectorIndex",
     "MultiVectorOptions",
     "Muvera",
@@ -69,6 +74,7 @@ __all__ = [
     "ModelMismatchError",
     "VectorIndex",
     "add_to_index",
+    "add_to_kinds",
     "build_index",
     "open_kind_index",
 ]

@@ -57,13 +57,7 @@ def tokenize(texts: list[str], options: BM25Options):
 
 
 def build_bm25(root: Path, texts: list[str], ids: list[str], options: BM25Options) -> BM25Index:
-    bm25s = _bm25s()
-
-    def write_files(folder: Path, _rows: None) -> None:
-        retriever = bm25s.BM25(k1=options.k1, b=options.b, method=options.method)
-        retriever.index(tokenize(texts, options), show_progress=False)
-        retriever.save(str(folder))
-
+    _bm25s()  # a missing bm25s fails now, before the texts store is written
     write_kind(
         root,
         "bm25",
@@ -71,12 +65,21 @@ def build_bm25(root: Path, texts: list[str], ids: list[str], options: BM25Option
         ids,
         model=None,
         options=options.to_dict(),
-        write_files=write_files,
+        write_files=lambda folder, _rows: write_bm25_files(folder, texts, options),
         reader=BM25Index,
         encode=None,
         chunk_rows=max(len(texts), 1),
     )
     return BM25Index.open(root)
+
+
+def write_bm25_files(folder: Path, texts: list[str], options: BM25Options) -> None:
+    """bm25s's files for ``texts``, every one of them. An add indexes all the texts again: a
+    BM25 score depends on the corpus (each term's document frequency, the mean length), and
+    bm25s has no append, so only an index of them all scores as a build of them all does."""
+    retriever = _bm25s().BM25(k1=options.k1, b=options.b, method=options.method)
+    retriever.index(tokenize(texts, options), show_progress=False)
+    retriever.save(str(folder))
 
 
 class BM25Index(KindIndex):

@@ -8,7 +8,9 @@ directory's lock).
    graph loaded and extended, so an add costs the new vectors, not the whole index);
 4. replace ``CURRENT`` (the commit), then remove what no kept generation uses (:mod:`.layout`).
 
-Reading is :mod:`.vector_index`.
+:func:`stage_add` stops before step 4 and leaves the commit to its caller: a folder of kinds
+commits its dense add together with its other kinds (:mod:`.kinds_add`). Reading is
+:mod:`.vector_index`.
 """
 
 from __future__ import annotations
@@ -108,6 +110,58 @@ class _Hooks:
     graph_progress: ProgressFn | None = None
 
 
+def stage_add(
+    path: str | os.PathLike,
+    texts: Sequence[str],
+    encoder,
+    *,
+    ids: Sequence[str],
+    source: dict[str, Any] | None = None,
+    on_chunk: ChunkCallback | None = None,
+    graph_progress: ProgressFn | None = None,
+    **encode_options: Any,
+) -> StagedWrite | None:
+    """An add to the dense index at ``path`` (as :func:`add_to_index`) written up to its
+    commit: its generation is whole but not current until :meth:`StagedWrite.commit`. None
+    when the index already holds these texts. The caller holds ``path``'s writer lock: an
+    add that commits with other indexes (a folder of kinds, :mod:`.kinds_add`) decides when."""
+    root = Path(path)
+    base = VectorIndex.open(root)
+    hooks = _Hooks(on_chunk, graph_progress)
+    plan = _plan(root, texts, encoder, ids, base.options, base)
+    staged = _stage(root, plan, encoder, base.options, base, source, hooks, encode_options)
+    return None if isinstance(staged, VectorIndex) else staged
+
+
+@dataclass(frozen=True)
+class StagedWrite:
+    """A build or add written into a generation that is not current yet."""
+
+    root: Path
+    generation: str
+    job_key: str  # its chunks, in staging/, removed once it is committed
+
+    def commit(self) -> None:
+        """Replace ``CURRENT`` (the commit), then remove what no kept generation uses."""
+        layout.commit(self.root, self.generation)
+        log.info("committed %s of %s", self.generation, self.root)
+        layout.remove_stale(self.root)
+        shutil.rmtree(self.root / "staging" / self.job_key, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A write, checked: its texts and ids, what it holds, the model and the chunks' job."""
+
+    texts: list[str]
+    ids: list[str]
+    content: str
+    identity: ModelIdentity
+    dimensions: int
+    job: dict[str, Any]
+    job_key: str
+
+
 def _write(
     root: Path,
     texts: Sequence[str],
@@ -119,7 +173,24 @@ def _write(
     hooks: _Hooks,
     encode_options: dict[str, Any],
 ) -> VectorIndex:
-    # Every check before any work: nothing is embedded for a write that would be refused.
+    plan = _plan(root, texts, encoder, ids, options, base)
+    with layout.writer_lock(root):
+        staged = _stage(root, plan, encoder, options, base, source, hooks, encode_options)
+        if isinstance(staged, VectorIndex):
+            return staged  # already held: nothing written
+        staged.commit()
+    return VectorIndex.open(root, encoder)
+
+
+def _plan(
+    root: Path,
+    texts: Sequence[str],
+    encoder,
+    ids: Sequence[str] | None,
+    options: IndexOptions,
+    base: VectorIndex | None,
+) -> _Plan:
+    """Every check before any work: nothing is embedded for a write that would be refused."""
     texts = _check_texts(texts)
     # What a write holds, for exactly-once adds: the texts, and the ids when the caller named
     # them (default ids are row numbers, which differ from one add to the next).
@@ -148,69 +219,76 @@ def _write(
         "precision": "float32",
         "chunk_rows": options.chunk_rows,
     }
-    job_key = _sha256_json(job)[:16]
+    return _Plan(texts, ids, content, identity, dimensions, job, _sha256_json(job)[:16])
 
-    with layout.writer_lock(root):
-        current, committed = _committed(root, building=base is None)
-        if (
-            base is not None
-            and committed is not None
-            and committed["generation"] != base.generation
-        ):
-            base = VectorIndex.open(root)  # another add committed since we looked: add to it
-            committed = base.meta
-        if committed is not None and _already_holds(committed, content, options, identity, base):
-            held = _whole(root)
-            if held is not None:
-                log.info("%s already holds these texts (%s): nothing to do", root, current)
-                layout.remove_stale(root)
-                shutil.rmtree(root / "staging" / job_key, ignore_errors=True)
-                return held
-        started = time.perf_counter()
-        store = ChunkStore(root / "staging" / job_key, job)
-        progress = encode_options.pop("progress", None)
-        chunks = chunk_count(len(texts), options.chunk_rows)
-        log.info(
-            "embedding %s texts in %d chunk(s) of up to %s",
-            f"{len(texts):,}",
-            chunks,
-            f"{options.chunk_rows:,}",
-        )
-        encoded, reused = embed_chunks(
-            lambda chunk, start: encoder.encode(
-                chunk,
-                normalize=True,
-                progress=chunk_progress(progress, start, len(texts)),
-                **encode_options,
-            ),
-            texts,
-            store,
-            options.chunk_rows,
-            on_chunk=hooks.on_chunk,
-        )
-        log.info(
-            "embedded %s texts (%d chunk(s) encoded, %d reused) in %.1fs",
-            f"{len(texts):,}",
-            encoded,
-            reused,
-            time.perf_counter() - started,
-        )
-        # (n, d) unit rows, a chunk at a time: the full-width vectors are never all in memory
-        vectors = np.concatenate(
-            [truncate(store.read(i, mmap=True), dimensions) for i in range(encoded + reused)]
-        )
-        ranges = None if base is None else base.ranges
-        if options.storage == "int8" and ranges is None:
-            ranges = int8_ranges(vectors)
-        segment = _write_segment(root, vectors, texts, ids, options, ranges, content, source)
-        generation = _write_generation(
-            root, base, identity, options, dimensions, ranges, segment, current, hooks
-        )
-        layout.commit(root, generation)
-        log.info("committed %s of %s", generation, root)
-        layout.remove_stale(root)
-        shutil.rmtree(root / "staging" / job_key, ignore_errors=True)
-    return VectorIndex.open(root, encoder)
+
+def _stage(
+    root: Path,
+    plan: _Plan,
+    encoder,
+    options: IndexOptions,
+    base: VectorIndex | None,
+    source: dict[str, Any] | None,
+    hooks: _Hooks,
+    encode_options: dict[str, Any],
+) -> StagedWrite | VectorIndex:
+    """Embed, write the segment and the generation (not current yet); with ``root``'s writer
+    lock held. The committed index instead when it already holds these texts."""
+    texts, ids, dimensions = plan.texts, plan.ids, plan.dimensions
+    current, committed = _committed(root, building=base is None)
+    if base is not None and committed is not None and committed["generation"] != base.generation:
+        base = VectorIndex.open(root)  # another add committed since we looked: add to it
+        committed = base.meta
+    if committed is not None and _already_holds(
+        committed, plan.content, options, plan.identity, base
+    ):
+        held = _whole(root)
+        if held is not None:
+            log.info("%s already holds these texts (%s): nothing to do", root, current)
+            layout.remove_stale(root)
+            shutil.rmtree(root / "staging" / plan.job_key, ignore_errors=True)
+            return held
+    started = time.perf_counter()
+    store = ChunkStore(root / "staging" / plan.job_key, plan.job)
+    progress = encode_options.pop("progress", None)
+    chunks = chunk_count(len(texts), options.chunk_rows)
+    log.info(
+        "embedding %s texts in %d chunk(s) of up to %s",
+        f"{len(texts):,}",
+        chunks,
+        f"{options.chunk_rows:,}",
+    )
+    encoded, reused = embed_chunks(
+        lambda chunk, start: encoder.encode(
+            chunk,
+            normalize=True,
+            progress=chunk_progress(progress, start, len(texts)),
+            **encode_options,
+        ),
+        texts,
+        store,
+        options.chunk_rows,
+        on_chunk=hooks.on_chunk,
+    )
+    log.info(
+        "embedded %s texts (%d chunk(s) encoded, %d reused) in %.1fs",
+        f"{len(texts):,}",
+        encoded,
+        reused,
+        time.perf_counter() - started,
+    )
+    # (n, d) unit rows, a chunk at a time: the full-width vectors are never all in memory
+    vectors = np.concatenate(
+        [truncate(store.read(i, mmap=True), dimensions) for i in range(encoded + reused)]
+    )
+    ranges = None if base is None else base.ranges
+    if options.storage == "int8" and ranges is None:
+        ranges = int8_ranges(vectors)
+    segment = _write_segment(root, vectors, texts, ids, options, ranges, plan.content, source)
+    generation = _write_generation(
+        root, base, plan.identity, options, dimensions, ranges, segment, current, hooks
+    )
+    return StagedWrite(root, generation, plan.job_key)
 
 
 def _committed(root: Path, building: bool) -> tuple[str | None, dict | None]:

@@ -3,7 +3,9 @@
 ::
 
     INDEX/
-      texts/texts.sqlite, texts.json    the corpus (rows, ids, texts), written once
+      texts/texts.json                  the corpus's record: rows, content hash, its database
+      texts/texts.sqlite                the corpus (rows, ids, texts) as the first build wrote it;
+                                        an add writes texts-<content>.sqlite beside it
       dense/                            a dense index (:mod:`.layout`: CURRENT, generations, ...)
       sparse/ multivector/ bm25/        CURRENT, generations/gen-N/ (meta.json and the
                                         engine's files), staging/<job>/ (chunks), .lock
@@ -16,6 +18,12 @@ index's crash safety: its files are written into a new generation directory unde
 temporary name, and the kind becomes visible only when its ``CURRENT`` is replaced; a killed
 build leaves the previous generation current and resumes from its committed chunks.
 
+An add (:mod:`.kinds_add`) only appends: it writes a new database (a copy of the current one
+with the new rows) and then replaces ``texts.json``, which names it and keeps each earlier
+state's rows and content hash (``prefixes``). Rows never change once written, so a kind
+committed at an earlier state reads its rows from the newer database; the database the
+previous record named is kept for readers that opened it before the replace.
+
 The dense kind is a whole :class:`~.vector_index.VectorIndex` in ``dense/`` (which also keeps
 its texts in its segments, as a dense index always does).
 """
@@ -24,13 +32,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from . import integrity, layout
 from .chunks import texts_sha256
-from .texts import TextStore, write_texts
+from .texts import TextStore, append_texts, write_texts
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +47,17 @@ KINDS = ("dense", "sparse", "multivector", "bm25")
 TEXTS_DIR = "texts"
 TEXTS_RECORD = "texts.json"
 KIND_FORMAT = 1  # a sparse / multi-vector / bm25 generation's meta.json format
+# The texts store's databases: the build's texts.sqlite, an add's texts-<content[:16]>.sqlite
+_TEXTS_FILE = re.compile(r"texts(-[0-9a-f]{16})?\.sqlite")
 
 
 class KindNotFoundError(ValueError):
     """The index holds no sub-index of the kind a search or an option names."""
+
+
+class KindsDisagreeError(ValueError):
+    """The kinds of a folder hold different rows: an add stopped between two kinds' commits
+    (the same add again finishes it)."""
 
 
 def content_hash(texts: list[str], ids: list[str]) -> str:
@@ -124,8 +140,75 @@ def open_texts(root: Path) -> tuple[TextStore, dict[str, Any]]:
     """The collection's texts, checked (:class:`~.layout.IndexDamagedError` naming the file)."""
     folder = root / TEXTS_DIR
     record = _read_texts_record(folder)
-    integrity.check_texts(folder / layout.TEXTS, record["rows"], folder / TEXTS_RECORD)
-    return TextStore(folder / layout.TEXTS), record
+    path = folder / texts_file(record)
+    integrity.check_texts(path, record["rows"], folder / TEXTS_RECORD)
+    return TextStore(path), record
+
+
+def texts_file(record: dict[str, Any]) -> str:
+    """The database a texts record names (a store no add has written: ``texts.sqlite``)."""
+    return record.get("file", layout.TEXTS)
+
+
+def holds_state(record: dict[str, Any], rows: int, content: str | None) -> bool:
+    """Whether the store's first ``rows`` rows are the texts of hash ``content``: its current
+    state, or one it had before an add (an add only appends, so that state is a prefix)."""
+    states = [record, *record.get("prefixes", [])]
+    return any(state["rows"] == rows and state["content"] == content for state in states)
+
+
+def extend_texts(root: Path, record: dict[str, Any], ids: list[str], texts: list[str]) -> dict:
+    """Make the store hold ``texts`` and ``ids`` (its own rows first, then the new ones); its
+    new record. The caller holds ``root``'s writer lock.
+
+    The new rows go into a copy of the database under a temporary name, renamed to its
+    content's name; the store holds them once :func:`commit_texts` replaces ``texts.json``.
+    Killed before that, the store is as it was (the orphan file is removed by the next add)."""
+    folder = root / TEXTS_DIR
+    first = record["rows"]
+    content = content_hash(texts, ids)
+    name = f"texts-{content[:16]}.sqlite"
+    temporary = folder / f".{name}.tmp-{os.getpid()}"
+    temporary.unlink(missing_ok=True)
+    try:
+        append_texts(folder / texts_file(record), temporary, first, ids[first:], texts[first:])
+        os.replace(temporary, folder / name)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    layout.fsync_directory(folder)
+    prefixes = [*record.get("prefixes", []), {"rows": first, "content": record["content"]}]
+    new = {
+        "rows": len(texts),
+        "content": content,
+        "file": name,
+        "previous_file": texts_file(record),
+        "prefixes": prefixes,
+    }
+    commit_texts(root, new)
+    log.info("the texts store of %s holds %s rows (%s added)", root, f"{len(texts):,}",
+             f"{len(texts) - first:,}")  # fmt: skip
+    remove_stale_texts(root, new)
+    return new
+
+
+def commit_texts(root: Path, record: dict[str, Any]) -> None:
+    """Replace ``texts.json`` (atomically): the texts store's commit."""
+    folder = root / TEXTS_DIR
+    layout.write_json(folder / TEXTS_RECORD, record)
+    layout.fsync_directory(folder)
+
+
+def remove_stale_texts(root: Path, record: dict[str, Any]) -> None:
+    """Remove the databases ``record`` names neither as its own nor as the previous one, and
+    what killed writers left. Call with ``root``'s writer lock held."""
+    folder = root / TEXTS_DIR
+    keep = {texts_file(record), record.get("previous_file")}
+    for path in folder.iterdir():
+        stale = _TEXTS_FILE.fullmatch(path.name) is not None and path.name not in keep
+        leftover = path.name.startswith(".") and ".tmp" in path.name
+        if stale or leftover:
+            path.unlink(missing_ok=True)
 
 
 def _read_texts_record(folder: Path) -> dict[str, Any]:
@@ -142,6 +225,16 @@ def _read_texts_record(folder: Path) -> dict[str, Any]:
         or not isinstance(record.get("content"), str)
     ):
         raise layout.IndexDamagedError(path, "does not hold {rows, content}")
+    for key in ("file", "previous_file"):
+        name = record.get(key, layout.TEXTS)
+        if not isinstance(name, str) or not _TEXTS_FILE.fullmatch(name):
+            raise layout.IndexDamagedError(path, f"names {key} {name!r:.60}, not a texts database")
+    prefixes = record.get("prefixes", [])
+    if not isinstance(prefixes, list) or not all(
+        isinstance(p, dict) and isinstance(p.get("rows"), int) and isinstance(p.get("content"), str)
+        for p in prefixes
+    ):
+        raise layout.IndexDamagedError(path, "holds prefixes that are not {rows, content} records")
     return record
 
 

@@ -24,9 +24,11 @@ from .build import build_index as build_dense_index
 from .collection import (
     KINDS,
     KindNotFoundError,
+    KindsDisagreeError,
     ensure_texts,
     is_collection,
     kinds_present,
+    open_texts,
     require_kind,
 )
 from .fusion import Fusion
@@ -178,6 +180,7 @@ class HybridIndex:
         indexes = {
             kind: open_kind_index(root, kind, by_kind.get(kind)) for kind in (kinds or present)
         }
+        _check_same_rows(root, indexes)
         return cls(root, indexes)
 
     @property
@@ -248,6 +251,21 @@ class HybridIndex:
                 f"mode: index {self.root} holds no {kind} index (it holds {holds})"
             )
         return self.indexes[kind]
+
+
+def _check_same_rows(root: Path, indexes: Mapping[str, Any]) -> None:
+    """KindsDisagreeError (one line, each kind's rows) unless the kinds hold the same rows:
+    fused, a text one kind lacks would only rank lower, so results would be silently wrong.
+    Only an add stopped between two kinds' commits leaves a folder so (:mod:`.kinds_add`)."""
+    rows = {kind: index.rows for kind, index in indexes.items()}
+    if len(set(rows.values())) <= 1:
+        return
+    held = ", ".join(f"{kind} {count:,}" for kind, count in rows.items())
+    store = f"; its texts store {open_texts(root)[1]['rows']:,}" if is_collection(root) else ""
+    raise KindsDisagreeError(
+        f"{root}: its kinds hold different rows ({held}{store}): an add stopped part-way; "
+        "run the same `clearformer index add` again to finish it"
+    )
 
 
 def _assign(models: Sequence[Any], present: Sequence[str]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from . import layout
-from .collection import open_texts
+from .collection import holds_state, open_texts
 from .identity import ModelIdentity
 from .kind_store import open_kind
 from .kinds import encoder_for, identity_of
@@ -28,7 +28,9 @@ class KindIndex:
         self.generation: str = self.meta["generation"]
         self.rows: int = self.meta["rows"]
         self.texts, record = open_texts(root)
-        if record["content"] != self.meta.get("texts") or record["rows"] != self.rows:
+        # The store's current rows, or the first rows of it (a kind an add has not reached
+        # yet reads its rows, unchanged, from the store the add extended).
+        if not holds_state(record, self.rows, self.meta.get("texts")):
             raise layout.IndexDamagedError(
                 self.folder / layout.META,
                 f"records texts {str(self.meta.get('texts'))[:12]} of {self.rows} rows, but "

@@ -65,7 +65,7 @@ def write_kind(
         "options": options,
         "chunk_rows": chunk_rows,
     }
-    job_key = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
+    job_key = _job_key(job)
     with layout.writer_lock(sub):
         current = _current_meta(sub)
         if current is not None and _same_build(current[1], job, model):
@@ -81,53 +81,95 @@ def write_kind(
                 log.warning("%s; writing the %s index again", exc, kind)
         rows = None
         if encode is not None:
-            started = time.perf_counter()
-            store = RaggedChunkStore(sub / "staging" / job_key, job)
-            log.info(
-                "encoding %s texts in %d chunk(s) of up to %s",
-                f"{len(texts):,}",
-                chunk_count(len(texts), chunk_rows),
-                f"{chunk_rows:,}",
+            rows = encode_in_chunks(
+                sub / "staging" / job_key, job, texts, encode, chunk_rows, on_chunk, progress
             )
-            encoded, reused = embed_chunks(
-                lambda chunk, start: encode(chunk, chunk_progress(progress, start, len(texts))),
-                texts,
-                store,
-                chunk_rows,
-                on_chunk=on_chunk,
-            )
-            log.info(
-                "encoded %s texts (%d chunk(s) encoded, %d reused) in %.1fs",
-                f"{len(texts):,}",
-                encoded,
-                reused,
-                time.perf_counter() - started,
-            )
-            rows = concatenate([store.read(i) for i in range(encoded + reused)])
-        name = layout.next_generation_name(sub)
-        started = time.perf_counter()
-        with layout.new_directory(layout.generation_dir(sub, name)) as folder:
-            write_files(folder, rows)
-            files = {p.name: integrity.file_record(p) for p in sorted(folder.iterdir())}
-            meta = {
-                "format": KIND_FORMAT,
-                "generation": name,
-                "previous": None if current is None else current[0],
-                "kind": kind,
-                "model": model,
-                "options": options,
-                "rows": len(texts),
-                "texts": content,
-                "files": files,
-                "segments": [],  # layout.remove_stale reads it: no dense segments here
-            }
-            layout.write_json(folder / layout.META, meta)
-        log.info("wrote the %s index in %.1fs", kind, time.perf_counter() - started)
-        layout.commit(sub, name)
-        log.info("committed %s of %s", name, sub)
-        layout.remove_stale(sub)
-        shutil.rmtree(sub / "staging" / job_key, ignore_errors=True)
+        meta = {
+            "kind": kind,
+            "model": model,
+            "options": options,
+            "rows": len(texts),
+            "texts": content,
+        }
+        previous = None if current is None else current[0]
+        name = write_generation(sub, meta, lambda folder: write_files(folder, rows), previous)
+        finish(sub, name, job_key)
     return name
+
+
+def encode_in_chunks(
+    staging: Path,
+    job: dict[str, Any],
+    texts: list[str],
+    encode: EncodeChunk,
+    chunk_rows: int,
+    on_chunk: ChunkDone | None = None,
+    progress: Any = None,
+) -> Ragged:
+    """``texts`` encoded in chunks, each committed to ``staging`` (the job's chunk directory)
+    once: a killed run resumes from them. The rows, concatenated."""
+    started = time.perf_counter()
+    store = RaggedChunkStore(staging, job)
+    log.info(
+        "encoding %s texts in %d chunk(s) of up to %s",
+        f"{len(texts):,}",
+        chunk_count(len(texts), chunk_rows),
+        f"{chunk_rows:,}",
+    )
+    encoded, reused = embed_chunks(
+        lambda chunk, start: encode(chunk, chunk_progress(progress, start, len(texts))),
+        texts,
+        store,
+        chunk_rows,
+        on_chunk=on_chunk,
+    )
+    log.info(
+        "encoded %s texts (%d chunk(s) encoded, %d reused) in %.1fs",
+        f"{len(texts):,}",
+        encoded,
+        reused,
+        time.perf_counter() - started,
+    )
+    return concatenate([store.read(i) for i in range(encoded + reused)])
+
+
+def write_generation(
+    sub: Path, meta: dict[str, Any], fill: Callable[[Path], None], previous: str | None
+) -> str:
+    """A new generation of ``sub`` after the committed ``previous``: ``fill`` writes the
+    engine's files into a directory under a temporary name, ``meta.json`` records them (with
+    ``meta``: kind, model, options, rows, texts) and the directory is renamed into place. Its
+    name; not current until :func:`finish`. The caller holds ``sub``'s writer lock."""
+    name = layout.next_generation_name(sub)
+    started = time.perf_counter()
+    with layout.new_directory(layout.generation_dir(sub, name)) as folder:
+        fill(folder)
+        files = {p.name: integrity.file_record(p) for p in sorted(folder.iterdir())}
+        record = {
+            "format": KIND_FORMAT,
+            "generation": name,
+            "previous": previous,
+            **meta,
+            "files": files,
+            "segments": [],  # layout.remove_stale reads it: no dense segments here
+        }
+        layout.write_json(folder / layout.META, record)
+    log.info("wrote the %s index in %.1fs", meta["kind"], time.perf_counter() - started)
+    return name
+
+
+def finish(sub: Path, name: str, job_key: str | None) -> None:
+    """Make generation ``name`` of ``sub`` current (the commit), then remove what no kept
+    generation uses and the job's chunks."""
+    layout.commit(sub, name)
+    log.info("committed %s of %s", name, sub)
+    layout.remove_stale(sub)
+    if job_key is not None:
+        shutil.rmtree(sub / "staging" / job_key, ignore_errors=True)
+
+
+def _job_key(job: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _same_build(meta: dict[str, Any], job: dict[str, Any], model: dict | None) -> bool:

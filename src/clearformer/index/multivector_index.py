@@ -23,11 +23,11 @@ import numpy as np
 
 from . import engine, integrity, layout
 from .kind_index import KindIndex
-from .kind_store import write_kind
+from .kind_store import EncodeChunk, write_kind
 from .kinds import encoder_for, identity_of
 from .muvera import Muvera, MuveraConfig
 from .options import ANN_MODES, EXACT_MAX_ROWS
-from .ragged import Ragged, token_rows
+from .ragged import Ragged, concatenate, token_rows
 
 TOKENS = "tokens.npy"  # (total tokens, D) float32: every document's token vectors
 TOKEN_INDPTR = "token_indptr.npy"  # (n + 1,) int64: document i's tokens start here
@@ -99,23 +99,6 @@ def build_multivector(
         ann = "exact" if len(texts) <= EXACT_MAX_ROWS else "hnsw"
     if ann == "hnsw":
         engine.usearch_index_module()  # a missing engine fails now, not after encoding
-
-    def encode(chunk: list[str], chunk_progress: Any) -> Ragged:
-        return token_rows(
-            view.encode_document(chunk, batch_size=batch_size, progress=chunk_progress),
-            identity.width,
-        )
-
-    def write_files(folder: Path, rows: Ragged | None) -> None:
-        np.save(folder / TOKENS, rows.values.astype(np.float32))
-        np.save(folder / TOKEN_INDPTR, rows.indptr.astype(np.int64))
-        encodings = np.ascontiguousarray(muvera.encode_documents(rows), dtype=np.float32)
-        np.save(folder / ENCODINGS, encodings)
-        if ann == "hnsw":
-            graph = engine.new_graph("float32", encodings.shape[1], options)
-            engine.add_to_graph(graph, 0, encodings)
-            engine.save_graph(graph, folder / GRAPH)
-
     write_kind(
         root,
         "multivector",
@@ -123,14 +106,63 @@ def build_multivector(
         ids,
         model=identity.to_dict(),
         options={**options.to_dict(), "ann": ann},
-        write_files=write_files,
+        write_files=lambda folder, rows: write_multivector_files(
+            folder, rows, muvera, ann, options
+        ),
         reader=MultiVectorIndex,
-        encode=encode,
+        encode=multivector_encode(view, identity.width, batch_size),
         chunk_rows=options.chunk_rows,
         on_chunk=on_chunk,
         progress=progress,
     )
     return MultiVectorIndex.open(root, encoder)
+
+
+def multivector_encode(view: Any, width: int, batch_size: int | None) -> EncodeChunk:
+    """A chunk of texts -> their documents' token vectors, by the multi-vector model ``view``."""
+
+    def encode(chunk: list[str], chunk_progress: Any) -> Ragged:
+        return token_rows(
+            view.encode_document(chunk, batch_size=batch_size, progress=chunk_progress), width
+        )
+
+    return encode
+
+
+def write_multivector_files(
+    folder: Path, rows: Ragged, muvera: Muvera, ann: str, options: MultiVectorOptions
+) -> None:
+    """A generation's files for the documents' token ``rows``: the tokens, their offsets, the
+    MUVERA encodings and (``ann`` hnsw) the graph over them."""
+    np.save(folder / TOKENS, rows.values.astype(np.float32))
+    np.save(folder / TOKEN_INDPTR, rows.indptr.astype(np.int64))
+    encodings = np.ascontiguousarray(muvera.encode_documents(rows), dtype=np.float32)
+    np.save(folder / ENCODINGS, encodings)
+    if ann == "hnsw":
+        graph = engine.new_graph("float32", encodings.shape[1], options)
+        engine.add_to_graph(graph, 0, encodings)
+        engine.save_graph(graph, folder / GRAPH)
+
+
+def extend_multivector_files(
+    folder: Path, previous: Path, meta: dict[str, Any], rows: Ragged, width: int
+) -> None:
+    """The files of ``previous`` (a committed generation, its ``meta``) with the documents'
+    token ``rows`` after its own. A document's MUVERA encoding depends on its tokens alone, so
+    only the new rows are encoded, and their encodings are inserted into the previous graph
+    (loaded, as the dense add does): an add costs its own rows, not the index's."""
+    options = MultiVectorOptions(**meta["options"])
+    held = Ragged(np.load(previous / TOKEN_INDPTR), np.load(previous / TOKENS, mmap_mode="r"))
+    both = concatenate([held, rows])
+    np.save(folder / TOKENS, both.values.astype(np.float32))
+    np.save(folder / TOKEN_INDPTR, both.indptr.astype(np.int64))
+    added = Muvera(options.muvera(width)).encode_documents(rows)  # (new rows, F)
+    encodings = np.concatenate([np.load(previous / ENCODINGS), added]).astype(np.float32)
+    np.save(folder / ENCODINGS, encodings)
+    if options.ann == "hnsw":
+        graph = engine.open_graph(previous / GRAPH, view=False)
+        engine.add_to_graph(graph, meta["rows"], np.ascontiguousarray(added, dtype=np.float32))
+        engine.save_graph(graph, folder / GRAPH)
 
 
 class MultiVectorIndex(KindIndex):

@@ -27,9 +27,9 @@ import numpy as np
 
 from . import layout
 from .kind_index import KindIndex, top_k
-from .kind_store import write_kind
+from .kind_store import EncodeChunk, write_kind
 from .kinds import encoder_for, identity_of
-from .ragged import Ragged, sparse_rows
+from .ragged import Ragged, concatenate, sparse_rows
 from .sparse_seismic import FILE as SEISMIC_FILE
 from .sparse_seismic import open_seismic, seismic_candidates, seismic_module, write_seismic
 
@@ -89,6 +89,27 @@ def build_sparse(
         seismic_module()  # a missing engine fails now, not after the encoding
     identity = identity_of(view)
     vocabulary = identity.width
+    write_kind(
+        root,
+        "sparse",
+        texts,
+        ids,
+        model=identity.to_dict(),
+        options={**options.to_dict(), "vocabulary": vocabulary},
+        write_files=lambda folder, rows: write_sparse_files(
+            folder, rows, vocabulary, options.engine
+        ),
+        reader=SparseIndex,
+        encode=sparse_encode(view, vocabulary, batch_size),
+        chunk_rows=options.chunk_rows,
+        on_chunk=on_chunk,
+        progress=progress,
+    )
+    return SparseIndex.open(root, encoder)
+
+
+def sparse_encode(view: Any, vocabulary: int, batch_size: int | None) -> EncodeChunk:
+    """A chunk of texts -> their documents' (term, weight) rows, by the sparse model ``view``."""
 
     def encode(chunk: list[str], chunk_progress: Any) -> Ragged:
         rows = sparse_rows(
@@ -97,32 +118,43 @@ def build_sparse(
         _check_terms(rows, vocabulary, "the encoder")
         return rows
 
-    def write_files(folder: Path, rows: Ragged | None) -> None:
-        indptr, postings, weights = invert(rows, vocabulary)
-        np.save(folder / POSTINGS_INDPTR, indptr)
-        np.save(folder / POSTINGS_ROWS, postings)
-        np.save(folder / POSTINGS_WEIGHTS, weights)
-        if options.engine == "seismic":
-            np.save(folder / DOCUMENT_INDPTR, rows.indptr.astype(np.int64))
-            np.save(folder / DOCUMENT_TERMS, rows.indices.astype(np.int32))
-            np.save(folder / DOCUMENT_WEIGHTS, rows.values.astype(np.float32))
-            write_seismic(folder, rows)
+    return encode
 
-    write_kind(
-        root,
-        "sparse",
-        texts,
-        ids,
-        model=identity.to_dict(),
-        options={**options.to_dict(), "vocabulary": vocabulary},
-        write_files=write_files,
-        reader=SparseIndex,
-        encode=encode,
-        chunk_rows=options.chunk_rows,
-        on_chunk=on_chunk,
-        progress=progress,
-    )
-    return SparseIndex.open(root, encoder)
+
+def write_sparse_files(folder: Path, rows: Ragged, vocabulary: int, engine: str) -> None:
+    """A generation's files for the documents' ``rows``: their posting lists, and with the
+    seismic engine their own rows and Seismic's index."""
+    indptr, postings, weights = invert(rows, vocabulary)
+    np.save(folder / POSTINGS_INDPTR, indptr)
+    np.save(folder / POSTINGS_ROWS, postings)
+    np.save(folder / POSTINGS_WEIGHTS, weights)
+    if engine == "seismic":
+        np.save(folder / DOCUMENT_INDPTR, rows.indptr.astype(np.int64))
+        np.save(folder / DOCUMENT_TERMS, rows.indices.astype(np.int32))
+        np.save(folder / DOCUMENT_WEIGHTS, rows.values.astype(np.float32))
+        write_seismic(folder, rows)
+
+
+def extend_sparse_files(folder: Path, previous: Path, meta: dict[str, Any], rows: Ragged) -> None:
+    """The files of ``previous`` (a committed generation, its ``meta``) with the documents'
+    ``rows`` after its own: every file is written anew from all the rows, as a build of them
+    writes it (a posting list is one run per term, so new rows cannot go at its end)."""
+    vocabulary = meta["options"]["vocabulary"]
+    held = committed_rows(previous, meta["rows"], vocabulary)
+    write_sparse_files(folder, concatenate([held, rows]), vocabulary, meta["options"]["engine"])
+
+
+def committed_rows(folder: Path, rows: int, vocabulary: int) -> Ragged:
+    """A generation's documents as (term, weight) rows, read back from its posting lists (the
+    inverse of :func:`invert`: terms ascending in each row, as the encoder gave them)."""
+    indptr = np.load(folder / POSTINGS_INDPTR)  # (vocab + 1,)
+    owner = np.load(folder / POSTINGS_ROWS)  # (nnz,)
+    weights = np.load(folder / POSTINGS_WEIGHTS)  # (nnz,)
+    terms = np.repeat(np.arange(vocabulary, dtype=np.int32), np.diff(indptr))  # (nnz,)
+    order = np.lexsort((terms, owner))  # by row, then term
+    counts = np.bincount(owner, minlength=rows)  # (rows,)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)  # (rows + 1,)
+    return Ragged(offsets, weights[order], terms[order])
 
 
 def invert(rows: Ragged, vocabulary: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -9,6 +9,7 @@ so no reader takes a lock or sees a journal.
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +30,31 @@ def write_texts(path: Path, ids: Sequence[str], texts: Sequence[str]) -> None:
         for start in range(0, len(texts), _BATCH):
             end = start + _BATCH
             rows = zip(range(start, end), ids[start:end], texts[start:end], strict=False)
+            connection.executemany("INSERT INTO texts VALUES (?, ?, ?)", rows)
+        connection.commit()
+    finally:
+        connection.close()
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def append_texts(
+    source: Path, path: Path, first: int, ids: Sequence[str], texts: Sequence[str]
+) -> None:
+    """A new database at ``path``: a copy of ``source`` (rows 0..first-1) with ``texts`` as
+    rows ``first`` onwards. ``source`` is not changed: its readers open it ``immutable``, so
+    the rows are added to a copy, which the caller renames into place."""
+    if len(ids) != len(texts):
+        raise ValueError(f"ids and texts must be as many, got {len(ids)} and {len(texts)}")
+    shutil.copyfile(source, path)
+    connection = sqlite3.connect(path)
+    try:
+        connection.execute("PRAGMA journal_mode = OFF")  # a new file: nothing to roll back to
+        for start in range(0, len(texts), _BATCH):
+            end = start + _BATCH
+            rows = zip(
+                range(first + start, first + end), ids[start:end], texts[start:end], strict=False
+            )
             connection.executemany("INSERT INTO texts VALUES (?, ?, ?)", rows)
         connection.commit()
     finally:
@@ -68,3 +94,19 @@ class TextStore:
             reason = str(exc).strip() or type(exc).__name__
             raise IndexDamagedError(self.path, f"cannot be read by SQLite ({reason})") from None
         return {row: (ident, text) for row, ident, text in found}
+
+    def all(self, rows: int | None = None) -> tuple[list[str], list[str]]:
+        """(ids, texts) of rows 0 .. ``rows`` - 1 (default: every row), in row order."""
+        limit = -1 if rows is None else int(rows)
+        try:
+            connection = sqlite3.connect(self._uri, uri=True, check_same_thread=False)
+            try:
+                found = connection.execute(
+                    "SELECT id, text FROM texts ORDER BY row LIMIT ?", (limit,)
+                ).fetchall()
+            finally:
+                connection.close()
+        except sqlite3.Error as exc:
+            reason = str(exc).strip() or type(exc).__name__
+            raise IndexDamagedError(self.path, f"cannot be read by SQLite ({reason})") from None
+        return [ident for ident, _ in found], [text for _, text in found]
