@@ -347,3 +347,12 @@ def test_a_wrong_measure_or_a_missing_output_folder_is_refused_before_the_work(t
     assert done.returncode == 2 and "measure must be one of" in done.stderr
     done = cli("eval", "--data", str(beir), "--out", str(tmp_path / "no" / "r.json"))
     assert done.returncode == 2 and "does not exist" in done.stderr
+
+
+def test_rrf_k_outside_a_fusion_or_below_zero_is_refused_in_one_line(tiny, tmp_path):
+    _, beir = tiny
+    done = cli("eval", "--data", str(beir), "--mode", "bm25", "--rrf-k", "10")
+    assert done.returncode == 2
+    assert "--rrf-k applies to --mode hybrid or --rerank-fusion rrf" in done.stderr
+    with pytest.raises(ValueError, match="rrf_k must be an integer >= 0, got -1"):
+        EvalSettings(rrf_k=-1)

@@ -253,7 +253,11 @@ def _mode_settings(args: argparse.Namespace) -> dict:
         for flag in ("kinds", "fusion", "weights", "normalization"):
             if getattr(args, flag) is not None:
                 raise CliError(f"--{flag} applies to --mode hybrid")
-        return {"mode": args.mode}
+        if args.rrf_k != 60 and args.rerank_fusion != "rrf":
+            raise CliError("--rrf-k applies to --mode hybrid or --rerank-fusion rrf")
+        if args.rrf_k < 0:
+            raise CliError(f"--rrf-k must be an integer >= 0, got {args.rrf_k}")
+        return {"mode": args.mode, "rrf_k": args.rrf_k}
     kinds = None
     if args.kinds is not None:
         kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())

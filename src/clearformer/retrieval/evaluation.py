@@ -73,6 +73,8 @@ class EvalSettings:
             )
         if self.rerank_top <= 0:
             raise ValueError(f"rerank_top must be a positive integer, got {self.rerank_top}")
+        if isinstance(self.rrf_k, bool) or not isinstance(self.rrf_k, int) or self.rrf_k < 0:
+            raise ValueError(f"rrf_k must be an integer >= 0, got {self.rrf_k!r}")
         if self.rerank_fusion not in RERANK_FUSIONS:
             raise ValueError(
                 f"rerank_fusion must be one of {RERANK_FUSIONS}, got {self.rerank_fusion!r}"
