@@ -324,3 +324,26 @@ def test_max_pooling_of_the_logits_equals_the_max_of_the_weights_to_the_bit(dtyp
         assert torch.equal(got, expected), chunk_tokens
     assert torch.equal(got[1], torch.zeros(300))  # the empty text
     assert int((got > 0).sum()) > 0  # the test sees non-zero weights, not zeros everywhere
+
+
+@pytest.mark.parametrize(("pooling", "activation"), HEADS[:2])
+def test_weights_reordered_for_onednn_match_sentence_transformers(
+    base, tmp_path, monkeypatch, pooling, activation
+):
+    """Once calls have carried enough tokens, the encoder's weights and the vocabulary table
+    are read in oneDNN's layout (the table's product through the packed projection): the
+    weights still equal sentence-transformers'."""
+    from clearformer import ran
+    from clearformer.fast import reordered_weights
+
+    monkeypatch.setattr(reordered_weights, "REORDER_MIN_TOKENS", 1)  # from the first call on
+    path = splade_dir(base, tmp_path / "splade", pooling=pooling, activation=activation)
+    encoder = SparseEncoder.from_pretrained(path)
+    with ran.watching() as notes:
+        ours = encoder.encode(TEXTS, task="document", batch_size=4)
+    from clearformer.machine import machine
+
+    if torch.float32 in machine().reorder:  # a build whose oneDNN reorders weights
+        assert ("linear", "packed projection") in notes
+    assert encoder.sides["document"]._reordering.kept is not None
+    assert_same_sparse(ours, st_encode(path, TEXTS, "document", batch_size=4))

@@ -147,13 +147,14 @@ class KeptReordering:
     (about 13 ms per call and worker for the bundled model); the price is a second copy of the
     linear weights for as long as the caller lives, or until :meth:`drop`. A caller whose
     model's linear weights exceed :data:`REORDER_MAX_BYTES` never keeps a copy (``model``: the
-    caller's float32 model; None = no limit). Safe to share between threads."""
+    caller's float32 model; None = no limit; ``extra_bytes``: other weights the caller's
+    products read reordered, a tied vocabulary table say). Safe to share between threads."""
 
-    def __init__(self, model: nn.Module | None = None) -> None:
+    def __init__(self, model: nn.Module | None = None, extra_bytes: int = 0) -> None:
         self._tokens = 0
         self._packed: ReorderedWeights | None = None
         self._lock = threading.Lock()
-        self.weight_bytes = None if model is None else linear_weight_bytes(model)
+        self.weight_bytes = None if model is None else linear_weight_bytes(model) + extra_bytes
         self.too_large = self.weight_bytes is not None and self.weight_bytes > REORDER_MAX_BYTES
         if self.too_large:
             log.info(

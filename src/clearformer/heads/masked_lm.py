@@ -66,5 +66,8 @@ class MaskedLMHead(nn.Module):
                 f"embedding must have shape (vocab_size, d_model) = ({self.config.vocab_size}, "
                 f"{self.config.d_model}), got {tuple(embedding.shape)}"
             )
-        h = self.norm(self.act(self.dense(hidden)))  # (..., D)
-        return nn.functional.linear(h, embedding, self.bias)  # (..., V)
+        return nn.functional.linear(self.transform(hidden), embedding, self.bias)  # (..., V)
+
+    def transform(self, hidden: Tensor) -> Tensor:
+        """The head before its vocabulary projection: dense, activation, norm; (..., D)."""
+        return self.norm(self.act(self.dense(hidden)))

@@ -15,18 +15,33 @@ import threading
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from ..fast.reordered_weights import KeptReordering, use_reordered_weights
 from ..heads.splade import DEFAULT_CHUNK_TOKENS, SpladeConfig, splade_pool
 from ..interop.hf import CheckpointError, TextTokenizer, find_checkpoint
 from ..interop.hf.masked_lm import LoadedMaskedLM, load_masked_lm
 from ..interop.hf.sparse_modules import SpladeSide, StaticSide
 from ..interop.hf.tokenizer import max_length_for
 from ..interop.hf.weights import read_tensors
+from ..routes import projection_route
 
 log = logging.getLogger(__name__)
 
 _UNBOUNDED = 10**6  # transformers' "no limit" model_max_length is far above this
+
+
+class TiedProjection(nn.Module):
+    """``x @ weight^T + bias``: a masked-LM head's vocabulary projection, whose (V, D) weight
+    is the word-embedding table (or an untied decoder) and whose bias is the head's; a module
+    of its own so that the projection route and the reordered weights can name it. It holds
+    the tensors, it does not copy them."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.weight = weight
+        self.bias = bias
+        self.train(False)  # inference only: the fused routes serve modules in eval mode
 
 
 class SpladeRunner:
@@ -47,6 +62,16 @@ class SpladeRunner:
         self.path: Path = loaded.loaded.files.path
         self._bf16: LoadedMaskedLM | None = None
         self._bf16_lock = threading.Lock()  # server workers may ask for it at once
+        # The encoder's weights and the vocabulary table in oneDNN's layout, once calls have
+        # carried enough tokens to repay the copy: the table's product is the largest of a
+        # SPLADE pass after the encoder's (tokens x D x V), and oneDNN's kernel reads a
+        # reordered table faster than F.linear reads the plain one (docs/sparse.md).
+        table = loaded.decoder_weight
+        self._reordering = KeptReordering(
+            nn.ModuleList([loaded.loaded.model, loaded.head]),
+            extra_bytes=table.numel() * table.element_size(),
+        )
+        self._projections: dict[int, TiedProjection] = {}
 
     @classmethod
     def load(
@@ -104,19 +129,31 @@ class SpladeRunner:
         types = torch.tensor([t for e in encodings for t in e.type_ids], dtype=torch.long)
         cu_seqlens = torch.zeros(len(encodings) + 1, dtype=torch.int32)  # (B + 1,)
         cu_seqlens[1:] = torch.cumsum(torch.tensor(lengths), dim=0)
-        table = loaded.decoder_weight  # (V, D): the word embeddings, or an untied decoder
-        with torch.inference_mode():
+        projection = self._projection(loaded)
+        packed = self._reordering.for_call(len(ids))
+
+        def logits(chunk: Tensor) -> Tensor:  # (n, D) -> (n, V)
+            h = head.transform(chunk)  # (n, D)
+            route = projection_route(h, projection)
+            if route.choice == "reordered":
+                return route.impl(h, projection)
+            return nn.functional.linear(h, projection.weight, projection.bias)
+
+        with torch.inference_mode(), use_reordered_weights(packed):
             if ids.numel() == 0:  # only empty texts and no special tokens: nothing to pool
                 return torch.zeros(len(encodings), self.vocab_size)
             rows = model(ids, None, types, cu_seqlens=cu_seqlens)  # (N, D)
             return splade_pool(
-                rows,
-                cu_seqlens,
-                lambda chunk: head(chunk, table),  # (n, D) -> (n, V)
-                self.splade,
-                self.vocab_size,
-                chunk_tokens=chunk_tokens,
+                rows, cu_seqlens, logits, self.splade, self.vocab_size, chunk_tokens=chunk_tokens
             )  # (B, V)
+
+    def _projection(self, loaded: LoadedMaskedLM) -> TiedProjection:
+        """The vocabulary projection of ``loaded`` (float32 or its bfloat16 copy), made once."""
+        projection = self._projections.get(id(loaded))
+        if projection is None:
+            projection = TiedProjection(loaded.decoder_weight, loaded.head.bias)
+            self._projections[id(loaded)] = projection
+        return projection
 
     def _bf16_copy(self) -> LoadedMaskedLM:
         """Encoder and head in bfloat16 (norms in float32), built once."""
