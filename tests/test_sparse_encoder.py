@@ -347,3 +347,28 @@ def test_weights_reordered_for_onednn_match_sentence_transformers(
         assert ("linear", "packed projection") in notes
     assert encoder.sides["document"]._reordering.kept is not None
     assert_same_sparse(ours, st_encode(path, TEXTS, "document", batch_size=4))
+
+
+def test_entries_moved_into_text_order_equal_a_coalesce():
+    """The batches' entries come in batch order (texts sorted by length); moving each text's
+    run into text order gives what a full coalesce gives, empty texts included."""
+    from clearformer.text.sparse_encoder import in_text_order
+
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        n = int(torch.randint(1, 12, (1,), generator=generator))
+        dense = torch.rand(n, 40, generator=generator)
+        dense *= torch.rand(n, 40, generator=generator) > 0.7  # sparse
+        dense[torch.rand(n, generator=generator) > 0.7] = 0.0  # some texts without entries
+        texts = torch.randperm(n, generator=generator)
+        rows, columns, values = [], [], []
+        for batch in texts.split(3):  # batches of texts in a shuffled order
+            weights = dense[batch]
+            row, column = weights.nonzero(as_tuple=True)
+            rows.append(batch[row])
+            columns.append(column)
+            values.append(weights[row, column])
+        row, column, value = in_text_order(torch.cat(rows), torch.cat(columns), torch.cat(values))
+        expected = dense.to_sparse().coalesce()
+        assert torch.equal(torch.stack([row, column]), expected.indices())
+        assert torch.equal(value, expected.values())

@@ -280,11 +280,14 @@ class SparseEncoder:
         if not rows:  # no texts
             rows = columns = [torch.zeros(0, dtype=torch.long)]
             values = [torch.zeros(0)]
-        indices = torch.stack([torch.cat(rows), torch.cat(columns)])  # (2, non-zero entries)
-        # Valid by construction (rows < n, columns < V): the invariant check is skipped.
+        row, column, value = in_text_order(torch.cat(rows), torch.cat(columns), torch.cat(values))
+        indices = torch.stack([row, column])  # (2, non-zero entries)
+        # Valid and coalesced by construction (rows < n, columns < V, each row's columns
+        # ascending and unique, rows ascending): the checks and the sort are skipped.
         shape = (n, self.vocab_size)
-        out = torch.sparse_coo_tensor(indices, torch.cat(values), shape, check_invariants=False)
-        return out.coalesce()
+        return torch.sparse_coo_tensor(
+            indices, value, shape, check_invariants=False, is_coalesced=True
+        )
 
     def prompt_for(self, task: str) -> str | None:
         """The prompt sentence-transformers puts before a ``task``'s texts (None: none)."""
@@ -339,6 +342,28 @@ class SparseEncoder:
             f"SparseEncoder(path={str(self.path)!r}, pooling={self.pooling!r}, "
             f"vocab_size={self.vocab_size}, max_active_dims={self.max_active_dims})"
         )
+
+
+def in_text_order(row: Tensor, column: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The entries of the batches, which come in batch order (texts sorted by length), moved
+    into text order: each text's entries are one run with ascending columns (``nonzero`` of
+    its batch), so moving whole runs sorts them, without the sort of all entries that
+    ``coalesce`` would make. ``row`` (M,) must hold each text's entries contiguously."""
+    if row.numel() == 0:
+        return row, column, value
+    # Runs: where the row changes. run_row[r] is run r's text, run_start[r] its first entry.
+    change = torch.ones(row.numel(), dtype=torch.bool)  # (M,)
+    change[1:] = row[1:] != row[:-1]
+    run_start = change.nonzero().squeeze(1)  # (R,)
+    run_row = row[run_start]  # (R,)
+    run_length = torch.diff(run_start, append=torch.tensor([row.numel()]))  # (R,)
+    order = torch.argsort(run_row)  # (R,): the runs in text order (one run per text)
+    length = run_length[order]
+    # Entry j of the output is entry (its run's start + its place in the run) of the input.
+    first = torch.cumsum(length, 0) - length  # (R,) where each run starts in the output
+    offset = torch.repeat_interleave(run_start[order] - first, length)  # (M,)
+    take = torch.arange(row.numel()) + offset  # (M,)
+    return row[take], column[take], value[take]
 
 
 def keep_largest(weights: Tensor, k: int | None) -> Tensor:
