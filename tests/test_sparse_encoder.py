@@ -339,8 +339,8 @@ def test_weights_reordered_for_onednn_match_sentence_transformers(
     monkeypatch.setattr(reordered_weights, "REORDER_MIN_TOKENS", 1)  # from the first call on
     path = splade_dir(base, tmp_path / "splade", pooling=pooling, activation=activation)
     encoder = SparseEncoder.from_pretrained(path)
-    with ran.watching() as notes:
-        ours = encoder.encode(TEXTS, task="document", batch_size=4)
+    with ran.watching() as notes:  # the notes of the calling thread: no workers
+        ours = encoder.encode(TEXTS, task="document", batch_size=4, workers=1)
     from clearformer.machine import machine
 
     if torch.float32 in machine().reorder:  # a build whose oneDNN reorders weights
@@ -372,3 +372,19 @@ def test_entries_moved_into_text_order_equal_a_coalesce():
         expected = dense.to_sparse().coalesce()
         assert torch.equal(torch.stack([row, column]), expected.indices())
         assert torch.equal(value, expected.values())
+
+
+def test_workers_side_by_side_give_each_text_its_weights(splade):
+    """Batches run two at a time (each on a share of the threads) give what one at a time
+    gives, in text order; a bad worker count is refused before any work."""
+    encoder = SparseEncoder.from_pretrained(splade)
+    texts = TEXTS * 5  # several batches of 3
+    alone = encoder.encode_document(texts, batch_size=3, workers=1)
+    together = encoder.encode_document(texts, batch_size=3, workers=2)
+    assert_same_sparse(together, alone, atol=1e-6)
+    bf16 = encoder.encode_document(texts, batch_size=3, workers=2, precision="bf16")
+    assert_same_sparse(
+        bf16, encoder.encode_document(texts, batch_size=3, precision="bf16", workers=1)
+    )
+    with pytest.raises(ValueError, match="workers"):
+        encoder.encode_document(texts, workers=0)

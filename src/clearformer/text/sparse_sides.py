@@ -72,6 +72,7 @@ class SpladeRunner:
             extra_bytes=table.numel() * table.element_size(),
         )
         self._projections: dict[int, TiedProjection] = {}
+        self._projections_lock = threading.Lock()  # encode's workers may ask at once
 
     @classmethod
     def load(
@@ -149,11 +150,12 @@ class SpladeRunner:
 
     def _projection(self, loaded: LoadedMaskedLM) -> TiedProjection:
         """The vocabulary projection of ``loaded`` (float32 or its bfloat16 copy), made once."""
-        projection = self._projections.get(id(loaded))
-        if projection is None:
-            projection = TiedProjection(loaded.decoder_weight, loaded.head.bias)
-            self._projections[id(loaded)] = projection
-        return projection
+        with self._projections_lock:
+            projection = self._projections.get(id(loaded))
+            if projection is None:
+                projection = TiedProjection(loaded.decoder_weight, loaded.head.bias)
+                self._projections[id(loaded)] = projection
+            return projection
 
     def _bf16_copy(self) -> LoadedMaskedLM:
         """Encoder and head in bfloat16 (norms in float32), built once."""
