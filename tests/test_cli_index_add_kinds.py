@@ -149,3 +149,28 @@ def test_cli_add_to_a_plain_dense_index_refuses_the_kinds_flags(setup, tmp_path)
     assert "--sparse-model applies to an index folder of kinds, not a dense index" in result.stderr
     result = cli("index", "add", str(plain), "--corpus", str(text), "--no-progress")
     assert result.returncode == 0 and "already holds these texts" in result.stderr
+
+
+def test_a_kind_built_without_corpus_is_built_over_the_texts_the_folder_holds(setup, tmp_path):
+    """After an add no single corpus file holds a folder's texts: a kind built without
+    --corpus is built over the texts it holds, equal to that kind of a build of all."""
+    out = tmp_path / "idx"
+    shutil.copytree(setup["root"] / "a", out)
+    part = tmp_path / "part.jsonl"
+    part.write_text("".join(setup["corpus"].read_text().splitlines(True)[:B]), encoding="utf-8")
+    assert add(setup, out, *models(setup), corpus=part).returncode == 0
+    shutil.rmtree(out / "bm25")  # the kind to build again, over the texts held
+    built = cli("index", "build", "--kind", "bm25", "--out", str(out), "--no-progress")
+    assert built.returncode == 0, built.stderr
+    assert f"{B} texts" in built.stderr
+    ours, whole = results(out, setup["dense"]), results(setup["root"] / "whole", setup["dense"])
+    assert_same_results(ours, whole)
+    # Refused in one line where nothing is held, or with a corpus flag and no corpus.
+    empty = cli("index", "build", "--kind", "bm25", "--out", str(tmp_path / "new"))
+    assert empty.returncode == 2
+    assert "--corpus FILE is required" in empty.stderr and "holds no texts yet" in empty.stderr
+    assert not (tmp_path / "new").exists()
+    flagged = cli("index", "build", "--kind", "bm25", "--out", str(out), "--field", "body")
+    assert flagged.returncode == 2 and "--field applies with --corpus FILE" in flagged.stderr
+    plain = cli("index", "build", "--out", str(tmp_path / "plain"), "--model", "x")
+    assert plain.returncode == 2 and "--corpus FILE is required" in plain.stderr

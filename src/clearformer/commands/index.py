@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "same build over a damaged index writes its damaged files anew. Progress and each "
         "phase (embedding, graph, commit) go to stderr.",
     )
-    _corpus_arguments(build)
+    _corpus_arguments(build, required=False)
     build.add_argument("--out", required=True, metavar="INDEX", help="the index directory")
     build.add_argument(
         "--storage",
@@ -94,10 +94,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     info.set_defaults(func=run_info)
 
 
-def _corpus_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--corpus", required=True, metavar="FILE", help="one text per line, or JSONL with --field"
-    )
+def _corpus_arguments(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    helped = "one text per line, or JSONL with --field"
+    if not required:  # build: a folder of kinds already holds its texts
+        helped += "; a folder of kinds that holds texts: omit it to build a kind over them"
+    p.add_argument("--corpus", required=required, metavar="FILE", help=helped)
     p.add_argument("--field", metavar="NAME", help="JSONL corpus: the text field (default: text)")
     p.add_argument(
         "--id-field",
@@ -116,6 +117,8 @@ def read_corpus_file(args: argparse.Namespace) -> tuple[list[str], list[str], di
     from ..io import parse_json_object, read_lines, read_texts
     from .inputs import require_input_file
 
+    if args.corpus is None:
+        raise CliError("--corpus FILE is required: the texts to index")
     path = require_input_file(args.corpus, "--corpus")
     data = path.read_bytes()
     jsonl = args.field is not None or args.id_field is not None or path.suffix == ".jsonl"

@@ -97,6 +97,25 @@ def run_kind_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _held_texts(out: Path, args: argparse.Namespace) -> tuple[list[str], list[str], dict]:
+    """(texts, ids, source) of the texts a folder of kinds holds: a kind built without
+    ``--corpus`` is built over them (after adds, no single corpus file holds them all)."""
+    from ..cli import CliError
+    from ..index.collection import is_collection, open_texts
+
+    for flag in ("field", "id_field"):
+        if getattr(args, flag) is not None:
+            raise CliError(f"--{flag.replace('_', '-')} applies with --corpus FILE")
+    if not (is_collection(out) and (out / "texts" / "texts.json").is_file()):
+        raise CliError(
+            f"--corpus FILE is required: {out} holds no texts yet (a kind is built without "
+            "--corpus only over the texts a folder of kinds already holds)"
+        )
+    store, record = open_texts(out)
+    ids, texts = store.all(record["rows"])
+    return texts, ids, {"texts": str(out / "texts"), "rows": record["rows"]}
+
+
 def run_kind_build(args: argparse.Namespace) -> int:
     from ..cli import CliError
     from ..index import build_index
@@ -106,7 +125,10 @@ def run_kind_build(args: argparse.Namespace) -> int:
     kind = args.kind
     options = _kind_options(args)
     out = _check_destination(args.out)
-    texts, ids, source = read_corpus_file(args)
+    if args.corpus is None:
+        texts, ids, source = _held_texts(out, args)
+    else:
+        texts, ids, source = read_corpus_file(args)
     record = out / "texts" / "texts.json"
     if record.is_file():  # refused before a model is loaded or a text encoded
         from ..index.collection import _read_texts_record

@@ -22,7 +22,7 @@ over processes.
   store and every kind (:mod:`.kind_extend`), crash-safe and exactly once; the kinds:
   :mod:`.sparse_index` (an exact inverted index), :mod:`.bm25_index` (bm25s),
   :mod:`.multivector_index` (:mod:`.muvera` candidates in usearch, exact MaxSim); models
-  loaded by :func:`.kinds.load_model`.
+  loaded by :func:`clearformer.commands.kind_models.load_model`.
 
 Sharded encoding (``torchrun``, Ray, Spark), which uses the chunk store, has a package of its
 own: :mod:`clearformer.sharded`.
