@@ -435,3 +435,61 @@ def test_peak_memory_of_a_load_is_the_model_and_little_more(large_checkpoint, re
         assert ratio < 1.5, f"peak rose {ratio:.2f}x the checkpoint's size"
     else:  # the model and the whole checkpoint: the measurement does see the difference
         assert ratio > 1.5, f"the eager reader's peak rose only {ratio:.2f}x"
+
+
+# The loaders with a head (masked-LM: SPLADE; sequence classification: cross-encoders) read
+# the checkpoint lazily too. BERT-shaped, ~75M parameters, about 300 MB as float32.
+BUILD_HEADS = """
+import sys, torch, transformers
+torch.manual_seed(0)
+config = transformers.BertConfig(
+    vocab_size=32000, hidden_size=1024, intermediate_size=3072, num_hidden_layers=4,
+    num_attention_heads=16, max_position_embeddings=512, num_labels=1,
+)
+transformers.BertForMaskedLM(config).save_pretrained(sys.argv[1] + "/masked_lm")
+transformers.BertForSequenceClassification(config).save_pretrained(sys.argv[1] + "/classifier")
+"""
+
+MEASURE_HEADS = """
+import json, sys
+from clearformer.bench.memory import _high_water_bytes, _reset_high_water, _rss_bytes
+from clearformer.interop.hf import heads, masked_lm, weights
+
+directory, loader, reader = sys.argv[1], sys.argv[2], sys.argv[3]
+if reader == "eager":  # the negative control: every tensor read before the model is filled
+    heads.open_tensors = masked_lm.open_tensors = weights.read_tensors
+_reset_high_water()
+before = _rss_bytes()
+if loader == "masked_lm":
+    loaded = masked_lm.load_masked_lm(directory).loaded
+else:
+    loaded = heads.load_classifier(directory).loaded
+print(json.dumps({"rise": _high_water_bytes() - before, "loaded": len(loaded.report.loaded)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def large_heads(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("bert-heads-large")
+    _python(BUILD_HEADS, str(directory))
+    for name in ("masked_lm", "classifier"):
+        word_tokenizer(directory / name)
+    return directory
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/status").is_file(), reason="reads VmHWM from /proc/self/status (Linux)"
+)
+@pytest.mark.parametrize("reader", ["lazy", "eager"])
+@pytest.mark.parametrize("loader", ["masked_lm", "classifier"])
+def test_peak_memory_of_a_head_load_is_the_model_and_little_more(large_heads, loader, reader):
+    directory = large_heads / loader
+    size = (directory / "model.safetensors").stat().st_size
+    assert size > 250e6
+    result = json.loads(_python(MEASURE_HEADS, str(directory), loader, reader).splitlines()[-1])
+    assert result["loaded"] > 0
+    ratio = result["rise"] / size
+    if reader == "lazy":  # the model (1x) and at most one tensor besides
+        assert ratio < 1.5, f"peak rose {ratio:.2f}x the checkpoint's size"
+    else:
+        assert ratio > 1.5, f"the eager reader's peak rose only {ratio:.2f}x"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from torch import Tensor
@@ -38,7 +39,7 @@ from ..interop.hf.loading import build_model, read_family
 from ..interop.hf.sentence_transformers import score_activation
 from ..interop.hf.st_modules import module_kind
 from ..interop.hf.tokenizer import max_length_for
-from ..interop.hf.weights import read_tensors
+from ..interop.hf.weights import open_tensors
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ def load_llm_reranker(
     tokenizer = ChatPairTokenizer(base, template)
     true_id, false_id = score_token_ids(files, tokenizer)
     head = LogitScore(LogitScoreConfig(config.d_model, config.vocab_size, true_id, false_id))
-    tensors = read_tensors(files.weights)
+    tensors = open_tensors(files.weights)  # each tensor read when it is copied
     loaded = build_model(files, family, config, tensors, strict=strict)
     head.load_rows(_lm_head(files, tensors, loaded))
     loaded.report.unused = [k for k in loaded.report.unused if k != "lm_head.weight"]
@@ -176,7 +177,7 @@ def config_is_causal(config) -> bool:
     return bool(getattr(config, "causal", False))
 
 
-def _lm_head(files: CheckpointFiles, tensors: dict[str, Tensor], loaded) -> Tensor:
+def _lm_head(files: CheckpointFiles, tensors: Mapping[str, Tensor], loaded) -> Tensor:
     """The (V, D) language-model head: ``lm_head.weight``, or the word embeddings where
     config.json ties them (``tie_word_embeddings``)."""
     if "lm_head.weight" in tensors:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,7 @@ from .families import Family, HeadLayout
 from .files import CheckpointError, CheckpointFiles, find_checkpoint
 from .loading import LoadedModel, build_model, read_family
 from .mapping import LoadReport
-from .weights import read_tensors
+from .weights import open_tensors
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def load_classifier(
     files = path if isinstance(path, CheckpointFiles) else find_checkpoint(path)
     family, config = read_family(files, backend)
     layout = _layout(family, files)  # config.json checked before any weight is read
-    tensors = read_tensors(files.weights)
+    tensors = open_tensors(files.weights)  # each tensor read when it is copied
     _check_has_head(layout, tensors, files)
     loaded = build_model(files, family, config, tensors, strict=strict)
     head = SequenceClassifier(layout.config)
@@ -73,7 +74,7 @@ def _layout(family: Family, files: CheckpointFiles) -> HeadLayout:
         raise CheckpointError(f"{source}: {exc}") from None
 
 
-def _check_has_head(layout: HeadLayout, tensors: dict[str, Tensor], files: CheckpointFiles):
+def _check_has_head(layout: HeadLayout, tensors: Mapping[str, Tensor], files: CheckpointFiles):
     """A checkpoint with none of the head's tensors is not a classifier at all: say so, rather
     than list every head tensor as missing."""
     keys = [key for _, sources in layout.names for key in sources]
@@ -90,7 +91,7 @@ def _check_has_head(layout: HeadLayout, tensors: dict[str, Tensor], files: Check
 def load_head(
     head: nn.Module,
     layout: HeadLayout,
-    tensors: dict[str, Tensor],
+    tensors: Mapping[str, Tensor],
     report: LoadReport,
     *,
     strict: bool,

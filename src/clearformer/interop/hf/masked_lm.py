@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from .files import CheckpointError, CheckpointFiles, find_checkpoint
 from .heads import load_head
 from .loading import LoadedModel, build_model, read_family, save_with_head
 from .mapping import LoadReport
-from .weights import read_tensors
+from .weights import CheckpointTensors, open_tensors
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ def load_masked_lm(
             f"(it decodes with the word embeddings), got "
             f"{files.config.get('tie_word_embeddings')!r}: the decoder has weights of its own"
         )
-    tensors = _normalise_head_keys(read_tensors(files.weights))
+    tensors = _normalise_head_keys(open_tensors(files.weights))  # read when copied
     keys = [key for _, sources in layout.names for key in sources]
     if new_head and not any(key in tensors for key in keys):
         loaded = build_model(files, family, config, tensors, strict=strict)
@@ -169,7 +170,10 @@ def load_masked_lm(
     load_head(
         head, layout, tensors, loaded.report, strict=strict, source=weights, kind="masked-LM head"
     )
-    decoder = _own_decoder(layout, tensors, loaded, head, weights) if own_decoder else None
+    decoder = None
+    if own_decoder:
+        decoder, used = _own_decoder(layout, tensors, loaded, head, weights)
+        tensors = tensors.without(used)  # the decoder's own tensors are not tied copies
     _check_tied_copies(layout, tensors, loaded, head, weights)
     return LoadedMaskedLM(loaded, head.eval(), decoder)
 
@@ -246,27 +250,32 @@ def _layout(family: Family, hf: dict[str, Any], source: Path) -> HeadLayout:
         raise CheckpointError(f"{source}: {exc}") from None
 
 
-def _normalise_head_keys(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+def _normalise_head_keys(tensors: Mapping[str, Tensor]) -> CheckpointTensors:
     """Checkpoints converted from TensorFlow (bert-base-uncased among them) name the head's
-    LayerNorm parameters gamma / beta, as the encoder's (which :mod:`.mapping` renames)."""
+    LayerNorm parameters gamma / beta, as the encoder's (which :mod:`.mapping` renames). The
+    names change; no tensor is read."""
     renames = {".gamma": ".weight", ".beta": ".bias"}
-    out = {}
-    for key, value in tensors.items():
+
+    def renamed(key: str) -> str:
         for old, new in renames.items():
             if "LayerNorm" in key and key.endswith(old):
-                key = key[: -len(old)] + new
-        out[key] = value
-    return out
+                return key[: -len(old)] + new
+        return key
+
+    if not isinstance(tensors, CheckpointTensors):
+        tensors = CheckpointTensors(tensors)  # a dict of tensors in memory
+    return tensors.renamed(renamed)
 
 
 def _own_decoder(
     layout: HeadLayout,
-    tensors: dict[str, Tensor],
+    tensors: Mapping[str, Tensor],
     loaded: LoadedModel,
     head: MaskedLMHead,
     source: str,
-) -> Tensor:
-    """An untied checkpoint's decoder table, (V, D), checked and listed as loaded. Untied,
+) -> tuple[Tensor, tuple[str, ...]]:
+    """An untied checkpoint's decoder table, (V, D), checked and listed as loaded, and the
+    names of the tensors it took (the table, and the bias where the file has one). Untied,
     transformers 5 decodes with the decoder's own bias too (``cls.predictions.decoder.bias``,
     where 4.x kept it equal to ``cls.predictions.bias``): the head takes it where the file
     has it."""
@@ -279,7 +288,7 @@ def _own_decoder(
                 f"{tuple(tensors[bias_key].shape)}"
             )
         with torch.no_grad():
-            head.bias.copy_(tensors.pop(bias_key))
+            head.bias.copy_(tensors[bias_key])
     key = next((k for k, part in getattr(layout, "tied", ()) if part == "embedding"), None)
     want = tuple(loaded.model.embeddings.word.weight.shape)
     if key is None or key not in tensors or tuple(tensors[key].shape) != want:
@@ -291,12 +300,13 @@ def _own_decoder(
     report: LoadReport = loaded.report
     report.unused = [name for name in report.unused if name not in (key, bias_key)]
     report.loaded.append(key)
-    return tensors.pop(key).to(loaded.model.embeddings.word.weight.dtype)
+    used = (key,) if bias_key is None or head.bias is None else (key, bias_key)
+    return tensors[key].to(loaded.model.embeddings.word.weight.dtype), used
 
 
 def _check_tied_copies(
     layout: HeadLayout,
-    tensors: dict[str, Tensor],
+    tensors: Mapping[str, Tensor],
     loaded: LoadedModel,
     head: MaskedLMHead,
     source: str,

@@ -13,7 +13,7 @@ import logging
 import pickle
 import re
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -81,6 +81,15 @@ class CheckpointTensors(Mapping[str, Tensor]):
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._entries[name].shape)
+
+    def without(self, names: Iterable[str]) -> CheckpointTensors:
+        """The same tensors but ``names`` (none is read)."""
+        dropped = set(names)
+        return CheckpointTensors({k: v for k, v in self._entries.items() if k not in dropped})
+
+    def renamed(self, rename: Callable[[str], str]) -> CheckpointTensors:
+        """The same tensors under the names ``rename`` gives (none is read)."""
+        return CheckpointTensors({rename(name): entry for name, entry in self._entries.items()})
 
     def copy_into(
         self, name: str, destination: Tensor, rows: tuple[int, int] | None = None

@@ -94,7 +94,7 @@ class ClassifyTask:
 
     def build_model(self) -> TextClassifier:
         from ...interop.hf.loading import build_model
-        from ...interop.hf.weights import read_tensors
+        from ...interop.hf.weights import open_tensors
 
         c = self.config
         cfg = self.encoder_config  # checkpointing is the trainer's per-call choice, not here
@@ -102,7 +102,7 @@ class ClassifyTask:
             model = EncoderModel(cfg)
         else:
             loaded = build_model(
-                self.files, self.family, cfg, read_tensors(self.files.weights), strict=True
+                self.files, self.family, cfg, open_tensors(self.files.weights), strict=True
             )
             model = loaded.model
         return TextClassifier(model, len(self.labels), c.pooling, c.dropout).train()
