@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clearformer import Encoder, EncoderConfig, routes
+from clearformer import Encoder, EncoderConfig, kernel_routes
 from clearformer.fast import avx512
 from clearformer.machine import machine
 from clearformer.options import Decision
@@ -149,7 +149,7 @@ def test_it_may_be_built_wherever_it_can_be_but_auto_takes_it_only_on_or_measure
     assert auto.choice != "avx512" and "PyTorch's route kept" in auto.reason
     assert not avx512_in_use()
     without = dataclasses.replace(machine(), avx512=Decision("unavailable", "no AVX-512"))
-    monkeypatch.setattr(routes, "machine", lambda: without)
+    monkeypatch.setattr(kernel_routes, "machine", lambda: without)
     assert not kernels_wanted()
     monkeypatch.undo()
     monkeypatch.setenv("CLEARFORMER_AVX512", "on")

@@ -160,7 +160,8 @@ def test_a_fallback_inside_the_padded_kernel_fails_the_check(avx512_library, mon
 DECIDING = re.compile(
     r"\b(kernel_route|varlen_method|resolve_method|in_use|linear_route|fusion_decision|"
     r"padded_attention_route|epilogue_route|cached_verdicts|kernel_setting|calibration_enabled)"
-    r"\s*\(|\bswitches\.|\bfrom \.\.(routes|switches)\b|\bimport routes\b"
+    r"\s*\(|\bswitches\.|\bfrom \.\.(routes|kernel_routes|attention_routes|switches)\b|"
+    r"\bimport (routes|kernel_routes|attention_routes)\b"
 )
 
 
