@@ -290,12 +290,12 @@ def test_packed_rows_refuse_a_padded_kernel():
 
 def test_the_printed_plan_is_the_plan_that_runs_for_half_precision(monkeypatch):
     """plan_for without an input takes the dtype and head width from the model itself."""
-    from clearformer import routes
+    from clearformer import attention_routes
     from clearformer.options import Decision
 
     asked = []
     monkeypatch.setattr(
-        routes,
+        attention_routes,  # where varlen_method asks it
         "flash_serves",
         lambda call: asked.append((call.dtype, call.head_dim)) or Decision("declines", "spy"),
     )
