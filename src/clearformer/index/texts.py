@@ -21,21 +21,7 @@ _BATCH = 10_000  # rows per INSERT batch
 
 def write_texts(path: Path, ids: Sequence[str], texts: Sequence[str]) -> None:
     """A new database at ``path`` (which must not exist) with rows 0..n-1."""
-    if len(ids) != len(texts):
-        raise ValueError(f"ids and texts must be as many, got {len(ids)} and {len(texts)}")
-    connection = sqlite3.connect(path)
-    try:
-        connection.execute("PRAGMA journal_mode = OFF")  # a new file: nothing to roll back to
-        connection.execute("CREATE TABLE texts (row INTEGER PRIMARY KEY, id TEXT, text TEXT)")
-        for start in range(0, len(texts), _BATCH):
-            end = start + _BATCH
-            rows = zip(range(start, end), ids[start:end], texts[start:end], strict=False)
-            connection.executemany("INSERT INTO texts VALUES (?, ?, ?)", rows)
-        connection.commit()
-    finally:
-        connection.close()
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
+    _write_rows(path, 0, ids, texts)
 
 
 def append_texts(
@@ -44,12 +30,23 @@ def append_texts(
     """A new database at ``path``: a copy of ``source`` (rows 0..first-1) with ``texts`` as
     rows ``first`` onwards. ``source`` is not changed: its readers open it ``immutable``, so
     the rows are added to a copy, which the caller renames into place."""
+    _write_rows(path, first, ids, texts, source=source)
+
+
+def _write_rows(
+    path: Path, first: int, ids: Sequence[str], texts: Sequence[str], *, source: Path | None = None
+) -> None:
+    """``texts`` as rows ``first`` onwards of the new file ``path``: a new table, or a copy of
+    ``source`` added to; written in batches, then synced."""
     if len(ids) != len(texts):
         raise ValueError(f"ids and texts must be as many, got {len(ids)} and {len(texts)}")
-    shutil.copyfile(source, path)
+    if source is not None:
+        shutil.copyfile(source, path)
     connection = sqlite3.connect(path)
     try:
         connection.execute("PRAGMA journal_mode = OFF")  # a new file: nothing to roll back to
+        if source is None:
+            connection.execute("CREATE TABLE texts (row INTEGER PRIMARY KEY, id TEXT, text TEXT)")
         for start in range(0, len(texts), _BATCH):
             end = start + _BATCH
             rows = zip(
