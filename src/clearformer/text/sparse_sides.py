@@ -71,8 +71,8 @@ class SpladeRunner:
             nn.ModuleList([loaded.loaded.model, loaded.head]),
             extra_bytes=table.numel() * table.element_size(),
         )
-        self._projections: dict[int, TiedProjection] = {}
-        self._projections_lock = threading.Lock()  # encode's workers may ask at once
+        self._projection = TiedProjection(table, loaded.head.bias)
+        self._bf16_projection: TiedProjection | None = None  # made with the bfloat16 copy
 
     @classmethod
     def load(
@@ -123,14 +123,13 @@ class SpladeRunner:
         boundaries (``cu_seqlens``), so the encoder and the head see real tokens only, and a
         text's weights do not depend on its batch-mates.
         """
-        loaded = self._bf16_copy() if bf16 else self.loaded
+        loaded, projection = self._bf16_copy() if bf16 else (self.loaded, self._projection)
         model, head = loaded.loaded.model, loaded.head
         lengths = [len(e.ids) for e in encodings]
         ids = torch.tensor([i for e in encodings for i in e.ids], dtype=torch.long)  # (N,)
         types = torch.tensor([t for e in encodings for t in e.type_ids], dtype=torch.long)
         cu_seqlens = torch.zeros(len(encodings) + 1, dtype=torch.int32)  # (B + 1,)
         cu_seqlens[1:] = torch.cumsum(torch.tensor(lengths), dim=0)
-        projection = self._projection(loaded)
         packed = self._reordering.for_call(len(ids))
 
         def logits(chunk: Tensor) -> Tensor:  # (n, D) -> (n, V)
@@ -148,19 +147,11 @@ class SpladeRunner:
                 rows, cu_seqlens, logits, self.splade, self.vocab_size, chunk_tokens=chunk_tokens
             )  # (B, V)
 
-    def _projection(self, loaded: LoadedMaskedLM) -> TiedProjection:
-        """The vocabulary projection of ``loaded`` (float32 or its bfloat16 copy), made once."""
-        with self._projections_lock:
-            projection = self._projections.get(id(loaded))
-            if projection is None:
-                projection = TiedProjection(loaded.decoder_weight, loaded.head.bias)
-                self._projections[id(loaded)] = projection
-            return projection
-
-    def _bf16_copy(self) -> LoadedMaskedLM:
-        """Encoder and head in bfloat16 (norms in float32), built once."""
+    def _bf16_copy(self) -> tuple[LoadedMaskedLM, TiedProjection]:
+        """Encoder and head in bfloat16 (norms in float32), and their vocabulary projection,
+        built once."""
         with self._bf16_lock:
-            return self._make_bf16()
+            return self._make_bf16(), self._bf16_projection
 
     def _make_bf16(self) -> LoadedMaskedLM:
         if self._bf16 is None:
@@ -171,7 +162,9 @@ class SpladeRunner:
             loaded = dataclasses.replace(self.loaded.loaded, model=pair[0])
             own = self.loaded.decoder
             decoder = None if own is None else own.to(torch.bfloat16)
-            self._bf16 = LoadedMaskedLM(loaded, pair[1], decoder)
+            bf16 = LoadedMaskedLM(loaded, pair[1], decoder)
+            self._bf16_projection = TiedProjection(bf16.decoder_weight, bf16.head.bias)
+            self._bf16 = bf16
         return self._bf16
 
 
