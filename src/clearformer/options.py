@@ -31,6 +31,9 @@ BACKENDS = ("auto", *KERNEL_NAMES)
 LAYOUTS = ("padded", "packed")  # (B, T, D) with a mask, or (N, D) real rows with cu_seqlens
 # How the varlen kernel attends within packed sequences (see clearformer.fast.varlen).
 VARLEN_METHODS = ("auto", "sequence", "padded", "threads", "flash", "avx512")
+# A reranked head's order: the cross-encoder's alone, or fused with the first stage's by
+# reciprocal rank fusion (clearformer.retrieval.stages.rerank_run).
+RERANK_FUSIONS = ("none", "rrf")
 
 
 @dataclass(frozen=True)

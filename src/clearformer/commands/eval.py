@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..options import RERANK_FUSIONS
 from .encode import add_model_arguments, add_precision_argument, positive_int
 
 MEASURE_HELP = (
@@ -78,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--rerank-fusion",
-        choices=("none", "rrf"),
+        choices=RERANK_FUSIONS,
         default="none",
         help="none: the cross-encoder's order; rrf: its order fused with the first stage's "
         "by reciprocal rank fusion (default none)",

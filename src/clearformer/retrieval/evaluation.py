@@ -19,10 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from ..options import RERANK_FUSIONS
 from ..version import __version__
 from .beir import RetrievalData
 from .metrics import DEFAULT_MEASURES, evaluate_run, mean_measures, parse_measure
-from .stages import RERANK_FUSIONS, Run, exact_run, index_run, rerank_run
+from .stages import Run, exact_run, index_run, rerank_run
 
 log = logging.getLogger(__name__)
 

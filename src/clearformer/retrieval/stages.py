@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from ..options import RERANK_FUSIONS
 from .metrics import ranked
 
 log = logging.getLogger(__name__)
@@ -65,9 +66,6 @@ def index_run(query_ids: Sequence[str], queries: np.ndarray, index, depth: int) 
         query: {hit.id: hit.score for hit in found}
         for query, found in zip(query_ids, hits, strict=True)
     }
-
-
-RERANK_FUSIONS = ("none", "rrf")
 
 
 def rerank_run(

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ..checks import ArgumentTypeError, check_choice, check_int, check_positive_int
+from ..options import RERANK_FUSIONS
 
 TASKS = ("digits", "classify", "reverse", "mlm", "translate", "contrastive", "rerank")
 DECAYS = ("cosine", "linear", "constant")
@@ -30,7 +31,6 @@ DISTRIBUTED = ("none", "ddp", "fsdp")
 BATCHINGS = ("packed", "padded")
 TEXT_UNITS = ("line", "paragraph")
 RERANK_LOSSES = ("bce", "listwise")
-RERANK_FUSIONS = ("none", "rrf")
 # The allowed values of each field that has a fixed set (the CLI offers them as choices).
 CHOICES = {
     "task": TASKS,
