@@ -163,3 +163,54 @@ def test_a_broken_weight_scale_falls_below_the_floor(family):
     # Restored: the same call holds the floor again.
     rows = encoder.encode(texts, normalize=True, precision="int8", fuse_int8=False)
     assert _cosines(rows, float32).min() >= MIN_COSINE
+
+
+# --- loaded in one precision -----------------------------------------------------------------
+
+
+def test_loaded_in_bf16_runs_the_bf16_copy(family):
+    """``from_pretrained(precision="bf16")`` holds the bfloat16 model alone, built from the
+    file without the float32 one: its rows are the float32 encoder's bf16 rows, bit for bit."""
+    name, encoder, texts, _ = family
+    held = TextEncoder.from_pretrained(encoder.path, precision="bf16")
+    linear = [m.weight.dtype for m in held.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linear and set(linear) == {torch.bfloat16}, name
+    expected = encoder.encode(texts, normalize=True, precision="bf16")
+    assert np.array_equal(held.encode(texts, normalize=True), expected), name
+    assert held.bf16_model() is held.model
+    with pytest.raises(ValueError, match=r"precision must be 'bf16' .* got 'float32'"):
+        held.encode(texts, precision="float32")
+    with pytest.raises(ValueError, match=r"precision must be 'bf16' .* got 'int8'"):
+        held.int8_model()
+
+
+@needs_int8
+def test_loaded_in_int8_runs_the_int8_model_and_lets_float32_go(family):
+    """``precision="int8"`` builds the int8 model as ``encode(precision="int8")`` does, then
+    keeps no float32 linear layer: the float32 model is unreachable once the parts go."""
+    import gc
+    import weakref
+
+    from clearformer.options import Decision
+    from clearformer.text.encoder_files import read_encoder_parts
+
+    name, encoder, texts, _ = family
+    parts = read_encoder_parts(
+        encoder.path, backend="auto", strict=True, padding_side=None, truncate_dim=None
+    )
+    float_layers = [
+        weakref.ref(m) for m in parts.loaded.model.modules() if isinstance(m, torch.nn.Linear)
+    ]
+    held = TextEncoder.from_parts(parts, held=Decision("int8", "test"))
+    del parts
+    gc.collect()
+    alive = [ref() for ref in float_layers if ref() is not None]
+    assert float_layers and not alive, f"{name}: {len(alive)} float32 linear layers kept"
+    expected = encoder.encode(texts, normalize=True, precision="int8", fuse_int8=False)
+    assert np.array_equal(held.encode(texts, normalize=True, fuse_int8=False), expected), name
+    assert held.int8_model() is held.model
+    with pytest.raises(ValueError, match=r"precision must be 'int8' .* got 'bf16'"):
+        held.encode(texts, precision="bf16")
+    with pytest.raises(ValueError, match="loaded with precision='int8'"):
+        held.save_pretrained(encoder.path.parent / "never-written")
+    assert not (encoder.path.parent / "never-written").exists()

@@ -31,8 +31,9 @@ class Embeddings(nn.Module):
         else:
             self.position = None
         if config.positions == "sinusoidal":
-            table = sinusoidal_table(config.max_positions, d)
-            self.register_buffer("position_table", table, persistent=False)
+            self.register_buffer(
+                "position_table", self.computed_buffers()["position_table"], persistent=False
+            )
         else:
             self.position_table = None
         self.token_type = (
@@ -50,6 +51,13 @@ class Embeddings(nn.Module):
             else nn.Identity()
         )
         self.dropout = nn.Dropout(config.dropout)
+
+    def computed_buffers(self) -> dict[str, Tensor]:
+        """The buffers this module computes rather than loads (the sinusoidal table), made
+        anew: a model built on the meta device to be filled by a checkpoint gets them here."""
+        if self.config.positions != "sinusoidal":
+            return {}
+        return {"position_table": sinusoidal_table(self.config.max_positions, self.config.d_model)}
 
     def forward(
         self,

@@ -220,10 +220,14 @@ def check_dimensions_flag(encoder, args: argparse.Namespace) -> None:
         raise CliError(f"--model {encoder.path}: {exc}") from None
 
 
-def load_encoder(args: argparse.Namespace):
+def load_encoder(args: argparse.Namespace, *, hold_precision: bool = False):
+    """The dense model of ``--model``; with ``hold_precision``, loaded in ``--precision``
+    alone (a command whose every call runs that precision: no float32 model kept beside a
+    bf16 or int8 one)."""
     from ..text import TextEncoder
 
-    return TextEncoder.from_pretrained(args.model, backend=args.backend)
+    precision = args.precision if hold_precision else None
+    return TextEncoder.from_pretrained(args.model, backend=args.backend, precision=precision)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -244,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
 
     if is_sparse_model(args.model):  # SPLADE weights: JSONL of {token id: weight}
         return run_sparse(args, texts, output)
-    encoder = load_encoder(args)
+    encoder = load_encoder(args, hold_precision=True)
     check_dimensions_flag(encoder, args)  # a width the model cannot give: before any work
     embeddings = encoder.encode(
         texts,

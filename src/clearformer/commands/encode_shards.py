@@ -82,7 +82,7 @@ def run_sharded(args: argparse.Namespace) -> int:
     from ..sharded.shards import corpus_sha256
 
     source = {"file": str(Path(args.input)), "sha256": corpus_sha256(Path(args.input).read_bytes())}
-    encoder = load_encoder(args)
+    encoder = load_encoder(args, hold_precision=True)
     result = encode_shard(
         texts,
         out,

@@ -23,6 +23,7 @@ _EXPORTS = {
     "Bf16Support": ".bf16",
     "bf16_support": ".bf16",
     "bf16_copy": ".bf16",
+    "empty_bf16": ".bf16",
     "is_bf16": ".bf16",
     "choose_precision": ".auto",
     "auto_precision": ".auto",
@@ -34,7 +35,7 @@ __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from .auto import auto_precision, choose_precision
-    from .bf16 import Bf16Support, bf16_copy, bf16_support, is_bf16
+    from .bf16 import Bf16Support, bf16_copy, bf16_support, empty_bf16, is_bf16
     from .speedup import SPEEDUP_VARIABLE, bf16_speedup
 
 
@@ -50,5 +51,6 @@ __all__ = [
     "bf16_support",
     "check_precision",
     "choose_precision",
+    "empty_bf16",
     "is_bf16",
 ]

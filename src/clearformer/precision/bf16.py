@@ -81,8 +81,7 @@ def bf16_copy(model: nn.Module) -> nn.Module:
         for tensor in module._parameters.values():
             if tensor is None or id(tensor) in memo:
                 continue  # a tensor shared by two modules is converted once: the tie stays
-            dtype = tensor.dtype if keep or not tensor.is_floating_point() else torch.bfloat16
-            data = tensor.detach().to(dtype=dtype, copy=True)
+            data = tensor.detach().to(dtype=bf16_dtype(tensor, keep), copy=True)
             memo[id(tensor)] = nn.Parameter(data, requires_grad=False)
         for tensor in module._buffers.values():
             # Buffers (a sinusoidal position table) keep their dtype: the layers that read
@@ -92,6 +91,51 @@ def bf16_copy(model: nn.Module) -> nn.Module:
     # deepcopy finds every tensor in the memo (only the modules themselves are copied).
     result = copy.deepcopy(model, memo)
     return result.eval()
+
+
+def bf16_dtype(tensor: torch.Tensor, in_float32_module: bool) -> torch.dtype:
+    """The dtype a parameter has in the bfloat16 model: bfloat16, except in the norms
+    (:data:`FLOAT32_MODULES`) and for integer tensors, which keep theirs."""
+    if in_float32_module or not tensor.is_floating_point():
+        return tensor.dtype
+    return torch.bfloat16
+
+
+def empty_bf16(model: nn.Module) -> nn.Module:
+    """``model``, built on the meta device, given empty CPU parameters in the dtypes
+    :func:`bf16_copy` gives them, for a checkpoint load to fill: the bfloat16 model without
+    ever holding the float32 one (a load in ``precision="bf16"``).
+
+    Ties between parameters are kept. Buffers a module computes (a sinusoidal position table)
+    are made again on the CPU by its ``computed_buffers()``; any other buffer must already be
+    real. Returned in eval mode, without gradients, as :func:`bf16_copy`'s copy is.
+
+    Raises:
+        ValueError: a meta buffer that no ``computed_buffers()`` makes.
+    """
+    made: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        keep = isinstance(module, FLOAT32_MODULES)
+        for name, tensor in module._parameters.items():
+            if tensor is None:
+                continue
+            if id(tensor) not in made:  # a tied parameter is made once: the tie stays
+                empty = torch.empty(tensor.shape, dtype=bf16_dtype(tensor, keep), device="cpu")
+                made[id(tensor)] = nn.Parameter(empty, requires_grad=False)
+            module._parameters[name] = made[id(tensor)]
+        computed = None
+        for name, tensor in module._buffers.items():
+            if tensor is None or not tensor.is_meta:
+                continue
+            if computed is None:
+                computed = module.computed_buffers() if hasattr(module, "computed_buffers") else {}
+            if name not in computed:
+                raise ValueError(
+                    f"buffer {name!r} of {type(module).__name__} is on the meta device and "
+                    f"nothing computes it: the model cannot be built empty in bfloat16"
+                )
+            module._buffers[name] = computed[name]
+    return model.eval()
 
 
 def is_bf16(model: nn.Module) -> bool:

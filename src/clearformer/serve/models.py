@@ -302,7 +302,9 @@ def load_model(spec: ModelSpec, *, max_input_tokens: int | None, precision: str,
     if any(a.endswith("ForSequenceClassification") for a in architectures):
         model, kind = CrossEncoder.from_pretrained(files.path, backend=backend), "rerank"
     else:
-        model, kind = TextEncoder.from_pretrained(files.path, backend=backend), "embed"
+        # The one precision the server runs it in, loaded alone: no float32 model beside it.
+        model = TextEncoder.from_pretrained(files.path, backend=backend, precision=precision)
+        kind = "embed"
     name = spec.name or (BUNDLED_NAME if spec.path is None else files.path.name)
     aliases = (f"sentence-transformers/{BUNDLED_NAME}",) if spec.path is None else ()
     limit = model.max_length

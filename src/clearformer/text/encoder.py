@@ -64,7 +64,8 @@ class TextEncoder:
     """A pretrained encoder with its tokenizer and pooling.
 
     Attributes:
-        model: the :class:`~clearformer.EncoderModel`, in eval mode.
+        model: the :class:`~clearformer.EncoderModel`, in eval mode: float32, or the one model
+            of the precision the encoder was loaded in (``from_pretrained(precision=...)``).
         config: its :class:`~clearformer.EncoderConfig`.
         pooling: one of :data:`clearformer.heads.POOLING_MODES` (``"mean"``, ``"cls"``,
             ``"weightedmean"``, ...).
@@ -94,6 +95,7 @@ class TextEncoder:
         prompts: Prompts | None = None,
         head: SentenceHead | None = None,
         truncate_dim: int | None = None,
+        held: Decision | None = None,
     ) -> None:
         self._loaded = loaded
         self.prompts = Prompts() if prompts is None else prompts
@@ -117,8 +119,14 @@ class TextEncoder:
         self.path: Path = loaded.files.path
         self.report: LoadReport = loaded.report
         self._int8 = Int8Models(self.model, tokenizer)  # built on the first int8 call
+        if held is not None and held.choice == "int8":
+            # The int8 model alone: built from the float32 one, which is then let go (the
+            # layers left in float32, such as the embeddings, are shared, not copied).
+            self.model = self._int8.get(False)
+            self._int8.drop_float_model()
+            self._loaded = dataclasses.replace(loaded, model=self.model)
         self._precisions: Precisions[EncoderModel] = Precisions(
-            ("float32", "bf16", "int8"), self._device, self._copy_bf16
+            ("float32", "bf16", "int8"), self._device, self._copy_bf16, held=held
         )
         self._reordering = KeptReordering(
             self.model
@@ -133,10 +141,19 @@ class TextEncoder:
         strict: bool = True,
         padding_side: str | None = None,
         truncate_dim: int | None = None,
+        precision: str | None = None,
     ) -> TextEncoder:
         """Load a checkpoint directory (None: the bundled all-MiniLM-L6-v2).
 
         Args:
+            precision: None = the float32 model, and every call may ask for any precision
+                (the bfloat16 and int8 models are built on first need and kept beside it);
+                ``"float32"``, ``"bf16"``, ``"int8"`` or ``"auto"`` (decided now, as
+                :meth:`precision_for` decides): the encoder holds that precision's model
+                alone and every call runs it. ``"bf16"`` builds the bfloat16 model straight
+                from the checkpoint, never holding the float32 one; ``"int8"`` builds the int8
+                model from the float32 one and lets the float32 one go. A call that asks for
+                another precision is refused.
             padding_side: ``"right"`` or ``"left"``; None = tokenizer_config.json's
                 ``padding_side`` (right when absent). Embeddings do not depend on it:
                 positions count each row's real tokens either way.
@@ -147,21 +164,28 @@ class TextEncoder:
             FileNotFoundError: no such directory (or the bundled model is not installed).
             CheckpointError: incomplete, unsupported, corrupt or mismatched checkpoint.
             ValueError: a ``truncate_dim`` wider than the embeddings or outside the model's
-                Matryoshka dimensions.
+                Matryoshka dimensions; an unknown ``precision``.
         """
+        held = None
+        if precision is not None:  # checked and decided before any weight is read
+            from ..precision import choose_precision
+
+            held = choose_precision(precision, offered=("float32", "bf16", "int8"))
         parts = read_encoder_parts(
             path,
             backend=backend,
             strict=strict,
             padding_side=padding_side,
             truncate_dim=truncate_dim,
+            precision="bf16" if held is not None and held.choice == "bf16" else "float32",
         )
-        return cls.from_parts(parts)
+        return cls.from_parts(parts, held=held)
 
     @classmethod
-    def from_parts(cls, parts: EncoderParts) -> TextEncoder:
+    def from_parts(cls, parts: EncoderParts, held: Decision | None = None) -> TextEncoder:
         """An encoder of a checkpoint's parts as :func:`~.encoder_files.read_encoder_parts`
-        reads them (or with the model and head swapped for trained ones)."""
+        reads them (or with the model and head swapped for trained ones); ``held``: the
+        precision it holds alone (``from_pretrained(precision=...)``'s decision)."""
         return cls(
             parts.loaded,
             parts.tokenizer,
@@ -171,6 +195,7 @@ class TextEncoder:
             prompts=parts.prompts,
             head=parts.head,
             truncate_dim=parts.truncate_dim,
+            held=held,
         )
 
     @property
@@ -215,7 +240,7 @@ class TextEncoder:
         workers: int | None = None,
         prompt: str | None = None,
         prompt_name: str | None = None,
-        precision: str = "float32",
+        precision: str | None = None,
         fuse_int8: bool | None = None,
         dimensions: int | None = None,
     ) -> np.ndarray:
@@ -244,7 +269,9 @@ class TextEncoder:
             prompt_name: one of the checkpoint's named prompts (:attr:`prompts`); with neither
                 ``prompt`` nor ``prompt_name``, the checkpoint's default prompt, if any, is
                 applied, as sentence-transformers does. ``prompt`` wins over ``prompt_name``.
-            precision: ``"float32"``; ``"bf16"`` (or ``"bfloat16"``): :meth:`bf16_model`,
+            precision: None = the precision the encoder was loaded in (float32 unless
+                ``from_pretrained(precision=...)`` named one); ``"float32"``; ``"bf16"`` (or
+                ``"bfloat16"``): :meth:`bf16_model`,
                 bfloat16 weights and matrix products with float32 norms, softmax, pooling and
                 normalisation, embeddings within cosine 0.995 of float32 ones (see
                 ``docs/performance.md``); ``"int8"``: the linear layers' matrix products in
@@ -342,7 +369,7 @@ class TextEncoder:
         *,
         normalize: bool,
         skip: int = 0,
-        precision: str = "float32",
+        precision: str | None = None,
         dimensions: int | None = None,
     ) -> np.ndarray:
         """One forward pass over texts already tokenized (``tokenizer.encode``), as
@@ -440,12 +467,16 @@ class TextEncoder:
         Built once per encoder (:func:`clearformer.precision.bf16_copy`: bfloat16 weights,
         the norms' parameters in float32); :attr:`model` is not changed. On a CPU without
         bfloat16 instructions it runs, with products PyTorch emulates (slower than float32).
+        An encoder loaded with ``precision="bf16"`` holds it as :attr:`model`.
         """
+        self._precisions.check("bf16")
         return self._precisions.bf16()
 
     def _copy_bf16(self) -> EncoderModel:
         from ..precision import bf16_copy
 
+        if self._precisions.held is not None:  # loaded in bf16: the model is the copy
+            return self.model
         return bf16_copy(self.model)
 
     def _device(self) -> torch.device:
@@ -465,6 +496,7 @@ class TextEncoder:
                 (:mod:`clearformer.quant.fused`); it shares every tensor with the other one
                 and is compiled and warmed up here, before any worker thread runs it.
         """
+        self._precisions.check("int8")
         return self._int8.get(fused)
 
     def build_index(self, path: str | os.PathLike, texts: list[str], **kwargs):
@@ -494,7 +526,15 @@ class TextEncoder:
     rank = predict
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
-        """Write the checkpoint back in Hugging Face format, with tokenizer and pooling files."""
+        """Write the checkpoint back in Hugging Face format, with tokenizer and pooling files
+        (an encoder loaded in bf16 writes bfloat16 weights; one loaded in int8 cannot be
+        written: its linear layers have no float weights left)."""
+        if self._precisions.held is not None and self._precisions.held.choice == "int8":
+            raise ValueError(
+                f"save_pretrained needs float weights: this encoder was loaded with "
+                f"precision='int8' and holds int8 layers alone; load {self.path} without "
+                f"precision= to save it"
+            )
         return write_encoder_files(self, directory)
 
     def __repr__(self) -> str:

@@ -25,11 +25,19 @@ class Int8Models:
     """
 
     def __init__(self, model: EncoderModel, tokenizer) -> None:
-        self._model = model
+        self._model: EncoderModel | None = model
         self._tokenizer = tokenizer
         self._built: dict[bool, EncoderModel] = {}  # fused or not -> model, built once each
         self._lock = threading.Lock()
         self._calibration = None
+
+    def drop_float_model(self) -> None:
+        """Let the float32 model go once the eager int8 copy is built (an encoder loaded in
+        int8 holds that copy alone)."""
+        with self._lock:
+            if False not in self._built:
+                raise RuntimeError("the int8 model must be built before the float32 one goes")
+            self._model = None
 
     def get(self, fused: bool) -> EncoderModel:
         """The eager (``fused`` False) or compiled variant; see ``TextEncoder.int8_model``."""

@@ -39,6 +39,7 @@ class Precisions(Generic[Model]):
         offered: tuple[str, ...],
         device: Callable[[], torch.device],
         copy_bf16: Callable[[], Model],
+        held: Decision | None = None,
     ) -> None:
         self.offered = offered
         self._device = device
@@ -46,10 +47,28 @@ class Precisions(Generic[Model]):
         self._decisions: dict[str, Decision] = {}
         self._bf16: Model | None = None
         self._lock = threading.Lock()
+        self.held = held
+        if held is not None:  # one model, loaded in its precision: every call runs it
+            self._decisions = {held.choice: held, "auto": held}
+
+    @property
+    def default(self) -> str:
+        """What a call that names no precision runs: the held one, else float32."""
+        return "float32" if self.held is None else self.held.choice
 
     def check(self, precision: object, name: str = "precision") -> str:
-        """``precision``'s canonical name, or the argument error (before any work)."""
-        return check_precision(precision, name, (*self.offered, "auto"))
+        """``precision``'s canonical name (None: :attr:`default`), or the argument error
+        (before any work). An application loaded in one precision runs that one alone."""
+        if precision is None:
+            return self.default
+        precision = check_precision(precision, name, (*self.offered, "auto"))
+        if self.held is not None and precision not in (self.held.choice, "auto"):
+            raise ValueError(
+                f"{name} must be {self.held.choice!r} (or 'auto'): this model was loaded with "
+                f"precision={self.held.choice!r} and holds that model alone; load it without "
+                f"precision= to choose per call, got {precision!r}"
+            )
+        return precision
 
     def decide(self, precision: str) -> Decision:
         """What a call asking for ``precision`` (a checked name) runs in, and why."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ...config import EncoderConfig
@@ -40,6 +41,7 @@ def load_model(
     *,
     backend: str = "auto",
     strict: bool = True,
+    precision: str = "float32",
 ) -> LoadedModel:
     """Build an :class:`EncoderModel` from a Hugging Face checkpoint directory.
 
@@ -47,6 +49,10 @@ def load_model(
         path: a checkpoint directory; None = the bundled all-MiniLM-L6-v2.
         backend: attention backend for the model (``auto`` packs ragged batches).
         strict: refuse checkpoints with missing or unexpected keys.
+        precision: ``"float32"``, or ``"bf16"``: the model
+            :func:`~clearformer.precision.bf16_copy` would make of the float32 one, built
+            empty in bfloat16 and filled from the checkpoint, so that the float32 model is
+            never in memory (every weight must then be in the checkpoint).
 
     Raises:
         FileNotFoundError: no such directory.
@@ -56,7 +62,9 @@ def load_model(
     family, config = read_family(files, backend)  # validated before any weight
     # Safetensors are read a tensor at a time as the model is filled (headers are checked
     # here): the model and the whole checkpoint are never in memory together.
-    return build_model(files, family, config, open_tensors(files.weights), strict=strict)
+    return build_model(
+        files, family, config, open_tensors(files.weights), strict=strict, precision=precision
+    )
 
 
 def read_family(files: CheckpointFiles, backend: str) -> tuple[Family, EncoderConfig]:
@@ -73,11 +81,27 @@ def build_model(
     tensors: Mapping[str, Tensor],
     *,
     strict: bool,
+    precision: str = "float32",
 ) -> LoadedModel:
     """An :class:`EncoderModel` of ``config`` filled from ``tensors`` (the checkpoint's: a dict,
-    or a :class:`~.weights.CheckpointTensors` that reads each one when it is copied)."""
-    model = EncoderModel(config)
+    or a :class:`~.weights.CheckpointTensors` that reads each one when it is copied), in
+    ``precision`` (see :func:`load_model`)."""
+    if precision not in ("float32", "bf16"):
+        raise ValueError(f"precision must be 'float32' or 'bf16', got {precision!r}")
+    if precision == "bf16":
+        from ...precision import empty_bf16
+
+        with torch.device("meta"):  # shapes only: no float32 weight is ever made
+            model = empty_bf16(EncoderModel(config))
+    else:
+        model = EncoderModel(config)
     report, kept = load_state(model, tensors, family, strict=strict, source=str(files.weights))
+    if precision == "bf16" and report.missing:
+        # An empty parameter has no initial values to fall back on, as a float32 model has.
+        raise CheckpointError(
+            f"{files.weights} lacks {report.missing[:5]}: a model loaded in bf16 is filled "
+            f"from the checkpoint alone (load it in float32 to start those from random values)"
+        )
     log.info("%s", report)
     return LoadedModel(model.eval(), report, family, dict(files.config), kept, files)
 

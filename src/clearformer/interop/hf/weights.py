@@ -27,6 +27,8 @@ from .safetensors_file import StoredTensor, damaged, read_header
 log = logging.getLogger(__name__)
 
 SHARD_SUFFIXES = (".safetensors", ".bin")
+# Bytes of the file's dtype read at a time where a tensor is converted as it is copied.
+CONVERT_BLOCK_BYTES = 16 * 2**20
 
 # What a shard reader gives for each name: a tensor, or where to read one (StoredTensor).
 _Entry = TypeVar("_Entry")
@@ -106,8 +108,17 @@ class CheckpointTensors(Mapping[str, Tensor]):
             and destination.device.type == "cpu"
         ):
             entry.read_into(destination, rows)
+        elif destination.dim() == 0 or rows == (0, 0):
+            destination.copy_(entry.read(rows))
         else:
-            destination.copy_(entry.read(rows))  # one tensor's buffer, freed on return
+            # Converted block by block of rows: a model filled in another dtype (bfloat16 from
+            # a float32 file) never holds a whole float32 tensor (an embedding table) besides.
+            first, stop = rows if rows is not None else (0, entry.shape[0])
+            row_bytes = max(1, destination[0].numel() * entry.dtype.itemsize)
+            step = max(1, CONVERT_BLOCK_BYTES // row_bytes)
+            for at in range(first, stop, step):
+                end = min(stop, at + step)
+                destination[at - first : end - first].copy_(entry.read((at, end)))
 
 
 def _read_file(path: Path) -> dict[str, Tensor]:
