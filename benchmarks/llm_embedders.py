@@ -30,7 +30,9 @@ joined and cut to 2,048 or 8,192 tokens; EmbeddingGemma takes 2,048 at most, so 
 
 Engines, each in a fresh process of its own, whose peak resident memory (``VmHWM``: the
 interpreter, the libraries, the weights as loaded and the work) is the figure reported:
-clearformer ``TextEncoder.encode(precision=float32|bf16|int8)``; sentence-transformers
+clearformer ``TextEncoder.from_pretrained(dir, precision=float32|bf16|int8).encode``
+(the model of that precision alone, as ``clearformer encode`` and ``serve`` load it);
+sentence-transformers
 ``SentenceTransformer(dir).encode`` in float32 and in bfloat16 (loaded with
 ``model_kwargs={"dtype": torch.bfloat16}``); llama.cpp through llama-cpp-python's
 ``Llama(embedding=True, pooling_type=...)`` with the F16 and Q8_0 files, flash attention on,
@@ -368,10 +370,12 @@ def encoder_for(engine: str, files: dict, threads: int, longest: int, pooling: s
         return run
     from clearformer import TextEncoder
 
-    encoder = TextEncoder.from_pretrained(files["dir"])
+    # Loaded in its precision alone, as `clearformer encode --precision` and `serve` load it:
+    # bf16 built from the file without the float32 model, int8 with the float32 one let go.
+    encoder = TextEncoder.from_pretrained(files["dir"], precision=variant)
 
     def run(texts):
-        return encoder.encode(texts, progress=False, precision=variant)
+        return encoder.encode(texts, progress=False)
 
     return run
 
