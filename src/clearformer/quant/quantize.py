@@ -100,12 +100,13 @@ def quantize_int8(
     alpha: float = DEFAULT_ALPHA,
     outliers: Mapping[str, Tensor] | None = None,
     fused: bool = False,
+    in_place: bool = False,
 ) -> nn.Module:
     """A copy of ``model`` with its ``nn.Linear`` layers as :class:`Int8Linear`.
 
     Args:
         model: any module (an :class:`~clearformer.EncoderModel`, a stack, a block); it is not
-            modified.
+            modified unless ``in_place``.
         skip: ``fnmatch`` patterns of qualified module names kept in float32
             (e.g. ``"*.attn.in_proj"``).
         smooth: name -> (K,) activation maxima from :func:`calibrate`; those layers are
@@ -114,11 +115,15 @@ def quantize_int8(
             (:func:`outlier_channels`).
         fused: run each layer's element-wise steps compiled (:mod:`clearformer.quant.fused`;
             the same arithmetic, in fewer passes over memory).
+        in_place: convert ``model`` itself and return it: each float layer is dropped as its
+            int8 layer replaces it, so a caller that keeps no other reference to the float
+            layers holds one float32 model at most, never a copy of the rest (the embeddings).
+            The layers are the copy's, bit for bit.
 
     Returns:
         The new model, in the caller's model's train/eval mode. Where this machine has no fast
-        int8 products (:func:`~clearformer.quant.int8.int8_support`), a float32 copy, with a
-        warning saying why.
+        int8 products (:func:`~clearformer.quant.int8.int8_support`), a float32 copy (the
+        model itself with ``in_place``), with a warning saying why.
     """
     skip = tuple(skip)
     smooth = dict(smooth or {})
@@ -126,11 +131,11 @@ def quantize_int8(
     support = int8_support()
     if not support.available:
         log.warning("int8 requested but not used, float32 instead: %s", support.reason)
-        return copy.deepcopy(model)
+        return model if in_place else copy.deepcopy(model)
     unknown = sorted((set(smooth) | set(outliers)) - set(linear_names(model)))
     if unknown:
         raise ValueError(f"smooth or outliers name layers that are not nn.Linear: {unknown}")
-    result = copy.deepcopy(model, _shared_float_weights(model, skip))
+    result = model if in_place else copy.deepcopy(model, _shared_float_weights(model, skip))
     for name in linear_names(result):
         if _matches(name, skip):
             continue
@@ -184,24 +189,25 @@ def quantize_int8_calibrated(
     float_channels: int = DEFAULT_FLOAT_CHANNELS,
     skip: Iterable[str] = DEFAULT_SKIP,
     fused: bool = False,
+    in_place: bool = False,
 ) -> nn.Module:
     """The default int8 conversion: calibrate, then :func:`quantize_int8` with the
     ``float_channels`` largest input channels of every layer kept in float32.
 
     Args:
-        model: the float model (not modified).
+        model: the float model (not modified unless ``in_place``: see :func:`quantize_int8`).
         run: calls a model on a few varied inputs (its activations' maxima pick the channels).
         float_channels: channels per layer computed in float32 (0: plain int8).
         skip: layers kept entirely in float32, as in :func:`quantize_int8`.
-        fused: as in :func:`quantize_int8`.
+        fused, in_place: as in :func:`quantize_int8`.
     """
     skip = tuple(skip)
     if not int8_support().available or float_channels == 0:
-        return quantize_int8(model, skip=skip, fused=fused)
+        return quantize_int8(model, skip=skip, fused=fused, in_place=in_place)
     names = [n for n in linear_names(model) if not _matches(n, skip)]
     stats = calibrate(model, run, names)
     missing = sorted(set(names) - set(stats))
     if missing:
         raise ValueError(f"the calibration run did not reach these linear layers: {missing}")
     outliers = {name: outlier_channels(amax, float_channels) for name, amax in stats.items()}
-    return quantize_int8(model, skip=skip, outliers=outliers, fused=fused)
+    return quantize_int8(model, skip=skip, outliers=outliers, fused=fused, in_place=in_place)

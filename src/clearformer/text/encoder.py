@@ -120,10 +120,8 @@ class TextEncoder:
         self.report: LoadReport = loaded.report
         self._int8 = Int8Models(self.model, tokenizer)  # built on the first int8 call
         if held is not None and held.choice == "int8":
-            # The int8 model alone: built from the float32 one, which is then let go (the
-            # layers left in float32, such as the embeddings, are shared, not copied).
-            self.model = self._int8.get(False)
-            self._int8.drop_float_model()
+            # The int8 model alone: the float32 one converted in place, layer by layer.
+            self.model = self._int8.hold()
             self._loaded = dataclasses.replace(loaded, model=self.model)
         self._precisions: Precisions[EncoderModel] = Precisions(
             ("float32", "bf16", "int8"), self._device, self._copy_bf16, held=held

@@ -31,25 +31,32 @@ class Int8Models:
         self._lock = threading.Lock()
         self._calibration = None
 
-    def drop_float_model(self) -> None:
-        """Let the float32 model go once the eager int8 copy is built (an encoder loaded in
-        int8 holds that copy alone)."""
+    def hold(self) -> EncoderModel:
+        """Convert the float32 model itself into the eager int8 one and forget it (an encoder
+        loaded in int8 holds that model alone): each float layer goes as its int8 layer
+        replaces it, so the conversion never holds a second copy of what stays float32."""
         with self._lock:
-            if False not in self._built:
-                raise RuntimeError("the int8 model must be built before the float32 one goes")
+            if self._built:
+                raise RuntimeError("hold() converts the float32 model before any int8 call")
+            self._built[False] = self._quantize(in_place=True)
             self._model = None
+            return self._built[False]
+
+    def _quantize(self, in_place: bool) -> EncoderModel:
+        from ..quant import quantize_int8_calibrated
+        from ..quant.smoothing_texts import SMOOTHING_TEXTS
+
+        started = time.perf_counter()
+        self._calibration = self._tokenizer(list(SMOOTHING_TEXTS))
+        model = quantize_int8_calibrated(self._model, self._calibrate, in_place=in_place).eval()
+        log.info("built the int8 model in %.2fs", time.perf_counter() - started)
+        return model
 
     def get(self, fused: bool) -> EncoderModel:
         """The eager (``fused`` False) or compiled variant; see ``TextEncoder.int8_model``."""
         with self._lock:
             if False not in self._built:
-                from ..quant import quantize_int8_calibrated
-                from ..quant.smoothing_texts import SMOOTHING_TEXTS
-
-                started = time.perf_counter()
-                self._calibration = self._tokenizer(list(SMOOTHING_TEXTS))
-                self._built[False] = quantize_int8_calibrated(self._model, self._calibrate).eval()
-                log.info("built the int8 model in %.2fs", time.perf_counter() - started)
+                self._built[False] = self._quantize(in_place=False)
             if fused and True not in self._built:
                 from ..quant import Int8Linear
 
