@@ -358,7 +358,7 @@ def test_the_token_budget_follows_the_int8_route_unless_given(encoder, monkeypat
     from clearformer.quant import Int8Support
 
     monkeypatch.setattr(clearformer.quant, "int8_support", lambda: Int8Support(True, "mocked"))
-    monkeypatch.setattr(encoder._precisions, "_decisions", {})
+    monkeypatch.setattr(encoder._models._precisions, "_decisions", {})
     encoder.encode(["a b"])
     encoder.encode(["a b"], precision="int8")
     encoder.encode(["a b"], precision="int8", max_tokens=300)

@@ -98,12 +98,12 @@ def test_the_floor_catches_a_coarser_format(minilm, texts, float32_rows):
         for module in coarse.modules():
             if isinstance(module, nn.Linear):
                 module.weight.copy_(module.weight.to(torch.float8_e4m3fn).to(torch.bfloat16))
-    original = minilm._precisions._bf16
+    original = minilm._models._precisions._bf16
     try:
-        minilm._precisions._bf16 = coarse
+        minilm._models._precisions._bf16 = coarse
         rows = minilm.encode(texts, normalize=True, precision="bf16")
     finally:
-        minilm._precisions._bf16 = original
+        minilm._models._precisions._bf16 = original
     cosine = cosines(rows, float32_rows)
     assert cosine.min() < MIN_COSINE or cosine.mean() < MEAN_COSINE
 

@@ -43,9 +43,8 @@ from .batching import (
     plan_batches,
 )
 from .encoder_files import EncoderParts, read_encoder_parts, write_encoder_files
-from .int8_models import Int8Models
 from .kernel_builds import attention_kernel_for
-from .precisions import Precisions
+from .precision_models import PrecisionModels
 from .progress import ProgressFn, progress_reporter
 from .prompts import choose_prompt, prompt_length
 from .workers import auto_workers, check_workers, map_in_workers
@@ -118,14 +117,10 @@ class TextEncoder:
         self.max_length = tokenizer.max_length
         self.path: Path = loaded.files.path
         self.report: LoadReport = loaded.report
-        self._int8 = Int8Models(self.model, tokenizer)  # built on the first int8 call
-        if held is not None and held.choice == "int8":
-            # The int8 model alone: the float32 one converted in place, layer by layer.
-            self.model = self._int8.hold()
+        self._models = PrecisionModels(self.model, tokenizer, held)
+        if self._models.model is not self.model:  # loaded in int8: the float32 model is gone
+            self.model = self._models.model
             self._loaded = dataclasses.replace(loaded, model=self.model)
-        self._precisions: Precisions[EncoderModel] = Precisions(
-            ("float32", "bf16", "int8"), self._device, self._copy_bf16, held=held
-        )
         self._reordering = KeptReordering(
             self.model
         )  # weights in oneDNN's layout, once calls repay it
@@ -316,12 +311,12 @@ class TextEncoder:
         self.head.check_dimensions(dimensions)
         n = len(texts)
         out = np.empty((n, dimensions or self.head.width), dtype=np.float32)
-        precision = self._precisions.check(precision)  # before any work
+        precision = self._models.check(precision)  # before any work
         check_batch_limits(batch_size, max_tokens if max_tokens is not None else 1)
         check_workers(workers)
         if n == 0:
             return out
-        chosen = self._precisions.decide(precision).choice
+        chosen = self._models.decide(precision).choice
         if max_tokens is None:
             max_tokens = default_max_tokens(chosen)
         encodings = self.tokenizer.encode(texts)
@@ -383,13 +378,13 @@ class TextEncoder:
         at its own intra-op thread count.
         """
         check_bool(normalize, "normalize")
-        precision = self._precisions.check(precision)
+        precision = self._models.check(precision)
         dimensions = self.truncate_dim if dimensions is None else dimensions
         self.head.check_dimensions(dimensions)
         if not encodings:
             return np.empty((0, dimensions or self.head.width), dtype=np.float32)
         tokens = sum(len(e.ids) for e in encodings)
-        chosen = self._precisions.decide(precision).choice
+        chosen = self._models.decide(precision).choice
         if chosen == "int8":
             model, packed = self.int8_model(fused=False), None
         else:
@@ -457,7 +452,7 @@ class TextEncoder:
         """The precision ``encode(precision=...)`` runs in on this machine, and why: a
         :class:`~clearformer.options.Decision` (``print`` shows both). ``"auto"`` is decided
         on its first use and kept (:func:`clearformer.precision.auto_precision`)."""
-        return self._precisions.decide(self._precisions.check(precision))
+        return self._models.decide(self._models.check(precision))
 
     def bf16_model(self) -> EncoderModel:
         """The bfloat16 copy of :attr:`model` that ``encode(precision="bf16")`` runs.
@@ -467,18 +462,7 @@ class TextEncoder:
         bfloat16 instructions it runs, with products PyTorch emulates (slower than float32).
         An encoder loaded with ``precision="bf16"`` holds it as :attr:`model`.
         """
-        self._precisions.check("bf16")
-        return self._precisions.bf16()
-
-    def _copy_bf16(self) -> EncoderModel:
-        from ..precision import bf16_copy
-
-        if self._precisions.held is not None:  # loaded in bf16: the model is the copy
-            return self.model
-        return bf16_copy(self.model)
-
-    def _device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self._models.bf16()
 
     def int8_model(self, fused: bool = False) -> EncoderModel:
         """The int8 copy of :attr:`model` that ``encode(precision="int8")`` runs.
@@ -494,8 +478,7 @@ class TextEncoder:
                 (:mod:`clearformer.quant.fused`); it shares every tensor with the other one
                 and is compiled and warmed up here, before any worker thread runs it.
         """
-        self._precisions.check("int8")
-        return self._int8.get(fused)
+        return self._models.int8(fused)
 
     def build_index(self, path: str | os.PathLike, texts: list[str], **kwargs):
         """Build a persistent vector index of ``texts`` at ``path`` with this encoder and return
@@ -527,7 +510,7 @@ class TextEncoder:
         """Write the checkpoint back in Hugging Face format, with tokenizer and pooling files
         (an encoder loaded in bf16 writes bfloat16 weights; one loaded in int8 cannot be
         written: its linear layers have no float weights left)."""
-        if self._precisions.held is not None and self._precisions.held.choice == "int8":
+        if self._models.held is not None and self._models.held.choice == "int8":
             raise ValueError(
                 f"save_pretrained needs float weights: this encoder was loaded with "
                 f"precision='int8' and holds int8 layers alone; load {self.path} without "

@@ -1,0 +1,74 @@
+"""Which model a ``TextEncoder`` call runs, by precision.
+
+An encoder loaded without a precision holds the float32 model and builds the others on first
+need, kept beside it: the bfloat16 copy (:func:`clearformer.precision.bf16_copy`) and the int8
+model (:class:`~.int8_models.Int8Models`). An encoder loaded in one precision
+(``from_pretrained(precision=...)``) holds that precision's model alone, and a call that asks
+for another is refused before any work: bf16 is then the model the loader built in bfloat16,
+int8 the float32 model converted in place.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..model import EncoderModel
+from ..options import Decision
+from .int8_models import Int8Models
+from .precisions import Precisions
+
+OFFERED = ("float32", "bf16", "int8")
+
+
+class PrecisionModels:
+    """The models of each precision for one encoder, and each call's decision.
+
+    Args:
+        model: the model as loaded (float32, or bfloat16 when ``held`` is bf16).
+        tokenizer: the encoder's tokenizer (the int8 conversion calibrates on a few texts).
+        held: the one precision the encoder was loaded in (its decision), or None.
+
+    Attributes:
+        model: the model the encoder holds: float32, or the held precision's.
+    """
+
+    def __init__(self, model: EncoderModel, tokenizer, held: Decision | None = None) -> None:
+        self._int8 = Int8Models(model, tokenizer)  # built on the first int8 call
+        # Loaded in int8: the float32 model converted in place, layer by layer, and forgotten.
+        self.model = self._int8.hold() if held is not None and held.choice == "int8" else model
+        self._precisions: Precisions[EncoderModel] = Precisions(
+            OFFERED, self._device, self._copy_bf16, held=held
+        )
+
+    @property
+    def held(self) -> Decision | None:
+        return self._precisions.held
+
+    def check(self, precision: object, name: str = "precision") -> str:
+        """The canonical name a call's ``precision`` runs as (None: the held one, else
+        float32), or the argument error."""
+        return self._precisions.check(precision, name)
+
+    def decide(self, precision: str) -> Decision:
+        """What a checked ``precision`` runs in on this machine, and why (kept per name)."""
+        return self._precisions.decide(precision)
+
+    def bf16(self) -> EncoderModel:
+        """The bfloat16 model: the copy, built once, or the model loaded in bf16."""
+        self._precisions.check("bf16")
+        return self._precisions.bf16()
+
+    def int8(self, fused: bool) -> EncoderModel:
+        """The int8 model (``fused``: its compiled variant), built once each."""
+        self._precisions.check("int8")
+        return self._int8.get(fused)
+
+    def _copy_bf16(self) -> EncoderModel:
+        from ..precision import bf16_copy
+
+        if self.held is not None:  # loaded in bf16: the model is the copy
+            return self.model
+        return bf16_copy(self.model)
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
