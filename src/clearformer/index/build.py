@@ -200,7 +200,7 @@ def _plan(
     ids = [str(first + i) for i in range(len(texts))] if ids is None else _check_ids(ids, texts)
     identity = ModelIdentity.of(encoder)
     if base is not None:
-        base.identity.check_same(identity, f"index {root}")
+        base.identity.check_same(identity, f"index {root}", purpose="add")
     dimensions = options.dimensions or identity.width
     if dimensions > identity.width:
         raise ValueError(

@@ -101,15 +101,17 @@ class ModelIdentity:
             if getattr(self, name) != getattr(other, name)
         ]
 
-    def check_same(self, other: ModelIdentity, where: str) -> None:
-        """Raise :class:`ModelMismatchError` unless ``other`` is this model."""
+    def check_same(self, other: ModelIdentity, where: str, purpose: str = "search") -> None:
+        """Raise :class:`ModelMismatchError` unless ``other`` is this model; ``purpose``
+        (``"search"`` or ``"add"``) is what ``other`` was given for, named in the message."""
         differ = self.differences(other)
         if differ:
+            role = "the model adding texts" if purpose == "add" else "the query model"
             raise ModelMismatchError(
-                f"{where} was built with {self.describe()}, but the query model is "
+                f"{where} was built with {self.describe()}, but {role} is "
                 f"{other.describe()} (differs in {', '.join(differ)}); vectors of two models "
-                f"cannot be compared: search with the index's model (--model {self.path}) or "
-                "build a new index"
+                f"cannot be compared: {purpose} with the index's model (--model {self.path}) "
+                "or build a new index"
             )
 
 
