@@ -217,6 +217,25 @@ def stopped_build(root, setup, texts, options) -> None:
         build_index(root, texts, encoder, options=options, on_chunk=stop_after_three)
 
 
+def test_a_commit_removes_the_chunks_a_stopped_write_of_other_texts_left(tmp_path, setup):
+    """A stopped build leaves its chunks to resume from; a write of other texts that commits
+    instead removes them (they would stay on disk indefinitely), and the index is that
+    write's alone."""
+    from clearformer.index import IndexOptions, build_index
+    from clearformer.text import TextEncoder
+
+    options = IndexOptions(ann="exact", chunk_rows=64)
+    root = tmp_path / "idx"
+    stopped_build(root, setup, word_texts(300), options)
+    (left,) = (root / "staging").iterdir()
+    assert list(left.glob("chunk-*"))
+    other = word_texts(320)[300:]
+    encoder = TextEncoder.from_pretrained(setup["model"])
+    index = build_index(root, other, encoder, options=options)
+    assert index.rows == 20 and not left.exists()
+    assert not any((root / "staging").iterdir())
+
+
 @pytest.mark.parametrize("damage", [*DAMAGES, "garbage inside"])
 def test_a_damaged_chunk_of_a_stopped_build_is_embedded_again(tmp_path, setup, damage):
     from clearformer.index import IndexOptions, build_index

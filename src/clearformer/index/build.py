@@ -142,11 +142,19 @@ class StagedWrite:
     job_key: str  # its chunks, in staging/, removed once it is committed
 
     def commit(self) -> None:
-        """Replace ``CURRENT`` (the commit), then remove what no kept generation uses."""
+        """Replace ``CURRENT`` (the commit), then remove what no kept generation uses and
+        every staged job: this one's chunks, and those a stopped write of other texts left
+        (the writer lock is held, so no other write is staging; rerunning that write embeds
+        its texts again rather than keep a copy of its embeddings on disk indefinitely)."""
         layout.commit(self.root, self.generation)
         log.info("committed %s of %s", self.generation, self.root)
         layout.remove_stale(self.root)
-        shutil.rmtree(self.root / "staging" / self.job_key, ignore_errors=True)
+        staging = self.root / "staging"
+        for job in sorted(staging.iterdir()) if staging.is_dir() else []:
+            if job.name != self.job_key:
+                size = sum(f.stat().st_size for f in job.rglob("*") if f.is_file())
+                log.info("removing %s: chunks of a stopped write (%s bytes)", job, f"{size:,}")
+            shutil.rmtree(job, ignore_errors=True)
 
 
 @dataclass(frozen=True)
