@@ -253,3 +253,22 @@ def test_an_add_killed_between_two_commits_is_finished_by_the_same_add(folders, 
     assert again.kinds["sparse"] == (B, B)
     assert_same_results(results(out, dense), results(folders["added"], dense))
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+
+
+def test_an_add_past_the_exact_mark_gives_the_multivector_kind_its_graph(
+    tmp_path, dense, monkeypatch
+):
+    """A multi-vector kind built at ann "auto" under the exact-scan mark scans its encodings;
+    the add that takes it past the mark builds the graph over every encoding, as a build of
+    all the texts in one go does (it stayed an exact scan, however large it grew)."""
+    from clearformer.index import multivector_index
+
+    monkeypatch.setattr(multivector_index, "EXACT_MAX_ROWS", A)  # A rows: exact; A + B: graph
+    build_all(tmp_path / "a", TEXTS[:A], IDS[:A], dense)
+    assert open_kind_index(tmp_path / "a", "multivector")._graph is None
+    add_to_kinds(tmp_path / "a", TEXTS[A:B], models(dense), ids=IDS[A:B])
+    build_all(tmp_path / "whole", TEXTS[:B], IDS[:B], dense)
+    added, whole = (open_kind_index(tmp_path / f, "multivector") for f in ("a", "whole"))
+    assert added._graph is not None and whole._graph is not None
+    assert added.meta["options"]["ann"] == "auto"
+    assert_same_results(results(tmp_path / "a", dense), results(tmp_path / "whole", dense))

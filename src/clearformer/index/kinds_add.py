@@ -58,6 +58,7 @@ from .collection import (
 from .identity import ModelIdentity, ModelMismatchError
 from .kind_extend import StagedKind, check_engine, read_state, stage_kind
 from .kinds import encoder_for, identity_of, model_kind_of
+from .multivector_index import MultiVectorOptions
 
 log = logging.getLogger(__name__)
 
@@ -142,12 +143,18 @@ def add_to_kinds(
             if state.identity is not None:
                 _check_identity(root, kind, state.identity, identity_of(by_kind[kind]))
             check_engine(state)
-        graphs = [s for s in states.values() if s.meta["options"].get("ann") == "hnsw"]
-        if "dense" in present or graphs:
-            engine.usearch_index_module()
         held_ids, held_texts = store.all()
         new_ids, new_texts = _new_texts(held_ids, held_texts, ids, texts)
         all_ids, all_texts = held_ids + new_ids, held_texts + new_texts
+        # A multi-vector kind at "auto" takes a graph once it holds more than the exact mark.
+        graphs = [
+            s
+            for s in states.values()
+            if s.kind == "multivector"
+            and MultiVectorOptions(**s.meta["options"]).ann_for(len(all_texts)) == "hnsw"
+        ]
+        if "dense" in present or graphs:  # before any work
+            engine.usearch_index_module()
         held = len(texts) - len(new_texts)
         lagging = [kind for kind in present if states[kind].rows < len(all_texts)]
         if not lagging:

@@ -46,7 +46,9 @@ class MultiVectorOptions:
     final_dimensions: int | None = None
     seed: int = 0
     candidates: int = 200  # encodings' best documents rescored by exact MaxSim per query
-    ann: str = "auto"  # auto: exact scan of the encodings up to EXACT_MAX_ROWS, else hnsw
+    # auto: exact scan of the encodings up to EXACT_MAX_ROWS rows, else hnsw (resolved at each
+    # build and add from the rows then held: an add past the mark builds the graph)
+    ann: str = "auto"
     connectivity: int = 16  # HNSW, as IndexOptions
     expansion_add: int = 128
     expansion_search: int = 256
@@ -65,6 +67,12 @@ class MultiVectorOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+    def ann_for(self, rows: int) -> str:
+        """The search an index of ``rows`` documents runs: ``exact`` or ``hnsw``."""
+        if self.ann != "auto":
+            return self.ann
+        return "exact" if rows <= EXACT_MAX_ROWS else "hnsw"
 
     def muvera(self, dim: int) -> MuveraConfig:
         return MuveraConfig(
@@ -94,9 +102,7 @@ def build_multivector(
     view = encoder_for("multivector", encoder, "encoder")
     identity = identity_of(view)
     muvera = Muvera(options.muvera(identity.width))  # checks the settings before any work
-    ann = options.ann
-    if ann == "auto":
-        ann = "exact" if len(texts) <= EXACT_MAX_ROWS else "hnsw"
+    ann = options.ann_for(len(texts))
     if ann == "hnsw":
         engine.usearch_index_module()  # a missing engine fails now, not after encoding
     write_kind(
@@ -105,7 +111,7 @@ def build_multivector(
         texts,
         ids,
         model=identity.to_dict(),
-        options={**options.to_dict(), "ann": ann},
+        options=options.to_dict(),  # as asked: "auto" is resolved again by each add
         write_files=lambda folder, rows: write_multivector_files(
             folder, rows, muvera, ann, options
         ),
@@ -150,7 +156,9 @@ def extend_multivector_files(
     """The files of ``previous`` (a committed generation, its ``meta``) with the documents'
     token ``rows`` after its own. A document's MUVERA encoding depends on its tokens alone, so
     only the new rows are encoded, and their encodings are inserted into the previous graph
-    (loaded, as the dense add does): an add costs its own rows, not the index's."""
+    (loaded, as the dense add does): an add costs its own rows, not the index's, but for the
+    add that takes an ``auto`` index past :data:`EXACT_MAX_ROWS`, which builds the graph over
+    every encoding."""
     options = MultiVectorOptions(**meta["options"])
     held = Ragged(np.load(previous / TOKEN_INDPTR), np.load(previous / TOKENS, mmap_mode="r"))
     both = concatenate([held, rows])
@@ -159,9 +167,13 @@ def extend_multivector_files(
     added = Muvera(options.muvera(width)).encode_documents(rows)  # (new rows, F)
     encodings = np.concatenate([np.load(previous / ENCODINGS), added]).astype(np.float32)
     np.save(folder / ENCODINGS, encodings)
-    if options.ann == "hnsw":
-        graph = engine.open_graph(previous / GRAPH, view=False)
-        engine.add_to_graph(graph, meta["rows"], np.ascontiguousarray(added, dtype=np.float32))
+    if options.ann_for(len(encodings)) == "hnsw":
+        if options.ann_for(meta["rows"]) == "hnsw":
+            graph = engine.open_graph(previous / GRAPH, view=False)
+            engine.add_to_graph(graph, meta["rows"], np.ascontiguousarray(added, dtype=np.float32))
+        else:  # past the exact scan's mark: the graph over every encoding, once
+            graph = engine.new_graph("float32", encodings.shape[1], options)
+            engine.add_to_graph(graph, 0, encodings)
         engine.save_graph(graph, folder / GRAPH)
 
 
@@ -186,7 +198,7 @@ class MultiVectorIndex(KindIndex):
                 f"does not hold {self.rows + 1} offsets ending at {len(self._tokens)} tokens",
             )
         self._graph = None
-        if self.options.ann == "hnsw":
+        if self.options.ann_for(self.rows) == "hnsw":
             self._graph = integrity.open_graph(
                 self.folder / GRAPH, self.rows, self._encodings.shape[1], "float32", meta_path
             )
