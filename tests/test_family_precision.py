@@ -214,3 +214,21 @@ def test_loaded_in_int8_runs_the_int8_model_and_lets_float32_go(family):
     with pytest.raises(ValueError, match="loaded with precision='int8'"):
         held.save_pretrained(encoder.path.parent / "never-written")
     assert not (encoder.path.parent / "never-written").exists()
+
+
+def test_int8_asked_where_the_cpu_has_none_loads_float32_and_takes_int8_calls(monkeypatch):
+    """Loaded with precision="int8" on a CPU without int8 products, the encoder holds the
+    float32 model (as encode(precision="int8") runs there) and calls that ask for int8 run
+    it; the refusal of another precision names what was asked and what runs."""
+    import clearformer.quant
+    from clearformer.quant.int8 import Int8Support
+
+    monkeypatch.setattr(clearformer.quant, "int8_support", lambda: Int8Support(False, "mocked"))
+    held = TextEncoder.from_pretrained(precision="int8")
+    assert held.precision_for("int8").choice == "float32"
+    texts = _texts()[:8]
+    expected = TextEncoder.from_pretrained().encode(texts)
+    assert np.array_equal(held.encode(texts, precision="int8"), expected)
+    assert np.array_equal(held.encode(texts), expected)
+    with pytest.raises(ValueError, match=r"loaded with precision='int8', run as float32 .* 'bf16'"):
+        held.encode(texts, precision="bf16")

@@ -236,6 +236,25 @@ def test_a_commit_removes_the_chunks_a_stopped_write_of_other_texts_left(tmp_pat
     assert not any((root / "staging").iterdir())
 
 
+def test_chunks_of_one_precision_are_not_resumed_by_a_write_in_another(tmp_path, setup):
+    """A stopped float32 build's chunks are not taken by the same build from an encoder
+    loaded in bf16: its index holds bf16 rows throughout, as a clean bf16 build's."""
+    from clearformer.index import IndexOptions, build_index
+    from clearformer.text import TextEncoder
+
+    texts = word_texts(300)
+    options = IndexOptions(ann="exact", chunk_rows=64)
+    root = tmp_path / "idx"
+    stopped_build(root, setup, texts, options)
+    bf16 = TextEncoder.from_pretrained(setup["model"], precision="bf16")
+    index = build_index(root, texts, bf16, options=options)
+    clean = build_index(tmp_path / "clean", texts, bf16, options=options)
+    rows = np.arange(300)
+    np.testing.assert_array_equal(index.vectors(rows), clean.vectors(rows))
+    float32 = TextEncoder.from_pretrained(setup["model"]).encode(texts[:64], normalize=True)
+    assert np.abs(index.vectors(np.arange(64)) - float32).max() > 1e-4  # not the stopped chunks
+
+
 @pytest.mark.parametrize("damage", [*DAMAGES, "garbage inside"])
 def test_a_damaged_chunk_of_a_stopped_build_is_embedded_again(tmp_path, setup, damage):
     from clearformer.index import IndexOptions, build_index

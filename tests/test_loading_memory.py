@@ -141,7 +141,8 @@ def test_copy_into_converts_block_by_block_as_copy_does(every_dtype, monkeypatch
     lazy = open_tensors(every_dtype)
     reference = load_file(str(every_dtype))
     for code in ("F16", "BF16", "F32", "F64"):
-        for name, rows in ((f"{code}.3x5", None), (f"{code}.3x5", (1, 3)), (f"{code}.2x1x3", None)):
+        cases = [(f"{code}.3x5", None), (f"{code}.3x5", (1, 3)), (f"{code}.2x1x3", None)]
+        for name, rows in [*cases, (f"{code}.0x4", None), (f"{code}.scalar", None)]:
             source = reference[name] if rows is None else reference[name][rows[0] : rows[1]]
             into = torch.zeros(source.shape, dtype=torch.bfloat16)
             lazy.copy_into(name, into, rows)
@@ -328,6 +329,25 @@ def test_a_load_in_bf16_is_the_bf16_copy_of_the_float32_load(tmp_path, kind):
     assert {v.dtype for v in ours.values()} >= {torch.bfloat16}
     for name, buffer in copied.named_buffers():
         assert _same_bits(dict(direct.model.named_buffers())[name], buffer), name
+
+
+def test_a_model_built_empty_in_bf16_computes_its_buffers_for_real():
+    """A sinusoidal position table is computed, not loaded: the model built on the meta
+    device gets it on the CPU, equal to the float32 model's, and nothing is left on meta."""
+    from clearformer import EncoderConfig, EncoderModel
+    from clearformer.precision import empty_bf16
+
+    config = EncoderConfig(d_model=16, n_heads=2, n_layers=1, dim_mlp=32, vocab_size=20,
+                           positions="sinusoidal")  # fmt: skip
+    with torch.device("meta"):
+        empty = EncoderModel(config)
+    built = empty_bf16(empty)
+    table = built.embeddings.position_table
+    assert not table.is_meta and torch.equal(table, EncoderModel(config).embeddings.position_table)
+    assert not any(t.is_meta for t in (*built.parameters(), *built.buffers()))
+    # Built inside the meta context: refused, not half-made.
+    with torch.device("meta"), pytest.raises(ValueError, match="on the meta device"):
+        empty_bf16(EncoderModel(config))
 
 
 def test_a_load_in_bf16_needs_every_weight(tmp_path):

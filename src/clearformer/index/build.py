@@ -128,7 +128,7 @@ def stage_add(
     root = Path(path)
     base = VectorIndex.open(root)
     hooks = _Hooks(on_chunk, graph_progress)
-    plan = _plan(root, texts, encoder, ids, base.options, base)
+    plan = _plan(root, texts, encoder, ids, base.options, base, encode_options)
     staged = _stage(root, plan, encoder, base.options, base, source, hooks, encode_options)
     return None if isinstance(staged, VectorIndex) else staged
 
@@ -149,12 +149,7 @@ class StagedWrite:
         layout.commit(self.root, self.generation)
         log.info("committed %s of %s", self.generation, self.root)
         layout.remove_stale(self.root)
-        staging = self.root / "staging"
-        for job in sorted(staging.iterdir()) if staging.is_dir() else []:
-            if job.name != self.job_key:
-                size = sum(f.stat().st_size for f in job.rglob("*") if f.is_file())
-                log.info("removing %s: chunks of a stopped write (%s bytes)", job, f"{size:,}")
-            shutil.rmtree(job, ignore_errors=True)
+        layout.clear_staging(self.root, self.job_key)
 
 
 @dataclass(frozen=True)
@@ -181,7 +176,7 @@ def _write(
     hooks: _Hooks,
     encode_options: dict[str, Any],
 ) -> VectorIndex:
-    plan = _plan(root, texts, encoder, ids, options, base)
+    plan = _plan(root, texts, encoder, ids, options, base, encode_options)
     with layout.writer_lock(root):
         staged = _stage(root, plan, encoder, options, base, source, hooks, encode_options)
         if isinstance(staged, VectorIndex):
@@ -197,6 +192,7 @@ def _plan(
     ids: Sequence[str] | None,
     options: IndexOptions,
     base: VectorIndex | None,
+    encode_options: dict[str, Any],
 ) -> _Plan:
     """Every check before any work: nothing is embedded for a write that would be refused."""
     texts = _check_texts(texts)
@@ -224,10 +220,19 @@ def _plan(
         "pooling": identity.pooling,
         "max_length": identity.max_length,
         "normalize": True,
-        "precision": "float32",
+        # What the chunks are computed in (an encoder loaded in bf16 or int8 runs that by
+        # default): chunks of one precision are never resumed into a write of another.
+        "precision": _chunk_precision(encoder, encode_options.get("precision")),
         "chunk_rows": options.chunk_rows,
     }
     return _Plan(texts, ids, content, identity, dimensions, job, _sha256_json(job)[:16])
+
+
+def _chunk_precision(encoder, asked: str | None) -> str:
+    """The precision ``encoder.encode(precision=asked)`` computes in (float32 for encoders
+    that offer no choice)."""
+    decide = getattr(encoder, "precision_for", None)
+    return "float32" if decide is None else decide(asked).choice
 
 
 def _stage(

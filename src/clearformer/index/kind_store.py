@@ -164,8 +164,7 @@ def finish(sub: Path, name: str, job_key: str | None) -> None:
     layout.commit(sub, name)
     log.info("committed %s of %s", name, sub)
     layout.remove_stale(sub)
-    if job_key is not None:
-        shutil.rmtree(sub / "staging" / job_key, ignore_errors=True)
+    layout.clear_staging(sub, job_key)
 
 
 def _job_key(job: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
 import re
 import shutil
@@ -33,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from ..io import atomic_write
+
+log = logging.getLogger(__name__)
 
 # The files of a committed index, by name: the pointer, a generation's, a segment's.
 CURRENT = "CURRENT"
@@ -243,3 +246,16 @@ def remove_stale(root: Path) -> None:
     for folder in (root / "generations", root / "segments"):
         for leftover in folder.glob(".*.tmp-*"):
             shutil.rmtree(leftover, ignore_errors=True)
+
+
+def clear_staging(root: Path, job_key: str | None) -> None:
+    """After a commit (the writer lock held, so no other write is staging): remove every
+    job's chunks under ``root/staging``, the committed job's and those a stopped write of other
+    texts left, which would otherwise stay on disk until that very write ran again (run again,
+    it embeds its texts anew). The others are logged with their size."""
+    staging = root / "staging"
+    for job in sorted(staging.iterdir()) if staging.is_dir() else []:
+        if job.name != job_key:
+            size = sum(f.stat().st_size for f in job.rglob("*") if f.is_file())
+            log.info("removing %s: chunks of a stopped write (%s bytes)", job, f"{size:,}")
+        shutil.rmtree(job, ignore_errors=True)

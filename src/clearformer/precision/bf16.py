@@ -135,6 +135,9 @@ def empty_bf16(model: nn.Module) -> nn.Module:
                     f"nothing computes it: the model cannot be built empty in bfloat16"
                 )
             module._buffers[name] = computed[name]
+    left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if left:  # made under a meta context, say: nothing may run on it
+        raise ValueError(f"empty_bf16 left {left[:3]} on the meta device")
     return model.eval()
 
 

@@ -95,6 +95,7 @@ class TextEncoder:
         head: SentenceHead | None = None,
         truncate_dim: int | None = None,
         held: Decision | None = None,
+        held_as: str | None = None,
     ) -> None:
         self._loaded = loaded
         self.prompts = Prompts() if prompts is None else prompts
@@ -117,7 +118,7 @@ class TextEncoder:
         self.max_length = tokenizer.max_length
         self.path: Path = loaded.files.path
         self.report: LoadReport = loaded.report
-        self._models = PrecisionModels(self.model, tokenizer, held)
+        self._models = PrecisionModels(self.model, tokenizer, held, held_as)
         if self._models.model is not self.model:  # loaded in int8: the float32 model is gone
             self.model = self._models.model
             self._loaded = dataclasses.replace(loaded, model=self.model)
@@ -159,11 +160,13 @@ class TextEncoder:
             ValueError: a ``truncate_dim`` wider than the embeddings or outside the model's
                 Matryoshka dimensions; an unknown ``precision``.
         """
-        held = None
+        held = held_as = None
         if precision is not None:  # checked and decided before any weight is read
-            from ..precision import choose_precision
+            from ..precision import check_precision, choose_precision
 
-            held = choose_precision(precision, offered=("float32", "bf16", "int8"))
+            offered = ("float32", "bf16", "int8")
+            held_as = check_precision(precision, "precision", (*offered, "auto"))
+            held = choose_precision(held_as, offered=offered)
         parts = read_encoder_parts(
             path,
             backend=backend,
@@ -172,13 +175,16 @@ class TextEncoder:
             truncate_dim=truncate_dim,
             precision="bf16" if held is not None and held.choice == "bf16" else "float32",
         )
-        return cls.from_parts(parts, held=held)
+        return cls.from_parts(parts, held=held, held_as=held_as)
 
     @classmethod
-    def from_parts(cls, parts: EncoderParts, held: Decision | None = None) -> TextEncoder:
+    def from_parts(
+        cls, parts: EncoderParts, held: Decision | None = None, held_as: str | None = None
+    ) -> TextEncoder:
         """An encoder of a checkpoint's parts as :func:`~.encoder_files.read_encoder_parts`
         reads them (or with the model and head swapped for trained ones); ``held``: the
-        precision it holds alone (``from_pretrained(precision=...)``'s decision)."""
+        precision it holds alone (``from_pretrained(precision=...)``'s decision), ``held_as``
+        the name that load asked for."""
         return cls(
             parts.loaded,
             parts.tokenizer,
@@ -189,6 +195,7 @@ class TextEncoder:
             head=parts.head,
             truncate_dim=parts.truncate_dim,
             held=held,
+            held_as=held_as,
         )
 
     @property
@@ -448,7 +455,7 @@ class TextEncoder:
         once they have carried enough tokens to repay it."""
         self._reordering.drop()
 
-    def precision_for(self, precision: str = "auto") -> Decision:
+    def precision_for(self, precision: str | None = "auto") -> Decision:
         """The precision ``encode(precision=...)`` runs in on this machine, and why: a
         :class:`~clearformer.options.Decision` (``print`` shows both). ``"auto"`` is decided
         on its first use and kept (:func:`clearformer.precision.auto_precision`)."""

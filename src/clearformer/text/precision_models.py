@@ -27,17 +27,25 @@ class PrecisionModels:
         model: the model as loaded (float32, or bfloat16 when ``held`` is bf16).
         tokenizer: the encoder's tokenizer (the int8 conversion calibrates on a few texts).
         held: the one precision the encoder was loaded in (its decision), or None.
+        held_as: the name the load asked for (``"int8"`` where the decision is float32
+            because this CPU has no int8 products); None: the decision's.
 
     Attributes:
         model: the model the encoder holds: float32, or the held precision's.
     """
 
-    def __init__(self, model: EncoderModel, tokenizer, held: Decision | None = None) -> None:
+    def __init__(
+        self,
+        model: EncoderModel,
+        tokenizer,
+        held: Decision | None = None,
+        held_as: str | None = None,
+    ) -> None:
         self._int8 = Int8Models(model, tokenizer)  # built on the first int8 call
         # Loaded in int8: the float32 model converted in place, layer by layer, and forgotten.
         self.model = self._int8.hold() if held is not None and held.choice == "int8" else model
         self._precisions: Precisions[EncoderModel] = Precisions(
-            OFFERED, self._device, self._copy_bf16, held=held
+            OFFERED, self._device, self._copy_bf16, held=held, held_as=held_as
         )
 
     @property

@@ -40,6 +40,7 @@ class Precisions(Generic[Model]):
         device: Callable[[], torch.device],
         copy_bf16: Callable[[], Model],
         held: Decision | None = None,
+        held_as: str | None = None,
     ) -> None:
         self.offered = offered
         self._device = device
@@ -48,8 +49,11 @@ class Precisions(Generic[Model]):
         self._bf16: Model | None = None
         self._lock = threading.Lock()
         self.held = held
+        # The name the load asked for: int8 asked where the CPU has no int8 runs float32, and
+        # a call that asks for int8 again runs what the load decided.
+        self.held_as = held_as if held_as is not None or held is None else held.choice
         if held is not None:  # one model, loaded in its precision: every call runs it
-            self._decisions = {held.choice: held, "auto": held}
+            self._decisions = {held.choice: held, "auto": held, self.held_as: held}
 
     @property
     def default(self) -> str:
@@ -62,11 +66,12 @@ class Precisions(Generic[Model]):
         if precision is None:
             return self.default
         precision = check_precision(precision, name, (*self.offered, "auto"))
-        if self.held is not None and precision not in (self.held.choice, "auto"):
+        if self.held is not None and precision not in (self.held.choice, self.held_as, "auto"):
+            runs = "" if self.held_as == self.held.choice else f", run as {self.held.choice}"
             raise ValueError(
-                f"{name} must be {self.held.choice!r} (or 'auto'): this model was loaded with "
-                f"precision={self.held.choice!r} and holds that model alone; load it without "
-                f"precision= to choose per call, got {precision!r}"
+                f"{name} must be {self.held_as!r} (or 'auto'): this model was loaded with "
+                f"precision={self.held_as!r}{runs} and holds that model alone; load it "
+                f"without precision= to choose per call, got {precision!r}"
             )
         return precision
 

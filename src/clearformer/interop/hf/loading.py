@@ -92,7 +92,8 @@ def build_model(
         from ...precision import empty_bf16
 
         with torch.device("meta"):  # shapes only: no float32 weight is ever made
-            model = empty_bf16(EncoderModel(config))
+            model = EncoderModel(config)
+        model = empty_bf16(model)  # outside the meta context: computed buffers are real
     else:
         model = EncoderModel(config)
     report, kept = load_state(model, tensors, family, strict=strict, source=str(files.weights))

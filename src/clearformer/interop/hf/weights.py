@@ -108,7 +108,7 @@ class CheckpointTensors(Mapping[str, Tensor]):
             and destination.device.type == "cpu"
         ):
             entry.read_into(destination, rows)
-        elif destination.dim() == 0 or rows == (0, 0):
+        elif destination.dim() == 0 or destination.numel() == 0:
             destination.copy_(entry.read(rows))
         else:
             # Converted block by block of rows: a model filled in another dtype (bfloat16 from
