@@ -102,11 +102,14 @@ def run_one(args) -> dict:
     if args.library == "clearformer":
         from clearformer import SparseEncoder
 
-        model = SparseEncoder.from_pretrained(args.model, max_length=args.max_length)
         precision = "bf16" if bf16 else "float32"
+        # Loaded in its precision alone, as `clearformer encode` and `serve` load it.
+        model = SparseEncoder.from_pretrained(
+            args.model, max_length=args.max_length, precision=precision
+        )
 
         def encode(batch):
-            return model.encode_document(batch, batch_size=args.batch_size, precision=precision)
+            return model.encode_document(batch, batch_size=args.batch_size)
     else:
         from sentence_transformers import SparseEncoder
 

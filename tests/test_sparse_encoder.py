@@ -192,6 +192,40 @@ def test_bf16_is_close_to_float32(splade):
         encoder.encode_document(TEXTS, precision="int8")
 
 
+def test_loaded_in_bf16_holds_the_bf16_copy_alone(splade):
+    """``precision="bf16"`` at load: the weights of ``encode_document(precision="bf16")`` of a
+    float32 encoder, bit for bit; no float32 linear layer left reachable; float32 refused."""
+    import gc
+    import weakref
+
+    from clearformer.text import sparse_sides
+
+    made: list = []
+    original = sparse_sides.SpladeRunner.load.__func__
+
+    def load(cls, *args, **kwargs):  # the float32 runner, seen before it lets go
+        runner = original(cls, *args, **kwargs)
+        made.extend(weakref.ref(m) for m in runner.loaded.loaded.model.modules()
+                    if isinstance(m, torch.nn.Linear))  # fmt: skip
+        return runner
+
+    sparse_sides.SpladeRunner.load = classmethod(load)
+    try:
+        held = SparseEncoder.from_pretrained(splade, precision="bf16")
+    finally:
+        sparse_sides.SpladeRunner.load = classmethod(original)
+    gc.collect()
+    assert made and not [ref for ref in made if ref() is not None]
+    expected = SparseEncoder.from_pretrained(splade).encode_document(TEXTS, precision="bf16")
+    got = held.encode_document(TEXTS)
+    assert torch.equal(got.to_dense(), expected.to_dense())
+    assert torch.equal(held.encode_document(TEXTS, precision="bfloat16").to_dense(), got.to_dense())
+    with pytest.raises(ValueError, match=r"loaded with precision='bf16' .* got 'float32'"):
+        held.encode_document(TEXTS, precision="float32")
+    with pytest.raises(ValueError, match="precision"):
+        SparseEncoder.from_pretrained(splade, precision="int8")
+
+
 def test_distilbert_splade_matches_sentence_transformers(tmp_path):
     """OpenSearch's SPLADE models are DistilBERT: no token types, another head layout."""
     import transformers

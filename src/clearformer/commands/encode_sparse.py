@@ -49,7 +49,9 @@ def run_sparse(args: argparse.Namespace, texts: list[str], output: Path | None) 
     from .status_line import progress_for
 
     check_sparse_flags(args)
-    encoder = SparseEncoder.from_pretrained(args.model, backend=args.backend)
+    encoder = SparseEncoder.from_pretrained(
+        args.model, backend=args.backend, precision=args.precision
+    )
     vectors = encoder.encode_document(
         texts,
         batch_size=args.batch_size,

@@ -165,7 +165,9 @@ def load_sparse(spec, *, max_input_tokens: int | None, precision: str, backend: 
     """A :class:`SparseServedModel` of the SparseEncoder directory ``spec.path``."""
     from ..text.sparse_encoder import SparseEncoder
 
-    model = SparseEncoder.from_pretrained(spec.path, backend=backend)
+    # The one precision the server runs it in, held alone (bf16: no float32 weights kept).
+    held = "bf16" if precision == "bf16" else "float32"
+    model = SparseEncoder.from_pretrained(spec.path, backend=backend, precision=held)
     name = spec.name or model.path.name
     limit = model.max_length
     if max_input_tokens is not None:

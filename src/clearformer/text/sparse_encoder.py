@@ -39,6 +39,13 @@ PRECISIONS = ("float32", "bf16")
 _DOCUMENT_PROMPTS = ("document", "passage", "corpus")
 
 
+def _canonical(precision: object) -> str:
+    """``precision`` checked against :data:`PRECISIONS` (``"bfloat16"`` is ``"bf16"``)."""
+    precision = "bf16" if precision == "bfloat16" else precision  # PyTorch's name too
+    check_choice(precision, PRECISIONS, "precision")
+    return precision
+
+
 class SparseEncoder:
     """A SPLADE model (or an inference-free one) with its tokenizer(s).
 
@@ -54,8 +61,14 @@ class SparseEncoder:
 
     kind = "sparse"
 
-    def __init__(self, layout: SparseLayout, sides: dict[str, SpladeRunner | StaticRunner]):
+    def __init__(
+        self,
+        layout: SparseLayout,
+        sides: dict[str, SpladeRunner | StaticRunner],
+        precision: str | None = None,
+    ):
         self.layout = layout
+        self.precision = precision  # the one it was loaded in (None: either, per call)
         self.sides = sides
         self.path: Path = layout.root
         self.max_active_dims = layout.max_active_dims
@@ -72,6 +85,7 @@ class SparseEncoder:
         backend: str = "auto",
         strict: bool = True,
         padding_side: str | None = None,
+        precision: str | None = None,
     ) -> SparseEncoder:
         """Load a sentence-transformers SparseEncoder directory (SPLADE, or inference-free
         SPLADE behind a Router).
@@ -83,12 +97,18 @@ class SparseEncoder:
                 ``model_max_length``, as sentence-transformers' does.
             padding_side: the tokenizer's padding side (weights do not depend on it: batches
                 are packed).
+            precision: None = float32 weights, and a call may ask for bf16 (a bfloat16 copy
+                is then built and kept beside them); ``"float32"`` or ``"bf16"``: that
+                precision's encoder and head alone (bf16: the float32 ones let go once the
+                copy is made), every call runs it, and a call asking for the other is refused.
 
         Raises:
             FileNotFoundError: no such directory.
             CheckpointError: a directory of another kind (naming the class to use), modules
                 clearformer does not run, or an incomplete or mismatched checkpoint.
         """
+        if precision is not None:  # before any work
+            precision = _canonical(precision)
         root = resolve_path(path)
         kind = model_kind(root)
         if kind != "sparse":
@@ -118,8 +138,24 @@ class SparseEncoder:
             task: runners[side] if side in runners else StaticRunner.load(side, vocab_size)
             for task, side in layout.sides.items()
         }
+        if precision == "bf16":
+            for runner in runners.values():
+                runner.hold_bf16()
         log.info("loaded sparse encoder %s (query: %s)", root, type(sides["query"]).__name__)
-        return cls(layout, sides)
+        return cls(layout, sides, precision)
+
+    def _check_precision(self, precision: object) -> str:
+        """A call's precision, canonical (None: the loaded one, else float32), or the error."""
+        if precision is None:
+            return self.precision or "float32"
+        precision = _canonical(precision)
+        if self.precision is not None and precision != self.precision:
+            raise ValueError(
+                f"precision must be {self.precision!r}: this sparse encoder was loaded with "
+                f"precision={self.precision!r} and holds that model alone; load it without "
+                f"precision= to choose per call, got {precision!r}"
+            )
+        return precision
 
     @property
     def max_length(self) -> int:
@@ -180,7 +216,7 @@ class SparseEncoder:
         progress: bool | ProgressFn | None = None,
         max_active_dims: int | None = None,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-        precision: str = "float32",
+        precision: str | None = None,
         workers: int | None = None,
     ) -> Tensor:
         """Queries -> (n, V) sparse weights; see :meth:`encode`."""
@@ -203,7 +239,7 @@ class SparseEncoder:
         progress: bool | ProgressFn | None = None,
         max_active_dims: int | None = None,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-        precision: str = "float32",
+        precision: str | None = None,
         workers: int | None = None,
     ) -> Tensor:
         """Documents -> (n, V) sparse weights; see :meth:`encode`."""
@@ -227,7 +263,7 @@ class SparseEncoder:
         progress: bool | ProgressFn | None = None,
         max_active_dims: int | None = None,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-        precision: str = "float32",
+        precision: str | None = None,
         workers: int | None = None,
     ) -> Tensor:
         """Texts -> their SPLADE weights.
@@ -245,7 +281,8 @@ class SparseEncoder:
             chunk_tokens: tokens whose (chunk, V) logits exist at once: the memory peak of
                 the pooling (:func:`clearformer.heads.splade.splade_pool`).
             precision: ``"float32"``, or ``"bf16"`` (``"bfloat16"``): the encoder and head in
-                bfloat16 (norms, activation and pooling in float32).
+                bfloat16 (norms, activation and pooling in float32); None = the precision
+                the encoder was loaded in, else float32.
             workers: forward passes run side by side, each on a share of the CPU's threads
                 (as :meth:`~clearformer.TextEncoder.encode`'s; None: two on a CPU with two
                 threads or more and two batches or more). Speed only: a text's weights do not
@@ -261,8 +298,7 @@ class SparseEncoder:
             raise TypeError(
                 f"progress must be None, True, False or a callable (done, total), got {progress!r}"
             )
-        precision = "bf16" if precision == "bfloat16" else precision  # PyTorch's name too
-        check_choice(precision, PRECISIONS, "precision")
+        precision = self._check_precision(precision)
         k = self._check_max_active_dims(max_active_dims)
         check_batch_limits(batch_size, DEFAULT_MAX_TOKENS)
         check_workers(workers)

@@ -147,6 +147,18 @@ class SpladeRunner:
                 rows, cu_seqlens, logits, self.splade, self.vocab_size, chunk_tokens=chunk_tokens
             )  # (B, V)
 
+    def hold_bf16(self) -> None:
+        """Keep the bfloat16 encoder and head alone: the float32 ones go (an encoder loaded
+        with ``precision="bf16"``); every later call runs bfloat16, whatever it asks."""
+        with self._bf16_lock:
+            bf16 = self._make_bf16()
+        self.loaded, self._projection = bf16, self._bf16_projection
+        table = bf16.decoder_weight
+        self._reordering = KeptReordering(
+            nn.ModuleList([bf16.loaded.model, bf16.head]),
+            extra_bytes=table.numel() * table.element_size(),
+        )
+
     def _bf16_copy(self) -> tuple[LoadedMaskedLM, TiedProjection]:
         """Encoder and head in bfloat16 (norms in float32), and their vocabulary projection,
         built once."""
