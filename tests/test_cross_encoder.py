@@ -79,6 +79,25 @@ def test_predict_reads_reordered_weights_and_scores_the_same(checkpoint, monkeyp
     np.testing.assert_array_equal(packed, plain)
 
 
+def test_loaded_in_bf16_holds_the_bf16_copy_alone(checkpoint):
+    """``precision="bf16"`` at load: the scores of ``predict(precision="bf16")`` of a float32
+    cross-encoder, bit for bit; its model and head in bfloat16; float32 calls refused."""
+    import torch
+
+    path, _ = checkpoint
+    held = CrossEncoder.from_pretrained(path, precision="bf16")
+    linear = {m.weight.dtype for m in held.model.modules() if isinstance(m, torch.nn.Linear)}
+    assert linear == {torch.bfloat16}
+    assert held.bf16_model() == (held.model, held.head)
+    want = CrossEncoder.from_pretrained(path).predict(PAIRS, precision="bf16")
+    assert np.array_equal(held.predict(PAIRS), want)
+    assert np.array_equal(held.predict(PAIRS, precision="auto"), want)
+    with pytest.raises(ValueError, match=r"loaded with precision='bf16' .* got 'float32'"):
+        held.predict(PAIRS, precision="float32")
+    with pytest.raises(ValueError, match="precision"):
+        CrossEncoder.from_pretrained(path, precision="int8")
+
+
 def test_token_types_mark_the_second_text(checkpoint):
     path, _ = checkpoint
     ours = CrossEncoder.from_pretrained(path)

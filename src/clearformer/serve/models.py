@@ -300,7 +300,10 @@ def load_model(spec: ModelSpec, *, max_input_tokens: int | None, precision: str,
     files = find_checkpoint(spec.path)
     architectures = [str(a) for a in files.config.get("architectures") or []]
     if any(a.endswith("ForSequenceClassification") for a in architectures):
-        model, kind = CrossEncoder.from_pretrained(files.path, backend=backend), "rerank"
+        # int8 is for embeddings: a cross-encoder runs float32 (warned below), held alone too.
+        held = "float32" if precision == "int8" else precision
+        model = CrossEncoder.from_pretrained(files.path, backend=backend, precision=held)
+        kind = "rerank"
     else:
         # The one precision the server runs it in, loaded alone: no float32 model beside it.
         model = TextEncoder.from_pretrained(files.path, backend=backend, precision=precision)

@@ -11,6 +11,7 @@ of pooling; the scores are ``sentence_transformers.CrossEncoder.predict``'s.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -79,7 +80,17 @@ class CrossEncoder:
         tokenizer: TextTokenizer,
         activation: str,
         prompts: Prompts | None = None,
+        held: Decision | None = None,
+        held_as: str | None = None,
     ):
+        if held is not None and held.choice == "bf16":
+            # The bfloat16 encoder and head alone: the float32 ones go once copied.
+            from ..precision import bf16_copy
+
+            model, head = bf16_copy(loaded.loaded.model), bf16_copy(loaded.head)
+            loaded = dataclasses.replace(
+                loaded, loaded=dataclasses.replace(loaded.loaded, model=model), head=head
+            )
         self._loaded = loaded
         self.prompts = Prompts() if prompts is None else prompts
         self.model: EncoderModel = loaded.loaded.model
@@ -100,7 +111,7 @@ class CrossEncoder:
         )  # weights in oneDNN's layout, once calls repay it
         # int8 is for embeddings (TextEncoder.encode): a cross-encoder runs float32 or bf16.
         self._precisions: Precisions[tuple[EncoderModel, SequenceClassifier]] = Precisions(
-            ("float32", "bf16"), self._device, self._copy_bf16
+            ("float32", "bf16"), self._device, self._copy_bf16, held=held, held_as=held_as
         )
 
     @classmethod
@@ -110,23 +121,35 @@ class CrossEncoder:
         *,
         backend: str = "auto",
         strict: bool = True,
+        precision: str | None = None,
     ) -> CrossEncoder:
         """Load a ``*ForSequenceClassification`` checkpoint directory, or a ``*ForCausalLM``
         reranker (Qwen3-Reranker: its chat template, its yes/no logits; see
         :mod:`~.llm_reranker`).
+
+        ``precision``: None = the float32 model, and a call may ask for bf16 (its copy is then
+        built and kept beside it); ``"float32"``, ``"bf16"`` or ``"auto"`` (decided now): that
+        precision's model and head alone (bf16: the float32 ones let go once copied), every
+        call runs it, and a call asking for another is refused.
 
         Raises:
             FileNotFoundError: no such directory.
             CheckpointError: a checkpoint without a classification head (say, a
                 sentence-embedding model), or an incomplete, unsupported or mismatched one.
         """
+        held = held_as = None
+        if precision is not None:  # checked and decided before any weight is read
+            from ..precision import check_precision, choose_precision
+
+            held_as = check_precision(precision, "precision", ("float32", "bf16", "auto"))
+            held = choose_precision(held_as, offered=("float32", "bf16"))
         started = time.perf_counter()
         files = find_checkpoint(path)
         prompts = prompts_from_files(files)
         if is_causal_lm(files):  # a *ForCausalLM reranker: scored by its yes/no logits
             loaded, tokenizer, activation = load_llm_reranker(files, backend=backend, strict=strict)
             log.info("loaded LLM reranker %s in %.2fs", files.path, time.perf_counter() - started)
-            return cls(loaded, tokenizer, activation, prompts)
+            return cls(loaded, tokenizer, activation, prompts, held, held_as)
         loaded = load_classifier(files, backend=backend, strict=strict)
         config = loaded.loaded.model.config
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
@@ -135,7 +158,7 @@ class CrossEncoder:
         )
         activation = score_activation(files, loaded.head.config.num_labels)
         log.info("loaded cross-encoder %s in %.2fs", files.path, time.perf_counter() - started)
-        return cls(loaded, tokenizer, activation, prompts)
+        return cls(loaded, tokenizer, activation, prompts, held, held_as)
 
     def logits(
         self,
@@ -143,7 +166,7 @@ class CrossEncoder:
         attention_mask: Tensor,
         token_type_ids: Tensor,
         *,
-        precision: str = "float32",
+        precision: str | None = None,
         backend: str | None = None,
         rows_alone: bool = False,
     ) -> Tensor:
@@ -159,7 +182,7 @@ class CrossEncoder:
         )  # (B, T, D)
         return head(hidden, attention_mask).float()  # (B, L)
 
-    def precision_for(self, precision: str = "auto") -> Decision:
+    def precision_for(self, precision: str | None = "auto") -> Decision:
         """The precision ``predict(precision=...)`` runs in here, and why (``"auto"``: bf16
         where :func:`clearformer.precision.auto_precision` takes it, else float32)."""
         return self._precisions.decide(self._precisions.check(precision))
@@ -167,12 +190,16 @@ class CrossEncoder:
     def bf16_model(self) -> tuple[EncoderModel, SequenceClassifier]:
         """The bfloat16 copies of :attr:`model` and :attr:`head` that
         ``predict(precision="bf16")`` runs, built once (:func:`clearformer.precision.bf16_copy`);
-        the float32 ones are not changed."""
+        the float32 ones are not changed. One loaded with ``precision="bf16"`` holds them as
+        :attr:`model` and :attr:`head`."""
+        self._precisions.check("bf16")
         return self._precisions.bf16()
 
     def _copy_bf16(self) -> tuple[EncoderModel, SequenceClassifier]:
         from ..precision import bf16_copy
 
+        if self._precisions.held is not None:  # loaded in bf16: these are the copies
+            return self.model, self.head
         return bf16_copy(self.model), bf16_copy(self.head)
 
     def _device(self) -> torch.device:
@@ -187,7 +214,7 @@ class CrossEncoder:
         apply_softmax: bool = False,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         workers: int | None = None,
-        precision: str = "float32",
+        precision: str | None = None,
         prompt: str | None = None,
         prompt_name: str | None = None,
     ) -> np.ndarray:
@@ -212,7 +239,8 @@ class CrossEncoder:
             precision: ``"float32"``; ``"bf16"`` (or ``"bfloat16"``): :meth:`bf16_model`,
                 bfloat16 matrix products with float32 norms and softmax, logits in float32;
                 ``"auto"``: bf16 where this CPU runs it faster (:meth:`precision_for` says
-                which and why; logged at INFO level).
+                which and why; logged at INFO level); None = the precision the model was
+                loaded in (``from_pretrained(precision=...)``), else float32.
             prompt: text put before each first text (an LLM reranker's instruction: a system
                 message of its chat template); ``prompt_name``: one of :attr:`prompts`; with
                 neither, the checkpoint's default prompt, if any (sentence-transformers' rule).
@@ -263,7 +291,7 @@ class CrossEncoder:
         *,
         activation: str | None = None,
         apply_softmax: bool = False,
-        precision: str = "float32",
+        precision: str | None = None,
     ) -> np.ndarray:
         """One forward pass over pairs already tokenized (``tokenizer.encode_pairs``), as
         :meth:`predict` runs each of its batches: (B, L) float32, row i for ``encodings[i]``.
