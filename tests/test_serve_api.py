@@ -570,3 +570,24 @@ def test_bf16_precision_serves_bf16_rows_and_scores(tiny, reranker):
     want = ranker.predict([("w1", t) for t in TEXTS], precision="bf16")
     got = {item["index"]: item["score"] for item in ranked.json()}
     np.testing.assert_allclose([got[i] for i in range(len(TEXTS))], want, atol=1e-6, rtol=0)
+
+
+def test_a_bf16_server_holds_each_model_in_bfloat16_alone(tiny, reranker):
+    """``--precision bf16``: the embedding model and the reranker are loaded in bfloat16 alone
+    (no float32 linear weight), and their answers are the bf16 ones of the library."""
+    import torch
+
+    from clearformer.serve.models import load_model
+
+    embed = load_model(ModelSpec(str(tiny)), max_input_tokens=None, precision="bf16",
+                       backend="auto")  # fmt: skip
+    rank = load_model(ModelSpec(str(reranker)), max_input_tokens=None, precision="bf16",
+                      backend="auto")  # fmt: skip
+    for served in (embed, rank):
+        linear = {m.weight.dtype for m in served.model.model.modules()
+                  if isinstance(m, torch.nn.Linear)}  # fmt: skip
+        assert served.precision == "bf16" and linear == {torch.bfloat16}, served.kind
+    texts = ["a cat sits", "stock markets fell sharply on monday"]
+    prepared = embed.prepare(texts, field="input", normalize=True, truncate=False)
+    want = TextEncoder.from_pretrained(tiny).encode(texts, normalize=True, precision="bf16")
+    assert np.array_equal(embed.run(prepared.encodings, prepared.options), want)
