@@ -68,8 +68,11 @@ class Precisions(Generic[Model]):
         precision = check_precision(precision, name, (*self.offered, "auto"))
         if self.held is not None and precision not in (self.held.choice, self.held_as, "auto"):
             runs = "" if self.held_as == self.held.choice else f", run as {self.held.choice}"
+            allowed = " or ".join(
+                repr(p) for p in dict.fromkeys((self.held_as, self.held.choice, "auto"))
+            )
             raise ValueError(
-                f"{name} must be {self.held_as!r} (or 'auto'): this model was loaded with "
+                f"{name} must be {allowed}: this model was loaded with "
                 f"precision={self.held_as!r}{runs} and holds that model alone; load it "
                 f"without precision= to choose per call, got {precision!r}"
             )
