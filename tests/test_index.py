@@ -133,9 +133,9 @@ def test_add_is_exactly_once_and_keeps_storage_and_ranges(tmp_path, tiny, texts)
 
 
 def test_add_crossing_the_exact_limit_builds_a_graph(tmp_path, tiny, texts, monkeypatch):
-    from clearformer.index import build
+    from clearformer.index import options
 
-    monkeypatch.setattr(build, "EXACT_MAX_ROWS", 250)
+    monkeypatch.setattr(options, "EXACT_MAX_ROWS", 250)
     index = tiny.build_index(tmp_path / "idx", texts[:200])
     assert index.ann == "exact"
     index = add_to_index(tmp_path / "idx", texts[200:], tiny)

@@ -261,9 +261,9 @@ def test_an_add_past_the_exact_mark_gives_the_multivector_kind_its_graph(
     """A multi-vector kind built at ann "auto" under the exact-scan mark scans its encodings;
     the add that takes it past the mark builds the graph over every encoding, as a build of
     all the texts in one go does (it stayed an exact scan, however large it grew)."""
-    from clearformer.index import multivector_index
+    from clearformer.index import options
 
-    monkeypatch.setattr(multivector_index, "EXACT_MAX_ROWS", A)  # A rows: exact; A + B: graph
+    monkeypatch.setattr(options, "EXACT_MAX_ROWS", A)  # A rows: exact; A + B: graph
     build_all(tmp_path / "a", TEXTS[:A], IDS[:A], dense)
     assert open_kind_index(tmp_path / "a", "multivector")._graph is None
     add_to_kinds(tmp_path / "a", TEXTS[A:B], models(dense), ids=IDS[A:B])

@@ -31,7 +31,7 @@ import numpy as np
 from . import engine, integrity, layout
 from .chunks import ChunkStore, chunk_count, chunk_progress, embed_chunks, texts_sha256
 from .identity import ModelIdentity
-from .options import EXACT_MAX_ROWS, IndexOptions
+from .options import IndexOptions, resolve_ann
 from .quantize import int8_ranges, quantize, stored_bytes, truncate
 from .texts import write_texts
 from .vector_index import FORMAT, VectorIndex, stored_vectors
@@ -394,7 +394,7 @@ def _write_generation(
     offset = sum(s["rows"] for s in previous)
     segments = [*previous, {**segment, "offset": offset}]
     rows = offset + segment["rows"]
-    ann = options.ann if options.ann != "auto" else ("exact" if rows <= EXACT_MAX_ROWS else "hnsw")
+    ann = resolve_ann(options.ann, rows)
     name = layout.next_generation_name(root)
     meta = {
         "format": FORMAT,

@@ -26,7 +26,7 @@ from .kind_index import KindIndex
 from .kind_store import EncodeChunk, write_kind
 from .kinds import encoder_for, identity_of
 from .muvera import Muvera, MuveraConfig
-from .options import ANN_MODES, EXACT_MAX_ROWS
+from .options import ANN_MODES, resolve_ann
 from .ragged import Ragged, concatenate, token_rows
 
 TOKENS = "tokens.npy"  # (total tokens, D) float32: every document's token vectors
@@ -46,8 +46,8 @@ class MultiVectorOptions:
     final_dimensions: int | None = None
     seed: int = 0
     candidates: int = 200  # encodings' best documents rescored by exact MaxSim per query
-    # auto: exact scan of the encodings up to EXACT_MAX_ROWS rows, else hnsw (resolved at each
-    # build and add from the rows then held: an add past the mark builds the graph)
+    # auto: exact scan of the encodings up to options.EXACT_MAX_ROWS rows, else hnsw (resolved
+    # at each build and add from the rows then held: an add past the mark builds the graph)
     ann: str = "auto"
     connectivity: int = 16  # HNSW, as IndexOptions
     expansion_add: int = 128
@@ -70,9 +70,7 @@ class MultiVectorOptions:
 
     def ann_for(self, rows: int) -> str:
         """The search an index of ``rows`` documents runs: ``exact`` or ``hnsw``."""
-        if self.ann != "auto":
-            return self.ann
-        return "exact" if rows <= EXACT_MAX_ROWS else "hnsw"
+        return resolve_ann(self.ann, rows)
 
     def muvera(self, dim: int) -> MuveraConfig:
         return MuveraConfig(
@@ -145,9 +143,14 @@ def write_multivector_files(
     encodings = np.ascontiguousarray(muvera.encode_documents(rows), dtype=np.float32)
     np.save(folder / ENCODINGS, encodings)
     if ann == "hnsw":
-        graph = engine.new_graph("float32", encodings.shape[1], options)
-        engine.add_to_graph(graph, 0, encodings)
-        engine.save_graph(graph, folder / GRAPH)
+        _write_graph(folder, encodings, options)
+
+
+def _write_graph(folder: Path, encodings: np.ndarray, options: MultiVectorOptions) -> None:
+    """The HNSW graph over every one of ``encodings`` (n, F) float32, saved in ``folder``."""
+    graph = engine.new_graph("float32", encodings.shape[1], options)
+    engine.add_to_graph(graph, 0, encodings)
+    engine.save_graph(graph, folder / GRAPH)
 
 
 def extend_multivector_files(
@@ -157,8 +160,8 @@ def extend_multivector_files(
     token ``rows`` after its own. A document's MUVERA encoding depends on its tokens alone, so
     only the new rows are encoded, and their encodings are inserted into the previous graph
     (loaded, as the dense add does): an add costs its own rows, not the index's, but for the
-    add that takes an ``auto`` index past :data:`EXACT_MAX_ROWS`, which builds the graph over
-    every encoding."""
+    add that takes an ``auto`` index past :data:`~.options.EXACT_MAX_ROWS`, which builds the
+    graph over every encoding."""
     options = MultiVectorOptions(**meta["options"])
     held = Ragged(np.load(previous / TOKEN_INDPTR), np.load(previous / TOKENS, mmap_mode="r"))
     both = concatenate([held, rows])
@@ -167,14 +170,14 @@ def extend_multivector_files(
     added = Muvera(options.muvera(width)).encode_documents(rows)  # (new rows, F)
     encodings = np.concatenate([np.load(previous / ENCODINGS), added]).astype(np.float32)
     np.save(folder / ENCODINGS, encodings)
-    if options.ann_for(len(encodings)) == "hnsw":
-        if options.ann_for(meta["rows"]) == "hnsw":
-            graph = engine.open_graph(previous / GRAPH, view=False)
-            engine.add_to_graph(graph, meta["rows"], np.ascontiguousarray(added, dtype=np.float32))
-        else:  # past the exact scan's mark: the graph over every encoding, once
-            graph = engine.new_graph("float32", encodings.shape[1], options)
-            engine.add_to_graph(graph, 0, encodings)
-        engine.save_graph(graph, folder / GRAPH)
+    if options.ann_for(len(encodings)) != "hnsw":
+        return
+    if options.ann_for(meta["rows"]) != "hnsw":  # past the exact scan's mark: once
+        _write_graph(folder, encodings, options)
+        return
+    graph = engine.open_graph(previous / GRAPH, view=False)
+    engine.add_to_graph(graph, meta["rows"], np.ascontiguousarray(added, dtype=np.float32))
+    engine.save_graph(graph, folder / GRAPH)
 
 
 class MultiVectorIndex(KindIndex):

@@ -19,6 +19,15 @@ EXACT_MAX_ROWS = 20_000
 DEFAULT_RESCORE = {"float32": 1, "int8": 8, "binary": 32}
 
 
+def resolve_ann(ann: str, rows: int) -> str:
+    """The search an index of ``rows`` vectors (or documents) runs for ``ann``: ``auto`` is an
+    exact scan up to :data:`EXACT_MAX_ROWS`, a graph above; ``exact`` and ``hnsw`` as named.
+    Resolved at every build and add from the rows then held."""
+    if ann != "auto":
+        return ann
+    return "exact" if rows <= EXACT_MAX_ROWS else "hnsw"
+
+
 @dataclass(frozen=True)
 class IndexOptions:
     """How an index stores and searches its vectors.
