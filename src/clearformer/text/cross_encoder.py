@@ -43,7 +43,7 @@ from .batching import (
 )
 from .kernel_builds import attention_kernel_for
 from .llm_reranker import is_causal_lm, load_llm_reranker
-from .precisions import Precisions
+from .precisions import Precisions, held_precision
 from .prompts import choose_prompt
 from .workers import auto_workers, check_workers, map_in_workers
 
@@ -137,12 +137,7 @@ class CrossEncoder:
             CheckpointError: a checkpoint without a classification head (say, a
                 sentence-embedding model), or an incomplete, unsupported or mismatched one.
         """
-        held = held_as = None
-        if precision is not None:  # checked and decided before any weight is read
-            from ..precision import check_precision, choose_precision
-
-            held_as = check_precision(precision, "precision", ("float32", "bf16", "auto"))
-            held = choose_precision(held_as, offered=("float32", "bf16"))
+        held, held_as = held_precision(precision, ("float32", "bf16"))
         started = time.perf_counter()
         files = find_checkpoint(path)
         prompts = prompts_from_files(files)

@@ -45,6 +45,7 @@ from .batching import (
 from .encoder_files import EncoderParts, read_encoder_parts, write_encoder_files
 from .kernel_builds import attention_kernel_for
 from .precision_models import PrecisionModels
+from .precisions import held_precision
 from .progress import ProgressFn, progress_reporter
 from .prompts import choose_prompt, prompt_length
 from .workers import auto_workers, check_workers, map_in_workers
@@ -118,10 +119,8 @@ class TextEncoder:
         self.max_length = tokenizer.max_length
         self.path: Path = loaded.files.path
         self.report: LoadReport = loaded.report
+        # Loaded in int8: the model, converted in place, is the int8 one from here on.
         self._models = PrecisionModels(self.model, tokenizer, held, held_as)
-        if self._models.model is not self.model:  # loaded in int8: the float32 model is gone
-            self.model = self._models.model
-            self._loaded = dataclasses.replace(loaded, model=self.model)
         self._reordering = KeptReordering(
             self.model
         )  # weights in oneDNN's layout, once calls repay it
@@ -160,13 +159,7 @@ class TextEncoder:
             ValueError: a ``truncate_dim`` wider than the embeddings or outside the model's
                 Matryoshka dimensions; an unknown ``precision``.
         """
-        held = held_as = None
-        if precision is not None:  # checked and decided before any weight is read
-            from ..precision import check_precision, choose_precision
-
-            offered = ("float32", "bf16", "int8")
-            held_as = check_precision(precision, "precision", (*offered, "auto"))
-            held = choose_precision(held_as, offered=offered)
+        held, held_as = held_precision(precision, ("float32", "bf16", "int8"))
         parts = read_encoder_parts(
             path,
             backend=backend,

@@ -25,6 +25,19 @@ log = logging.getLogger(__name__)
 Model = TypeVar("Model")
 
 
+def held_precision(
+    precision: str | None, offered: tuple[str, ...]
+) -> tuple[Decision | None, str | None]:
+    """For a load with ``precision=`` (None: no precision held): the decision it holds and
+    the canonical name it asked for, checked and decided before any weight is read."""
+    if precision is None:
+        return None, None
+    from ..precision import choose_precision
+
+    asked = check_precision(precision, "precision", (*offered, "auto"))
+    return choose_precision(asked, offered=offered), asked
+
+
 class Precisions(Generic[Model]):
     """Per application: the precision decided for each name asked, and the bfloat16 copy.
 

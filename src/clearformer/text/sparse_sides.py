@@ -66,12 +66,8 @@ class SpladeRunner:
         # carried enough tokens to repay the copy: the table's product is the largest of a
         # SPLADE pass after the encoder's (tokens x D x V), and oneDNN's kernel reads a
         # reordered table faster than F.linear reads the plain one (docs/sparse.md).
-        table = loaded.decoder_weight
-        self._reordering = KeptReordering(
-            nn.ModuleList([loaded.loaded.model, loaded.head]),
-            extra_bytes=table.numel() * table.element_size(),
-        )
-        self._projection = TiedProjection(table, loaded.head.bias)
+        self._reordering = _kept_reordering(loaded)
+        self._projection = TiedProjection(loaded.decoder_weight, loaded.head.bias)
         self._bf16_projection: TiedProjection | None = None  # made with the bfloat16 copy
 
     @classmethod
@@ -153,11 +149,7 @@ class SpladeRunner:
         with self._bf16_lock:
             bf16 = self._make_bf16()
         self.loaded, self._projection = bf16, self._bf16_projection
-        table = bf16.decoder_weight
-        self._reordering = KeptReordering(
-            nn.ModuleList([bf16.loaded.model, bf16.head]),
-            extra_bytes=table.numel() * table.element_size(),
-        )
+        self._reordering = _kept_reordering(bf16)
 
     def _bf16_copy(self) -> tuple[LoadedMaskedLM, TiedProjection]:
         """Encoder and head in bfloat16 (norms in float32), and their vocabulary projection,
@@ -178,6 +170,16 @@ class SpladeRunner:
             self._bf16_projection = TiedProjection(bf16.decoder_weight, bf16.head.bias)
             self._bf16 = bf16
         return self._bf16
+
+
+def _kept_reordering(loaded: LoadedMaskedLM) -> KeptReordering:
+    """The encoder's weights and the vocabulary table in oneDNN's layout, once calls have
+    carried enough tokens to repay the copy (the table counts in the copy's size)."""
+    table = loaded.decoder_weight
+    return KeptReordering(
+        nn.ModuleList([loaded.loaded.model, loaded.head]),
+        extra_bytes=table.numel() * table.element_size(),
+    )
 
 
 class StaticRunner:
