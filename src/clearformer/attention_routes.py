@@ -25,8 +25,10 @@ from .runtime import capturing_graph
 __all__ = [
     "MAX_SEQUENCE_CALLS",
     "VarlenCall",
+    "attention_kernel_for",
     "avx512_refusal",
     "avx512_serves",
+    "flash_bf16_serves",
     "flash_serves",
     "padded_attention_route",
     "sdpa_note",
@@ -112,6 +114,39 @@ def avx512_serves(call: VarlenCall) -> Decision:
     return Decision("serves", "clearformer's AVX-512 kernel (built, on an AVX-512 CPU)")
 
 
+def flash_bf16_serves(call: VarlenCall) -> Decision:
+    """``serves`` or ``declines`` the call, and why (clearformer's bfloat16 flash kernel:
+    bfloat16 CPU rows on an AVX512-BF16 CPU, heads a multiple of 32 wide, causal or
+    bidirectional, grouped keys and values, no window, bias, dropout or gradients)."""
+    if call.window or call.bias or call.dropout:
+        return Decision("declines", "the bfloat16 flash kernel takes no window, bias or dropout")
+    if call.grad:
+        return Decision("declines", "the bfloat16 flash kernel has no backward")
+    multiple = avx512.FLASH_HEAD_MULTIPLE
+    if not (
+        call.device.type == "cpu"
+        and call.dtype == torch.bfloat16
+        and (call.head_dim is None or call.head_dim % multiple == 0)
+    ):
+        return Decision(
+            "declines", f"the bfloat16 flash kernel needs bfloat16 CPU rows, heads of {multiple}k"
+        )
+    if not avx512.bf16_products():
+        return Decision("declines", "the bfloat16 flash kernel needs a CPU with AVX512-BF16")
+    return Decision("serves", "clearformer's bfloat16 flash kernel (AVX512-BF16)")
+
+
+def attention_kernel_for(call: VarlenCall) -> tuple[str, Decision]:
+    """Which of clearformer's attention kernels would take the call (its name in
+    :data:`clearformer.fast.avx512.KERNELS`, whose verdict ``auto`` reads) and whether it
+    serves it: bfloat16 rows the AVX-512 kernel cannot read as they are (causal, grouped keys
+    and values, queries and keys made apart from the values) go to the bfloat16 flash kernel,
+    every other call to the AVX-512 kernel."""
+    if call.dtype == torch.bfloat16 and (call.is_causal or call.grouped or call.rows_apart):
+        return avx512.FLASH_BF16, flash_bf16_serves(call)
+    return avx512.attention_kernel(call.dtype), avx512_serves(call)
+
+
 def varlen_method(
     layout: PackedLayout, call: VarlenCall, method: str = "auto", *, avx512_taken=None
 ) -> Decision:
@@ -130,9 +165,9 @@ def varlen_method(
             return Decision("flash", flash.reason)
         not_taken = ""
         if call.device.type == "cpu" and machine().avx512_available:
-            served = _avx512_serves_now(call)
+            kernel, served = _avx512_serves_now(call)
             if served.choice == "serves":
-                taken = avx512_taken or kernel_route(avx512.attention_kernel(call.dtype))
+                taken = avx512_taken or kernel_route(kernel)
                 if taken.choice == "avx512":
                     return Decision("avx512", taken.reason)
                 not_taken = f"; not avx512: {taken.reason}"
@@ -145,7 +180,7 @@ def varlen_method(
         refusal = avx512_refusal()
         if refusal is not None:
             raise ValueError(f"method='avx512' cannot run here: {refusal}")
-        served = avx512_serves(call)
+        _, served = attention_kernel_for(call)
         if served.choice != "serves":
             raise ValueError(
                 f"method='avx512' cannot serve this call ({served.reason}): device="
@@ -163,13 +198,13 @@ def varlen_method(
     return Decision(method, "requested by name")
 
 
-def _avx512_serves_now(call: VarlenCall) -> Decision:
-    """:func:`avx512_serves`, and no graph being captured: a compiler, exporter or tracer
-    records PyTorch's own ops (the kernel's op has no shape function)."""
-    served = avx512_serves(call)
+def _avx512_serves_now(call: VarlenCall) -> tuple[str, Decision]:
+    """:func:`attention_kernel_for`, and no graph being captured: a compiler, exporter or
+    tracer records PyTorch's own ops (the kernels' ops have no shape function)."""
+    kernel, served = attention_kernel_for(call)
     if served.choice == "serves" and capturing_graph():
-        return Decision("declines", "a graph capture records PyTorch's own kernels")
-    return served
+        return kernel, Decision("declines", "a graph capture records PyTorch's own kernels")
+    return kernel, served
 
 
 def avx512_refusal() -> str | None:
@@ -209,25 +244,28 @@ def padded_attention_route(
     """``avx512`` or ``torch``: whether a padded ``sdpa`` layer's attention takes clearformer's
     AVX-512 kernel. It serves self-attention (``square``) with no mask (``unmasked``) or under
     a key-padding mask whose real keys are one run per sequence, every sequence with a key
-    (``key_runs``), where ``auto`` takes the kernel for the rows' dtype; the rest stays with
-    PyTorch's fused kernel."""
+    (``key_runs``), where ``auto`` takes the kernel for the call (:func:`attention_kernel_for`;
+    the bfloat16 flash kernel, unmasked rows only); the rest stays with PyTorch's fused
+    kernel."""
     if capturing_graph():
         return Decision("torch", "a graph capture records PyTorch's own kernels")
     if call.device.type != "cpu" or not machine().avx512_available:
         return Decision("torch", "PyTorch's fused kernel")
-    served = avx512_serves(call)
+    kernel, served = attention_kernel_for(call)
     if served.choice != "serves":
         return Decision("torch", served.reason)
     if not square or not (unmasked or key_runs):
         return Decision("torch", "the AVX-512 kernel takes unmasked or key-run self-attention")
-    taken = kernel_route(avx512.attention_kernel(call.dtype))
+    if kernel == avx512.FLASH_BF16 and not unmasked:
+        return Decision("torch", "the bfloat16 flash kernel takes unmasked padded rows only")
+    taken = kernel_route(kernel)
     return Decision("avx512" if taken.choice == "avx512" else "torch", taken.reason)
 
 
 def sdpa_note(call: VarlenCall) -> str:
     """What an ``sdpa`` kernel's printed reason adds: whether unmasked rows and key runs of
     the call's dtype take clearformer's AVX-512 attention."""
-    return kernel_note(avx512.attention_kernel(call.dtype))
+    return kernel_note(attention_kernel_for(call)[0])
 
 
 def slab_by_slab(length: int, window: int) -> bool:

@@ -19,6 +19,7 @@ _LABELS = {
     "avx512_attention": "AVX-512 attention",
     "avx512_attention_bf16": "AVX-512 attention on bfloat16 rows",
     "avx512_linear": "AVX-512 linear",
+    "avx512_flash_bf16": "AVX512-BF16 flash attention",
 }
 
 
@@ -40,6 +41,8 @@ def kernel_route(kernel: str) -> Decision:
     if supported.choice != "available":
         return Decision("torch", supported.reason)
     label = _LABELS[kernel]
+    if kernel not in avx512.kernels_here():
+        return Decision("torch", f"{label}: this CPU has no AVX512-BF16")
     if setting.choice == "on":
         taken = Decision("avx512", f"{label}: {setting.reason}, taken unmeasured")
     elif not switches.calibration_enabled():
@@ -81,11 +84,12 @@ def verdicts_wanted() -> bool:
     every kernel: a measurement would change what ``auto`` takes."""
     if not switches.calibration_enabled():
         return False
-    settings = {switches.kernel_setting(kernel).choice for kernel in avx512.KERNELS}
+    here = avx512.kernels_here()
+    settings = {switches.kernel_setting(kernel).choice for kernel in here}
     if "auto" not in settings:
         return False
     verdicts, _ = cached_verdicts(avx512.calibration_key())
-    return verdicts is None or not set(avx512.KERNELS) <= set(verdicts)
+    return verdicts is None or not set(here) <= set(verdicts)
 
 
 def kernel_note(kernel: str) -> str:

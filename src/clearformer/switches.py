@@ -17,7 +17,8 @@ computes the same values; these switches choose between them for ``auto``:
 ``CLEARFORMER_AVX512_ATTENTION``, ``CLEARFORMER_AVX512_LINEAR``
                                one kernel of the library alone (``on``, ``off``, ``auto``);
                                unset, it follows ``CLEARFORMER_AVX512`` (an A/B of one kernel).
-                               The attention switch covers its float32 and bfloat16 rows.
+                               The attention switch covers its float32 and bfloat16 rows and
+                               the bfloat16 flash kernel.
 ``CLEARFORMER_CALIBRATION``    ``off``: nothing is measured and no cached verdict is read, so
                                ``auto`` keeps PyTorch's routes (the test suite runs so).
 
@@ -45,6 +46,8 @@ KERNEL_VARIABLES = {
     # The same kernel on bfloat16 rows: one switch, a verdict of its own (clearformer.fast.avx512).
     "avx512_attention_bf16": (AVX512_ATTENTION_VARIABLE, AVX512_VARIABLE),
     "avx512_linear": (AVX512_LINEAR_VARIABLE, AVX512_VARIABLE),
+    # The bfloat16 flash kernel: attention too, under the attention switch.
+    "avx512_flash_bf16": (AVX512_ATTENTION_VARIABLE, AVX512_VARIABLE),
     "int8_steps": (),
 }
 SETTINGS = ("on", "off", "auto")

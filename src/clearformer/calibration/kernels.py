@@ -13,6 +13,10 @@ CPU model, PyTorch, clearformer and kernel build (:mod:`clearformer.calibration.
   (``threads`` or ``sequence``), and on one long unpadded sequence against SDPA's flash kernel.
 * ``avx512_attention_bf16``: the same on bfloat16 rows, the kernel's widening to float32 and
   rounding back included, against PyTorch's bfloat16 routes.
+* ``avx512_flash_bf16`` (CPUs with AVX512-BF16): the bfloat16 flash kernel against the route
+  ``auto`` takes without it, on a grouped-query model's heads (16 query and 8 key/value heads
+  of 64): causal sentences, bidirectional passages, and one causal sequence of
+  ``FLASH_LONG`` tokens.
 * ``avx512_linear``: the three products of a post-norm block that carry an epilogue (the first
   feed-forward product with the exact GELU; the attention output and the second feed-forward
   product with the residual add and the LayerNorm) against oneDNN's fused products, both on
@@ -56,6 +60,8 @@ BATCHES = (
     ("8 passages of 48-160 tokens", 8, 48, 160),
 )
 LONG = 512
+# The bfloat16 flash kernel's workloads: a grouped-query model's heads, one long sequence.
+FLASH_HEADS, FLASH_KV_HEADS, FLASH_HEAD_DIM, FLASH_LONG = 16, 8, 64, 1024
 BASELINE = "torch"
 
 
@@ -82,7 +88,7 @@ def calibrate(*, force: bool = False, rounds: int | None = None) -> Calibration:
     key = avx512.calibration_key()
     if not force:
         verdicts = cache.read(key)
-        if verdicts is not None and set(avx512.KERNELS) <= set(verdicts):
+        if verdicts is not None and set(avx512.kernels_here()) <= set(verdicts):
             return Calibration(verdicts, key.path(), False, "cached", key)
     loaded = avx512.load(build=False)
     if loaded.choice == "not built":
@@ -106,6 +112,8 @@ def calibrate(*, force: bool = False, rounds: int | None = None) -> Calibration:
         "avx512_attention_bf16": attention_workloads(torch.bfloat16),
         "avx512_linear": linear_workloads(),
     }
+    if avx512.FLASH_BF16 in avx512.kernels_here():
+        workloads[avx512.FLASH_BF16] = flash_workloads()
     total = sum(len(work) for work in workloads.values())
     progress.phase(
         f"calibrating kernels for this CPU (once per machine): {len(workloads)} kernels "
@@ -210,6 +218,49 @@ def attention_workloads(dtype: torch.dtype = torch.float32) -> list[Workload]:
             },
         )
     )
+    return workloads
+
+
+def flash_workloads() -> list[Workload]:
+    """The bfloat16 flash kernel and the varlen method ``auto`` takes without it, on grouped
+    rows as a rotary model's attention gets them (queries and keys new tensors, values a view
+    of the projection's rows)."""
+    workloads = []
+    cases = [
+        (*BATCHES[0], True),
+        (*BATCHES[1], False),
+        (f"one sequence of {FLASH_LONG} tokens", 1, FLASH_LONG, FLASH_LONG, True),
+    ]
+    for name, count, shortest, longest, causal in cases:
+        lengths = _lengths(count, shortest, longest)
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        layout = layout_from_cu_seqlens(cu)
+        heads, kv, dh = FLASH_HEADS, FLASH_KV_HEADS, FLASH_HEAD_DIM
+        rows = torch.randn(layout.num_tokens, (heads + 2 * kv) * dh, dtype=torch.bfloat16)
+        # (N, (H + 2 Hkv) Dh) -> q (N, H, Dh), k and v (N, Hkv, Dh)
+        q = rows[:, : heads * dh].reshape(-1, heads, dh).clone()
+        k = rows[:, heads * dh : (heads + kv) * dh].reshape(-1, kv, dh).clone()
+        v = rows[:, (heads + kv) * dh :].view(-1, kv, dh)
+        call = routes.VarlenCall(
+            torch.device("cpu"), torch.bfloat16, dh, causal, grouped=True, rows_apart=True
+        )
+        without = Decision("torch", "calibration: PyTorch's side")
+        method = routes.varlen_method(layout, call, avx512_taken=without).choice
+        scale = dh**-0.5
+        kind = "causal" if causal else "bidirectional"
+        workloads.append(
+            Workload(
+                f"bfloat16 grouped attention, {name} ({kind}), packed",
+                {
+                    BASELINE: lambda q=q, k=k, v=v, la=layout, m=method, c=causal: attend(
+                        q, k, v, la, m, is_causal=c
+                    ),
+                    "avx512": lambda q=q, k=k, v=v, la=layout, s=scale, c=causal: (
+                        avx512.flash_attention(q, k, v, la.cu_seqlens, s, c)
+                    ),
+                },
+            )
+        )
     return workloads
 
 

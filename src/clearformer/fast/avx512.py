@@ -11,7 +11,9 @@ CPU, so ``auto`` takes it only where this CPU measured it faster
 (:func:`clearformer.routes.kernel_route`, :mod:`clearformer.calibration`).
 
 The same library carries clearformer's AVX-512 linear kernel (``avx512_linear.cpp``, which
-:mod:`clearformer.fast.avx512_linear` routes calls to): one build, one load.
+:mod:`clearformer.fast.avx512_linear` routes calls to) and a flash-style attention kernel for
+bfloat16 rows on CPUs with AVX512-BF16 (``avx512_flash_bf16.cpp``, :func:`flash_attention`):
+one build, one load.
 
 It is C++, so it is compiled here, by the system's C++ compiler (``$CXX``, else ``g++``), once
 per source, PyTorch version and compiler, into clearformer's cache folder
@@ -31,6 +33,15 @@ output rounded back to bfloat16: PyTorch's bfloat16 attention on the CPU also co
 float32 and rounds once at the end, so the two differ by that rounding only. Whether ``auto``
 takes it for bfloat16 rows is a verdict of its own (``avx512_attention_bf16``), measured with
 the conversions included: PyTorch's bfloat16 route is not its float32 one.
+
+The bfloat16 flash kernel (``avx512_flash_bf16.cpp``, its own verdict ``avx512_flash_bf16``)
+takes the bfloat16 calls the first one cannot: causal attention, grouped keys and values, and
+queries and keys made apart from the values (rotary positions, per-head norms), heads a
+multiple of 32 wide, any length (the scores of one block of keys at a time). It multiplies
+bfloat16 pairs into float32 sums (AVX512-BF16's vdpbf16ps) in both products, the
+probabilities rounded to bfloat16 for the second as flash attention in bfloat16 does on GPUs;
+softmax in float32. At long inputs attention is half of a grouped-query model's work, and
+PyTorch's bfloat16 attention on a CPU without AMX runs near its float32 rate.
 """
 
 from __future__ import annotations
@@ -60,7 +71,8 @@ log = logging.getLogger(__name__)
 # Built into one library: the attention kernel and the linear layers with their epilogue
 # (clearformer.fast.avx512_linear says which calls take those).
 SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("avx512_attention.cpp", "avx512_linear.cpp")
+    Path(__file__).with_name(name)
+    for name in ("avx512_attention.cpp", "avx512_linear.cpp", "avx512_flash_bf16.cpp")
 )
 # -fopenmp: ATen's parallel_for is a header template that splits work across threads only where
 # the including file is compiled with OpenMP; without it every call ran on one thread. The
@@ -84,8 +96,23 @@ _state: dict[str, Decision] = {}  # "load" -> the outcome of the first load in t
 
 
 # The library's kernels, as the switches and the calibration name them: the attention kernel
-# has a verdict for float32 rows and one for bfloat16 rows (widened for it), under one switch.
-KERNELS = ("avx512_attention", "avx512_attention_bf16", "avx512_linear")
+# has a verdict for float32 rows and one for bfloat16 rows (widened for it), and the bfloat16
+# flash kernel one of its own, all under the attention switch.
+KERNELS = ("avx512_attention", "avx512_attention_bf16", "avx512_linear", "avx512_flash_bf16")
+FLASH_BF16 = "avx512_flash_bf16"
+# Heads the flash kernel takes: a multiple of this many values wide (two 16-lane vectors).
+FLASH_HEAD_MULTIPLE = 32
+
+
+def bf16_products() -> bool:
+    """This CPU has AVX512-BF16 (vdpbf16ps), which the bfloat16 flash kernel runs on."""
+    return "avx512_bf16" in cpu_info().flags
+
+
+def kernels_here() -> tuple[str, ...]:
+    """The :data:`KERNELS` this CPU can run (the flash kernel needs AVX512-BF16): the ones
+    the calibration measures and ``auto`` reads a verdict for."""
+    return tuple(k for k in KERNELS if k != FLASH_BF16 or bf16_products())
 
 
 def attention_kernel(dtype: torch.dtype) -> str:
@@ -149,6 +176,37 @@ def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, scale: float)
     q, k, v = _widened(q, k, v)
     out = torch.ops.clearformer_avx512.varlen_attention(q, k, v, cu_seqlens, scale)
     return out.to(dtype)
+
+
+def flash_attention(
+    q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, scale: float, causal: bool
+) -> Tensor:
+    """Attention within each sequence of ``cu_seqlens`` on bfloat16 rows: q (N, H, Dh), k and
+    v (N, Hkv, Dh) with Hkv dividing H (query head h reads key/value head h // (H // Hkv)),
+    each row's heads contiguous; token i sees tokens j <= i of its sequence when ``causal``.
+    Returns (N, H, Dh) bfloat16. Needs :func:`load` first and an AVX512-BF16 CPU
+    (:func:`flash_serves`)."""
+    return torch.ops.clearformer_avx512.flash_attention_bf16(q, k, v, cu_seqlens, scale, causal)
+
+
+def flash_serves(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether the bfloat16 flash kernel can take these rows, (N, H, Dh) and (N, Hkv, Dh), as
+    they are (the caller has ruled out windows, biases and dropout)."""
+    return (
+        is_loaded()
+        and bf16_products()
+        and not capturing_graph()
+        and q.device.type == "cpu"
+        and q.dtype == k.dtype == v.dtype == torch.bfloat16
+        and q.dim() == k.dim() == v.dim() == 3
+        and k.shape == v.shape
+        and k.shape[0] == q.shape[0]
+        and k.shape[2] == q.shape[2]
+        and q.shape[1] % k.shape[1] == 0
+        and q.shape[-1] % FLASH_HEAD_MULTIPLE == 0
+        and all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (q, k, v))
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+    )
 
 
 def padded_attention(

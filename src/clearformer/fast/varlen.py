@@ -13,16 +13,17 @@ Implementations (``method``), all returning the same values:
 ``threads``   ``sequence``'s calls, the runs grouped over the intra-op threads, each group on a
               single-threaded worker (:mod:`.varlen_threads`): no parallel region to wait in.
 ``flash``     ``flash_attn_varlen_func`` (CUDA, half precision, when the package is installed).
-``avx512``    clearformer's own C++ kernel for AVX-512 CPUs (:mod:`.avx512`, built on request):
+``avx512``    clearformer's own C++ kernels for AVX-512 CPUs (:mod:`.avx512`, built on request):
               float32 (bfloat16 rows widened for it), plain bidirectional attention without
-              gradients; calls it cannot
-              serve (causal, a window, a bias, dropout, grouped keys) run as ``auto`` would
-              without it.
+              gradients; bfloat16 rows that are causal or have grouped keys go to its
+              bfloat16 flash kernel on CPUs with AVX512-BF16; calls neither can serve (a
+              window, a bias, dropout) run as ``auto`` would without it.
 
 Grouped-query attention (keys and values with Hkv < H heads): ``sequence``, ``padded`` and
 ``threads`` hand the grouped rows to SDPA with ``enable_gqa`` and ``flash`` to
 ``flash_attn_varlen_func``, which both read each group's keys in place; the AVX-512 kernel reads
-one key/value head per query head, so it declines grouped calls rather than repeat them.
+one key/value head per query head, so it declines grouped float32 calls rather than repeat them,
+and the bfloat16 flash kernel reads each group's keys once for all its query heads.
 
 Which method a layer takes is the plan's choice (:func:`clearformer.routes.varlen_method`,
 with its rules and their measurements); :func:`attend` runs the method it is given and decides
@@ -95,13 +96,18 @@ def attend(
         raise ValueError(f"method must be one of {RUN_METHODS} here, got {method!r}")
     note("attention", method)
     if method == "avx512":
-        if not avx512.serves(q, k, v):
-            raise ValueError(
-                "method='avx512' cannot read these rows: it needs the library loaded and "
-                "float32 or bfloat16 CPU rows of one shape and stride, heads of 16k, no gradients"
-            )
         scale = q.shape[-1] ** -0.5 if scale is None else scale
-        return avx512.attention(q, k, v, layout.cu_seqlens, scale)
+        if not is_causal and avx512.serves(q, k, v):
+            return avx512.attention(q, k, v, layout.cu_seqlens, scale)
+        # bfloat16 rows the AVX-512 kernel cannot read (causal, grouped keys and values,
+        # queries and keys apart from the values): the bfloat16 flash kernel.
+        if avx512.flash_serves(q, k, v):
+            return avx512.flash_attention(q, k, v, layout.cu_seqlens, scale, is_causal)
+        raise ValueError(
+            "method='avx512' cannot read these rows: it needs the library loaded and float32 "
+            "or bfloat16 CPU rows of one shape and stride, heads of 16k, no gradients, or "
+            "(causal, grouped) bfloat16 rows with heads of 32k on an AVX512-BF16 CPU"
+        )
     if method == "flash":
         return flash_attn_varlen()(
             q,

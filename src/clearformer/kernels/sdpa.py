@@ -5,7 +5,8 @@ CUDA) that never materialises the (Tq, Tk) score matrix, so memory stays linear 
 plan names clearformer's AVX-512 kernel (``avx512=True``: unmasked float32 or bfloat16
 self-attention, or attention under a key-padding mask whose keys are one run per sequence, on a
 CPU where ``auto`` takes it, :func:`clearformer.routes.padded_attention_route`), that kernel
-runs instead, as the packed rows would.
+runs instead, as the packed rows would; unmasked bfloat16 rows that are causal or grouped take
+the bfloat16 flash kernel.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def sdpa_attention(
         )
     tq, tk = q.shape[-2], k.shape[-2]
     if avx512:
-        out = _avx512(q, k, v, key_runs, scale)
+        out = _avx512(q, k, v, key_runs, scale, is_causal)
         if out is not None:
             note("attention", "avx512")
             return out, None
@@ -90,13 +91,26 @@ def _scale(scale: float | None, head_dim: int) -> float:
 
 
 def _avx512(
-    q: Tensor, k: Tensor, v: Tensor, key_runs: tuple[Tensor, Tensor] | None, scale: float | None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_runs: tuple[Tensor, Tensor] | None,
+    scale: float | None,
+    is_causal: bool,
 ) -> Tensor | None:
     """Self-attention through clearformer's AVX-512 kernel, as the plan names it: unmasked
     (every sequence as long as the next), or every query of sequence b over its keys
     ``first[b] : first[b] + count[b]`` (``key_runs``); None where the rows are not laid out as
-    the kernel reads them (its strides), which PyTorch's kernel then takes."""
+    the kernel reads them (its strides), which PyTorch's kernel then takes. Unmasked bfloat16
+    rows the AVX-512 kernel cannot read (causal, grouped, queries and keys apart from the
+    values) take the bfloat16 flash kernel."""
     B, H, T, Dh = q.shape
+    if key_runs is None and q.dtype == torch.bfloat16:
+        out = _flash_bf16(q, k, v, scale, is_causal)
+        if out is not None:
+            return out
+    if is_causal:
+        return None
     if key_runs is not None:
         rows = [t.transpose(1, 2) for t in (q, k, v)]  # (B, T, H, Dh) views
         if not avx512.serves(*rows):
@@ -111,6 +125,22 @@ def _avx512(
         return None
     bounds = torch.arange(0, B * T + 1, T, dtype=torch.int64)  # (B + 1,)
     out = avx512.attention(*rows, bounds, _scale(scale, Dh))  # (B*T, H, Dh)
+    return out.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh), in (B, T, H, Dh) order
+
+
+def _flash_bf16(q: Tensor, k: Tensor, v: Tensor, scale: float | None, is_causal: bool):
+    """Unmasked bfloat16 rows through the bfloat16 flash kernel where the AVX-512 kernel cannot
+    read them as they are; None otherwise (or where the flash kernel cannot either)."""
+    B, H, T, Dh = q.shape
+    # (B, H|Hkv, T, Dh) -> (B * T, H|Hkv, Dh): views of the projection's rows where they are
+    # laid out so, else copies (one pass over the rows, against T passes of attention).
+    rows = [t.transpose(1, 2).reshape(B * T, t.shape[1], Dh) for t in (q, k, v)]
+    if not is_causal and k.shape[1] == H and avx512.serves(*rows):
+        return None  # the AVX-512 kernel's rows
+    if not avx512.flash_serves(*rows):
+        return None
+    bounds = torch.arange(0, B * T + 1, T, dtype=torch.int64)  # (B + 1,)
+    out = avx512.flash_attention(*rows, bounds, _scale(scale, Dh), is_causal)  # (B*T, H, Dh)
     return out.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh), in (B, T, H, Dh) order
 
 

@@ -1,0 +1,227 @@
+"""clearformer's bfloat16 flash kernel (AVX512-BF16): causal or bidirectional attention with
+grouped keys and values, against the float64 formula, with masks that mask, and taken by
+``auto`` on a verdict of its own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from clearformer import Encoder, EncoderConfig, routes
+from clearformer.fast import avx512
+from clearformer.padding import layout_from_cu_seqlens
+from clearformer.ran import watching
+
+from .helpers import needs_avx512_library
+
+pytestmark = [
+    *needs_avx512_library,
+    pytest.mark.skipif(not avx512.bf16_products(), reason="this CPU has no AVX512-BF16"),
+]
+
+# Output rounding to bfloat16 (2^-8 of a value near 1) plus the probabilities' own rounding to
+# bfloat16 before the second product: two steps.
+BF16_STEPS = 2**-7
+
+
+def grouped_rows(lengths, heads, kv_heads, head_dim, seed=0, apart=True):
+    """q (N, H, Dh), k and v (N, Hkv, Dh) bfloat16 as a rotary model's attention gets them:
+    queries and keys new tensors, values a strided view of the projection's rows (``apart``);
+    else all three views of one projection. Returns q, k, v, cu_seqlens."""
+    g = torch.Generator().manual_seed(seed)
+    n = sum(lengths)
+    width = (heads + 2 * kv_heads) * head_dim
+    rows = torch.randn(n, width, generator=g).bfloat16()  # (N, (H + 2 Hkv) Dh)
+    q = rows[:, : heads * head_dim].view(n, heads, head_dim)
+    k = rows[:, heads * head_dim : (heads + kv_heads) * head_dim].view(n, kv_heads, head_dim)
+    v = rows[:, (heads + kv_heads) * head_dim :].view(n, kv_heads, head_dim)
+    if apart:
+        q, k = q.clone(), k.clone()
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
+    return q, k, v, cu
+
+
+def reference(q, k, v, cu, scale, causal):
+    """softmax(q k^T scale) v per sequence in float64, each query head on its group's keys."""
+    group = q.shape[1] // k.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for lo, hi in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        if hi == lo:
+            continue
+        qs = q[lo:hi].double().transpose(0, 1)  # (H, L, Dh)
+        ks, vs = (t[lo:hi].double().repeat_interleave(group, 1).transpose(0, 1) for t in (k, v))
+        scores = qs @ ks.transpose(1, 2) * scale  # (H, L, L)
+        if causal:
+            future = torch.ones(hi - lo, hi - lo, dtype=torch.bool).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+        out[lo:hi] = (torch.softmax(scores, -1) @ vs).transpose(0, 1)
+    return out
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 4, 32), (4, 2, 64), (8, 1, 128)])
+def test_every_length_matches_the_float64_formula(causal, heads, kv_heads, head_dim):
+    # Lengths on both sides of the 32-key tiles, the 8-query register blocks, the 64-query
+    # tasks and the 128-key softmax steps, and an empty sequence.
+    lengths = [1, 2, 7, 8, 9, 31, 32, 33, 0, 64, 65, 127, 128, 129, 300]
+    q, k, v, cu = grouped_rows(lengths, heads, kv_heads, head_dim)
+    scale = head_dim**-0.5
+    got = avx512.flash_attention(q, k, v, cu, scale, causal)
+    assert got.dtype == torch.bfloat16 and got.shape == q.shape
+    want = reference(q, k, v, cu, scale, causal)
+    torch.testing.assert_close(got.double(), want, atol=BF16_STEPS, rtol=BF16_STEPS)
+
+
+def test_peaked_scores_show_every_mask_exactly():
+    # Large scores make each query's attention nearly one key: a key seen that should not be
+    # (one step too far, another sequence's) moves an output by about a whole value.
+    q, k, v, cu = grouped_rows([1, 5, 40, 33, 130], heads=4, kv_heads=2, head_dim=64, seed=3)
+    q = (q.float() * 4).bfloat16()
+    for causal in (True, False):
+        got = avx512.flash_attention(q, k, v, cu, 0.5, causal)
+        want = reference(q, k, v, cu, 0.5, causal)
+        torch.testing.assert_close(got.double(), want, atol=2 * BF16_STEPS, rtol=BF16_STEPS)
+
+
+def test_keys_after_a_query_never_move_it_whatever_they_hold():
+    q, k, v, cu = grouped_rows([100], heads=4, kv_heads=2, head_dim=64, seed=1)
+    got = avx512.flash_attention(q, k, v, cu, 0.125, True)
+    spoiled = [t.clone() for t in (q, k, v)]
+    for t, value in zip(spoiled, (float("nan"), float("inf"), 3e38), strict=True):
+        t[60:] = value  # rows 60.. : the future of rows 0..59
+    changed = avx512.flash_attention(*spoiled, cu, 0.125, True)
+    assert torch.equal(changed[:60], got[:60])
+    assert not torch.equal(changed[60:], got[60:])  # the spoiled rows did take part
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_sequence_alone_equals_its_rows_in_a_batch(causal):
+    lengths = [50, 70, 3]
+    q, k, v, cu = grouped_rows(lengths, heads=4, kv_heads=2, head_dim=64, seed=2)
+    together = avx512.flash_attention(q, k, v, cu, 0.125, causal)
+    for lo, hi in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        rows = [t[lo:hi].contiguous() for t in (q, k, v)]  # other strides, the same values
+        alone = avx512.flash_attention(*rows, torch.tensor([0, hi - lo]), 0.125, causal)
+        assert torch.equal(alone, together[lo:hi])
+    # Neighbours holding anything leave a sequence's rows as they were.
+    spoiled = [t.clone() for t in (q, k, v)]
+    for t in spoiled:
+        t[: cu[1]] = float("nan")
+        t[cu[2] :] = float("inf")
+    middle = slice(int(cu[1]), int(cu[2]))
+    assert torch.equal(
+        avx512.flash_attention(*spoiled, cu, 0.125, causal)[middle], together[middle]
+    )
+
+
+def test_grouped_heads_equal_their_keys_repeated_bit_for_bit():
+    q, k, v, cu = grouped_rows([9, 140], heads=8, kv_heads=2, head_dim=64, seed=4)
+    grouped = avx512.flash_attention(q, k, v, cu, 0.125, True)
+    repeated = [t.repeat_interleave(4, 1) for t in (k, v)]  # (N, H, Dh): one per query head
+    assert torch.equal(avx512.flash_attention(q, *repeated, cu, 0.125, True), grouped)
+
+
+def test_the_thread_count_does_not_change_a_bit():
+    q, k, v, cu = grouped_rows([3, 200, 77], heads=4, kv_heads=2, head_dim=64, seed=5)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = avx512.flash_attention(q, k, v, cu, 0.125, True)
+        torch.set_num_threads(max(threads, 2))
+        several = avx512.flash_attention(q, k, v, cu, 0.125, True)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, several)
+
+
+def test_rows_it_cannot_read_are_refused_by_name():
+    q, k, v, cu = grouped_rows([4], heads=2, kv_heads=1, head_dim=48)
+    assert not avx512.flash_serves(q, k, v)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        avx512.flash_attention(q, k, v, cu, 1.0, True)
+    q, k, v, cu = grouped_rows([4], heads=2, kv_heads=1, head_dim=32)
+    assert not avx512.flash_serves(q.float(), k.float(), v.float())
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        avx512.flash_attention(q.float(), k.float(), v.float(), cu, 1.0, True)
+    with pytest.raises(RuntimeError, match="divide"):
+        avx512.flash_attention(q, *grouped_rows([4], 3, 3, 32)[1:3], cu, 1.0, True)
+
+
+def call(causal=True, grouped=True, dtype=torch.bfloat16, head_dim=64):
+    return routes.VarlenCall(
+        torch.device("cpu"), dtype, head_dim, causal, grouped=grouped, rows_apart=True
+    )
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("speed", [1.5, 0.8])
+def test_auto_takes_it_on_its_own_verdict(measured, speed):
+    measured(avx512_attention=0.5, avx512_attention_bf16=0.5, avx512_flash_bf16=speed)
+    layout = layout_from_cu_seqlens(torch.tensor([0, 5, 12, 20], dtype=torch.int32))
+    method = routes.varlen_method(layout, call())
+    assert (method.choice == "avx512") == (speed > 1), method
+    assert "AVX512-BF16 flash attention" in routes.kernel_route("avx512_flash_bf16").reason
+    # float32 rows of the same layer and causal rows of a widened-only CPU stay with PyTorch.
+    assert routes.varlen_method(layout, call(dtype=torch.float32)).choice != "avx512"
+
+
+def test_heads_it_cannot_take_and_cpus_without_bf16_products_keep_pytorch(monkeypatch):
+    monkeypatch.setenv("CLEARFORMER_AVX512", "on")
+    assert routes.attention_kernel_for(call())[1].choice == "serves"
+    assert routes.attention_kernel_for(call(head_dim=48))[1].choice == "declines"
+    monkeypatch.setattr(avx512, "bf16_products", lambda: False)
+    kernel, served = routes.attention_kernel_for(call())
+    assert kernel == "avx512_flash_bf16" and "AVX512-BF16" in served.reason
+    assert "no AVX512-BF16" in routes.kernel_route(kernel).reason
+    assert "avx512_flash_bf16" not in avx512.kernels_here()
+
+
+def causal_encoder(seed=0) -> Encoder:
+    torch.manual_seed(seed)
+    config = EncoderConfig(
+        d_model=128,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=64,
+        n_layers=2,
+        dim_mlp=256,
+        dropout=0.0,
+        norm="pre",
+        norm_kind="rms",
+        activation="swiglu",
+        bias=False,
+        qk_norm=True,
+        causal=True,
+        positions="rotary",
+    )
+    return Encoder(config).eval()
+
+
+@pytest.mark.parametrize("ragged", [True, False])
+def test_a_causal_grouped_bf16_encoder_runs_on_it_at_pytorchs_accuracy(monkeypatch, ragged):
+    # Ragged rows take the packed path, rows of one length the padded one: both reach the
+    # kernel. Against the float32 encoder, it is as close as PyTorch's bfloat16 attention.
+    encoder = causal_encoder()
+    lengths = [70, 33, 5, 70] if ragged else [70] * 4
+    mask = torch.arange(70) < torch.tensor(lengths)[:, None]  # (B, T)
+    x = torch.randn(4, 70, 128)
+    x_masked = x.masked_fill(~mask[..., None], 1e4)  # padded positions hold anything
+    calls = []
+    kernel = avx512.flash_attention
+    monkeypatch.setattr(avx512, "flash_attention", lambda *a: calls.append(1) or kernel(*a))
+    with torch.inference_mode():
+        want = encoder(x, mask)
+        bf16 = encoder.to(torch.bfloat16)
+        monkeypatch.setenv("CLEARFORMER_AVX512", "on")
+        with watching() as notes:
+            got = bf16(x_masked.bfloat16(), mask)
+        assert len(calls) == 2 and ("attention", "avx512") in notes  # one call per layer
+        monkeypatch.setenv("CLEARFORMER_AVX512", "off")
+        pytorch = bf16(x.bfloat16(), mask)
+    assert len(calls) == 2
+    real = mask
+    ours = F.cosine_similarity(got[real].float(), want[real], dim=-1)
+    theirs = F.cosine_similarity(pytorch[real].float(), want[real], dim=-1)
+    assert ours.min() > 0.999 and ours.min() > theirs.min() - 1e-3
+    assert (got[~mask] == 0).all()
