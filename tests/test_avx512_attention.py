@@ -223,6 +223,19 @@ def test_encode_builds_it_only_for_large_calls(monkeypatch, preferred):
     text_encoder.attention_kernel_for(avx512.BUILD_MIN_TOKENS, torch.device("cpu"))
     text_encoder.attention_kernel_for(avx512.BUILD_MIN_TOKENS, torch.device("meta"))
     assert calls == [True]  # built only for a call that repays it
+    # A few long texts repay it too: attention grows with the square of their length.
+    from clearformer import EncoderConfig
+    from clearformer.text.kernel_builds import attention_work
+
+    qwen3 = EncoderConfig(d_model=1024, n_heads=16, n_kv_heads=8, head_dim=128, n_layers=28)
+    assert attention_work([8192], qwen3) >= avx512.BUILD_MIN_ATTENTION
+    assert attention_work([2048] * 4, qwen3) < avx512.BUILD_MIN_ATTENTION
+    assert attention_work([8192], None) == 0
+    cpu = torch.device("cpu")
+    text_encoder.attention_kernel_for(8192, cpu, attention=attention_work([2048] * 4, qwen3))
+    assert calls == [True]
+    text_encoder.attention_kernel_for(8192, cpu, attention=attention_work([8192], qwen3))
+    assert calls == [True, True]
 
 
 @torch.no_grad()

@@ -90,6 +90,10 @@ COMPILE_FLAGS = (
 # A cold build takes about 10 s on two cores: an encode call is worth building for from this
 # many tokens (about 20,000 sentence-length texts), where the kernels save more than that.
 BUILD_MIN_TOKENS = 500_000
+# Or from this much attention (multiply-adds of the scores: sum of squared lengths x layers x
+# heads x head width; about one text of 6,000 tokens at Qwen3-Embedding-0.6B's shape), where
+# the bfloat16 flash kernel saves more than the build and the calibration take.
+BUILD_MIN_ATTENTION = 2 * 10**12
 
 _lock = threading.Lock()
 _state: dict[str, Decision] = {}  # "load" -> the outcome of the first load in this process

@@ -41,7 +41,7 @@ from .batching import (
     check_batch_limits,
     plan_batches,
 )
-from .kernel_builds import attention_kernel_for
+from .kernel_builds import attention_kernel_for, attention_work
 from .llm_reranker import is_causal_lm, load_llm_reranker
 from .precisions import Precisions, held_precision
 from .prompts import choose_prompt
@@ -258,8 +258,8 @@ class CrossEncoder:
         tokens = sum(lengths)
         device = next(self.model.parameters()).device
         chosen = self._precisions.decide(precision).choice if n else "float32"
-        if chosen != "bf16":  # clearformer's AVX-512 kernels take float32 rows only
-            attention_kernel_for(tokens, device)
+        work = attention_work(lengths, getattr(self.model, "config", None))
+        attention_kernel_for(tokens, device, attention=work)
         batches = plan_batches(lengths, batch_size, max_tokens)
         if workers is None:
             workers = auto_workers(len(batches), device)

@@ -43,7 +43,7 @@ from .batching import (
     plan_batches,
 )
 from .encoder_files import EncoderParts, read_encoder_parts, write_encoder_files
-from .kernel_builds import attention_kernel_for
+from .kernel_builds import attention_kernel_for, attention_work
 from .precision_models import PrecisionModels
 from .precisions import held_precision
 from .progress import ProgressFn, progress_reporter
@@ -328,8 +328,8 @@ class TextEncoder:
             model = self.int8_model(fused=auto if fuse_int8 is None else fuse_int8)
         else:
             model = self.bf16_model() if chosen == "bf16" else self.model
-        if chosen != "bf16":  # clearformer's AVX-512 kernels take float32 rows only
-            attention_kernel_for(tokens, next(model.parameters()).device)
+        work = attention_work(lengths, getattr(model, "config", None))
+        attention_kernel_for(tokens, next(model.parameters()).device, attention=work)
         # Longest first: texts of similar length share a batch, and the longest batch (the peak
         # of memory) comes first, so a memory problem shows at once.
         batches = plan_batches(lengths, batch_size, max_tokens)
