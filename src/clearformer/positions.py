@@ -56,9 +56,21 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate ``x`` (..., Dh) by the tables (broadcastable to it), in float32, back to x's dtype."""
-    wide = x.float()  # one copy in half precision, none in float32
-    return (wide * cos + rotate_half(wide) * sin).to(x.dtype)
+    """Rotate ``x`` (..., Dh) by the tables (broadcastable to it), in float32, back to x's dtype:
+    ``x * cos + rotate_half(x) * sin``."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        wide = x.float()  # one copy in half precision, none in float32
+        return (wide * cos + rotate_half(wide) * sin).to(x.dtype)
+    # The same products and sum, bit for bit, in two buffers written in place: at long inputs
+    # a new tensor per step (five of them, as large as the queries) cost more than the
+    # arithmetic, each allocation's pages touched anew.
+    wide = x.to(torch.float32, copy=True)  # (..., Dh)
+    half = x.shape[-1] // 2
+    turned = torch.empty_like(wide)  # rotate_half(wide): (x1, x2) -> (-x2, x1)
+    torch.neg(wide[..., half:], out=turned[..., :half])
+    turned[..., half:] = wide[..., :half]
+    turned.mul_(sin)
+    return wide.mul_(cos).add_(turned).to(x.dtype)
 
 
 def sequence_positions(
