@@ -67,7 +67,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     wide = x.to(torch.float32, copy=True)  # (..., Dh)
     half = x.shape[-1] // 2
     turned = torch.empty_like(wide)  # rotate_half(wide): (x1, x2) -> (-x2, x1)
-    torch.neg(wide[..., half:], out=turned[..., :half])
+    turned[..., :half] = wide[..., half:]
+    turned[..., :half].neg_()
     turned[..., half:] = wide[..., :half]
     turned.mul_(sin)
     return wide.mul_(cos).add_(turned).to(x.dtype)
