@@ -15,10 +15,9 @@ from clearformer.ran import watching
 
 from .helpers import needs_avx512_library
 
-pytestmark = [
-    *needs_avx512_library,
-    pytest.mark.skipif(not avx512.bf16_products(), reason="this CPU has no AVX512-BF16"),
-]
+pytestmark = needs_avx512_library
+# Every test but the routes' refusal on other CPUs runs the kernel's instructions.
+needs_bf16 = pytest.mark.skipif(not avx512.bf16_products(), reason="this CPU has no AVX512-BF16")
 
 # Output rounding to bfloat16 (2^-8 of a value near 1) plus the probabilities' own rounding to
 # bfloat16 before the second product: two steps.
@@ -60,7 +59,10 @@ def reference(q, k, v, cu, scale, causal):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 4, 32), (4, 2, 64), (8, 1, 128)])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim"), [(4, 4, 32), (4, 2, 64), (8, 1, 128), (3, 1, 256)]
+)
+@needs_bf16
 def test_every_length_matches_the_float64_formula(causal, heads, kv_heads, head_dim):
     # Lengths on both sides of the 32-key tiles, the 8-query register blocks, the 64-query
     # tasks and the 128-key softmax steps, and an empty sequence.
@@ -73,6 +75,7 @@ def test_every_length_matches_the_float64_formula(causal, heads, kv_heads, head_
     torch.testing.assert_close(got.double(), want, atol=BF16_STEPS, rtol=BF16_STEPS)
 
 
+@needs_bf16
 def test_peaked_scores_show_every_mask_exactly():
     # Large scores make each query's attention nearly one key: a key seen that should not be
     # (one step too far, another sequence's) moves an output by about a whole value.
@@ -84,6 +87,7 @@ def test_peaked_scores_show_every_mask_exactly():
         torch.testing.assert_close(got.double(), want, atol=2 * BF16_STEPS, rtol=BF16_STEPS)
 
 
+@needs_bf16
 def test_keys_after_a_query_never_move_it_whatever_they_hold():
     q, k, v, cu = grouped_rows([100], heads=4, kv_heads=2, head_dim=64, seed=1)
     got = avx512.flash_attention(q, k, v, cu, 0.125, True)
@@ -95,6 +99,7 @@ def test_keys_after_a_query_never_move_it_whatever_they_hold():
     assert not torch.equal(changed[60:], got[60:])  # the spoiled rows did take part
 
 
+@needs_bf16
 @pytest.mark.parametrize("causal", [True, False])
 def test_a_sequence_alone_equals_its_rows_in_a_batch(causal):
     lengths = [50, 70, 3]
@@ -115,6 +120,7 @@ def test_a_sequence_alone_equals_its_rows_in_a_batch(causal):
     )
 
 
+@needs_bf16
 def test_grouped_heads_equal_their_keys_repeated_bit_for_bit():
     q, k, v, cu = grouped_rows([9, 140], heads=8, kv_heads=2, head_dim=64, seed=4)
     grouped = avx512.flash_attention(q, k, v, cu, 0.125, True)
@@ -122,6 +128,7 @@ def test_grouped_heads_equal_their_keys_repeated_bit_for_bit():
     assert torch.equal(avx512.flash_attention(q, *repeated, cu, 0.125, True), grouped)
 
 
+@needs_bf16
 def test_the_thread_count_does_not_change_a_bit():
     q, k, v, cu = grouped_rows([3, 200, 77], heads=4, kv_heads=2, head_dim=64, seed=5)
     threads = torch.get_num_threads()
@@ -135,6 +142,7 @@ def test_the_thread_count_does_not_change_a_bit():
     assert torch.equal(one, several)
 
 
+@needs_bf16
 def test_rows_it_cannot_read_are_refused_by_name():
     q, k, v, cu = grouped_rows([4], heads=2, kv_heads=1, head_dim=48)
     assert not avx512.flash_serves(q, k, v)
@@ -146,6 +154,25 @@ def test_rows_it_cannot_read_are_refused_by_name():
         avx512.flash_attention(q.float(), k.float(), v.float(), cu, 1.0, True)
     with pytest.raises(RuntimeError, match="divide"):
         avx512.flash_attention(q, *grouped_rows([4], 3, 3, 32)[1:3], cu, 1.0, True)
+    with pytest.raises(RuntimeError, match="end at N"):  # rows no sequence holds
+        avx512.flash_attention(q, k, v, torch.tensor([0, 3]), 1.0, True)
+
+
+@needs_bf16
+def test_values_wider_than_the_keys_and_empty_rows_keep_pytorchs_kernel(monkeypatch):
+    from clearformer import MultiHeadAttention
+
+    monkeypatch.setenv("CLEARFORMER_AVX512", "on")
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(64, 64, 128, 64, 2, 0.0, backend="sdpa").eval().to(torch.bfloat16)
+    x = torch.randn(2, 40, 64, dtype=torch.bfloat16)
+    empty = x[:, :0]
+    with torch.inference_mode():
+        got, _ = mha(x, is_causal=True)
+        none, _ = mha(empty, is_causal=True)
+        monkeypatch.setenv("CLEARFORMER_AVX512", "off")
+        want, _ = mha(x, is_causal=True)
+    assert torch.equal(got, want) and none.shape == (2, 0, 64)
 
 
 def call(causal=True, grouped=True, dtype=torch.bfloat16, head_dim=64):
@@ -154,6 +181,7 @@ def call(causal=True, grouped=True, dtype=torch.bfloat16, head_dim=64):
     )
 
 
+@needs_bf16
 @torch.no_grad()
 @pytest.mark.parametrize("speed", [1.5, 0.8])
 def test_auto_takes_it_on_its_own_verdict(measured, speed):
@@ -168,13 +196,20 @@ def test_auto_takes_it_on_its_own_verdict(measured, speed):
 
 def test_heads_it_cannot_take_and_cpus_without_bf16_products_keep_pytorch(monkeypatch):
     monkeypatch.setenv("CLEARFORMER_AVX512", "on")
+    monkeypatch.setattr(avx512, "bf16_products", lambda: True)
     assert routes.attention_kernel_for(call())[1].choice == "serves"
     assert routes.attention_kernel_for(call(head_dim=48))[1].choice == "declines"
+    wider = routes.VarlenCall(torch.device("cpu"), torch.bfloat16, 64, True, value_dim=128)
+    assert "as wide as the keys" in routes.attention_kernel_for(wider)[1].reason
     monkeypatch.setattr(avx512, "bf16_products", lambda: False)
     kernel, served = routes.attention_kernel_for(call())
     assert kernel == "avx512_flash_bf16" and "AVX512-BF16" in served.reason
     assert "no AVX512-BF16" in routes.kernel_route(kernel).reason
     assert "avx512_flash_bf16" not in avx512.kernels_here()
+    q, k, v, cu = grouped_rows([4], heads=2, kv_heads=1, head_dim=32)
+    assert not avx512.flash_serves(q, k, v)
+    with pytest.raises(RuntimeError, match="needs AVX512-BF16"):  # before any instruction
+        avx512.flash_attention(q, k, v, cu, 1.0, True)
 
 
 def causal_encoder(seed=0) -> Encoder:
@@ -198,6 +233,7 @@ def causal_encoder(seed=0) -> Encoder:
     return Encoder(config).eval()
 
 
+@needs_bf16
 @pytest.mark.parametrize("ragged", [True, False])
 def test_a_causal_grouped_bf16_encoder_runs_on_it_at_pytorchs_accuracy(monkeypatch, ragged):
     # Ragged rows take the packed path, rows of one length the padded one: both reach the

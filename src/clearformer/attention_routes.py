@@ -53,6 +53,8 @@ class VarlenCall:
         rows_apart: queries and keys reach attention as new tensors (rotated by rotary
             positions, or normed per head) while the values stay views of the projection's
             rows: their strides differ.
+        value_dim: the values' head width where it differs from ``head_dim`` (None: the
+            same); clearformer's kernels read values as wide as queries and keys.
     """
 
     device: torch.device
@@ -65,6 +67,7 @@ class VarlenCall:
     grad: bool = False
     grouped: bool = False
     rows_apart: bool = False
+    value_dim: int | None = None
 
 
 # Above this many attention calls per layer, ``auto`` takes ``padded`` over ``sequence``.
@@ -95,6 +98,8 @@ def avx512_serves(call: VarlenCall) -> Decision:
         return Decision("declines", "the AVX-512 kernel takes no window, bias, causal or dropout")
     if call.grad:
         return Decision("declines", "the AVX-512 kernel has no backward")
+    if _values_wider(call):
+        return Decision("declines", "the AVX-512 kernel reads values as wide as the keys")
     if call.grouped:
         return Decision("declines", "the AVX-512 kernel reads one key/value head per query head")
     if call.rows_apart:
@@ -122,6 +127,8 @@ def flash_bf16_serves(call: VarlenCall) -> Decision:
         return Decision("declines", "the bfloat16 flash kernel takes no window, bias or dropout")
     if call.grad:
         return Decision("declines", "the bfloat16 flash kernel has no backward")
+    if _values_wider(call):
+        return Decision("declines", "the bfloat16 flash kernel reads values as wide as the keys")
     multiple = avx512.FLASH_HEAD_MULTIPLE
     if not (
         call.device.type == "cpu"
@@ -134,6 +141,11 @@ def flash_bf16_serves(call: VarlenCall) -> Decision:
     if not avx512.bf16_products():
         return Decision("declines", "the bfloat16 flash kernel needs a CPU with AVX512-BF16")
     return Decision("serves", "clearformer's bfloat16 flash kernel (AVX512-BF16)")
+
+
+def _values_wider(call: VarlenCall) -> bool:
+    """The values' heads differ in width from the queries' and keys' (a lone module's v_dim)."""
+    return call.value_dim is not None and call.value_dim != call.head_dim
 
 
 def attention_kernel_for(call: VarlenCall) -> tuple[str, Decision]:

@@ -64,8 +64,9 @@ def varlen_attention(
         dropout=dropout_p > 0.0,
         grad=torch.is_grad_enabled() and q.requires_grad,
         grouped=k.shape[1] != q.shape[1],
+        value_dim=v.shape[-1],
     )
-    if method == "avx512" and routes.avx512_serves(call).choice != "serves":
+    if method == "avx512" and routes.attention_kernel_for(call)[1].choice != "serves":
         refusal = routes.avx512_refusal()
         if refusal is not None:
             raise ValueError(f"method='avx512' cannot run here: {refusal}")

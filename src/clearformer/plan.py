@@ -408,6 +408,7 @@ def plan_layer(
     packing: PackedLayout | None = None,
     dtype: torch.dtype | None = None,
     head_dim: int | None = None,
+    value_dim: int | None = None,
     grouped: bool = False,
     dropout: bool = False,
     rows_apart: bool = False,
@@ -421,6 +422,7 @@ def plan_layer(
             must be None (the layout says where every sequence starts and ends).
         dropout: dropout applies to the attention probabilities (a module in training).
         rows_apart: the layer norms queries and keys per head (new tensors, not views).
+        value_dim: the values' head width where it differs from ``head_dim``.
         linear: how the linear layers run (a decoder's route); None: eager.
 
     Raises:
@@ -437,6 +439,7 @@ def plan_layer(
         grad=torch.is_grad_enabled(),
         grouped=grouped,
         rows_apart=rows_apart,
+        value_dim=value_dim,
     )
     if packing is not None:
         if mask is not None:

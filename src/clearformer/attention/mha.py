@@ -155,6 +155,7 @@ class MultiHeadAttention(nn.Module):
             packing=layout,
             dtype=query.dtype,
             head_dim=self.qk_dim // self.n_heads,
+            value_dim=self.v_dim // self.n_heads,
             grouped=self.kv_heads != self.n_heads,
             dropout=self.training and self.attn_dropout > 0.0,
             rows_apart=self.q_norm is not None,

@@ -114,9 +114,17 @@ def bf16_products() -> bool:
 
 
 def kernels_here() -> tuple[str, ...]:
-    """The :data:`KERNELS` this CPU can run (the flash kernel needs AVX512-BF16): the ones
-    the calibration measures and ``auto`` reads a verdict for."""
-    return tuple(k for k in KERNELS if k != FLASH_BF16 or bf16_products())
+    """The :data:`KERNELS` this CPU can run (the flash kernel needs AVX512-BF16, and a library
+    built with it where one is loaded): the ones the calibration measures and ``auto`` reads
+    a verdict for."""
+    flash = bf16_products() and (not is_loaded() or _has_flash_op())
+    return tuple(k for k in KERNELS if k != FLASH_BF16 or flash)
+
+
+def _has_flash_op() -> bool:
+    """The loaded library has the bfloat16 flash kernel (a compiler without AVX512-BF16
+    intrinsics builds it without)."""
+    return hasattr(torch.ops.clearformer_avx512, "flash_attention_bf16")
 
 
 def attention_kernel(dtype: torch.dtype) -> str:
@@ -190,6 +198,8 @@ def flash_attention(
     each row's heads contiguous; token i sees tokens j <= i of its sequence when ``causal``.
     Returns (N, H, Dh) bfloat16. Needs :func:`load` first and an AVX512-BF16 CPU
     (:func:`flash_serves`)."""
+    if not bf16_products():  # its instructions would stop the process, not raise
+        raise RuntimeError(f"the bfloat16 flash kernel needs AVX512-BF16: {cpu_info().summary()}")
     return torch.ops.clearformer_avx512.flash_attention_bf16(q, k, v, cu_seqlens, scale, causal)
 
 
@@ -199,6 +209,7 @@ def flash_serves(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return (
         is_loaded()
         and bf16_products()
+        and _has_flash_op()
         and not capturing_graph()
         and q.device.type == "cpu"
         and q.dtype == k.dtype == v.dtype == torch.bfloat16

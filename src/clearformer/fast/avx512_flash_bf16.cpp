@@ -18,13 +18,16 @@
 //
 // Softmax is the online one (running maximum and sum per query, the output rescaled when the
 // maximum grows), all in float32; masked keys (causal, and the tail of a tile) get weight
-// exactly 0, so no key outside a query's view contributes anything, whatever it holds. One task
+// exactly 0, whatever their keys hold, so their finite values add exactly nothing (an infinite
+// or NaN value of a later token of the same sequence poisons the sum, as in PyTorch's
+// kernels); other sequences' rows are never read. One task
 // is a block of QUERY_BLOCK queries of every query head that shares one key/value head, so a
 // block of keys is read from cache by all of them; tasks are taken from a shared counter,
 // costliest (latest causal blocks) first, and each task's sums run in a fixed order, so the
 // result does not depend on the thread count. Built with the other AVX-512 kernels
 // (clearformer.fast.avx512); its functions carry the bf16 target themselves, so the library
-// still loads on AVX-512 CPUs without it (clearformer.fast.avx512_flash says when it runs).
+// still loads on AVX-512 CPUs without it (clearformer.fast.avx512.flash_serves says when it
+// runs; a compiler without AVX512-BF16 intrinsics builds the library without this kernel).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -38,6 +41,14 @@
 #include <limits>
 #include <vector>
 
+// AVX512-BF16 intrinsics: GCC 10 and Clang 9 onwards; an older compiler builds the library
+// without this kernel (the op is then not registered, and clearformer.fast.avx512 sees that).
+#if (defined(__clang__) && __clang_major__ >= 9) || \
+    (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10)
+#define CLEARFORMER_FLASH_BF16 1
+#endif
+
+#ifdef CLEARFORMER_FLASH_BF16
 namespace {
 
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16,fma")))
@@ -292,7 +303,8 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   }
   TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2),
               "k and v must be (N, Hkv, Dh) beside q's (N, H, Dh)");
-  TORCH_CHECK(q.size(1) % k.size(1) == 0, "key/value heads must divide query heads");
+  TORCH_CHECK(k.size(1) >= 1 && q.size(1) % k.size(1) == 0,
+              "key/value heads must divide query heads");
   TORCH_CHECK(q.size(2) % (2 * LANES) == 0, "head width must be a multiple of 32");
 }
 
@@ -308,7 +320,7 @@ BF16_TARGET at::Tensor flash_attention_bf16(const at::Tensor& q, const at::Tenso
   auto cu = cu_seqlens.to(at::kLong).contiguous();
   const int64_t* bounds = cu.data_ptr<int64_t>();
   const int64_t B = cu.numel() - 1;
-  TORCH_CHECK(bounds[0] == 0 && bounds[B] <= N, "cu_seqlens must start at 0 and end by N");
+  TORCH_CHECK(bounds[0] == 0 && bounds[B] == N, "cu_seqlens must start at 0 and end at N");
   std::vector<int64_t> packed_start(B + 1, 0);  // sequence b's keys from here, padded
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(bounds[b + 1] >= bounds[b], "cu_seqlens must not decrease");
@@ -369,3 +381,4 @@ TORCH_LIBRARY_FRAGMENT(clearformer_avx512, m) {
 TORCH_LIBRARY_IMPL(clearformer_avx512, CPU, m) {
   m.impl("flash_attention_bf16", &flash_attention_bf16);
 }
+#endif  // CLEARFORMER_FLASH_BF16

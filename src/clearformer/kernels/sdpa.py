@@ -105,6 +105,8 @@ def _avx512(
     rows the AVX-512 kernel cannot read (causal, grouped, queries and keys apart from the
     values) take the bfloat16 flash kernel."""
     B, H, T, Dh = q.shape
+    if T == 0 or k.shape[-2] != T:  # no rows, or not self-attention: PyTorch's kernel
+        return None
     if key_runs is None and q.dtype == torch.bfloat16:
         out = _flash_bf16(q, k, v, scale, is_causal)
         if out is not None:
@@ -134,6 +136,8 @@ def _flash_bf16(q: Tensor, k: Tensor, v: Tensor, scale: float | None, is_causal:
     B, H, T, Dh = q.shape
     # (B, H|Hkv, T, Dh) -> (B * T, H|Hkv, Dh): views of the projection's rows where they are
     # laid out so, else copies (one pass over the rows, against T passes of attention).
+    if v.shape[-1] != Dh:
+        return None  # values wider or narrower than the keys: PyTorch's kernel
     rows = [t.transpose(1, 2).reshape(B * T, t.shape[1], Dh) for t in (q, k, v)]
     if not is_causal and k.shape[1] == H and avx512.serves(*rows):
         return None  # the AVX-512 kernel's rows
