@@ -107,12 +107,9 @@ def _avx512(
     B, H, T, Dh = q.shape
     if T == 0 or k.shape[-2] != T:  # no rows, or not self-attention: PyTorch's kernel
         return None
-    if key_runs is None and q.dtype == torch.bfloat16:
-        out = _flash_bf16(q, k, v, scale, is_causal)
-        if out is not None:
-            return out
-    if is_causal:
-        return None
+    flash = key_runs is None and q.dtype == torch.bfloat16
+    if is_causal or k.shape[1] != H:  # the AVX-512 kernel's rows are neither
+        return _flash_bf16(q, k, v, scale, is_causal) if flash else None
     if key_runs is not None:
         rows = [t.transpose(1, 2) for t in (q, k, v)]  # (B, T, H, Dh) views
         if not avx512.serves(*rows):
@@ -122,25 +119,25 @@ def _avx512(
     try:  # (B, H, T, Dh) -> (B * T, H, Dh): a view of the projection's rows, no copy
         rows = [t.transpose(1, 2).view(B * T, H, Dh) for t in (q, k, v)]
     except RuntimeError:
-        return None
-    if not avx512.serves(*rows):
-        return None
+        rows = None
+    if rows is None or not avx512.serves(*rows):
+        # Queries and keys apart from the values (their strides differ): bfloat16 rows
+        # still have the flash kernel.
+        return _flash_bf16(q, k, v, scale, is_causal) if flash else None
     bounds = torch.arange(0, B * T + 1, T, dtype=torch.int64)  # (B + 1,)
     out = avx512.attention(*rows, bounds, _scale(scale, Dh))  # (B*T, H, Dh)
     return out.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh), in (B, T, H, Dh) order
 
 
 def _flash_bf16(q: Tensor, k: Tensor, v: Tensor, scale: float | None, is_causal: bool):
-    """Unmasked bfloat16 rows through the bfloat16 flash kernel where the AVX-512 kernel cannot
-    read them as they are; None otherwise (or where the flash kernel cannot either)."""
+    """Unmasked bfloat16 rows through the bfloat16 flash kernel (those the AVX-512 kernel
+    cannot read as they are); None where it cannot read them either."""
     B, H, T, Dh = q.shape
     # (B, H|Hkv, T, Dh) -> (B * T, H|Hkv, Dh): views of the projection's rows where they are
     # laid out so, else copies (one pass over the rows, against T passes of attention).
     if v.shape[-1] != Dh:
         return None  # values wider or narrower than the keys: PyTorch's kernel
     rows = [t.transpose(1, 2).reshape(B * T, t.shape[1], Dh) for t in (q, k, v)]
-    if not is_causal and k.shape[1] == H and avx512.serves(*rows):
-        return None  # the AVX-512 kernel's rows
     if not avx512.flash_serves(*rows):
         return None
     bounds = torch.arange(0, B * T + 1, T, dtype=torch.int64)  # (B + 1,)
