@@ -75,6 +75,48 @@ def test_every_length_matches_the_float64_formula(causal, heads, kv_heads, head_
     torch.testing.assert_close(got.double(), want, atol=BF16_STEPS, rtol=BF16_STEPS)
 
 
+def band_reference(q, k, v, cu, scale, causal, window):
+    """:func:`reference` where token i sees tokens j with |i - j| <= window only."""
+    group = q.shape[1] // k.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for lo, hi in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        if hi == lo:
+            continue
+        qs = q[lo:hi].double().transpose(0, 1)  # (H, L, Dh)
+        ks, vs = (t[lo:hi].double().repeat_interleave(group, 1).transpose(0, 1) for t in (k, v))
+        i = torch.arange(hi - lo)
+        allowed = (i[None, :] - i[:, None]).abs() <= window  # (L, L)
+        if causal:
+            allowed &= i[None, :] <= i[:, None]
+        scores = (qs @ ks.transpose(1, 2) * scale).masked_fill(~allowed, float("-inf"))
+        out[lo:hi] = (torch.softmax(scores, -1) @ vs).transpose(0, 1)
+    return out
+
+
+@needs_bf16
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [0, 1, 5, 31, 32, 100, 1000])
+def test_a_window_matches_the_banded_formula(causal, window):
+    # Peaked scores: a key one step outside the window moves an output by about a value.
+    q, k, v, cu = grouped_rows([1, 7, 33, 0, 129, 300], heads=4, kv_heads=2, head_dim=64)
+    q = (q.float() * 3).bfloat16()
+    got = avx512.flash_attention(q, k, v, cu, 0.125, causal, window)
+    want = band_reference(q, k, v, cu, 0.125, causal, window)
+    torch.testing.assert_close(got.double(), want, atol=2 * BF16_STEPS, rtol=BF16_STEPS)
+
+
+@needs_bf16
+def test_keys_beyond_the_window_never_move_a_query():
+    q, k, v, cu = grouped_rows([200], heads=4, kv_heads=2, head_dim=64, seed=6)
+    got = avx512.flash_attention(q, k, v, cu, 0.125, False, 20)
+    spoiled = [t.clone() for t in (q, k)]
+    for t in spoiled:
+        t[:80] = float("nan")  # rows 0..79: beyond the window of rows 100..
+        t[121 + 20 :] = float("inf")  # and after it, for rows ..120
+    changed = avx512.flash_attention(*spoiled, v, cu, 0.125, False, 20)
+    assert torch.equal(changed[100:121], got[100:121])
+
+
 @needs_bf16
 def test_peaked_scores_show_every_mask_exactly():
     # Large scores make each query's attention nearly one key: a key seen that should not be
@@ -231,6 +273,49 @@ def causal_encoder(seed=0) -> Encoder:
         positions="rotary",
     )
     return Encoder(config).eval()
+
+
+@needs_bf16
+@pytest.mark.parametrize("ragged", [True, False])
+def test_local_and_global_layers_of_a_bidirectional_encoder_run_on_it(monkeypatch, ragged):
+    # EmbeddingGemma's pattern: a local layer (|i - j| <= 8 here) and a global one, grouped
+    # keys, rotary, bidirectional; ragged rows packed, rows of one length padded.
+    torch.manual_seed(1)
+    config = EncoderConfig(
+        d_model=128,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=64,
+        n_layers=2,
+        dim_mlp=256,
+        dropout=0.0,
+        norm="pre",
+        norm_kind="rms",
+        activation="swiglu",
+        bias=False,
+        qk_norm=True,
+        positions="rotary",
+        local_window=16,
+        layer_pattern=("local", "global"),
+    )
+    encoder = Encoder(config).eval()
+    lengths = [70, 33, 5, 70] if ragged else [70] * 4
+    mask = torch.arange(70) < torch.tensor(lengths)[:, None]  # (B, T)
+    x = torch.randn(4, 70, 128)
+    calls = []
+    kernel = avx512.flash_attention
+    monkeypatch.setattr(avx512, "flash_attention", lambda *a: calls.append(a[-1]) or kernel(*a))
+    with torch.inference_mode():
+        want = encoder(x, mask)
+        bf16 = encoder.to(torch.bfloat16)
+        monkeypatch.setenv("CLEARFORMER_AVX512", "on")
+        got = bf16(x.bfloat16(), mask)
+        monkeypatch.setenv("CLEARFORMER_AVX512", "off")
+        pytorch = bf16(x.bfloat16(), mask)
+    assert calls == [8, None]  # the local layer's window, then the global layer
+    ours = F.cosine_similarity(got[mask].float(), want[mask], dim=-1)
+    theirs = F.cosine_similarity(pytorch[mask].float(), want[mask], dim=-1)
+    assert ours.min() > 0.999 and ours.min() > theirs.min() - 1e-3
 
 
 @needs_bf16

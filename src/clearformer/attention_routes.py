@@ -122,9 +122,10 @@ def avx512_serves(call: VarlenCall) -> Decision:
 def flash_bf16_serves(call: VarlenCall) -> Decision:
     """``serves`` or ``declines`` the call, and why (clearformer's bfloat16 flash kernel:
     bfloat16 CPU rows on an AVX512-BF16 CPU, heads a multiple of 32 wide, causal or
-    bidirectional, grouped keys and values, no window, bias, dropout or gradients)."""
-    if call.window or call.bias or call.dropout:
-        return Decision("declines", "the bfloat16 flash kernel takes no window, bias or dropout")
+    bidirectional, local or global, grouped keys and values, no bias, dropout or
+    gradients)."""
+    if call.bias or call.dropout:
+        return Decision("declines", "the bfloat16 flash kernel takes no bias or dropout")
     if call.grad:
         return Decision("declines", "the bfloat16 flash kernel has no backward")
     if _values_wider(call):
@@ -151,10 +152,12 @@ def _values_wider(call: VarlenCall) -> bool:
 def attention_kernel_for(call: VarlenCall) -> tuple[str, Decision]:
     """Which of clearformer's attention kernels would take the call (its name in
     :data:`clearformer.fast.avx512.KERNELS`, whose verdict ``auto`` reads) and whether it
-    serves it: bfloat16 rows the AVX-512 kernel cannot read as they are (causal, grouped keys
-    and values, queries and keys made apart from the values) go to the bfloat16 flash kernel,
-    every other call to the AVX-512 kernel."""
-    if call.dtype == torch.bfloat16 and (call.is_causal or call.grouped or call.rows_apart):
+    serves it: bfloat16 rows the AVX-512 kernel cannot read as they are (causal, local,
+    grouped keys and values, queries and keys made apart from the values) go to the bfloat16
+    flash kernel, every other call to the AVX-512 kernel."""
+    if call.dtype == torch.bfloat16 and (
+        call.is_causal or call.grouped or call.rows_apart or call.window
+    ):
         return avx512.FLASH_BF16, flash_bf16_serves(call)
     return avx512.attention_kernel(call.dtype), avx512_serves(call)
 

@@ -341,8 +341,14 @@ def _attention_route(
     if kernel.choice != "sdpa":
         return dict(method=None)
     if window is not None:
-        # Long rows of a local layer go slab by slab: no (T, T) band.
-        return dict(method=None, slab=routes.slab_by_slab(length, window))
+        # Long rows of a local layer go slab by slab: no (T, T) band; unmasked bfloat16 rows
+        # may take the flash kernel, which reads the window itself.
+        slab = routes.slab_by_slab(length, window)
+        if token_mask is None:
+            route, _ = _padded_route(call, square=True, unmasked=True, keys=None)
+            if route.choice == "avx512":
+                return dict(method=None, slab=slab, padded_route=route)
+        return dict(method=None, slab=slab)
     route, runs = _padded_route(call, square=True, unmasked=token_mask is None, keys=token_mask)
     return dict(method=None, padded_route=route, key_runs=runs)
 

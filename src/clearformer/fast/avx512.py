@@ -191,16 +191,26 @@ def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, scale: float)
 
 
 def flash_attention(
-    q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, scale: float, causal: bool
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens: Tensor,
+    scale: float,
+    causal: bool,
+    window: int | None = None,
 ) -> Tensor:
     """Attention within each sequence of ``cu_seqlens`` on bfloat16 rows: q (N, H, Dh), k and
     v (N, Hkv, Dh) with Hkv dividing H (query head h reads key/value head h // (H // Hkv)),
-    each row's heads contiguous; token i sees tokens j <= i of its sequence when ``causal``.
+    each row's heads contiguous; token i sees tokens j <= i of its sequence when ``causal``,
+    and only those with |i - j| <= ``window`` where one is given (local attention).
     Returns (N, H, Dh) bfloat16. Needs :func:`load` first and an AVX512-BF16 CPU
     (:func:`flash_serves`)."""
     if not bf16_products():  # its instructions would stop the process, not raise
         raise RuntimeError(f"the bfloat16 flash kernel needs AVX512-BF16: {cpu_info().summary()}")
-    return torch.ops.clearformer_avx512.flash_attention_bf16(q, k, v, cu_seqlens, scale, causal)
+    band = -1 if window is None else window
+    return torch.ops.clearformer_avx512.flash_attention_bf16(
+        q, k, v, cu_seqlens, scale, causal, band
+    )
 
 
 def flash_serves(q: Tensor, k: Tensor, v: Tensor) -> bool:

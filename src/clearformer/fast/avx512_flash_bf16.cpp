@@ -1,4 +1,5 @@
-// Attention on bfloat16 rows for CPUs with AVX512-BF16: causal or bidirectional, grouped-query
+// Attention on bfloat16 rows for CPUs with AVX512-BF16: causal or bidirectional, local
+// (a window) or global, grouped-query
 // keys and values read in place of their query heads, any sequence length (flash-style: the
 // scores of a block of keys at a time, never the whole (T, T) matrix).
 //
@@ -186,10 +187,12 @@ struct Scratch {
 
 // One step of ROWS queries (rows first .. first + ROWS of the block, positions `position`
 // onwards in their sequence) over the keys key0 .. key0 + block_keys of the packed K and V.
-// `visible`: keys below it exist; `causal`: query at position i sees keys j <= i.
+// `visible`: keys below it exist; `causal`: query at position i sees keys j <= i; `window`
+// (>= 0): it sees keys j with |i - j| <= window only.
 BF16_TARGET void step(BlockState& st, int64_t first, int64_t position, int64_t key0,
-                      int64_t block_keys, int64_t visible, bool causal, const uint32_t* keys,
-                      const uint16_t* values, int64_t d, float scale, Scratch& w) {
+                      int64_t block_keys, int64_t visible, bool causal, int64_t window,
+                      const uint32_t* keys, const uint16_t* values, int64_t d, float scale,
+                      Scratch& w) {
   const int64_t pairs = d / 2;
   const uint32_t* q = st.query.data() + first * pairs;
   for (int64_t t = 0; t < block_keys; t += KEY_TILE)
@@ -198,18 +201,26 @@ BF16_TARGET void step(BlockState& st, int64_t first, int64_t position, int64_t k
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int64_t r = 0; r < ROWS; ++r) {
-    // Keys this query sees: below `visible`, and up to its own position when causal.
-    const int64_t limit = causal ? std::min(visible, position + r + 1) : visible;
-    const int64_t seen = std::clamp<int64_t>(limit - key0, 0, block_keys);
+    // Keys this query sees, [lo, hi): below `visible`, up to its own position when causal,
+    // within `window` of it when there is one.
+    const int64_t at = position + r;
+    int64_t lo = 0, hi = causal ? std::min(visible, at + 1) : visible;
+    if (window >= 0) {
+      lo = std::max<int64_t>(0, at - window);
+      hi = std::min(hi, at + window + 1);
+    }
+    const int64_t from = std::clamp<int64_t>(lo - key0, 0, block_keys);
+    const int64_t seen = std::clamp<int64_t>(hi - key0, 0, block_keys);
     float* s = w.s.data() + r * KEY_BLOCK;
     uint16_t* p16 = reinterpret_cast<uint16_t*>(w.p.data() + r * KEY_BLOCK / 2);
-    if (seen == 0) {  // nothing here for this query: weight 0 on every key of the block
+    if (seen <= from) {  // nothing here for this query: weight 0 on every key of the block
       std::memset(p16, 0, block_keys * sizeof(uint16_t));
       continue;
     }
     __m512 block_max = minus_inf;
     for (int64_t c = 0; c < block_keys; c += LANES) {
-      const __mmask16 keep = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(seen - c));
+      const __mmask16 keep = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(seen - c)) &
+                             _mm512_cmpge_epi32_mask(lane, _mm512_set1_epi32(from - c));
       block_max = _mm512_mask_max_ps(block_max, keep, block_max, _mm512_loadu_ps(s + c));
     }
     const float m_old = st.maximum[first + r];
@@ -226,7 +237,8 @@ BF16_TARGET void step(BlockState& st, int64_t first, int64_t position, int64_t k
     const __m512 mx = _mm512_set1_ps(m_new);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t c = 0; c < block_keys; c += LANES) {
-      const __mmask16 keep = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(seen - c));
+      const __mmask16 keep = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(seen - c)) &
+                             _mm512_cmpge_epi32_mask(lane, _mm512_set1_epi32(from - c));
       const __m512 e =
           _mm512_maskz_mov_ps(keep, exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + c), mx)));
       const __m256bh rounded = _mm512_cvtneps_pbh(e);
@@ -249,7 +261,7 @@ struct Task { int64_t b, g, start, cost; };
 BF16_TARGET void run_task(const Task& task, const int64_t* bounds, const int64_t* packed_start,
                           int64_t Np, const uint32_t* keys, const uint16_t* values,
                           const uint16_t* qp, int64_t q_row, uint16_t* op, int64_t H, int64_t d,
-                          int64_t group, bool causal, float fscale,
+                          int64_t group, bool causal, int64_t window, float fscale,
                           std::vector<BlockState>& states, Scratch& w) {
   const int64_t pairs = d / 2;
   const int64_t T = bounds[task.b + 1] - bounds[task.b];
@@ -266,18 +278,27 @@ BF16_TARGET void run_task(const Task& task, const int64_t* bounds, const int64_t
   }
   // Blocks of keys in order, every head of the group and every register block of queries on
   // each before the next (the block stays in cache); a register block skips the blocks of keys
-  // wholly after its last query when causal.
-  const int64_t key_end = causal ? task.start + rows : T;
-  for (int64_t key0 = 0; key0 < key_end; key0 += KEY_BLOCK)
+  // it cannot see (after its last query when causal, beyond its window).
+  int64_t key_begin = 0, key_end = causal ? task.start + rows : T;
+  if (window >= 0) {
+    key_begin = std::max<int64_t>(0, task.start - window) / KEY_TILE * KEY_TILE;
+    key_end = std::min(key_end, task.start + rows + window);
+  }
+  for (int64_t key0 = key_begin; key0 < key_end; key0 += KEY_BLOCK)
     for (int64_t hh = 0; hh < group; ++hh)
       for (int64_t first = 0; first < rows; first += ROWS) {
         // The keys this register block can see, in whole tiles: fewer at the end of the
         // sequence and, when causal, on the diagonal.
-        const int64_t last = causal ? std::min(T, task.start + first + ROWS) : T;
-        if (last <= key0) continue;
+        const int64_t at = task.start + first;
+        int64_t last = causal ? std::min(T, at + ROWS) : T;
+        int64_t earliest = 0;
+        if (window >= 0) {
+          last = std::min(last, at + ROWS + window);
+          earliest = at - window;
+        }
+        if (last <= key0 || key0 + KEY_BLOCK <= earliest) continue;
         const int64_t block_keys = std::min(KEY_BLOCK, round_up(last - key0, KEY_TILE));
-        step(states[hh], first, task.start + first, key0, block_keys, T, causal, kt, vt, d,
-             fscale, w);
+        step(states[hh], first, at, key0, block_keys, T, causal, window, kt, vt, d, fscale, w);
       }
   for (int64_t hh = 0; hh < group; ++hh) {
     const BlockState& st = states[hh];
@@ -309,10 +330,11 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
 }
 
 // Packed rows: q (N, H, Dh), k and v (N, Hkv, Dh); sequence b is rows cu_seqlens[b] ..
-// cu_seqlens[b + 1]; query head h reads key/value head h / (H / Hkv). Returns (N, H, Dh).
+// cu_seqlens[b + 1]; query head h reads key/value head h / (H / Hkv); `window` >= 0: token i
+// sees tokens j with |i - j| <= window only (local attention). Returns (N, H, Dh).
 BF16_TARGET at::Tensor flash_attention_bf16(const at::Tensor& q, const at::Tensor& k,
                                             const at::Tensor& v, const at::Tensor& cu_seqlens,
-                                            double scale, bool causal) {
+                                            double scale, bool causal, int64_t window) {
   check(q, k, v);
   TORCH_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 1, "cu_seqlens must be (B + 1,)");
   const int64_t N = q.size(0), H = q.size(1), d = q.size(2), Hkv = k.size(1);
@@ -354,7 +376,9 @@ BF16_TARGET at::Tensor flash_attention_bf16(const at::Tensor& q, const at::Tenso
     const int64_t T = bounds[b + 1] - bounds[b];
     for (int64_t start = 0; start < T; start += QUERY_BLOCK)
       for (int64_t g = 0; g < Hkv; ++g)
-        tasks.push_back({b, g, start, causal ? std::min(T, start + QUERY_BLOCK) : T});
+        tasks.push_back({b, g, start,
+                         (causal ? std::min(T, start + QUERY_BLOCK) : T) -
+                             (window >= 0 ? std::max<int64_t>(0, start - window) : 0)});
   }
   std::stable_sort(tasks.begin(), tasks.end(),
                    [](const Task& a, const Task& c) { return a.cost > c.cost; });
@@ -365,7 +389,7 @@ BF16_TARGET at::Tensor flash_attention_bf16(const at::Tensor& q, const at::Tenso
     std::vector<BlockState> states(group);
     for (int64_t i = next++; i < static_cast<int64_t>(tasks.size()); i = next++) {
       run_task(tasks[i], bounds, packed_start.data(), Np, keys.data(), values.data(), qp,
-               q_row, op, H, d, group, causal, fscale, states, w);
+               q_row, op, H, d, group, causal, window, fscale, states, w);
     }
   });
   return out;
@@ -376,7 +400,7 @@ BF16_TARGET at::Tensor flash_attention_bf16(const at::Tensor& q, const at::Tenso
 TORCH_LIBRARY_FRAGMENT(clearformer_avx512, m) {
   m.def(
       "flash_attention_bf16(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, float scale, "
-      "bool causal) -> Tensor");
+      "bool causal, int window=-1) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(clearformer_avx512, CPU, m) {
   m.impl("flash_attention_bf16", &flash_attention_bf16);

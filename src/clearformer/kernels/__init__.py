@@ -22,7 +22,7 @@ from ..fast.varlen import attend
 from ..options import KERNEL_NAMES
 from ..ran import note
 from .math import math_attention
-from .sdpa import sdpa_attention
+from .sdpa import local_flash_attention, sdpa_attention
 
 if TYPE_CHECKING:  # the plan imports the kernels' rules; the kernels only read the plan
     from ..forward_plan import LayerPlan
@@ -73,6 +73,13 @@ def _padded_bias(plan: LayerPlan, bias: Tensor | None) -> Tensor | None:
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, plan: LayerPlan, dropout_p: float, scale, bias):
+    flash = plan.padded_route is not None and plan.padded_route.choice == "avx512"
+    if plan.window is not None and flash and bias is None and dropout_p == 0.0:
+        # Unmasked bfloat16 rows of a local layer: the flash kernel reads the window itself.
+        out = local_flash_attention(q, k, v, plan.window, is_causal=plan.is_causal, scale=scale)
+        if out is not None:
+            note("attention", "avx512")
+            return out, None
     if plan.window is not None and not plan.band_in_mask:
         note("attention", "banded")
         out = banded_attention(
@@ -96,7 +103,8 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, plan: LayerPlan, dropout_p: float, sc
         scale=scale,
         query_has_key=plan.query_has_key,
         bias=_padded_bias(plan, bias),
-        avx512=plan.padded_route is not None and plan.padded_route.choice == "avx512",
+        # A local layer's band may be folded into its mask, which the AVX-512 route ignores.
+        avx512=flash and plan.window is None,
         key_runs=plan.key_runs,
     )
 

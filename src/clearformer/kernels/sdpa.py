@@ -129,7 +129,20 @@ def _avx512(
     return out.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh), in (B, T, H, Dh) order
 
 
-def _flash_bf16(q: Tensor, k: Tensor, v: Tensor, scale: float | None, is_causal: bool):
+def local_flash_attention(
+    q: Tensor, k: Tensor, v: Tensor, window: int, *, is_causal: bool, scale: float | None
+) -> Tensor | None:
+    """Unmasked local self-attention (token i sees tokens j with |i - j| <= ``window``) on
+    (B, H|Hkv, T, Dh) bfloat16 rows through the bfloat16 flash kernel, as the plan names it;
+    None where the kernel cannot read them (PyTorch's routes then take the call)."""
+    if q.shape[-2] == 0 or k.shape[-2] != q.shape[-2]:
+        return None
+    return _flash_bf16(q, k, v, scale, is_causal, window)
+
+
+def _flash_bf16(
+    q: Tensor, k: Tensor, v: Tensor, scale: float | None, is_causal: bool, window=None
+) -> Tensor | None:
     """Unmasked bfloat16 rows through the bfloat16 flash kernel (those the AVX-512 kernel
     cannot read as they are); None where it cannot read them either."""
     B, H, T, Dh = q.shape
@@ -141,7 +154,8 @@ def _flash_bf16(q: Tensor, k: Tensor, v: Tensor, scale: float | None, is_causal:
     if not avx512.flash_serves(*rows):
         return None
     bounds = torch.arange(0, B * T + 1, T, dtype=torch.int64)  # (B + 1,)
-    out = avx512.flash_attention(*rows, bounds, _scale(scale, Dh), is_causal)  # (B*T, H, Dh)
+    scaled = _scale(scale, Dh)
+    out = avx512.flash_attention(*rows, bounds, scaled, is_causal, window)  # (B*T, H, Dh)
     return out.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh), in (B, T, H, Dh) order
 
 
