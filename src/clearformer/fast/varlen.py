@@ -15,9 +15,9 @@ Implementations (``method``), all returning the same values:
 ``flash``     ``flash_attn_varlen_func`` (CUDA, half precision, when the package is installed).
 ``avx512``    clearformer's own C++ kernels for AVX-512 CPUs (:mod:`.avx512`, built on request):
               float32 (bfloat16 rows widened for it), plain bidirectional attention without
-              gradients; bfloat16 rows that are causal or have grouped keys go to its
+              gradients; bfloat16 rows that are causal, local or have grouped keys go to its
               bfloat16 flash kernel on CPUs with AVX512-BF16; calls neither can serve (a
-              window, a bias, dropout) run as ``auto`` would without it.
+              bias, dropout) run as ``auto`` would without it.
 
 Grouped-query attention (keys and values with Hkv < H heads): ``sequence``, ``padded`` and
 ``threads`` hand the grouped rows to SDPA with ``enable_gqa`` and ``flash`` to
