@@ -37,10 +37,10 @@ the conversions included: PyTorch's bfloat16 route is not its float32 one.
 The bfloat16 flash kernel (``avx512_flash_bf16.cpp``, its own verdict ``avx512_flash_bf16``)
 takes the bfloat16 calls the first one cannot: causal attention, local windows, grouped keys
 and values, and queries and keys made apart from the values (rotary positions, per-head
-norms), heads a multiple of 32 wide, any length (the scores of one block of keys at a time). It multiplies
-bfloat16 pairs into float32 sums (AVX512-BF16's vdpbf16ps) in both products, the
-probabilities rounded to bfloat16 for the second as flash attention in bfloat16 does on GPUs;
-softmax in float32. At long inputs attention is half of a grouped-query model's work, and
+norms), heads a multiple of 32 wide, any length (the scores of one block of keys at a time).
+It multiplies bfloat16 pairs into float32 sums (AVX512-BF16's vdpbf16ps) in both products,
+the probabilities rounded to bfloat16 for the second as flash attention in bfloat16 does on
+GPUs; softmax in float32. At long inputs attention is half of a grouped-query model's work, and
 PyTorch's bfloat16 attention on a CPU without AMX runs near its float32 rate.
 """
 
