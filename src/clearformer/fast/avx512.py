@@ -74,6 +74,8 @@ SOURCES = tuple(
     Path(__file__).with_name(name)
     for name in ("avx512_attention.cpp", "avx512_linear.cpp", "avx512_flash_bf16.cpp")
 )
+# Included by the sources (the shared exponential): part of what the build's name hashes.
+HEADERS = (Path(__file__).with_name("avx512_exp.h"),)
 # -fopenmp: ATen's parallel_for is a header template that splits work across threads only where
 # the including file is compiled with OpenMP; without it every call ran on one thread. The
 # library then needs libgomp.so.1, which resolves to the copy PyTorch has already loaded.
@@ -278,7 +280,7 @@ def library_path() -> Path:
     """Where the built library lives: its name hashes the source, the PyTorch version and
     the compiler, so a change of any of them builds anew instead of loading a stale one."""
     key = hashlib.sha256()
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS):
         key.update(source.read_bytes())
     key.update(torch.__version__.encode())
     key.update(" ".join((compiler() or "", *COMPILE_FLAGS)).encode())

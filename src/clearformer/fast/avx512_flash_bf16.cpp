@@ -34,6 +34,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <immintrin.h>
+
+#include "avx512_exp.h"
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -60,24 +62,7 @@ constexpr int64_t ROWS = 8;          // queries per register block
 constexpr int64_t QUERY_BLOCK = 64;  // queries of one head per task
 constexpr int64_t KEY_BLOCK = 128;   // keys per softmax step (a multiple of KEY_TILE)
 
-BF16_TARGET inline __m512 exp_nonpositive(__m512 x) {
-  // exp(x) for x <= 0 (see avx512_attention.cpp): Cephes' polynomial after a reduction by ln 2.
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 t = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(t, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(t, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i bits =
-      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(t), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-}
+using clearformer_avx512::exp_nonpositive;  // avx512_exp.h
 
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
