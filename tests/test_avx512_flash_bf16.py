@@ -254,9 +254,11 @@ def test_heads_it_cannot_take_and_cpus_without_bf16_products_keep_pytorch(monkey
         avx512.flash_attention(q, k, v, cu, 1.0, True)
 
 
-def causal_encoder(seed=0) -> Encoder:
+def grouped_encoder(seed=0, **overrides) -> Encoder:
+    """A two-layer pre-norm encoder with grouped keys, per-head norms and rotary positions
+    (Qwen3's and EmbeddingGemma's kind of layer), causal unless ``overrides`` say otherwise."""
     torch.manual_seed(seed)
-    config = EncoderConfig(
+    fields = dict(
         d_model=128,
         n_heads=4,
         n_kv_heads=2,
@@ -272,7 +274,7 @@ def causal_encoder(seed=0) -> Encoder:
         causal=True,
         positions="rotary",
     )
-    return Encoder(config).eval()
+    return Encoder(EncoderConfig(**{**fields, **overrides})).eval()
 
 
 @needs_bf16
@@ -280,25 +282,14 @@ def causal_encoder(seed=0) -> Encoder:
 def test_local_and_global_layers_of_a_bidirectional_encoder_run_on_it(monkeypatch, ragged):
     # EmbeddingGemma's pattern: a local layer (|i - j| <= 8 here) and a global one, grouped
     # keys, rotary, bidirectional; ragged rows packed, rows of one length padded.
-    torch.manual_seed(1)
-    config = EncoderConfig(
-        d_model=128,
+    encoder = grouped_encoder(
+        1,
         n_heads=2,
         n_kv_heads=1,
-        head_dim=64,
-        n_layers=2,
-        dim_mlp=256,
-        dropout=0.0,
-        norm="pre",
-        norm_kind="rms",
-        activation="swiglu",
-        bias=False,
-        qk_norm=True,
-        positions="rotary",
+        causal=False,
         local_window=16,
         layer_pattern=("local", "global"),
     )
-    encoder = Encoder(config).eval()
     lengths = [70, 33, 5, 70] if ragged else [70] * 4
     mask = torch.arange(70) < torch.tensor(lengths)[:, None]  # (B, T)
     x = torch.randn(4, 70, 128)
@@ -323,7 +314,7 @@ def test_local_and_global_layers_of_a_bidirectional_encoder_run_on_it(monkeypatc
 def test_a_causal_grouped_bf16_encoder_runs_on_it_at_pytorchs_accuracy(monkeypatch, ragged):
     # Ragged rows take the packed path, rows of one length the padded one: both reach the
     # kernel. Against the float32 encoder, it is as close as PyTorch's bfloat16 attention.
-    encoder = causal_encoder()
+    encoder = grouped_encoder()
     lengths = [70, 33, 5, 70] if ragged else [70] * 4
     mask = torch.arange(70) < torch.tensor(lengths)[:, None]  # (B, T)
     x = torch.randn(4, 70, 128)
