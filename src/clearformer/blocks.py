@@ -39,9 +39,10 @@ from .checks import (
 )
 from .dtypes import check_rows_dtype
 from .feedforward import FeedForward
+from .forward_plan import LayerPlan
 from .norms import make_norm
 from .options import ACTIVATIONS, BACKENDS, NORM_KINDS, NORMS
-from .plan import LayerPlan, plan_layer
+from .plan_lone import plan_layer
 
 
 class BlockOutput(NamedTuple):

@@ -40,8 +40,9 @@ from .checks import (
 )
 from .dtypes import check_rows_dtype
 from .feedforward import FeedForward
+from .forward_plan import LayerPlan
 from .options import ACTIVATIONS, BACKENDS, NORMS
-from .plan import LayerPlan, plan_decoder
+from .plan_lone import plan_decoder
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,10 @@ and what the call asks for, and in one pass:
 
 and returns a frozen :class:`~clearformer.forward_plan.CallPlan` with one
 :class:`~clearformer.forward_plan.LayerPlan` per layer. Nothing patches it afterwards, and
-blocks, attention and kernels trust it. :func:`plan_layer` plans a lone attention module or
-block the same way; :func:`plan_decoder` a decoder call's self- and cross-attention.
+blocks, attention and kernels trust it. :func:`~clearformer.plan_lone.plan_layer` plans a lone
+attention module or block the same way, :func:`~clearformer.plan_lone.plan_decoder` a decoder
+call's self- and cross-attention (both in :mod:`clearformer.plan_lone`, re-exported here), and
+:mod:`clearformer.padded_keys` says which kernel a padded layer's attention takes.
 
 The plan is a value made per call, never state on a module: the same model can serve packed
 batches in one thread while another thread explains it on the reference kernel.
@@ -36,7 +38,9 @@ from .checks import check_bool, check_choice
 from .dtypes import compute_dtype
 from .forward_plan import CallPlan, ForwardPlan, LayerPlan
 from .options import BACKENDS, Decision
+from .padded_keys import key_runs, padded_route
 from .padding import PackedLayout, layout_from_cu_seqlens, pack_layout
+from .plan_lone import plan_decoder, plan_layer
 from .positions import head_rotary, sequence_positions
 from .routes import PACK_MIN_PADDING, VarlenCall
 
@@ -49,6 +53,7 @@ __all__ = [
     "PACK_MIN_PADDING",
     "Rows",
     "check_contiguous",
+    "key_runs",
     "plan_decoder",
     "plan_layer",
     "plan_stack",
@@ -345,43 +350,12 @@ def _attention_route(
         # may take the flash kernel, which reads the window itself.
         slab = routes.slab_by_slab(length, window)
         if token_mask is None:
-            route, _ = _padded_route(call, square=True, unmasked=True, keys=None)
+            route, _ = padded_route(call, square=True, unmasked=True, keys=None)
             if route.choice == "avx512":
                 return dict(method=None, slab=slab, padded_route=route)
         return dict(method=None, slab=slab)
-    route, runs = _padded_route(call, square=True, unmasked=token_mask is None, keys=token_mask)
+    route, runs = padded_route(call, square=True, unmasked=token_mask is None, keys=token_mask)
     return dict(method=None, padded_route=route, key_runs=runs)
-
-
-def _padded_route(
-    call: VarlenCall, *, square: bool, unmasked: bool, keys: Tensor | None
-) -> tuple[Decision, tuple[Tensor, Tensor] | None]:
-    """Whether a padded ``sdpa`` layer's attention takes clearformer's AVX-512 kernel, and the
-    (first key, key count) per sequence it then reads from the (B, T) key-padding mask ``keys``
-    (None: the mask is no key-padding mask, or there is none)."""
-    route = routes.padded_attention_route(
-        call, square=square, unmasked=unmasked, key_runs=keys is not None
-    )
-    runs = None
-    if route.choice == "avx512" and not unmasked:
-        runs = key_runs(keys)
-        if runs is None:
-            route = Decision("torch", "keys are not one run per sequence: PyTorch's kernel")
-    return route, runs
-
-
-def key_runs(token_mask: Tensor | None) -> tuple[Tensor, Tensor] | None:
-    """(first real key, count) per row of a (B, T) key-padding mask whose real keys are one
-    run per row (right or left padding), every row with a key; None otherwise."""
-    if token_mask is None:
-        return None
-    count = token_mask.sum(-1)  # (B,)
-    first = token_mask.to(torch.uint8).argmax(-1)  # (B,) first real key
-    steps = torch.arange(token_mask.shape[1], device=token_mask.device)
-    run = (steps >= first[:, None]) & (steps < (first + count)[:, None])  # (B, T)
-    if not bool((count > 0).all()) or not torch.equal(run, token_mask):
-        return None
-    return first, count
 
 
 def check_contiguous(token_mask: Tensor, what: str = "local (windowed) attention") -> None:
@@ -398,150 +372,3 @@ def check_contiguous(token_mask: Tensor, what: str = "local (windowed) attention
             f"mask must hold each sequence's real tokens as one contiguous run for {what}; "
             f"rows {holed[:8]} have gaps"
         )
-
-
-def plan_layer(
-    mask: Tensor | None,
-    *,
-    batch: int,
-    heads: int,
-    tq: int,
-    tk: int,
-    device: torch.device,
-    backend: str = "auto",
-    is_causal: bool = False,
-    need_weights: bool = False,
-    packing: PackedLayout | None = None,
-    dtype: torch.dtype | None = None,
-    head_dim: int | None = None,
-    value_dim: int | None = None,
-    grouped: bool = False,
-    dropout: bool = False,
-    rows_apart: bool = False,
-    linear: Decision | None = None,
-) -> LayerPlan:
-    """Plan one call of a lone attention module or block (no stack to pack for it).
-
-    Args:
-        mask: bool, True = takes part: (B, Tk), (B, Tq, Tk) or (B, H, Tq, Tk); or None.
-        packing: the layout of packed (N, D) rows the caller already unpadded; then ``mask``
-            must be None (the layout says where every sequence starts and ends).
-        dropout: dropout applies to the attention probabilities (a module in training).
-        rows_apart: the layer norms queries and keys per head (new tensors, not views).
-        value_dim: the values' head width where it differs from ``head_dim``.
-        linear: how the linear layers run (a decoder's route); None: eager.
-
-    Raises:
-        TypeError, ValueError: a bad mask or backend, or a backend that cannot serve the call.
-    """
-    check_choice(backend, BACKENDS, "backend")
-    dtype = compute_dtype(device, dtype)
-    call = VarlenCall(
-        device,
-        dtype,
-        head_dim,
-        is_causal,
-        dropout=dropout,
-        grad=torch.is_grad_enabled(),
-        grouped=grouped,
-        rows_apart=rows_apart,
-        value_dim=value_dim,
-    )
-    if packing is not None:
-        if mask is not None:
-            raise ValueError(
-                "mask must be None on packed rows: the layout already says where each "
-                "sequence starts and ends"
-            )
-        kernel = routes.packed_rows_kernel(backend, need_weights, lone=True)
-        method = None if kernel.choice == "math" else routes.varlen_method(packing, call)
-        return LayerPlan(
-            Decision("packed", "the caller gave packed rows and their layout"),
-            kernel,
-            method,
-            packing.batch,
-            packing.seqlen,
-            packing.seqlen,
-            device,
-            packing=packing,
-            is_causal=is_causal,
-        )
-    kernel = routes.lone_layer_kernel(backend, need_weights)
-    # sdpa's own causal path serves only an unmasked square call; otherwise fold it in once.
-    fold = is_causal and (mask is not None or tq != tk)
-    full = masks.prepare_attention_mask(
-        mask, batch=batch, heads=heads, tq=tq, tk=tk, device=device, is_causal=fold
-    )
-    query_has_key = masks.rows_with_key(full, device)
-    is_causal = is_causal and not fold
-    padded_route, runs = None, None
-    if kernel.choice == "sdpa":
-        keys = None
-        if full is not None and full.dtype == torch.bool and full.shape == (batch, 1, 1, tk):
-            keys = full[:, 0, 0, :]  # (B, Tk); key_runs refuses rows without a key
-        padded_route, runs = _padded_route(
-            call, square=tq == tk, unmasked=full is None and not is_causal, keys=keys
-        )
-    return LayerPlan(
-        Decision("padded", "a lone layer runs on the rows it is given"),
-        kernel,
-        None,
-        batch,
-        tq,
-        tk,
-        device,
-        padded_route=padded_route,
-        mask=full,
-        query_has_key=query_has_key,
-        key_in_use=masks.keys_in_use(full, device),
-        key_runs=runs,
-        is_causal=is_causal,
-        need_weights=need_weights,
-        linear=linear,
-        avx512_linear=routes.epilogue_route(linear, dtype),
-    )
-
-
-def plan_decoder(
-    owner: nn.Module,
-    mask: Tensor | None,
-    memory_mask: Tensor | None,
-    *,
-    batch: int,
-    tq: int,
-    past: int,
-    memory_length: int,
-    heads: int,
-    device: torch.device,
-    backend: str,
-    dtype: torch.dtype,
-) -> tuple[LayerPlan, LayerPlan]:
-    """The self- and cross-attention plans of a decoder call (``owner``: a block or a stack),
-    made once for all its layers.
-
-    Self-attention: ``tq`` new queries over ``past + tq`` keys, causal (query i sees keys
-    j <= past + i), target key padding from ``mask``. Cross-attention: ``tq`` queries over
-    ``memory_length`` memory keys, key padding from ``memory_mask``. Both carry the linear
-    layers' route (the math backend is the reference: always the eager layers).
-    """
-    check_choice(backend, BACKENDS, "backend")
-    if backend == "varlen":
-        raise ValueError(
-            "backend='varlen' runs on packed rows; the decoder runs on the padded layout: "
-            "use 'auto', 'sdpa' or 'math'"
-        )
-    linear = None
-    if backend != "math":
-        linear = routes.linear_route(device, dtype, owner.training, owner)
-    common = dict(batch=batch, heads=heads, device=device, backend=backend, dtype=dtype)
-    self_plan = plan_layer(
-        mask,
-        tq=tq,
-        tk=past + tq,
-        # One new token sees every earlier one: no constraint left to apply.
-        is_causal=tq > 1,
-        linear=linear,
-        **common,
-    )
-    cross_plan = plan_layer(memory_mask, tq=tq, tk=memory_length, linear=linear, **common)
-    return self_plan, cross_plan

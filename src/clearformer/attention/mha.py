@@ -22,10 +22,11 @@ from ..checks import (
     check_probability,
 )
 from ..dtypes import check_rows_dtype
+from ..forward_plan import LayerPlan
 from ..kernels import KERNELS
 from ..options import BACKENDS
 from ..padding import PackedLayout
-from ..plan import LayerPlan, plan_layer
+from ..plan_lone import plan_layer
 from ..positions import apply_rotary
 
 

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..blocks import EncoderBlock
 from ..encoder import Encoder
-from ..plan import plan_layer
+from ..plan_lone import plan_layer
 
 REFERENCE = "math attention on the padded layout"
 REFERENCE_BACKEND = "math"
