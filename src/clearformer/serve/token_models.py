@@ -11,6 +11,7 @@ models cut texts themselves, as ``encode_query`` / ``encode_document`` do).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,8 @@ from ..model_kinds import model_kind
 from .errors import ApiError
 from .models import Prepared, ServedModel, _check_unicode, _copy, load_model
 from .sparse import load_sparse
+
+log = logging.getLogger(__name__)
 
 WARM_UP_TEXT = "A short text that runs every layer once before the first request."
 # The routes each kind answers, by the kind's name in ServerState.model_for.
@@ -49,7 +52,7 @@ class TokenVectorModel(ServedModel):
         self.model = model
         self.path = model.path
         self.max_input_tokens = model.max_length
-        self.precision = "float32"
+        self.precision = model.precision or "float32"  # loaded in the server's precision
         tokenizer = model.tokenizer if self.kind == "bge-m3" else model.tokenizer_for("document")
         self._full = _copy(tokenizer.tokenizer)
         self._full.no_padding()
@@ -149,5 +152,11 @@ def load_served_model(
             spec, max_input_tokens=max_input_tokens, precision=precision, backend=backend
         )
     cls = BGEM3Encoder if kind == "bge-m3" else MultiVectorEncoder
-    model = cls.from_pretrained(path, max_length=max_input_tokens)
-    return TokenVectorModel(spec.name or path.name, model)
+    # The one precision the server runs it in, held alone (bf16: no float32 backbone kept).
+    # int8 is for dense embedding models: these run float32 (warned).
+    held = "float32" if precision == "int8" else precision
+    model = cls.from_pretrained(path, max_length=max_input_tokens, precision=held)
+    name = spec.name or path.name
+    if precision == "int8":
+        log.warning("%s is a %s model: it runs in float32 (int8 applies to embeddings)", name, kind)
+    return TokenVectorModel(name, model)

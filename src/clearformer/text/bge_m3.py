@@ -36,11 +36,13 @@ from ..checks import check_int
 from ..fast.reordered_weights import KeptReordering, use_reordered_weights
 from ..heads.maxsim import maxsim_scores
 from ..index.identity import ModelIdentity, checkpoint_revision
-from ..interop.hf import TextTokenizer, find_checkpoint, load_model
+from ..interop.hf import TextTokenizer, find_checkpoint
 from ..interop.hf.files import CheckpointError, resolve_path
 from ..interop.hf.tokenizer import _token_text, check_texts, max_length_for
 from ..interop.hf.weights import read_tensors
 from ..model_kinds import model_kind
+from ..options import Decision
+from .backbone_precision import BackbonePrecision, load_backbone
 from .batching import check_batch_limits, default_max_tokens, plan_batches
 from .multivector_files import BGE_M3_HEADS, kind_error
 from .progress import ProgressFn, progress_reporter
@@ -133,7 +135,9 @@ class BGEM3Encoder:
 
     Attributes:
         kind: ``"bge-m3"``.
-        model: the backbone :class:`~clearformer.EncoderModel`, in eval mode.
+        model: the backbone :class:`~clearformer.EncoderModel`, in eval mode (bfloat16 when
+            loaded with ``precision="bf16"``; the heads stay float32).
+        precision: the precision it was loaded in (None: float32, bf16 on request).
         sparse_linear: the D -> 1 head of the token weights.
         colbert_linear: the D -> D head of the token vectors.
         unused_ids: the token ids with no sparse weight (cls, eos, pad, unk).
@@ -143,9 +147,20 @@ class BGEM3Encoder:
 
     kind = "bge-m3"
 
-    def __init__(self, loaded, tokenizer: TextTokenizer, sparse_linear, colbert_linear, unused):
+    def __init__(
+        self,
+        loaded,
+        tokenizer: TextTokenizer,
+        sparse_linear,
+        colbert_linear,
+        unused,
+        held: Decision | None = None,
+        held_as: str | None = None,
+    ):
         self._loaded = loaded
         self.model = loaded.model
+        self._backbone = BackbonePrecision(self.model, held, held_as)
+        self.precision = self._backbone.held
         self.tokenizer = tokenizer
         self.sparse_linear = sparse_linear
         self.colbert_linear = colbert_linear
@@ -155,13 +170,20 @@ class BGEM3Encoder:
         self._reordering = KeptReordering(self.model)
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, *, max_length: int | None = None):
+    def from_pretrained(
+        cls, path: str | os.PathLike, *, max_length: int | None = None, precision: str | None = None
+    ):
         """Load a bge-m3 directory (the backbone, its tokenizer, ``sparse_linear.pt`` and
         ``colbert_linear.pt``).
 
         Args:
             max_length: cut texts to this many tokens; None = the directory's (its
                 sentence-transformers ``max_seq_length`` or the tokenizer's limit).
+            precision: None = the float32 backbone, and a call may ask for bf16 (a bfloat16
+                copy is then built and kept); ``"float32"``, ``"bf16"`` or ``"auto"``
+                (decided now): that precision's backbone alone, read from the file in it, and a
+                call asking for the other is refused. The heads run in float32 either way
+                (:mod:`.backbone_precision`).
 
         Raises:
             FileNotFoundError: no such directory.
@@ -169,12 +191,14 @@ class BGEM3Encoder:
                 head file that is not plain tensors or does not fit the backbone.
         """
         check_int(max_length, "max_length", low=2, optional=True)
+        if precision is not None:  # a bad name before any file is read
+            BackbonePrecision.check_name(precision)
         root = resolve_path(path)
         kind = model_kind(root) if root.is_dir() else "bge-m3"
         if kind != "bge-m3":
             raise kind_error(root, kind, "BGEM3Encoder")
         files = find_checkpoint(root)
-        loaded = load_model(files)
+        loaded, held, held_as = load_backbone(files, precision)
         config = loaded.model.config
         sparse_linear = _linear(root, "sparse_linear", config.d_model, 1)
         colbert_linear = _linear(root, "colbert_linear", config.d_model, None)
@@ -194,7 +218,7 @@ class BGEM3Encoder:
         log.info(
             "loaded bge-m3 %s (width %d, vocabulary %d)", root, config.d_model, config.vocab_size
         )
-        return cls(loaded, tokenizer, sparse_linear, colbert_linear, unused)
+        return cls(loaded, tokenizer, sparse_linear, colbert_linear, unused, held, held_as)
 
     @property
     def dim(self) -> int:
@@ -239,10 +263,14 @@ class BGEM3Encoder:
         colbert: bool = True,
         batch_size: int | None = None,
         progress: bool | ProgressFn | None = None,
+        precision: str | None = None,
     ) -> BGEM3Output:
         """The embeddings asked for, from one forward pass per batch (see the module
-        docstring for each). A text's embeddings do not depend on its batch-mates."""
+        docstring for each). A text's embeddings do not depend on its batch-mates.
+        ``precision``: the backbone's, ``"float32"``, ``"bf16"`` (``"bfloat16"``) or
+        ``"auto"``; None = the one it was loaded in, else float32."""
         texts = check_texts(texts)
+        precision = self._backbone.check(precision)  # before any work
         for flag, name in ((dense, "dense"), (sparse, "sparse"), (colbert, "colbert")):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
@@ -264,10 +292,11 @@ class BGEM3Encoder:
             workers = auto_workers(len(batches), next(self.model.parameters()).device)
             packed = self._reordering.for_call(tokens)
             report = progress_reporter(progress, n)
+            model = self._backbone.model_for(precision)
 
             def run(indices: list[int]):
                 picked = [rows[i] for i in indices]
-                return indices, self.embed_rows(picked, dense, sparse, colbert, packed=packed)
+                return indices, self._embed(picked, dense, sparse, colbert, model, packed)
 
             done = 0
             for indices, (d, s, c) in map_in_workers(run, batches, workers):
@@ -291,14 +320,30 @@ class BGEM3Encoder:
         return [TokenRow(e.ids, e.type_ids) for e in self.tokenizer.encode(texts)]
 
     def embed_rows(
-        self, rows: list[TokenRow], dense: bool, sparse: bool, colbert: bool, *, packed=None
+        self,
+        rows: list[TokenRow],
+        dense: bool,
+        sparse: bool,
+        colbert: bool,
+        *,
+        packed=None,
+        precision: str | None = None,
     ):
         """One forward pass over ``rows`` (:meth:`token_rows`), as :meth:`encode` runs each
         batch: (dense (B, D) | None, per row (token ids, weights) | None, per row (tokens_i, D)
-        | None). For callers that form their own batches (``clearformer serve``)."""
+        | None), the backbone in ``precision`` (as for :meth:`encode`). For callers that form
+        their own batches (``clearformer serve``)."""
+        model = self._backbone.model_for(precision)
+        return self._embed(rows, dense, sparse, colbert, model, packed)
+
+    def precision_for(self, precision: str | None = "auto") -> Decision:
+        """The precision a call asking for ``precision`` runs in here, and why."""
+        return self._backbone.decide(precision)
+
+    def _embed(self, rows: list[TokenRow], dense, sparse, colbert, model, packed):
         batch = pad_rows(rows, self.tokenizer.pad_id)
         with torch.inference_mode(), use_reordered_weights(packed):
-            hidden = token_states(self.model, batch).float()  # (B, T, D)
+            hidden = token_states(model, batch).float()  # (B, T, D)
             d = F.normalize(hidden[:, 0], p=2.0, dim=-1) if dense else None  # (B, D)
             s = self._token_weights(hidden, batch) if sparse else None
             c = self._colbert(hidden, batch.tokens) if colbert else None

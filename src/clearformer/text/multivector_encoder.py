@@ -28,11 +28,13 @@ from ..fast.reordered_weights import KeptReordering, use_reordered_weights
 from ..heads.maxsim import maxsim_scores
 from ..heads.sentence import Dense
 from ..index.identity import ModelIdentity, checkpoint_revision
-from ..interop.hf import LoadedModel, TextTokenizer, find_checkpoint, load_model
+from ..interop.hf import LoadedModel, TextTokenizer, find_checkpoint
 from ..interop.hf.files import resolve_path
 from ..interop.hf.loading import read_family
 from ..interop.hf.tokenizer import check_texts, max_length_for
 from ..model_kinds import model_kind
+from ..options import Decision
+from .backbone_precision import BackbonePrecision, load_backbone
 from .batching import check_batch_limits, default_max_tokens, plan_batches
 from .multivector_files import (
     MultiVectorConfig,
@@ -56,7 +58,9 @@ class MultiVectorEncoder:
         kind: ``"multivector"``.
         config: the directory's :class:`~.multivector_files.MultiVectorConfig` (each side's
             prompt or marker, length, expansion and skiplist; the projection; normalisation).
-        model: the backbone :class:`~clearformer.EncoderModel`, in eval mode.
+        model: the backbone :class:`~clearformer.EncoderModel`, in eval mode (bfloat16 when
+            loaded with ``precision="bf16"``).
+        precision: the precision it was loaded in (None: float32, bf16 on request).
         projection: the Dense layers on every token's state (``nn.ModuleList``).
         path: the directory.
     """
@@ -69,9 +73,13 @@ class MultiVectorEncoder:
         tokenizers: dict[str, TextTokenizer],
         config: MultiVectorConfig,
         projection: nn.ModuleList,
+        held: Decision | None = None,
+        held_as: str | None = None,
     ) -> None:
         self._loaded = loaded
         self.model = loaded.model
+        self._backbone = BackbonePrecision(self.model, held, held_as)
+        self.precision = self._backbone.held
         self.config = config
         self.projection = projection.eval()
         self._tokenizers = tokenizers
@@ -80,7 +88,7 @@ class MultiVectorEncoder:
 
     @classmethod
     def from_pretrained(
-        cls, path: str | os.PathLike, *, max_length: int | None = None
+        cls, path: str | os.PathLike, *, max_length: int | None = None, precision: str | None = None
     ) -> MultiVectorEncoder:
         """Load a sentence-transformers MultiVectorEncoder or PyLate ColBERT directory.
 
@@ -88,6 +96,12 @@ class MultiVectorEncoder:
             max_length: cut documents (and queries without a fixed expansion) to this many
                 tokens; None = the directory's ``document_length`` / ``query_length``, else
                 the model's limit.
+            precision: None = the float32 backbone, and a call may ask for bf16 (a bfloat16
+                copy is then built and kept beside it); ``"float32"``, ``"bf16"`` or
+                ``"auto"`` (decided now): that precision's backbone alone (bf16 read from the
+                file into bfloat16: no float32 copy is ever made), every call runs it, and a
+                call asking for the other is refused. The projection runs in float32 either
+                way (:mod:`.backbone_precision`).
 
         Raises:
             FileNotFoundError: no such directory.
@@ -95,6 +109,8 @@ class MultiVectorEncoder:
                 an incomplete, unsupported or corrupt one.
         """
         check_int(max_length, "max_length", low=2, optional=True)
+        if precision is not None:  # a bad name before any file is read
+            BackbonePrecision.check_name(precision)
         root = resolve_path(path)
         kind = model_kind(root) if root.is_dir() else "multivector"
         if kind != "multivector":
@@ -114,7 +130,7 @@ class MultiVectorEncoder:
         )
         projection = nn.ModuleList(Dense(step) for step in config.projection)
         projection.load_state_dict(tensors, strict=True)  # names and shapes checked on reading
-        loaded = load_model(files)
+        loaded, held, held_as = load_backbone(files, precision)
         pad_id = loaded.model.config.pad_token_id or 0
         tokenizers = {}
         for name in SIDES:
@@ -125,7 +141,7 @@ class MultiVectorEncoder:
                 files, length, pad_id, vocab_size=loaded.model.config.vocab_size
             )
         log.info("loaded %s (%s layout, width %d)", root, config.layout, config.width)
-        return cls(loaded, tokenizers, config, projection)
+        return cls(loaded, tokenizers, config, projection, held, held_as)
 
     def tokenizer_for(self, side: str) -> TextTokenizer:
         """The tokenizer of ``side`` (``"query"`` or ``"document"``), cutting at its length."""
@@ -161,13 +177,17 @@ class MultiVectorEncoder:
         *,
         batch_size: int | None = None,
         progress: bool | ProgressFn | None = None,
+        precision: str | None = None,
     ) -> list[Tensor]:
         """Token vectors of queries: the query prompt or marker, expansion, no skiplist.
+
+        ``precision``: the backbone's, ``"float32"``, ``"bf16"`` (``"bfloat16"``) or
+        ``"auto"``; None = the one it was loaded in, else float32.
 
         Returns:
             one float32 ``(tokens_i, dim)`` tensor per text, in input order.
         """
-        return self._encode("query", texts, batch_size, progress)
+        return self._encode("query", texts, batch_size, progress, precision)
 
     def encode_document(
         self,
@@ -175,10 +195,16 @@ class MultiVectorEncoder:
         *,
         batch_size: int | None = None,
         progress: bool | ProgressFn | None = None,
+        precision: str | None = None,
     ) -> list[Tensor]:
         """Token vectors of documents: the document prompt or marker, the skiplist's tokens
-        dropped. One float32 ``(tokens_i, dim)`` tensor per text, in input order."""
-        return self._encode("document", texts, batch_size, progress)
+        dropped. One float32 ``(tokens_i, dim)`` tensor per text, in input order;
+        ``precision`` as for :meth:`encode_query`."""
+        return self._encode("document", texts, batch_size, progress, precision)
+
+    def precision_for(self, precision: str | None = "auto") -> Decision:
+        """The precision a call asking for ``precision`` runs in here, and why."""
+        return self._backbone.decide(precision)
 
     def similarity(self, queries: Sequence[Tensor], documents: Sequence[Tensor]) -> Tensor:
         """(Q, N) MaxSim scores of every query against every document (divided by each
@@ -195,8 +221,10 @@ class MultiVectorEncoder:
         texts: list[str],
         batch_size: int | None,
         progress: bool | ProgressFn | None,
+        precision: str | None,
     ) -> list[Tensor]:
         texts = check_texts(texts)
+        precision = self._backbone.check(precision)  # before any work
         if not (progress is None or isinstance(progress, bool) or callable(progress)):
             raise TypeError(
                 f"progress must be None, True, False or a callable (done, total), got {progress!r}"
@@ -208,6 +236,7 @@ class MultiVectorEncoder:
         if not rows:
             return []
         tokens = sum(len(r) for r in rows)
+        model = self._backbone.model_for(precision)
         log.info("encode_%s: %d texts, %d tokens", side, len(rows), tokens)
         batches = plan_batches([len(r) for r in rows], batch_size, max_tokens)
         workers = auto_workers(len(batches), next(self.model.parameters()).device)
@@ -215,7 +244,7 @@ class MultiVectorEncoder:
         report = progress_reporter(progress, len(rows))
 
         def embed(indices: list[int]) -> tuple[list[int], list[Tensor]]:
-            return indices, self.embed_rows(side, [rows[i] for i in indices], packed)
+            return indices, self._embed(side, [rows[i] for i in indices], model, packed)
 
         done = 0
         for indices, vectors in map_in_workers(embed, batches, workers):
@@ -242,9 +271,16 @@ class MultiVectorEncoder:
             rows.append(TokenRow(ids, types, extra, expansion is None or expansion.attend))
         return rows
 
-    def embed_rows(self, side: str, rows: list[TokenRow], packed=None) -> list[Tensor]:
+    def embed_rows(
+        self, side: str, rows: list[TokenRow], packed=None, *, precision: str | None = None
+    ) -> list[Tensor]:
         """One forward pass over ``rows`` (:meth:`token_rows`): the kept tokens' vectors,
-        projected, cut and normalised, one ``(tokens_i, dim)`` tensor per row."""
+        projected, cut and normalised, one ``(tokens_i, dim)`` tensor per row, the backbone
+        in ``precision`` (as for :meth:`encode_query`)."""
+        model = self._backbone.model_for(precision)
+        return self._embed(side, rows, model, packed)
+
+    def _embed(self, side: str, rows: list[TokenRow], model, packed) -> list[Tensor]:
         config: SideConfig = getattr(self.config, side)
         expansion_id = config.expansion.token_id if config.expansion is not None else 0
         batch = pad_rows(rows, self._tokenizers[side].pad_id, expansion_id)
@@ -253,7 +289,7 @@ class MultiVectorEncoder:
             skip = torch.tensor(sorted(config.skiplist), dtype=torch.int64)
             keep = keep & ~torch.isin(batch.input_ids, skip)
         with torch.inference_mode(), use_reordered_weights(packed):
-            hidden = token_states(self.model, batch)  # (B, T, D)
+            hidden = token_states(model, batch)  # (B, T, D)
             vectors = hidden[keep].float()  # (N kept, D)
             for dense in self.projection:
                 vectors = dense(vectors)  # (N kept, width)
