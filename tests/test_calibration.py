@@ -245,10 +245,10 @@ class TestAutoReadsTheVerdict:
 
         monkeypatch.setattr(kernels, "attention_workloads", lambda dtype=None: workloads("a", "b"))
         monkeypatch.setattr(kernels, "linear_workloads", lambda: workloads("c"))
-        monkeypatch.setattr(kernels, "flash_workloads", lambda: workloads("d"))
+        monkeypatch.setattr(kernels, "flash_workloads", lambda dtype: workloads("d"))
         # The bfloat16 flash kernel is measured only on a CPU with AVX512-BF16.
         flash = avx512.FLASH_BF16 in avx512.kernels_here()
-        count, total = (4, 6) if flash else (3, 5)
+        count, total = (5, 7) if flash else (4, 6)
         assert main(["calibrate", "--force"]) == 0
         said = [
             line.removeprefix("clearformer calibrate: ")
@@ -265,14 +265,20 @@ class TestAutoReadsTheVerdict:
         assert all(", ETA " in line for line in said[1:-1]) and ", ETA" not in said[-1]
 
     def test_both_sides_of_every_workload_compute_the_same_values(self):
-        from clearformer.calibration.kernels import attention_workloads, linear_workloads
+        from clearformer.calibration.kernels import (
+            attention_workloads,
+            flash_workloads,
+            linear_workloads,
+        )
 
         # bfloat16 rows: both sides compute in float32 and round once, one bfloat16 step
         # (2^-8 of the value) apart at most.
         tolerances = {torch.float32: {"atol": 5e-5, "rtol": 1e-4}}
         tolerances[torch.bfloat16] = {"atol": 1e-2, "rtol": 2**-7}
         workloads = attention_workloads() + linear_workloads()
-        workloads += attention_workloads(torch.bfloat16)
+        workloads += attention_workloads(torch.bfloat16) + flash_workloads(torch.float32)
+        if avx512.FLASH_BF16 in avx512.kernels_here():
+            workloads += flash_workloads(torch.bfloat16)
         with torch.inference_mode():
             for workload in workloads:
                 got = workload.runs["avx512"]()

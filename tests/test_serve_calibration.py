@@ -52,7 +52,9 @@ class TestOnAnAVX512CPU:
         monkeypatch.setattr(kernels, "calibrate", lambda **_: calls.append(1) or "calibrated")
         measured(avx512_attention=1.2, avx512_linear=1.0)  # a cache without the bf16 verdict
         assert kernels.measure_before_serving() == "calibrated" and calls == [1]
-        every = dict(avx512_attention_bf16=1.1, avx512_linear=1.0, avx512_flash_bf16=1.1)
+        every = dict(
+            avx512_attention_bf16=1.1, avx512_linear=1.0, avx512_flash=1.1, avx512_flash_bf16=1.1
+        )
         measured(avx512_attention=1.2, **every)
         assert kernels.measure_before_serving() is None and calls == [1]
         monkeypatch.setenv("CLEARFORMER_AVX512", "on")  # taken unmeasured: nothing to measure

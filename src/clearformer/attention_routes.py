@@ -29,6 +29,7 @@ __all__ = [
     "avx512_refusal",
     "avx512_serves",
     "flash_bf16_serves",
+    "flash_kernel_serves",
     "flash_serves",
     "padded_attention_route",
     "sdpa_note",
@@ -119,29 +120,44 @@ def avx512_serves(call: VarlenCall) -> Decision:
     return Decision("serves", "clearformer's AVX-512 kernel (built, on an AVX-512 CPU)")
 
 
-def flash_bf16_serves(call: VarlenCall) -> Decision:
-    """``serves`` or ``declines`` the call, and why (clearformer's bfloat16 flash kernel:
-    bfloat16 CPU rows on an AVX512-BF16 CPU, heads a multiple of 32 wide, causal or
+def flash_kernel_serves(call: VarlenCall) -> Decision:
+    """``serves`` or ``declines`` the call, and why (clearformer's flash kernels: float32 CPU
+    rows, or bfloat16 ones on an AVX512-BF16 CPU; heads a multiple of 32 wide, causal or
     bidirectional, local or global, grouped keys and values, no bias, dropout or
     gradients)."""
+    name = "bfloat16" if call.dtype == torch.bfloat16 else "float32"
     if call.bias or call.dropout:
-        return Decision("declines", "the bfloat16 flash kernel takes no bias or dropout")
+        return Decision("declines", f"the {name} flash kernel takes no bias or dropout")
     if call.grad:
-        return Decision("declines", "the bfloat16 flash kernel has no backward")
+        return Decision("declines", f"the {name} flash kernel has no backward")
     if _values_wider(call):
-        return Decision("declines", "the bfloat16 flash kernel reads values as wide as the keys")
+        return Decision("declines", f"the {name} flash kernel reads values as wide as the keys")
     multiple = avx512.FLASH_HEAD_MULTIPLE
     if not (
         call.device.type == "cpu"
-        and call.dtype == torch.bfloat16
+        and call.dtype in (torch.float32, torch.bfloat16)
         and (call.head_dim is None or call.head_dim % multiple == 0)
     ):
         return Decision(
-            "declines", f"the bfloat16 flash kernel needs bfloat16 CPU rows, heads of {multiple}k"
+            "declines",
+            f"the flash kernels need float32 or bfloat16 CPU rows, heads of {multiple}k",
         )
-    if not avx512.bf16_products():
+    if call.dtype == torch.bfloat16 and not avx512.bf16_products():
         return Decision("declines", "the bfloat16 flash kernel needs a CPU with AVX512-BF16")
-    return Decision("serves", "clearformer's bfloat16 flash kernel (AVX512-BF16)")
+    if call.dtype == torch.bfloat16:
+        return Decision("serves", "clearformer's bfloat16 flash kernel (AVX512-BF16)")
+    return Decision("serves", "clearformer's float32 flash kernel (AVX-512)")
+
+
+def flash_bf16_serves(call: VarlenCall) -> Decision:
+    """:func:`flash_kernel_serves` for bfloat16 rows: declines any other dtype."""
+    if call.dtype != torch.bfloat16:
+        return Decision(
+            "declines",
+            f"the bfloat16 flash kernel needs bfloat16 CPU rows, heads of "
+            f"{avx512.FLASH_HEAD_MULTIPLE}k",
+        )
+    return flash_kernel_serves(call)
 
 
 def _values_wider(call: VarlenCall) -> bool:
@@ -152,13 +168,11 @@ def _values_wider(call: VarlenCall) -> bool:
 def attention_kernel_for(call: VarlenCall) -> tuple[str, Decision]:
     """Which of clearformer's attention kernels would take the call (its name in
     :data:`clearformer.fast.avx512.KERNELS`, whose verdict ``auto`` reads) and whether it
-    serves it: bfloat16 rows the AVX-512 kernel cannot read as they are (causal, local,
-    grouped keys and values, queries and keys made apart from the values) go to the bfloat16
-    flash kernel, every other call to the AVX-512 kernel."""
-    if call.dtype == torch.bfloat16 and (
-        call.is_causal or call.grouped or call.rows_apart or call.window
-    ):
-        return avx512.FLASH_BF16, flash_bf16_serves(call)
+    serves it: rows the AVX-512 kernel cannot read as they are (causal, local, grouped keys
+    and values, queries and keys made apart from the values) go to the flash kernel of their
+    dtype, every other call to the AVX-512 kernel."""
+    if call.is_causal or call.grouped or call.rows_apart or call.window:
+        return avx512.flash_kernel(call.dtype), flash_kernel_serves(call)
     return avx512.attention_kernel(call.dtype), avx512_serves(call)
 
 
@@ -271,8 +285,8 @@ def padded_attention_route(
         return Decision("torch", served.reason)
     if not square or not (unmasked or key_runs):
         return Decision("torch", "the AVX-512 kernel takes unmasked or key-run self-attention")
-    if kernel == avx512.FLASH_BF16 and not unmasked:
-        return Decision("torch", "the bfloat16 flash kernel takes unmasked padded rows only")
+    if kernel in (avx512.FLASH, avx512.FLASH_BF16) and not unmasked:
+        return Decision("torch", "the flash kernels take unmasked padded rows only")
     taken = kernel_route(kernel)
     return Decision("avx512" if taken.choice == "avx512" else "torch", taken.reason)
 

@@ -346,8 +346,8 @@ def _attention_route(
     if kernel.choice != "sdpa":
         return dict(method=None)
     if window is not None:
-        # Long rows of a local layer go slab by slab: no (T, T) band; unmasked bfloat16 rows
-        # may take the flash kernel, which reads the window itself.
+        # Long rows of a local layer go slab by slab: no (T, T) band; unmasked rows may take
+        # the flash kernel, which reads the window itself.
         slab = routes.slab_by_slab(length, window)
         if token_mask is None:
             route, _ = padded_route(call, square=True, unmasked=True, keys=None)

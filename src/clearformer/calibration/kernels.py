@@ -13,10 +13,10 @@ CPU model, PyTorch, clearformer and kernel build (:mod:`clearformer.calibration.
   (``threads`` or ``sequence``), and on one long unpadded sequence against SDPA's flash kernel.
 * ``avx512_attention_bf16``: the same on bfloat16 rows, the kernel's widening to float32 and
   rounding back included, against PyTorch's bfloat16 routes.
-* ``avx512_flash_bf16`` (CPUs with AVX512-BF16): the bfloat16 flash kernel against the route
-  ``auto`` takes without it, on a grouped-query model's heads (16 query and 8 key/value heads
-  of 64): causal sentences, bidirectional passages, and one causal sequence of
-  ``FLASH_LONG`` tokens.
+* ``avx512_flash`` and ``avx512_flash_bf16`` (the latter on CPUs with AVX512-BF16): the flash
+  kernel of float32 and of bfloat16 rows against the route ``auto`` takes without it, on a
+  grouped-query model's heads (16 query and 8 key/value heads of 64): causal sentences,
+  bidirectional passages, and one causal sequence of ``FLASH_LONG`` tokens.
 * ``avx512_linear``: the three products of a post-norm block that carry an epilogue (the first
   feed-forward product with the exact GELU; the attention output and the second feed-forward
   product with the residual add and the LayerNorm) against oneDNN's fused products, both on
@@ -60,9 +60,10 @@ BATCHES = (
     ("8 passages of 48-160 tokens", 8, 48, 160),
 )
 LONG = 512
-# The bfloat16 flash kernel's workloads: a grouped-query model's heads, one long sequence.
+# The flash kernels' workloads: a grouped-query model's heads, one long sequence.
 FLASH_HEADS, FLASH_KV_HEADS, FLASH_HEAD_DIM, FLASH_LONG = 16, 8, 64, 1024
 BASELINE = "torch"
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -111,9 +112,10 @@ def calibrate(*, force: bool = False, rounds: int | None = None) -> Calibration:
         "avx512_attention": attention_workloads(),
         "avx512_attention_bf16": attention_workloads(torch.bfloat16),
         "avx512_linear": linear_workloads(),
+        avx512.FLASH: flash_workloads(torch.float32),
     }
     if avx512.FLASH_BF16 in avx512.kernels_here():
-        workloads[avx512.FLASH_BF16] = flash_workloads()
+        workloads[avx512.FLASH_BF16] = flash_workloads(torch.bfloat16)
     total = sum(len(work) for work in workloads.values())
     progress.phase(
         f"calibrating kernels for this CPU (once per machine): {len(workloads)} kernels "
@@ -221,10 +223,10 @@ def attention_workloads(dtype: torch.dtype = torch.float32) -> list[Workload]:
     return workloads
 
 
-def flash_workloads() -> list[Workload]:
-    """The bfloat16 flash kernel and the varlen method ``auto`` takes without it, on grouped
-    rows as a rotary model's attention gets them (queries and keys new tensors, values a view
-    of the projection's rows)."""
+def flash_workloads(dtype: torch.dtype) -> list[Workload]:
+    """The flash kernel of ``dtype`` and the varlen method ``auto`` takes without it, on
+    grouped rows of ``dtype`` as a rotary model's attention gets them (queries and keys new
+    tensors, values a view of the projection's rows)."""
     workloads = []
     cases = [
         (*BATCHES[0], True),
@@ -236,13 +238,13 @@ def flash_workloads() -> list[Workload]:
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
         layout = layout_from_cu_seqlens(cu)
         heads, kv, dh = FLASH_HEADS, FLASH_KV_HEADS, FLASH_HEAD_DIM
-        rows = torch.randn(layout.num_tokens, (heads + 2 * kv) * dh, dtype=torch.bfloat16)
+        rows = torch.randn(layout.num_tokens, (heads + 2 * kv) * dh, dtype=dtype)
         # (N, (H + 2 Hkv) Dh) -> q (N, H, Dh), k and v (N, Hkv, Dh)
         q = rows[:, : heads * dh].reshape(-1, heads, dh).clone()
         k = rows[:, heads * dh : (heads + kv) * dh].reshape(-1, kv, dh).clone()
         v = rows[:, (heads + kv) * dh :].view(-1, kv, dh)
         call = routes.VarlenCall(
-            torch.device("cpu"), torch.bfloat16, dh, causal, grouped=True, rows_apart=True
+            torch.device("cpu"), dtype, dh, causal, grouped=True, rows_apart=True
         )
         without = Decision("torch", "calibration: PyTorch's side")
         method = routes.varlen_method(layout, call, avx512_taken=without).choice
@@ -250,7 +252,7 @@ def flash_workloads() -> list[Workload]:
         kind = "causal" if causal else "bidirectional"
         workloads.append(
             Workload(
-                f"bfloat16 grouped attention, {name} ({kind}), packed",
+                f"{_DTYPE_NAMES[dtype]} grouped attention, {name} ({kind}), packed",
                 {
                     BASELINE: lambda q=q, k=k, v=v, la=layout, m=method, c=causal: attend(
                         q, k, v, la, m, is_causal=c

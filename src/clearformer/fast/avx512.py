@@ -11,9 +11,9 @@ CPU, so ``auto`` takes it only where this CPU measured it faster
 (:func:`clearformer.routes.kernel_route`, :mod:`clearformer.calibration`).
 
 The same library carries clearformer's AVX-512 linear kernel (``avx512_linear.cpp``, which
-:mod:`clearformer.fast.avx512_linear` routes calls to) and a flash-style attention kernel for
-bfloat16 rows on CPUs with AVX512-BF16 (``avx512_flash_bf16.cpp``, :func:`flash_attention`):
-one build, one load.
+:mod:`clearformer.fast.avx512_linear` routes calls to) and flash-style attention kernels for
+float32 rows (``avx512_flash.cpp``) and for bfloat16 rows on CPUs with AVX512-BF16
+(``avx512_flash_bf16.cpp``), both behind :func:`flash_attention`: one build, one load.
 
 It is C++, so it is compiled here, by the system's C++ compiler (``$CXX``, else ``g++``), once
 per source, PyTorch version and compiler, into clearformer's cache folder
@@ -41,7 +41,11 @@ norms), heads a multiple of 32 wide, any length (the scores of one block of keys
 It multiplies bfloat16 pairs into float32 sums (AVX512-BF16's vdpbf16ps) in both products,
 the probabilities rounded to bfloat16 for the second as flash attention in bfloat16 does on
 GPUs; softmax in float32. At long inputs attention is half of a grouped-query model's work, and
-PyTorch's bfloat16 attention on a CPU without AMX runs near its float32 rate.
+PyTorch's bfloat16 attention on a CPU without AMX runs near its float32 rate. Its float32 twin
+(``avx512_flash.cpp``, verdict ``avx512_flash``) takes the same calls on float32 rows (float32
+and int8 models, whose attention runs in float32) with plain FMAs in both products: PyTorch's
+flash kernel does its products in the BLAS library's sgemm (MKL's AVX2 code on AMD processors)
+and reads a grouped key/value head once per query head.
 """
 
 from __future__ import annotations
@@ -72,7 +76,12 @@ log = logging.getLogger(__name__)
 # (clearformer.fast.avx512_linear says which calls take those).
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("avx512_attention.cpp", "avx512_linear.cpp", "avx512_flash_bf16.cpp")
+    for name in (
+        "avx512_attention.cpp",
+        "avx512_linear.cpp",
+        "avx512_flash.cpp",
+        "avx512_flash_bf16.cpp",
+    )
 )
 # Included by the sources (the shared exponential): part of what the build's name hashes.
 HEADERS = (Path(__file__).with_name("avx512_exp.h"),)
@@ -102,10 +111,19 @@ _state: dict[str, Decision] = {}  # "load" -> the outcome of the first load in t
 
 
 # The library's kernels, as the switches and the calibration name them: the attention kernel
-# has a verdict for float32 rows and one for bfloat16 rows (widened for it), and the bfloat16
-# flash kernel one of its own, all under the attention switch.
-KERNELS = ("avx512_attention", "avx512_attention_bf16", "avx512_linear", "avx512_flash_bf16")
+# has a verdict for float32 rows and one for bfloat16 rows (widened for it), and each flash
+# kernel (float32, bfloat16) one of its own, all under the attention switch.
+KERNELS = (
+    "avx512_attention",
+    "avx512_attention_bf16",
+    "avx512_linear",
+    "avx512_flash",
+    "avx512_flash_bf16",
+)
+FLASH = "avx512_flash"
 FLASH_BF16 = "avx512_flash_bf16"
+# The flash kernels' ops in the library, by the dtype of the rows they take.
+_FLASH_OPS = {torch.float32: "flash_attention_f32", torch.bfloat16: "flash_attention_bf16"}
 # Heads the flash kernel takes: a multiple of this many values wide (two 16-lane vectors).
 FLASH_HEAD_MULTIPLE = 32
 
@@ -116,17 +134,23 @@ def bf16_products() -> bool:
 
 
 def kernels_here() -> tuple[str, ...]:
-    """The :data:`KERNELS` this CPU can run (the flash kernel needs AVX512-BF16, and a library
-    built with it where one is loaded): the ones the calibration measures and ``auto`` reads
-    a verdict for."""
-    flash = bf16_products() and (not is_loaded() or _has_flash_op())
-    return tuple(k for k in KERNELS if k != FLASH_BF16 or flash)
+    """The :data:`KERNELS` this CPU can run (the bfloat16 flash kernel needs AVX512-BF16, and a
+    library built with it where one is loaded): the ones the calibration measures and ``auto``
+    reads a verdict for."""
+    flash_bf16 = bf16_products() and (not is_loaded() or _has_flash_op(torch.bfloat16))
+    return tuple(k for k in KERNELS if k != FLASH_BF16 or flash_bf16)
 
 
-def _has_flash_op() -> bool:
-    """The loaded library has the bfloat16 flash kernel (a compiler without AVX512-BF16
-    intrinsics builds it without)."""
-    return hasattr(torch.ops.clearformer_avx512, "flash_attention_bf16")
+def flash_kernel(dtype: torch.dtype) -> str:
+    """The flash kernel's name in :data:`KERNELS` for rows of ``dtype``."""
+    return FLASH_BF16 if dtype == torch.bfloat16 else FLASH
+
+
+def _has_flash_op(dtype: torch.dtype) -> bool:
+    """The loaded library has the flash kernel for rows of ``dtype`` (a compiler without
+    AVX512-BF16 intrinsics builds it without the bfloat16 one)."""
+    name = _FLASH_OPS.get(dtype)
+    return name is not None and hasattr(torch.ops.clearformer_avx512, name)
 
 
 def attention_kernel(dtype: torch.dtype) -> str:
@@ -201,30 +225,33 @@ def flash_attention(
     causal: bool,
     window: int | None = None,
 ) -> Tensor:
-    """Attention within each sequence of ``cu_seqlens`` on bfloat16 rows: q (N, H, Dh), k and
-    v (N, Hkv, Dh) with Hkv dividing H (query head h reads key/value head h // (H // Hkv)),
-    each row's heads contiguous; token i sees tokens j <= i of its sequence when ``causal``,
-    and only those with |i - j| <= ``window`` where one is given (local attention).
-    Returns (N, H, Dh) bfloat16. Needs :func:`load` first and an AVX512-BF16 CPU
-    (:func:`flash_serves`)."""
-    if not bf16_products():  # its instructions would stop the process, not raise
+    """Attention within each sequence of ``cu_seqlens`` on float32 or bfloat16 rows: q
+    (N, H, Dh), k and v (N, Hkv, Dh) with Hkv dividing H (query head h reads key/value head
+    h // (H // Hkv)), each row's heads contiguous; token i sees tokens j <= i of its sequence
+    when ``causal``, and only those with |i - j| <= ``window`` where one is given (local
+    attention). Returns (N, H, Dh) in the rows' dtype. Needs :func:`load` first, and for
+    bfloat16 rows an AVX512-BF16 CPU (:func:`flash_serves`)."""
+    if q.dtype == torch.bfloat16 and not bf16_products():
+        # Its instructions would stop the process, not raise.
         raise RuntimeError(f"the bfloat16 flash kernel needs AVX512-BF16: {cpu_info().summary()}")
+    name = _FLASH_OPS.get(q.dtype)
+    if name is None:
+        raise TypeError(f"q must be float32 or bfloat16 for the flash kernels, got {q.dtype}")
     band = -1 if window is None else window
-    return torch.ops.clearformer_avx512.flash_attention_bf16(
-        q, k, v, cu_seqlens, scale, causal, band
-    )
+    return getattr(torch.ops.clearformer_avx512, name)(q, k, v, cu_seqlens, scale, causal, band)
 
 
 def flash_serves(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether the bfloat16 flash kernel can take these rows, (N, H, Dh) and (N, Hkv, Dh), as
-    they are (the caller has ruled out windows, biases and dropout)."""
+    """Whether a flash kernel (float32, or bfloat16 on an AVX512-BF16 CPU) can take these
+    rows, (N, H, Dh) and (N, Hkv, Dh), as they are (the caller has ruled out biases and
+    dropout)."""
     return (
         is_loaded()
-        and bf16_products()
-        and _has_flash_op()
+        and q.dtype == k.dtype == v.dtype
+        and (q.dtype != torch.bfloat16 or bf16_products())
+        and _has_flash_op(q.dtype)
         and not capturing_graph()
         and q.device.type == "cpu"
-        and q.dtype == k.dtype == v.dtype == torch.bfloat16
         and q.dim() == k.dim() == v.dim() == 3
         and k.shape == v.shape
         and k.shape[0] == q.shape[0]

@@ -99,14 +99,15 @@ def attend(
         scale = q.shape[-1] ** -0.5 if scale is None else scale
         if not is_causal and window is None and avx512.serves(q, k, v):
             return avx512.attention(q, k, v, layout.cu_seqlens, scale)
-        # bfloat16 rows the AVX-512 kernel cannot read (causal, grouped keys and values,
-        # queries and keys apart from the values): the bfloat16 flash kernel.
+        # Rows the AVX-512 kernel cannot read (causal, grouped keys and values, queries and
+        # keys apart from the values): the flash kernel of their dtype.
         if bias is None and dropout_p == 0.0 and avx512.flash_serves(q, k, v):
             return avx512.flash_attention(q, k, v, layout.cu_seqlens, scale, is_causal, window)
         raise ValueError(
             "method='avx512' cannot read these rows: it needs the library loaded and float32 "
             "or bfloat16 CPU rows of one shape and stride, heads of 16k, no gradients, or "
-            "(causal, grouped) bfloat16 rows with heads of 32k on an AVX512-BF16 CPU"
+            "(causal, grouped) float32 rows, or bfloat16 ones on an AVX512-BF16 CPU, with "
+            "heads of 32k"
         )
     if method == "flash":
         return flash_attn_varlen()(

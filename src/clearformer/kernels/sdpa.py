@@ -5,8 +5,8 @@ CUDA) that never materialises the (Tq, Tk) score matrix, so memory stays linear 
 plan names clearformer's AVX-512 kernel (``avx512=True``: unmasked float32 or bfloat16
 self-attention, or attention under a key-padding mask whose keys are one run per sequence, on a
 CPU where ``auto`` takes it, :func:`clearformer.routes.padded_attention_route`), that kernel
-runs instead, as the packed rows would; unmasked bfloat16 rows that are causal or grouped take
-the bfloat16 flash kernel.
+runs instead, as the packed rows would; unmasked rows that are causal, grouped or local take
+the flash kernel of their dtype (float32, or bfloat16 on an AVX512-BF16 CPU).
 """
 
 from __future__ import annotations
@@ -101,15 +101,15 @@ def _avx512(
     """Self-attention through clearformer's AVX-512 kernel, as the plan names it: unmasked
     (every sequence as long as the next), or every query of sequence b over its keys
     ``first[b] : first[b] + count[b]`` (``key_runs``); None where the rows are not laid out as
-    the kernel reads them (its strides), which PyTorch's kernel then takes. Unmasked bfloat16
-    rows the AVX-512 kernel cannot read (causal, grouped, queries and keys apart from the
-    values) take the bfloat16 flash kernel."""
+    the kernel reads them (its strides), which PyTorch's kernel then takes. Unmasked rows the
+    AVX-512 kernel cannot read (causal, grouped, queries and keys apart from the values) take
+    the flash kernel of their dtype."""
     B, H, T, Dh = q.shape
     if T == 0 or k.shape[-2] != T:  # no rows, or not self-attention: PyTorch's kernel
         return None
-    flash = key_runs is None and q.dtype == torch.bfloat16
+    flash = key_runs is None
     if is_causal or k.shape[1] != H:  # the AVX-512 kernel's rows are neither
-        return _flash_bf16(q, k, v, scale, is_causal) if flash else None
+        return _flash(q, k, v, scale, is_causal) if flash else None
     if key_runs is not None:
         rows = [t.transpose(1, 2) for t in (q, k, v)]  # (B, T, H, Dh) views
         if not avx512.serves(*rows):
@@ -121,9 +121,9 @@ def _avx512(
     except RuntimeError:
         rows = None
     if rows is None or not avx512.serves(*rows):
-        # Queries and keys apart from the values (their strides differ): bfloat16 rows
-        # still have the flash kernel.
-        return _flash_bf16(q, k, v, scale, is_causal) if flash else None
+        # Queries and keys apart from the values (their strides differ): unmasked rows still
+        # have the flash kernel.
+        return _flash(q, k, v, scale, is_causal) if flash else None
     bounds = torch.arange(0, B * T + 1, T, dtype=torch.int64)  # (B + 1,)
     out = avx512.attention(*rows, bounds, _scale(scale, Dh))  # (B*T, H, Dh)
     return out.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh), in (B, T, H, Dh) order
@@ -133,18 +133,19 @@ def local_flash_attention(
     q: Tensor, k: Tensor, v: Tensor, window: int, *, is_causal: bool, scale: float | None
 ) -> Tensor | None:
     """Unmasked local self-attention (token i sees tokens j with |i - j| <= ``window``) on
-    (B, H|Hkv, T, Dh) bfloat16 rows through the bfloat16 flash kernel, as the plan names it;
-    None where the kernel cannot read them (PyTorch's routes then take the call)."""
+    (B, H|Hkv, T, Dh) float32 or bfloat16 rows through the flash kernel of their dtype, as the
+    plan names it; None where the kernel cannot read them (PyTorch's routes then take the
+    call)."""
     if q.shape[-2] == 0 or k.shape[-2] != q.shape[-2]:
         return None
-    return _flash_bf16(q, k, v, scale, is_causal, window)
+    return _flash(q, k, v, scale, is_causal, window)
 
 
-def _flash_bf16(
+def _flash(
     q: Tensor, k: Tensor, v: Tensor, scale: float | None, is_causal: bool, window=None
 ) -> Tensor | None:
-    """Unmasked bfloat16 rows through the bfloat16 flash kernel (those the AVX-512 kernel
-    cannot read as they are); None where it cannot read them either."""
+    """Unmasked rows through the flash kernel of their dtype (those the AVX-512 kernel cannot
+    read as they are); None where it cannot read them either."""
     B, H, T, Dh = q.shape
     # (B, H|Hkv, T, Dh) -> (B * T, H|Hkv, Dh): views of the projection's rows where they are
     # laid out so, else copies (one pass over the rows, against T passes of attention).
