@@ -13,7 +13,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from .encode import add_model_arguments, batching_options, positive_int
+from .encode import (
+    ENCODE_PRECISIONS,
+    add_model_arguments,
+    add_precision_argument,
+    batching_options,
+    positive_int,
+)
 
 STORAGES = ("float32", "int8", "binary")  # as clearformer.index.options, without importing it
 ANN_MODES = ("auto", "hnsw", "exact")
@@ -70,6 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="texts embedded per committed chunk: what a killed build resumes from (default 4096)",
     )
     add_model_arguments(build)
+    _precision_argument(build)
     build.set_defaults(func=run_build)
 
     add = actions.add_parser(
@@ -82,6 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add.add_argument("index", metavar="INDEX", help="the index directory")
     _corpus_arguments(add)
     add_model_arguments(add)
+    _precision_argument(add)
     add.set_defaults(func=run_add)
 
     info = actions.add_parser(
@@ -92,6 +100,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     info.add_argument("index", metavar="INDEX", help="the index directory")
     info.set_defaults(func=run_info)
+
+
+def _precision_argument(p: argparse.ArgumentParser) -> None:
+    """``--precision`` of the models that embed the texts, each loaded in it alone."""
+    add_precision_argument(
+        p,
+        ENCODE_PRECISIONS,
+        "the precision the texts are embedded in, the model loaded in it alone (sparse and "
+        "multi-vector models: float32 or bf16); bf16: bfloat16 matrix products, embeddings "
+        "within cosine 0.995 of float32; int8 (dense models): int8 matrix products, within "
+        "cosine 0.99",
+    )
+    p.set_defaults(hold_precision=True)
 
 
 def _corpus_arguments(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -177,7 +198,9 @@ def index_encoder(args: argparse.Namespace, index_path: Path):
         except (IndexNotFoundError, OSError, ValueError, KeyError):
             recorded = ""
         model = recorded if recorded and Path(recorded).is_dir() else None
-    return TextEncoder.from_pretrained(model, backend=args.backend)
+    # index build / add hold their --precision alone; search encodes its queries per call.
+    held = getattr(args, "precision", None) if getattr(args, "hold_precision", False) else None
+    return TextEncoder.from_pretrained(model, backend=args.backend, precision=held)
 
 
 def _encode_options(args: argparse.Namespace, status) -> dict:
@@ -296,7 +319,7 @@ def run_info(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace):
     from .encode import load_encoder
 
-    return load_encoder(args)
+    return load_encoder(args, hold_precision=True)
 
 
 def _require_engine() -> None:

@@ -231,5 +231,5 @@ def _kind_model(args: argparse.Namespace, kind: str):
             raise CliError(f"--model {args.model}: no such directory")
         check_model_kind(kind, args.model, "--model")
     if kind == "dense":
-        return load_encoder(args)
-    return load_model(kind, args.model)
+        return load_encoder(args, hold_precision=True)
+    return load_model(kind, args.model, precision=args.precision)

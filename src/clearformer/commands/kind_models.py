@@ -26,23 +26,42 @@ def check_model_kind(kind: str, path: str | Path, flag: str = "model") -> None:
     raise ValueError(f"{flag} {path} is a {found} model; a {kind} index needs a {kind} model")
 
 
-def load_model(kind: str, path: str | Path | None) -> Any:
+def kind_precision(kind: str, precision: str) -> str:
+    """``--precision`` for a sparse or multi-vector model: float32 or bf16 (``auto`` decided
+    here, as for a cross-encoder); int8, which only dense models run, refused naming the
+    kind."""
+    from ..precision import check_precision, choose_precision
+
+    offered = ("float32", "bf16")
+    if check_precision(precision, "--precision") == "int8":
+        raise ValueError(
+            f"--precision int8 applies to dense models; a {kind} model runs float32 or bf16"
+        )
+    precision = check_precision(precision, "--precision", (*offered, "auto"))
+    return choose_precision(precision, offered=offered).choice
+
+
+def load_model(kind: str, path: str | Path | None, precision: str | None = None) -> Any:
     """The sparse or multi-vector model at ``path`` (a BGE-M3 checkpoint as BGE-M3, which
-    serves both). The classes are imported here, on use, so that the commands import without
-    the sparse and multi-vector encoders (dense models load with ``encode.load_encoder``)."""
+    serves both), holding ``precision`` alone where one is given (``--precision``: float32,
+    bf16 or auto; int8 is for dense models and is refused here). The classes are imported
+    here, on use, so that the commands import without the sparse and multi-vector encoders
+    (dense models load with ``encode.load_encoder``)."""
     if path is None:
         raise ValueError(f"a {kind} index needs --model: no {kind} model ships with clearformer")
     check_model_kind(kind, path, "--model")
+    if precision is not None:
+        precision = kind_precision(kind, precision)
     if checkpoint_kind(path) == "bge-m3":
         from ..text.bge_m3 import BGEM3Encoder
 
-        return BGEM3Encoder.from_pretrained(path)
+        return BGEM3Encoder.from_pretrained(path, precision=precision)
     if kind == "sparse":
         from ..text.sparse_encoder import SparseEncoder
 
-        return SparseEncoder.from_pretrained(path)
+        return SparseEncoder.from_pretrained(path, precision=precision)
     if kind == "multivector":
         from ..text.multivector_encoder import MultiVectorEncoder
 
-        return MultiVectorEncoder.from_pretrained(path)
+        return MultiVectorEncoder.from_pretrained(path, precision=precision)
     raise ValueError(f"unknown kind {kind!r}; expected one of dense, sparse, multivector, bm25")

@@ -214,7 +214,9 @@ def _model(args: argparse.Namespace, path: Path, kind: str):
     elif not Path(given).is_dir():
         raise CliError(f"{flag} {given}: no such directory")
     check_model_kind(kind, given, flag)  # a model of another kind: refused naming this flag
-    return load_model(kind, given)
+    # index add holds its --precision alone; search encodes queries in float32.
+    held = args.precision if getattr(args, "hold_precision", False) else None
+    return load_model(kind, given, precision=held)
 
 
 def _recorded_model(path: Path, kind: str) -> str:

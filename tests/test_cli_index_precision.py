@@ -1,0 +1,112 @@
+"""``clearformer index build / add --precision``: the texts embedded in that precision by a model
+loaded in it alone (the index's vectors are that precision's embeddings, not float32's), a
+multi-vector kind in bf16, and int8 refused for the kinds that do not run it, in one line,
+before anything is written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from clearformer import MultiVectorEncoder, TextEncoder
+from clearformer.index import HybridIndex, VectorIndex
+
+from .index_helpers import cli, tiny_model, word_texts
+from .multivector_helpers import bert_base, st_multivector_dir
+
+pytest.importorskip("usearch")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    texts = word_texts(60)
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    return path, texts
+
+
+def stored(index_path, rows: int) -> np.ndarray:
+    return VectorIndex.open(index_path).vectors(np.arange(rows))  # (rows, D) float32
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_build_and_add_embed_in_the_precision_asked(tmp_path, model, corpus, precision):
+    _, texts = corpus
+    first, rest = tmp_path / "first.txt", tmp_path / "rest.txt"
+    first.write_text("\n".join(texts[:40]) + "\n", encoding="utf-8")
+    rest.write_text("\n".join(texts[40:]) + "\n", encoding="utf-8")
+    index = tmp_path / "idx"
+    done = cli("index", "build", "--corpus", str(first), "--out", str(index), "--model",
+               str(model), "--precision", precision, "--no-progress")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    done = cli("index", "add", str(index), "--corpus", str(rest), "--model", str(model),
+               "--precision", precision, "--no-progress")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    held = TextEncoder.from_pretrained(model, precision=precision)
+    want = held.encode(texts, normalize=True)
+    got = stored(index, len(texts))
+    np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+    # ... and not float32's: the precision did change the vectors.
+    full = TextEncoder.from_pretrained(model).encode(texts, normalize=True)
+    assert np.abs(got - full).max() > 1e-4
+
+
+def test_a_multivector_kind_is_built_in_bf16(tmp_path, corpus):
+    path, texts = corpus
+    base = tmp_path / "bert"
+    base.mkdir()
+    bert_base(base)
+    colbert = st_multivector_dir(base, tmp_path / "colbert")
+    index = tmp_path / "kinds"
+    done = cli("index", "build", "--corpus", str(path), "--out", str(index), "--kind",
+               "multivector", "--model", str(colbert), "--precision", "bf16",
+               "--no-progress")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    query = texts[7]
+    float32 = MultiVectorEncoder.from_pretrained(colbert)
+    index = HybridIndex.open(index, [float32])
+    hits = index.search(query, k=3, mode="multivector", settings={"multivector": {"exact": True}})
+    # The index holds bf16 document vectors: row 7 scores what they give the query.
+    held = MultiVectorEncoder.from_pretrained(colbert, precision="bf16")
+    q = float32.encode_query([query])
+    want = float(held.similarity(q, held.encode_document([query]))[0, 0])
+    full = float(float32.similarity(q, float32.encode_document([query]))[0, 0])
+    seven = next(h for h in hits if h.row == 7)
+    assert seven.score == pytest.approx(want, abs=1e-5)
+    assert abs(want - full) > 1e-6  # bf16 documents score otherwise than float32 ones
+
+
+def test_int8_for_a_kind_that_does_not_run_it_is_one_line_and_writes_nothing(tmp_path, corpus):
+    path, _ = corpus
+    base = tmp_path / "bert"
+    base.mkdir()
+    bert_base(base)
+    colbert = st_multivector_dir(base, tmp_path / "colbert")
+    index = tmp_path / "kinds"
+    done = cli("index", "build", "--corpus", str(path), "--out", str(index), "--kind",
+               "multivector", "--model", str(colbert), "--precision", "int8")  # fmt: skip
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--precision int8 applies to dense models" in lines[0]
+    assert "multivector model runs float32 or bf16" in lines[0]
+    assert not index.exists() or not any(index.iterdir())
+
+
+def test_search_keeps_encoding_queries_per_call(tmp_path, model, corpus):
+    # index build holds its precision; search --index loads the model without holding one.
+    path, texts = corpus
+    index = tmp_path / "idx"
+    done = cli("index", "build", "--corpus", str(path), "--out", str(index), "--model",
+               str(model), "--precision", "bf16", "--no-progress")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for precision in ("float32", "bf16"):
+        done = cli("search", texts[3], "--index", str(index), "-k", "1", "--precision", precision)
+        assert done.returncode == 0, done.stderr
+        assert texts[3] in done.stdout
+    assert torch.get_default_dtype() == torch.float32
