@@ -11,6 +11,7 @@ import pytest
 from clearformer.index import Fusion
 from clearformer.retrieval import EvalSettings, evaluate, load_beir
 from clearformer.retrieval.metrics import ranked
+from clearformer.retrieval.trec import read_run
 
 from .contrastive_helpers import write_retrieval_data, write_sentence_transformer
 from .hybrid_helpers import FakeMultiVectorEncoder, FakeSparseEncoder
@@ -98,3 +99,36 @@ def test_eval_mode_flags_are_checked_before_any_work(tiny, tmp_path):
                  str(tmp_path / "i"))  # fmt: skip
     assert result.returncode == 2 and "describe a dense index" in result.stderr
     assert not (tmp_path / "i").exists()
+
+
+def test_a_kind_is_embedded_in_the_precision_asked(tiny, tmp_path):
+    from clearformer import MultiVectorEncoder
+
+    from .multivector_helpers import bert_base, st_multivector_dir
+
+    _, beir = tiny
+    base = tmp_path / "bert"
+    base.mkdir()
+    bert_base(base)
+    colbert = st_multivector_dir(base, tmp_path / "colbert")
+    out, run = tmp_path / "bf16.json", tmp_path / "bf16.run"
+    result = cli("eval", "--data", str(beir), "--mode", "multivector", "--multivector-model",
+                 str(colbert), "--precision", "bf16", "--out", str(out), "--run-out", str(run),
+                 "--no-progress")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = load_beir(beir)
+    settings = EvalSettings(mode="multivector")
+    held = MultiVectorEncoder.from_pretrained(colbert, precision="bf16")
+    want = evaluate(data, None, settings, models={"multivector": held})
+    assert json.loads(out.read_text())["metrics"] == pytest.approx(want.metrics)
+    scores = read_run(run)  # the scores are bf16 documents' and queries', not float32's
+    query = next(iter(want.run))
+    assert scores[query] == pytest.approx(want.run[query], abs=1e-5)
+    float32 = MultiVectorEncoder.from_pretrained(colbert)
+    full = evaluate(data, None, settings, models={"multivector": float32}).run[query]
+    assert max(abs(full[d] - scores[query][d]) for d in scores[query]) > 1e-6
+    # int8, which only dense models run, is refused by name before any work.
+    result = cli("eval", "--data", str(beir), "--mode", "multivector", "--multivector-model",
+                 str(colbert), "--precision", "int8")  # fmt: skip
+    assert result.returncode == 2
+    assert "--precision int8 applies to dense models; a multivector model" in result.stderr

@@ -291,7 +291,8 @@ def _kind_models(args: argparse.Namespace) -> dict:
         if not Path(path).is_dir():
             raise CliError(f"--{kind}-model {path}: no such directory")
         check_model_kind(kind, path, f"--{kind}-model")
-        models[kind] = load_model(kind, path)
+        # Embedded in --precision too (int8, which only dense models run, refused by name).
+        models[kind] = load_model(kind, path, precision=args.precision)
     return models
 
 
