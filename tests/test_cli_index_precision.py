@@ -1,16 +1,17 @@
 """``clearformer index build / add --precision``: the texts embedded in that precision by a model
 loaded in it alone (the index's vectors are that precision's embeddings, not float32's), a
-multi-vector kind in bf16, and int8 refused for the kinds that do not run it, in one line,
-before anything is written."""
+multi-vector kind in bf16, int8 refused for the kinds that do not run it, in one line, before
+anything is written; the index records its precision: a build in another one is written anew,
+an add takes the index's by default and refuses another."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from clearformer import MultiVectorEncoder, TextEncoder
 from clearformer.index import HybridIndex, VectorIndex
+from clearformer.quant import int8_support
 
 from .index_helpers import cli, tiny_model, word_texts
 from .multivector_helpers import bert_base, st_multivector_dir
@@ -35,7 +36,12 @@ def stored(index_path, rows: int) -> np.ndarray:
     return VectorIndex.open(index_path).vectors(np.arange(rows))  # (rows, D) float32
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int8"])
+needs_int8 = pytest.mark.skipif(
+    not int8_support().available, reason=f"no int8 here: {int8_support().reason}"
+)
+
+
+@pytest.mark.parametrize("precision", ["bf16", pytest.param("int8", marks=needs_int8)])
 def test_build_and_add_embed_in_the_precision_asked(tmp_path, model, corpus, precision):
     _, texts = corpus
     first, rest = tmp_path / "first.txt", tmp_path / "rest.txt"
@@ -98,15 +104,69 @@ def test_int8_for_a_kind_that_does_not_run_it_is_one_line_and_writes_nothing(tmp
     assert not index.exists() or not any(index.iterdir())
 
 
-def test_search_keeps_encoding_queries_per_call(tmp_path, model, corpus):
-    # index build holds its precision; search --index loads the model without holding one.
-    path, texts = corpus
+def test_an_index_keeps_its_precision_through_builds_and_adds(tmp_path, model, corpus):
+    _, texts = corpus
+    first, rest = tmp_path / "first.txt", tmp_path / "rest.txt"
+    first.write_text("\n".join(texts[:40]) + "\n", encoding="utf-8")
+    rest.write_text("\n".join(texts[40:]) + "\n", encoding="utf-8")
     index = tmp_path / "idx"
-    done = cli("index", "build", "--corpus", str(path), "--out", str(index), "--model",
-               str(model), "--precision", "bf16", "--no-progress")  # fmt: skip
+
+    def build(*flags):
+        return cli("index", "build", "--corpus", str(first), "--out", str(index), "--model",
+                   str(model), "--no-progress", *flags)  # fmt: skip
+
+    full = TextEncoder.from_pretrained(model).encode(texts, normalize=True)
+    half = TextEncoder.from_pretrained(model, precision="bf16").encode(texts, normalize=True)
+    assert build().returncode == 0
+    np.testing.assert_allclose(stored(index, 40), full[:40], atol=1e-6, rtol=0)
+    # The same texts in another precision are another build: written anew, not "held".
+    done = build("--precision", "bf16")
+    assert done.returncode == 0 and "nothing to do" not in done.stderr
+    np.testing.assert_allclose(stored(index, 40), half[:40], atol=1e-6, rtol=0)
+    assert "nothing to do" in build("--precision", "bf16").stderr
+    # An add in another precision is refused in one line, before any work ...
+    done = cli("index", "add", str(index), "--corpus", str(rest), "--precision", "float32")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "precision must be 'bf16'" in done.stderr and "got 'float32'" in done.stderr
+    assert VectorIndex.open(index).rows == 40
+    # ... and an add without --precision embeds in the index's own.
+    done = cli("index", "add", str(index), "--corpus", str(rest), "--no-progress")
     assert done.returncode == 0, done.stderr
-    for precision in ("float32", "bf16"):
-        done = cli("search", texts[3], "--index", str(index), "-k", "1", "--precision", precision)
-        assert done.returncode == 0, done.stderr
-        assert texts[3] in done.stdout
-    assert torch.get_default_dtype() == torch.float32
+    np.testing.assert_allclose(stored(index, 60), half, atol=1e-6, rtol=0)
+
+
+def test_a_kind_keeps_its_precision_through_builds_and_adds(tmp_path, corpus):
+    path, texts = corpus
+    base = tmp_path / "bert"
+    base.mkdir()
+    bert_base(base)
+    colbert = st_multivector_dir(base, tmp_path / "colbert")
+    first = tmp_path / "first.txt"
+    first.write_text("\n".join(texts[:40]) + "\n", encoding="utf-8")
+    index = tmp_path / "kinds"
+    query = [texts[5]]
+    float32 = MultiVectorEncoder.from_pretrained(colbert)
+
+    def score() -> float:
+        opened = HybridIndex.open(index, [float32])
+        hits = opened.search(query[0], k=60, mode="multivector",
+                             settings={"multivector": {"exact": True}})  # fmt: skip
+        return next(h.score for h in hits if h.row == 5)
+
+    def build(*flags):
+        return cli("index", "build", "--corpus", str(first), "--out", str(index), "--kind",
+                   "multivector", "--model", str(colbert), "--no-progress", *flags)  # fmt: skip
+
+    assert build().returncode == 0
+    in_float32 = score()
+    assert build("--precision", "bf16").returncode == 0
+    held = MultiVectorEncoder.from_pretrained(colbert, precision="bf16")
+    q = float32.encode_query(query)
+    want = float(held.similarity(q, held.encode_document(query))[0, 0])
+    assert score() == pytest.approx(want, abs=1e-5) and abs(want - in_float32) > 1e-6
+    done = cli("index", "add", str(index), "--corpus", str(path), "--multivector-model",
+               str(colbert), "--precision", "float32")  # fmt: skip
+    assert done.returncode == 2 and "precision must be 'bf16'" in done.stderr
+    done = cli("index", "add", str(index), "--corpus", str(path), "--multivector-model",
+               str(colbert), "--no-progress")  # fmt: skip
+    assert done.returncode == 0, done.stderr

@@ -89,7 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add.add_argument("index", metavar="INDEX", help="the index directory")
     _corpus_arguments(add)
     add_model_arguments(add)
-    _precision_argument(add)
+    _precision_argument(add, default="the precision the index was built in")
     add.set_defaults(func=run_add)
 
     info = actions.add_parser(
@@ -102,8 +102,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     info.set_defaults(func=run_info)
 
 
-def _precision_argument(p: argparse.ArgumentParser) -> None:
-    """``--precision`` of the models that embed the texts, each loaded in it alone."""
+def _precision_argument(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    """``--precision`` of the models that embed the texts, each loaded in it alone;
+    ``default``: what an omitted flag means where it is not float32 (``index add``: the
+    precision the index holds)."""
     add_precision_argument(
         p,
         ENCODE_PRECISIONS,
@@ -113,6 +115,11 @@ def _precision_argument(p: argparse.ArgumentParser) -> None:
         "cosine 0.99",
     )
     p.set_defaults(hold_precision=True)
+    if default is not None:
+        p.set_defaults(precision=None)
+        for action in p._actions:
+            if action.dest == "precision":
+                action.help = action.help.replace("default float32", f"default: {default}")
 
 
 def _corpus_arguments(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -189,17 +196,24 @@ def index_encoder(args: argparse.Namespace, index_path: Path):
     """The model to embed with: --model, else the model the index records (if that
     directory still exists), else the bundled one. The index refuses any other model."""
     from ..index import IndexNotFoundError, VectorIndex
+    from ..index.build import index_precision
     from ..text import TextEncoder
 
     model = args.model
+    try:
+        opened = VectorIndex.open(index_path)
+    except (IndexNotFoundError, OSError, ValueError, KeyError):
+        opened = None
     if model is None:
-        try:
-            recorded = VectorIndex.open(index_path).identity.path
-        except (IndexNotFoundError, OSError, ValueError, KeyError):
-            recorded = ""
+        recorded = "" if opened is None else opened.identity.path
         model = recorded if recorded and Path(recorded).is_dir() else None
-    # index build / add hold their --precision alone; search encodes its queries per call.
-    held = getattr(args, "precision", None) if getattr(args, "hold_precision", False) else None
+    # index add holds its --precision alone (by default the one the index was built in);
+    # search encodes its queries per call.
+    held = None
+    if getattr(args, "hold_precision", False):
+        held = args.precision
+        if held is None and opened is not None and index_precision(opened.meta) != "mixed":
+            held = index_precision(opened.meta)
     return TextEncoder.from_pretrained(model, backend=args.backend, precision=held)
 
 

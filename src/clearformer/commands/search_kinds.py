@@ -214,9 +214,19 @@ def _model(args: argparse.Namespace, path: Path, kind: str):
     elif not Path(given).is_dir():
         raise CliError(f"{flag} {given}: no such directory")
     check_model_kind(kind, given, flag)  # a model of another kind: refused naming this flag
-    # index add holds its --precision alone; search encodes queries in float32.
-    held = args.precision if getattr(args, "hold_precision", False) else None
+    # index add holds its --precision alone (by default the one the kind holds its embeddings
+    # in); search encodes queries in float32.
+    held = None
+    if getattr(args, "hold_precision", False):
+        held = args.precision or _recorded_precision(path, kind)
     return load_model(kind, given, precision=held)
+
+
+def _recorded_precision(path: Path, kind: str) -> str:
+    from ..index.kind_store import open_kind
+
+    _, meta = open_kind(path, kind)
+    return meta.get("precision", "float32")
 
 
 def _recorded_model(path: Path, kind: str) -> str:

@@ -203,8 +203,15 @@ def _plan(
     first = 0 if base is None else base.rows
     ids = [str(first + i) for i in range(len(texts))] if ids is None else _check_ids(ids, texts)
     identity = ModelIdentity.of(encoder)
+    precision = _chunk_precision(encoder, encode_options.get("precision"))
     if base is not None:
         base.identity.check_same(identity, f"index {root}", purpose="add")
+        held = index_precision(base.meta)
+        if held != precision:  # one index, one precision: its vectors compare alike
+            raise ValueError(
+                f"precision must be {held!r} for an add to index {root}: it holds embeddings "
+                f"computed in {held} (build it again to change that), got {precision!r}"
+            )
     dimensions = options.dimensions or identity.width
     if dimensions > identity.width:
         raise ValueError(
@@ -222,10 +229,17 @@ def _plan(
         "normalize": True,
         # What the chunks are computed in (an encoder loaded in bf16 or int8 runs that by
         # default): chunks of one precision are never resumed into a write of another.
-        "precision": _chunk_precision(encoder, encode_options.get("precision")),
+        "precision": precision,
         "chunk_rows": options.chunk_rows,
     }
     return _Plan(texts, ids, content, identity, dimensions, job, _sha256_json(job)[:16])
+
+
+def index_precision(meta: dict) -> str:
+    """The precision a committed index's embeddings were computed in (its segments record it;
+    an index written before they did is float32)."""
+    found = {s.get("precision", "float32") for s in meta["segments"]}
+    return found.pop() if len(found) == 1 else "mixed"
 
 
 def _chunk_precision(encoder, asked: str | None) -> str:
@@ -253,7 +267,7 @@ def _stage(
         base = VectorIndex.open(root)  # another add committed since we looked: add to it
         committed = base.meta
     if committed is not None and _already_holds(
-        committed, plan.content, options, plan.identity, base
+        committed, plan.content, options, plan.identity, base, plan.job["precision"]
     ):
         held = _whole(root)
         if held is not None:
@@ -297,7 +311,9 @@ def _stage(
     ranges = None if base is None else base.ranges
     if options.storage == "int8" and ranges is None:
         ranges = int8_ranges(vectors)
-    segment = _write_segment(root, vectors, texts, ids, options, ranges, plan.content, source)
+    segment = _write_segment(
+        root, vectors, texts, ids, options, ranges, plan.content, source, plan.job["precision"]
+    )
     generation = _write_generation(
         root, base, plan.identity, options, dimensions, ranges, segment, current, hooks
     )
@@ -330,21 +346,27 @@ def _whole(root: Path) -> VectorIndex | None:
         return None
 
 
-def _already_holds(meta: dict, content: str, options: IndexOptions, identity, base) -> bool:
+def _already_holds(
+    meta: dict, content: str, options: IndexOptions, identity, base, precision: str
+) -> bool:
     if base is None:  # a build: the current generation is exactly this build
         same = IndexOptions.from_dict(meta["options"]) == options
         same = same and meta["model"]["revision"] == identity.revision
+        same = same and index_precision(meta) == precision
         return same and [s["content"] for s in meta["segments"]] == [content]
     return any(s["content"] == content for s in meta["segments"])
 
 
-def _write_segment(root, vectors, texts, ids, options, ranges, content, source) -> dict:
+def _write_segment(root, vectors, texts, ids, options, ranges, content, source, precision):
+    # float32 segments are recorded (and named) as they were before precisions were recorded.
+    other = {} if precision == "float32" else {"precision": precision}
     stored_key = _sha256_json(
         {
             "content": content,
             "storage": options.storage,
             "dimensions": vectors.shape[1],
             "ranges": None if ranges is None else ranges.tolist(),
+            **other,
         }
     )
     name = f"seg-{stored_key[:16]}"
@@ -354,6 +376,7 @@ def _write_segment(root, vectors, texts, ids, options, ranges, content, source) 
         "rows": len(texts),
         "content": content,
         "source": source or {},
+        **other,
     }
     # An earlier run of this write may have made it already; a damaged one is made again.
     if target.is_dir() and not _segment_is_whole(target, record, vectors.shape[1], options):

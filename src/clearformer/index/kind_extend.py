@@ -24,7 +24,7 @@ from .bm25_index import BM25Index, BM25Options, write_bm25_files
 from .build import stage_add
 from .chunks import ChunkDone, texts_sha256
 from .identity import ModelIdentity
-from .kind_store import encode_in_chunks, finish, write_generation
+from .kind_store import encode_in_chunks, finish, model_precision, write_generation
 from .multivector_index import MultiVectorIndex, extend_multivector_files, multivector_encode
 from .ragged import Ragged
 from .sparse_index import SparseIndex, extend_sparse_files, sparse_encode
@@ -71,6 +71,26 @@ def read_state(root: Path, kind: str, store_rows: int) -> KindState:
         return KindState(kind, index.rows, index.generation, index.identity, index.meta, None)
     index = _READERS[kind](root)
     return KindState(kind, index.rows, index.generation, index.identity, index.meta, index.folder)
+
+
+def check_add_precision(root: Path, state: KindState, model: Any) -> str:
+    """The precision ``state``'s kind holds its embeddings in; ValueError naming both where
+    ``model`` computes in another (one index, one precision: its vectors compare alike)."""
+    if state.kind == "bm25":
+        return "float32"
+    if state.kind == "dense":
+        from .build import _chunk_precision, index_precision
+
+        held, precision = index_precision(state.meta), _chunk_precision(model, None)
+    else:
+        held, precision = state.meta.get("precision", "float32"), model_precision(model)
+    if precision != held:
+        raise ValueError(
+            f"precision must be {held!r} for an add to the {state.kind} index of {root}: it "
+            f"holds embeddings computed in {held} (build it again to change that), got "
+            f"{precision!r}"
+        )
+    return held
 
 
 def check_engine(state: KindState) -> None:
@@ -124,6 +144,9 @@ def stage_kind(
         "model": None if state.identity is None else state.identity.revision,
         "chunk_rows": options.get("chunk_rows", rows - first),
     }
+    held = check_add_precision(root, state, model)
+    if held != "float32":
+        job["precision"] = held
     job_key = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
     added = None
     if state.kind != "bm25":
@@ -141,6 +164,7 @@ def stage_kind(
         "options": options,
         "rows": rows,
         "texts": content,
+        **({} if held == "float32" else {"precision": held}),
     }
     name = write_generation(sub, meta, _files(state, texts, added), state.generation)
     return StagedKind(state.kind, first, rows, lambda: finish(sub, name, job_key))

@@ -48,15 +48,19 @@ def write_kind(
     chunk_rows: int,
     reader: Callable[[Path], Any] | None = None,
     on_chunk: ChunkDone | None = None,
+    precision: str = "float32",
     progress: Any = None,
 ) -> str:
     """Build the ``kind`` sub-index of the collection ``root``; the committed generation.
 
     ``reader`` opens the committed sub-index as a search would (default: its files checked
     against ``meta.json``): a build of what is already committed does nothing unless that
-    fails, and then writes it again (how damage is repaired)."""
+    fails, and then writes it again (how damage is repaired). ``precision``: what the model
+    computes in (:func:`model_precision`); a build in another precision is another build."""
     content = ensure_texts(root, texts, ids)
     sub = root / kind
+    # float32 builds are recorded (and keyed) as they were before precisions were recorded.
+    other = {} if precision == "float32" else {"precision": precision}
     job = {
         "kind": kind,
         "texts": content,
@@ -64,6 +68,7 @@ def write_kind(
         "model": None if model is None else model["revision"],
         "options": options,
         "chunk_rows": chunk_rows,
+        **other,
     }
     job_key = _job_key(job)
     with layout.writer_lock(sub):
@@ -90,6 +95,7 @@ def write_kind(
             "options": options,
             "rows": len(texts),
             "texts": content,
+            **other,
         }
         previous = None if current is None else current[0]
         name = write_generation(sub, meta, lambda folder: write_files(folder, rows), previous)
@@ -178,7 +184,17 @@ def _same_build(meta: dict[str, Any], job: dict[str, Any], model: dict | None) -
         and meta.get("options") == job["options"]
         and revision == job["model"]
         and (model is None) == (meta.get("model") is None)
+        and meta.get("precision", "float32") == job.get("precision", "float32")
     )
+
+
+def model_precision(model: Any) -> str:
+    """The precision a sparse or multi-vector model (or a bge-m3 view of one) was loaded in
+    and computes in by default: its ``precision``, float32 where it holds none."""
+    held = getattr(model, "precision", None)
+    if not isinstance(held, str):
+        held = getattr(getattr(model, "model", None), "precision", None)
+    return held if isinstance(held, str) else "float32"
 
 
 def _current_meta(sub: Path) -> tuple[str, dict[str, Any]] | None:

@@ -56,7 +56,7 @@ from .collection import (
     remove_stale_texts,
 )
 from .identity import ModelIdentity, ModelMismatchError
-from .kind_extend import StagedKind, check_engine, read_state, stage_kind
+from .kind_extend import StagedKind, check_add_precision, check_engine, read_state, stage_kind
 from .kinds import encoder_for, identity_of, model_kind_of
 from .multivector_index import MultiVectorOptions
 
@@ -142,6 +142,7 @@ def add_to_kinds(
         for kind, state in states.items():
             if state.identity is not None:
                 _check_identity(root, kind, state.identity, identity_of(by_kind[kind]))
+                check_add_precision(root, state, by_kind[kind])
             check_engine(state)
         held_ids, held_texts = store.all()
         new_ids, new_texts = _new_texts(held_ids, held_texts, ids, texts)

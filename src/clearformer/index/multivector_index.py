@@ -23,7 +23,7 @@ import numpy as np
 
 from . import engine, integrity, layout
 from .kind_index import KindIndex
-from .kind_store import EncodeChunk, write_kind
+from .kind_store import EncodeChunk, model_precision, write_kind
 from .kinds import encoder_for, identity_of
 from .muvera import Muvera, MuveraConfig
 from .options import ANN_MODES, resolve_ann
@@ -115,6 +115,7 @@ def build_multivector(
         ),
         reader=MultiVectorIndex,
         encode=multivector_encode(view, identity.width, batch_size),
+        precision=model_precision(view),
         chunk_rows=options.chunk_rows,
         on_chunk=on_chunk,
         progress=progress,

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import layout
 from .kind_index import KindIndex, top_k
-from .kind_store import EncodeChunk, write_kind
+from .kind_store import EncodeChunk, model_precision, write_kind
 from .kinds import encoder_for, identity_of
 from .ragged import Ragged, concatenate, sparse_rows
 from .sparse_seismic import FILE as SEISMIC_FILE
@@ -101,6 +101,7 @@ def build_sparse(
         ),
         reader=SparseIndex,
         encode=sparse_encode(view, vocabulary, batch_size),
+        precision=model_precision(view),
         chunk_rows=options.chunk_rows,
         on_chunk=on_chunk,
         progress=progress,
