@@ -19,8 +19,8 @@ pytestmark = needs_avx512_library
 # The bfloat16 kernel's tests run its instructions: on CPUs with AVX512-BF16 only.
 needs_bf16 = pytest.mark.skipif(not avx512.bf16_products(), reason="this CPU has no AVX512-BF16")
 DTYPES = [
-    torch.float32,
-    pytest.param(torch.bfloat16, marks=needs_bf16),
+    pytest.param(torch.float32, id="float32"),
+    pytest.param(torch.bfloat16, marks=needs_bf16, id="bf16"),
 ]
 
 # bfloat16: output rounding (2^-8 of a value near 1) plus the probabilities' own rounding
@@ -198,19 +198,21 @@ def test_the_thread_count_does_not_change_a_bit(dtype):
 def test_rows_it_cannot_read_are_refused_by_name(dtype):
     q, k, v, cu = grouped_rows([4], heads=2, kv_heads=1, head_dim=48, dtype=dtype)
     assert not avx512.flash_serves(q, k, v)
-    with pytest.raises(RuntimeError, match="multiple of 32"):
+    with pytest.raises(RuntimeError, match="multiple of 32, got 48"):
         avx512.flash_attention(q, k, v, cu, 1.0, True)
     q, k, v, cu = grouped_rows([4], heads=2, kv_heads=1, head_dim=32, dtype=dtype)
+    with pytest.raises(ValueError, match="window must be >= 0 .*got -2"):
+        avx512.flash_attention(q, k, v, cu, 1.0, True, -2)
     assert avx512.flash_serves(q, k, v)
     assert not avx512.flash_serves(q.half(), k.half(), v.half())
     with pytest.raises(TypeError, match="float32 or bfloat16"):
         avx512.flash_attention(q.half(), k.half(), v.half(), cu, 1.0, True)
     other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
     assert not avx512.flash_serves(q, k.to(other), v)  # one dtype for the three
-    with pytest.raises(RuntimeError, match="divide"):
+    with pytest.raises(RuntimeError, match=r"key/value heads \(3\) must divide query heads \(2\)"):
         rows = grouped_rows([4], 3, 3, 32, dtype=dtype)[1:3]
         avx512.flash_attention(q, *rows, cu, 1.0, True)
-    with pytest.raises(RuntimeError, match="end at N"):  # rows no sequence holds
+    with pytest.raises(RuntimeError, match="end at N = 4, got 0 and 3"):  # rows no one holds
         avx512.flash_attention(q, k, v, torch.tensor([0, 3]), 1.0, True)
 
 
@@ -364,3 +366,27 @@ def test_a_causal_grouped_encoder_runs_on_it_at_pytorchs_accuracy(monkeypatch, r
         assert len(calls) == 2 and ("attention", "avx512") in notes  # one call per layer
     assert_as_close_as_pytorch(got[mask], pytorch[mask], want[mask])
     assert (got[~mask] == 0).all()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("flash_speed", [0.5, 1.5])
+def test_rows_of_another_layout_reach_the_flash_kernel_on_its_own_verdict(
+    measured, monkeypatch, flash_speed
+):
+    # Cross-attention over memory as long as the queries: the plan asks the AVX-512 kernel's
+    # verdict (plain rows), the rows turn out apart (q from the queries, k and v from the
+    # memory); the flash kernel then takes them only where its own verdict says so.
+    from clearformer import MultiHeadAttention
+
+    measured(avx512_attention=1.5, avx512_flash=flash_speed)
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(64, 64, 64, 64, 2, 0.0, backend="sdpa", cross=True).eval()
+    x, memory = torch.randn(2, 30, 64), torch.randn(2, 30, 64)
+    calls = []
+    kernel = avx512.flash_attention
+    monkeypatch.setattr(avx512, "flash_attention", lambda *a: calls.append(1) or kernel(*a))
+    got, _ = mha(x, memory)
+    monkeypatch.setenv("CLEARFORMER_AVX512", "off")
+    want, _ = mha(x, memory)
+    assert bool(calls) == (flash_speed > 1)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)

@@ -125,13 +125,6 @@ def flash_kernel_serves(call: VarlenCall) -> Decision:
     rows, or bfloat16 ones on an AVX512-BF16 CPU; heads a multiple of 32 wide, causal or
     bidirectional, local or global, grouped keys and values, no bias, dropout or
     gradients)."""
-    name = "bfloat16" if call.dtype == torch.bfloat16 else "float32"
-    if call.bias or call.dropout:
-        return Decision("declines", f"the {name} flash kernel takes no bias or dropout")
-    if call.grad:
-        return Decision("declines", f"the {name} flash kernel has no backward")
-    if _values_wider(call):
-        return Decision("declines", f"the {name} flash kernel reads values as wide as the keys")
     multiple = avx512.FLASH_HEAD_MULTIPLE
     if not (
         call.device.type == "cpu"
@@ -142,6 +135,13 @@ def flash_kernel_serves(call: VarlenCall) -> Decision:
             "declines",
             f"the flash kernels need float32 or bfloat16 CPU rows, heads of {multiple}k",
         )
+    name = "bfloat16" if call.dtype == torch.bfloat16 else "float32"
+    if call.bias or call.dropout:
+        return Decision("declines", f"the {name} flash kernel takes no bias or dropout")
+    if call.grad:
+        return Decision("declines", f"the {name} flash kernel has no backward")
+    if _values_wider(call):
+        return Decision("declines", f"the {name} flash kernel reads values as wide as the keys")
     if call.dtype == torch.bfloat16 and not avx512.bf16_products():
         return Decision("declines", "the bfloat16 flash kernel needs a CPU with AVX512-BF16")
     if call.dtype == torch.bfloat16:
@@ -274,8 +274,7 @@ def padded_attention_route(
     AVX-512 kernel. It serves self-attention (``square``) with no mask (``unmasked``) or under
     a key-padding mask whose real keys are one run per sequence, every sequence with a key
     (``key_runs``), where ``auto`` takes the kernel for the call (:func:`attention_kernel_for`;
-    the bfloat16 flash kernel, unmasked rows only); the rest stays with PyTorch's fused
-    kernel."""
+    the flash kernels, unmasked rows only); the rest stays with PyTorch's fused kernel."""
     if capturing_graph():
         return Decision("torch", "a graph capture records PyTorch's own kernels")
     if call.device.type != "cpu" or not machine().avx512_available:

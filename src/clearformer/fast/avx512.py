@@ -237,6 +237,10 @@ def flash_attention(
     name = _FLASH_OPS.get(q.dtype)
     if name is None:
         raise TypeError(f"q must be float32 or bfloat16 for the flash kernels, got {q.dtype}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)):
+        raise TypeError(f"window must be an int >= 0 or None, got {window!r}")
+    if window is not None and window < 0:  # the kernel reads -1 as no window at all
+        raise ValueError(f"window must be >= 0 (or None: no window), got {window}")
     band = -1 if window is None else window
     return getattr(torch.ops.clearformer_avx512, name)(q, k, v, cu_seqlens, scale, causal, band)
 

@@ -264,18 +264,23 @@ void run_task(const Task& task, const int64_t* bounds, const int64_t* packed_sta
 }
 
 void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be (N, H, Dh)");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be (N, H, Dh), got ",
+              q.dim(), ", ", k.dim(), " and ", v.dim(), " dimensions");
+  TORCH_CHECK(q.size(2) > 0 && q.size(2) % (2 * LANES) == 0,
+              "head width must be a positive multiple of 32, got ", q.size(2));
   for (const at::Tensor* t : {&q, &k, &v}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->device().is_cpu(),
-                "q, k, v must be float32 on the CPU");
+                "q, k, v must be float32 on the CPU, got ", t->scalar_type(), " on ",
+                t->device());
     TORCH_CHECK(t->stride(2) == 1 && t->stride(1) == t->size(2),
-                "each row's heads must be contiguous");
+                "each row's heads must be contiguous, got strides ", t->strides(), " for ",
+                t->sizes());
   }
   TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2),
-              "k and v must be (N, Hkv, Dh) beside q's (N, H, Dh)");
-  TORCH_CHECK(k.size(1) >= 1 && q.size(1) % k.size(1) == 0,
-              "key/value heads must divide query heads");
-  TORCH_CHECK(q.size(2) % (2 * LANES) == 0, "head width must be a multiple of 32");
+              "k and v must be (N, Hkv, Dh) beside q's (N, H, Dh), got q ", q.sizes(), ", k ",
+              k.sizes(), ", v ", v.sizes());
+  TORCH_CHECK(k.size(1) >= 1 && q.size(1) % k.size(1) == 0, "key/value heads (", k.size(1),
+              ") must divide query heads (", q.size(1), ")");
 }
 
 // Packed rows: q (N, H, Dh), k and v (N, Hkv, Dh); sequence b is rows cu_seqlens[b] ..
@@ -291,7 +296,8 @@ at::Tensor flash_attention_f32(const at::Tensor& q, const at::Tensor& k, const a
   auto cu = cu_seqlens.to(at::kLong).contiguous();
   const int64_t* bounds = cu.data_ptr<int64_t>();
   const int64_t B = cu.numel() - 1;
-  TORCH_CHECK(bounds[0] == 0 && bounds[B] == N, "cu_seqlens must start at 0 and end at N");
+  TORCH_CHECK(bounds[0] == 0 && bounds[B] == N, "cu_seqlens must start at 0 and end at N = ", N,
+              ", got ", bounds[0], " and ", bounds[B]);
   std::vector<int64_t> packed_start(B + 1, 0);  // sequence b's keys from here, padded
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(bounds[b + 1] >= bounds[b], "cu_seqlens must not decrease");
