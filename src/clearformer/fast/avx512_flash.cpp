@@ -32,6 +32,7 @@
 #include <immintrin.h>
 
 #include "avx512_exp.h"
+#include "avx512_flash_plan.h"
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -42,15 +43,14 @@
 
 namespace {
 
-constexpr int64_t LANES = 16;        // float32 lanes of one AVX-512 vector
-constexpr int64_t KEY_TILE = 32;     // keys per pair of packed tiles: the scores' register block
-constexpr int64_t ROWS = 8;          // queries per register block
-constexpr int64_t QUERY_BLOCK = 64;  // queries of one head per task
-constexpr int64_t KEY_BLOCK = 128;   // keys per softmax step (a multiple of KEY_TILE)
-
 using clearformer_avx512::exp_nonpositive;  // avx512_exp.h
-
-inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+// avx512_flash_plan.h: the blocking, the checks, the keys each query sees, the tasks.
+using clearformer_flash::KEY_BLOCK;
+using clearformer_flash::KEY_TILE;
+using clearformer_flash::LANES;
+using clearformer_flash::QUERY_BLOCK;
+using clearformer_flash::ROWS;
+using clearformer_flash::Task;
 
 // Keys of one (sequence, key/value head): rows k[j * row_stride + 0 .. d) for j < T, packed as
 // tiles of 16 keys: tile t, dimension c, lane l holds k[16t + l][c]. Keys from T up to Tp (a
@@ -158,16 +158,8 @@ void step(BlockState& st, int64_t first, int64_t position, int64_t key0, int64_t
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int64_t r = 0; r < ROWS; ++r) {
-    // Keys this query sees, [lo, hi): below `visible`, up to its own position when causal,
-    // within `window` of it when there is one.
-    const int64_t at = position + r;
-    int64_t lo = 0, hi = causal ? std::min(visible, at + 1) : visible;
-    if (window >= 0) {
-      lo = std::max<int64_t>(0, at - window);
-      hi = std::min(hi, at + window + 1);
-    }
-    const int64_t from = std::clamp<int64_t>(lo - key0, 0, block_keys);
-    const int64_t seen = std::clamp<int64_t>(hi - key0, 0, block_keys);
+    const auto [from, seen] =
+        clearformer_flash::keys_seen(position + r, key0, block_keys, visible, causal, window);
     float* s = w.s.data() + r * KEY_BLOCK;
     if (seen <= from) {  // nothing here for this query: weight 0 on every key of the block
       std::memset(s, 0, block_keys * sizeof(float));
@@ -207,10 +199,8 @@ void step(BlockState& st, int64_t first, int64_t position, int64_t key0, int64_t
     weighted_8x32(w.s.data(), KEY_BLOCK, v, block_keys, d, c0, st.out.data() + first * d);
 }
 
-// One task: QUERY_BLOCK queries from `start` of sequence b, for every query head that reads
-// key/value head g; writes their rows of the output.
-struct Task { int64_t b, g, start, cost; };
-
+// One task (QUERY_BLOCK queries from `start` of sequence b, for every query head that reads
+// key/value head g): writes their rows of the output.
 void run_task(const Task& task, const int64_t* bounds, const int64_t* packed_start, int64_t Np,
               const float* keys, const float* values, const float* qp, int64_t q_row, float* op,
               int64_t H, int64_t d, int64_t group, bool causal, int64_t window, float fscale,
@@ -230,25 +220,14 @@ void run_task(const Task& task, const int64_t* bounds, const int64_t* packed_sta
   // Blocks of keys in order, every head of the group and every register block of queries on
   // each before the next (the block stays in cache); a register block skips the blocks of keys
   // it cannot see (after its last query when causal, beyond its window).
-  int64_t key_begin = 0, key_end = causal ? task.start + rows : T;
-  if (window >= 0) {
-    key_begin = std::max<int64_t>(0, task.start - window) / KEY_TILE * KEY_TILE;
-    key_end = std::min(key_end, task.start + rows + window);
-  }
+  int64_t key_begin, key_end;
+  clearformer_flash::task_keys(task, rows, T, causal, window, key_begin, key_end);
   for (int64_t key0 = key_begin; key0 < key_end; key0 += KEY_BLOCK)
     for (int64_t hh = 0; hh < group; ++hh)
       for (int64_t first = 0; first < rows; first += ROWS) {
-        // The keys this register block can see, in whole tiles: fewer at the end of the
-        // sequence and, when causal, on the diagonal.
         const int64_t at = task.start + first;
-        int64_t last = causal ? std::min(T, at + ROWS) : T;
-        int64_t earliest = 0;
-        if (window >= 0) {
-          last = std::min(last, at + ROWS + window);
-          earliest = at - window;
-        }
-        if (last <= key0 || key0 + KEY_BLOCK <= earliest) continue;
-        const int64_t block_keys = std::min(KEY_BLOCK, round_up(last - key0, KEY_TILE));
+        const int64_t block_keys = clearformer_flash::block_keys_seen(at, key0, T, causal, window);
+        if (block_keys == 0) continue;
         step(states[hh], first, at, key0, block_keys, T, causal, window, kt, vt, d, fscale, w);
       }
   for (int64_t hh = 0; hh < group; ++hh) {
@@ -263,46 +242,21 @@ void run_task(const Task& task, const int64_t* bounds, const int64_t* packed_sta
   }
 }
 
-void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be (N, H, Dh), got ",
-              q.dim(), ", ", k.dim(), " and ", v.dim(), " dimensions");
-  TORCH_CHECK(q.size(2) > 0 && q.size(2) % (2 * LANES) == 0,
-              "head width must be a positive multiple of 32, got ", q.size(2));
-  for (const at::Tensor* t : {&q, &k, &v}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->device().is_cpu(),
-                "q, k, v must be float32 on the CPU, got ", t->scalar_type(), " on ",
-                t->device());
-    TORCH_CHECK(t->stride(2) == 1 && t->stride(1) == t->size(2),
-                "each row's heads must be contiguous, got strides ", t->strides(), " for ",
-                t->sizes());
-  }
-  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2),
-              "k and v must be (N, Hkv, Dh) beside q's (N, H, Dh), got q ", q.sizes(), ", k ",
-              k.sizes(), ", v ", v.sizes());
-  TORCH_CHECK(k.size(1) >= 1 && q.size(1) % k.size(1) == 0, "key/value heads (", k.size(1),
-              ") must divide query heads (", q.size(1), ")");
-}
-
 // Packed rows: q (N, H, Dh), k and v (N, Hkv, Dh); sequence b is rows cu_seqlens[b] ..
 // cu_seqlens[b + 1]; query head h reads key/value head h / (H / Hkv); `window` >= 0: token i
 // sees tokens j with |i - j| <= window only (local attention). Returns (N, H, Dh).
 at::Tensor flash_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& cu_seqlens, double scale, bool causal,
                                int64_t window) {
-  check(q, k, v);
+  clearformer_flash::check_rows(q, k, v, at::kFloat, "float32");
   TORCH_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 1, "cu_seqlens must be (B + 1,)");
   const int64_t N = q.size(0), H = q.size(1), d = q.size(2), Hkv = k.size(1);
   const int64_t group = H / Hkv;
   auto cu = cu_seqlens.to(at::kLong).contiguous();
   const int64_t* bounds = cu.data_ptr<int64_t>();
   const int64_t B = cu.numel() - 1;
-  TORCH_CHECK(bounds[0] == 0 && bounds[B] == N, "cu_seqlens must start at 0 and end at N = ", N,
-              ", got ", bounds[0], " and ", bounds[B]);
-  std::vector<int64_t> packed_start(B + 1, 0);  // sequence b's keys from here, padded
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(bounds[b + 1] >= bounds[b], "cu_seqlens must not decrease");
-    packed_start[b + 1] = packed_start[b] + round_up(bounds[b + 1] - bounds[b], KEY_TILE);
-  }
+  // Sequence b's keys from packed_start[b] in the packed arrays, padded to whole tiles.
+  const std::vector<int64_t> packed_start = clearformer_flash::packed_starts(bounds, B, N);
   const int64_t Np = packed_start[B];
   auto out = at::empty({N, H, d}, q.options());
   if (N == 0) return out;
@@ -324,19 +278,8 @@ at::Tensor flash_attention_f32(const at::Tensor& q, const at::Tensor& k, const a
                   values.data() + (g * Np + packed_start[b]) * d);
     }
   });
-  // Tasks: (sequence, key/value head, block of queries), the costliest first (the latest
-  // blocks where causal: they see the most keys).
-  std::vector<Task> tasks;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t T = bounds[b + 1] - bounds[b];
-    for (int64_t start = 0; start < T; start += QUERY_BLOCK)
-      for (int64_t g = 0; g < Hkv; ++g)
-        tasks.push_back({b, g, start,
-                         (causal ? std::min(T, start + QUERY_BLOCK) : T) -
-                             (window >= 0 ? std::max<int64_t>(0, start - window) : 0)});
-  }
-  std::stable_sort(tasks.begin(), tasks.end(),
-                   [](const Task& a, const Task& c) { return a.cost > c.cost; });
+  // Tasks: (sequence, key/value head, block of queries), the costliest first.
+  const std::vector<Task> tasks = clearformer_flash::make_tasks(bounds, B, Hkv, causal, window);
   std::atomic<int64_t> next{0};
   const float fscale = static_cast<float>(scale);
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
