@@ -114,10 +114,9 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_sigkill_mid_run_then_resume_is_bitwise(data, tmp_path):
+def test_sigkill_mid_run_then_resume_is_bitwise(data, whole_run, tmp_path):
+    # The same flags as whole_run: that run is the uninterrupted one to compare with.
     argv = flags(data, **{"eval-data": data["beir"]})
-    whole = tmp_path / "whole"
-    assert run_train(*argv, "--out", str(whole), "-q").returncode == 0
     run = tmp_path / "killed"
     process = subprocess.Popen(
         [sys.executable, "-c", PAUSED, "train", *argv, "--out", str(run), "-q"],
@@ -137,8 +136,8 @@ def test_sigkill_mid_run_then_resume_is_bitwise(data, tmp_path):
     assert not (run / "model").exists()  # killed before the end
     result = run_train(*argv, "--out", str(run), "-q")
     assert result.returncode == 0, result.stderr
-    assert same_weights(final_weights(run), final_weights(whole))
-    assert (run / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
+    assert same_weights(final_weights(run), final_weights(whole_run))
+    assert (run / "metrics.jsonl").read_text() == (whole_run / "metrics.jsonl").read_text()
 
 
 def test_two_gloo_processes_equal_one(data, tmp_path):
