@@ -19,6 +19,8 @@ from clearformer.export import module as export_module
 from clearformer.export import onnx as export_onnx_module
 from clearformer.text import TextEncoder
 
+from .helpers import write_tiny_bert
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SKIP = "the onnx extra is not installed (pip install 'clearformer[onnx]')"
@@ -45,6 +47,14 @@ def ort():
 @pytest.fixture(scope="module")
 def encoder() -> TextEncoder:
     return TextEncoder.from_pretrained()
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory) -> TextEncoder:
+    """A random 1-layer BERT 16 wide: for the tests of how an export fails, which hold for any
+    model and so need not trace the bundled one's six layers."""
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "cat", "sits", "on", "the", "mat"]
+    return TextEncoder.from_pretrained(write_tiny_bert(tmp_path_factory.mktemp("tiny"), words))
 
 
 @pytest.fixture(scope="module")
@@ -202,18 +212,18 @@ def test_hidden_states_only_export(ort, encoder, tmp_path):
 
 
 def test_a_graph_with_static_axes_is_refused_and_nothing_is_written(
-    ort, encoder, tmp_path, monkeypatch
+    ort, tiny_encoder, tmp_path, monkeypatch
 ):
     # Traced without dynamic shapes, the graph takes only 2 x 8 batches: the check on the
     # 3 x 26 batch must catch it before the directory appears.
     monkeypatch.setattr(export_module, "dynamic_shapes_for", lambda module: None)
     target = tmp_path / "static"
     with pytest.raises(ExportError, match="fails under onnxruntime on a 3 x 26 batch"):
-        export_onnx(encoder, target)
+        export_onnx(tiny_encoder, target)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_failed_export_keeps_the_earlier_one(ort, encoder, exported, tmp_path, monkeypatch):
+def test_a_failed_export_keeps_the_earlier_one(ort, tiny_encoder, tmp_path, monkeypatch):
     target = tmp_path / "earlier"
     target.mkdir()
     (target / "model.onnx").write_bytes(b"the earlier export")
@@ -223,7 +233,7 @@ def test_a_failed_export_keeps_the_earlier_one(ort, encoder, exported, tmp_path,
 
     monkeypatch.setattr(export_onnx_module, "_check_parity", differ)
     with pytest.raises(ExportError, match="outputs differ"):
-        export_onnx(encoder, target, overwrite=True)
+        export_onnx(tiny_encoder, target, overwrite=True)
     assert [p.name for p in tmp_path.iterdir()] == ["earlier"]
     assert [p.name for p in target.iterdir()] == ["model.onnx"]
     assert (target / "model.onnx").read_bytes() == b"the earlier export"
