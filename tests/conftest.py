@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import os
 
-# Set before PyTorch loads its OpenMP runtime (libgomp reads it once, at load): the suite runs
-# as two workers on two cores (``-n 2``), each with PyTorch's default of one intra-op thread
-# per core, so four threads share two cores. By default an OpenMP thread that has finished its
-# part of a parallel region keeps spinning on its core for a while before it sleeps, and the
-# spinning takes the core from the other worker's threads; measured on a 2-core machine, two
-# workers ran a third of the suite's files 2.4x slower in wall time, with three times the CPU
-# time, than with passive waiting. Passive waiting changes when an idle thread sleeps, not
-# how many threads there are nor how work is split among them, so every code path and every
-# result stays what it was. Subprocesses that tests start inherit it. A value set outside
-# the suite wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Set before PyTorch loads its OpenMP runtime (libgomp reads it once, at load). The README's
+# command runs the suite as two workers on two cores (``-n 2``), each with PyTorch's default of
+# one intra-op thread per core, so four threads share two cores. By default an OpenMP thread
+# that has finished its part of a parallel region keeps spinning on its core for a while before
+# it sleeps, and the spinning takes the core from the other worker's threads: measured on a
+# 2-core machine, two workers ran six of the suite's files (677 tests) 2.4x slower in wall
+# time, with three times the CPU time, than with passive waiting. Passive waiting changes when
+# an idle thread sleeps, not how many threads there are nor how work is split among them, so
+# every code path and every result stays what it was; subprocesses that tests start inherit
+# it. A lone process is faster with the default (no thread waits to be woken: two of those
+# files took 5 s instead of 7), so only the workers of a parallel run set it. A value set
+# outside the suite wins.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
