@@ -159,7 +159,9 @@ class MultiHeadAttention(nn.Module):
             value_dim=self.v_dim // self.n_heads,
             grouped=self.kv_heads != self.n_heads,
             dropout=self.training and self.attn_dropout > 0.0,
-            rows_apart=self.q_norm is not None,
+            # Per-head norms make new queries and keys; a separate query projection (cross
+            # attention) makes queries of another layout than the keys and values.
+            rows_apart=self.q_norm is not None or self.in_proj is None,
         )
 
     # -- projections ---------------------------------------------------------------------------

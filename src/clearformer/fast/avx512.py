@@ -84,9 +84,7 @@ SOURCES = tuple(
     )
 )
 # Included by the sources (the shared exponential): part of what the build's name hashes.
-HEADERS = tuple(
-    Path(__file__).with_name(name) for name in ("avx512_exp.h", "avx512_flash_plan.h")
-)
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("avx512_exp.h", "avx512_flash_plan.h"))
 # -fopenmp: ATen's parallel_for is a header template that splits work across threads only where
 # the including file is compiled with OpenMP; without it every call ran on one thread. The
 # library then needs libgomp.so.1, which resolves to the copy PyTorch has already loaded.

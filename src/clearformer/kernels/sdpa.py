@@ -16,7 +16,6 @@ from torch import Tensor
 
 from ..fast import avx512
 from ..fast.sdpa_call import sdpa
-from ..kernel_routes import kernel_route
 from ..masks import fold_causal, rows_with_key
 from ..ran import note
 
@@ -122,11 +121,9 @@ def _avx512(
     except RuntimeError:
         rows = None
     if rows is None or not avx512.serves(*rows):
-        # Queries and keys apart from the values (their strides differ): unmasked rows still
-        # have the flash kernel, where its own verdict takes it (the plan asked the AVX-512
-        # kernel's, expecting rows of one layout).
-        taken = flash and kernel_route(avx512.flash_kernel(q.dtype)).choice == "avx512"
-        return _flash(q, k, v, scale, is_causal) if taken else None
+        # Queries and keys apart from the values (their strides differ; the plan, told so,
+        # asked the flash kernel's verdict): unmasked rows still have the flash kernel.
+        return _flash(q, k, v, scale, is_causal) if flash else None
     bounds = torch.arange(0, B * T + 1, T, dtype=torch.int64)  # (B + 1,)
     out = avx512.attention(*rows, bounds, _scale(scale, Dh))  # (B*T, H, Dh)
     return out.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh), in (B, T, H, Dh) order
