@@ -155,8 +155,6 @@ void step(BlockState& st, int64_t first, int64_t position, int64_t key0, int64_t
   const float* q = st.query.data() + first * d;
   for (int64_t t = 0; t < block_keys; t += KEY_TILE)
     scores_8x32(q, keys + (key0 + t) * d, d, scale, w.s.data() + t, KEY_BLOCK);
-  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int64_t r = 0; r < ROWS; ++r) {
     const auto [from, seen] =
         clearformer_flash::keys_seen(position + r, key0, block_keys, visible, causal, window);
@@ -165,28 +163,13 @@ void step(BlockState& st, int64_t first, int64_t position, int64_t key0, int64_t
       std::memset(s, 0, block_keys * sizeof(float));
       continue;
     }
-    __m512 block_max = minus_inf;
-    for (int64_t c = 0; c < block_keys; c += LANES) {
-      const __mmask16 keep = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(seen - c)) &
-                             _mm512_cmpge_epi32_mask(lane, _mm512_set1_epi32(from - c));
-      block_max = _mm512_mask_max_ps(block_max, keep, block_max, _mm512_loadu_ps(s + c));
-    }
-    const float m_old = st.maximum[first + r];
-    const float m_new = std::max(m_old, _mm512_reduce_max_ps(block_max));
-    if (m_new > m_old) {  // the sums so far shrink by exp(m_old - m_new); exp(-inf) = 0
-      const float shrink = std::exp(m_old - m_new);
-      st.total[first + r] *= shrink;
-      float* o = st.out.data() + (first + r) * d;
-      const __m512 f = _mm512_set1_ps(shrink);
-      for (int64_t c = 0; c < d; c += LANES)
-        _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), f));
-      st.maximum[first + r] = m_new;
-    }
+    const float m_new = clearformer_flash::raise_maximum(
+        s, block_keys, from, seen, st.maximum[first + r], st.total[first + r],
+        st.out.data() + (first + r) * d, d);
     const __m512 mx = _mm512_set1_ps(m_new);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t c = 0; c < block_keys; c += LANES) {
-      const __mmask16 keep = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(seen - c)) &
-                             _mm512_cmpge_epi32_mask(lane, _mm512_set1_epi32(from - c));
+      const __mmask16 keep = clearformer_flash::seen_lanes(c, from, seen);
       const __m512 e =
           _mm512_maskz_mov_ps(keep, exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + c), mx)));
       sum = _mm512_add_ps(sum, e);

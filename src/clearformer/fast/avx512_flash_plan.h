@@ -1,13 +1,17 @@
 // What the two flash kernels (avx512_flash.cpp on float32 rows, avx512_flash_bf16.cpp on
 // bfloat16 ones) share: their blocking, the checks of their inputs, which keys each query
-// sees, and the tasks they split the work into. Only the products differ between them; the
-// masks live here once, so the two cannot drift apart.
+// sees, the online softmax's running maximum, and the tasks they split the work into. The
+// products and the weights' rounding differ between them; the masks live here once, so the two
+// cannot drift apart.
 
 #pragma once
 
 #include <ATen/ATen.h>
+#include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstdint>
 #include <vector>
 
@@ -70,6 +74,35 @@ inline Seen keys_seen(int64_t at, int64_t key0, int64_t block_keys, int64_t visi
   }
   return {std::clamp<int64_t>(lo - key0, 0, block_keys),
           std::clamp<int64_t>(hi - key0, 0, block_keys)};
+}
+
+// Lanes of the 16 keys from offset c of a block that lie in [from, seen).
+inline __mmask16 seen_lanes(int64_t c, int64_t from, int64_t seen) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(seen - c)) &
+         _mm512_cmpge_epi32_mask(lane, _mm512_set1_epi32(from - c));
+}
+
+// The online softmax's running maximum of one query after the scores s[from, seen) of a block
+// of `block_keys` keys: where it grows, the sums so far (`total`, and its weighted sum `out`,
+// d values) shrink by exp(old - new) first (exp(-inf) = 0 for a query's first keys). Returns
+// the new maximum, which the block's weights are taken against.
+inline float raise_maximum(const float* s, int64_t block_keys, int64_t from, int64_t seen,
+                           float& maximum, float& total, float* out, int64_t d) {
+  __m512 block_max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t c = 0; c < block_keys; c += LANES)
+    block_max = _mm512_mask_max_ps(block_max, seen_lanes(c, from, seen), block_max,
+                                   _mm512_loadu_ps(s + c));
+  const float m_new = std::max(maximum, _mm512_reduce_max_ps(block_max));
+  if (m_new > maximum) {
+    const float shrink = std::exp(maximum - m_new);
+    total *= shrink;
+    const __m512 f = _mm512_set1_ps(shrink);
+    for (int64_t c = 0; c < d; c += LANES)
+      _mm512_storeu_ps(out + c, _mm512_mul_ps(_mm512_loadu_ps(out + c), f));
+    maximum = m_new;
+  }
+  return m_new;
 }
 
 // One task: QUERY_BLOCK queries from `start` of sequence b, for every query head that reads
