@@ -32,6 +32,14 @@ def corpus(tmp_path_factory):
     return path, texts
 
 
+@pytest.fixture(scope="module")
+def colbert(tmp_path_factory):
+    """A sentence-transformers multi-vector directory on a tiny random BERT."""
+    base = tmp_path_factory.mktemp("bert")
+    bert_base(base)
+    return st_multivector_dir(base, tmp_path_factory.mktemp("colbert"))
+
+
 def stored(index_path, rows: int) -> np.ndarray:
     return VectorIndex.open(index_path).vectors(np.arange(rows))  # (rows, D) float32
 
@@ -63,12 +71,8 @@ def test_build_and_add_embed_in_the_precision_asked(tmp_path, model, corpus, pre
     assert np.abs(got - full).max() > 1e-4
 
 
-def test_a_multivector_kind_is_built_in_bf16(tmp_path, corpus):
+def test_a_multivector_kind_is_built_in_bf16(tmp_path, corpus, colbert):
     path, texts = corpus
-    base = tmp_path / "bert"
-    base.mkdir()
-    bert_base(base)
-    colbert = st_multivector_dir(base, tmp_path / "colbert")
     index = tmp_path / "kinds"
     done = cli("index", "build", "--corpus", str(path), "--out", str(index), "--kind",
                "multivector", "--model", str(colbert), "--precision", "bf16",
@@ -88,12 +92,10 @@ def test_a_multivector_kind_is_built_in_bf16(tmp_path, corpus):
     assert abs(want - full) > 1e-6  # bf16 documents score otherwise than float32 ones
 
 
-def test_int8_for_a_kind_that_does_not_run_it_is_one_line_and_writes_nothing(tmp_path, corpus):
+def test_int8_for_a_kind_that_does_not_run_it_is_one_line_and_writes_nothing(
+    tmp_path, corpus, colbert
+):
     path, _ = corpus
-    base = tmp_path / "bert"
-    base.mkdir()
-    bert_base(base)
-    colbert = st_multivector_dir(base, tmp_path / "colbert")
     index = tmp_path / "kinds"
     done = cli("index", "build", "--corpus", str(path), "--out", str(index), "--kind",
                "multivector", "--model", str(colbert), "--precision", "int8")  # fmt: skip
@@ -135,12 +137,8 @@ def test_an_index_keeps_its_precision_through_builds_and_adds(tmp_path, model, c
     np.testing.assert_allclose(stored(index, 60), half, atol=1e-6, rtol=0)
 
 
-def test_a_kind_keeps_its_precision_through_builds_and_adds(tmp_path, corpus):
+def test_a_kind_keeps_its_precision_through_builds_and_adds(tmp_path, corpus, colbert):
     path, texts = corpus
-    base = tmp_path / "bert"
-    base.mkdir()
-    bert_base(base)
-    colbert = st_multivector_dir(base, tmp_path / "colbert")
     first = tmp_path / "first.txt"
     first.write_text("\n".join(texts[:40]) + "\n", encoding="utf-8")
     index = tmp_path / "kinds"
