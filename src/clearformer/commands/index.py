@@ -200,20 +200,21 @@ def index_encoder(args: argparse.Namespace, index_path: Path):
     from ..text import TextEncoder
 
     model = args.model
-    try:
-        opened = VectorIndex.open(index_path)
-    except (IndexNotFoundError, OSError, ValueError, KeyError):
-        opened = None
+    # index add holds its --precision alone (by default the one the index was built in);
+    # search encodes its queries per call.
+    hold = getattr(args, "hold_precision", False)
+    held = args.precision if hold else None
+    opened = None
+    if model is None or (hold and held is None):  # the index's record is needed: open it
+        try:
+            opened = VectorIndex.open(index_path)
+        except (IndexNotFoundError, OSError, ValueError, KeyError):
+            opened = None
     if model is None:
         recorded = "" if opened is None else opened.identity.path
         model = recorded if recorded and Path(recorded).is_dir() else None
-    # index add holds its --precision alone (by default the one the index was built in);
-    # search encodes its queries per call.
-    held = None
-    if getattr(args, "hold_precision", False):
-        held = args.precision
-        if held is None and opened is not None and index_precision(opened.meta) != "mixed":
-            held = index_precision(opened.meta)
+    if hold and held is None and opened is not None and index_precision(opened.meta) != "mixed":
+        held = index_precision(opened.meta)
     return TextEncoder.from_pretrained(model, backend=args.backend, precision=held)
 
 
