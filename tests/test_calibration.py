@@ -246,9 +246,10 @@ class TestAutoReadsTheVerdict:
         monkeypatch.setattr(kernels, "attention_workloads", lambda dtype=None: workloads("a", "b"))
         monkeypatch.setattr(kernels, "linear_workloads", lambda: workloads("c"))
         monkeypatch.setattr(kernels, "flash_workloads", lambda dtype: workloads("d"))
+        monkeypatch.setattr(kernels, "dropout_workloads", lambda: workloads("e"))
         # The bfloat16 flash kernel is measured only on a CPU with AVX512-BF16.
         flash = avx512.FLASH_BF16 in avx512.kernels_here()
-        count, total = (5, 7) if flash else (4, 6)
+        count, total = (6, 8) if flash else (5, 7)
         assert main(["calibrate", "--force"]) == 0
         said = [
             line.removeprefix("clearformer calibrate: ")

@@ -53,7 +53,11 @@ class TestOnAnAVX512CPU:
         measured(avx512_attention=1.2, avx512_linear=1.0)  # a cache without the bf16 verdict
         assert kernels.measure_before_serving() == "calibrated" and calls == [1]
         every = dict(
-            avx512_attention_bf16=1.1, avx512_linear=1.0, avx512_flash=1.1, avx512_flash_bf16=1.1
+            avx512_attention_bf16=1.1,
+            avx512_linear=1.0,
+            avx512_flash=1.1,
+            avx512_flash_bf16=1.1,
+            avx512_dropout=1.1,
         )
         measured(avx512_attention=1.2, **every)
         assert kernels.measure_before_serving() is None and calls == [1]

@@ -37,6 +37,7 @@ from .checks import (
     check_positive_int,
     check_probability,
 )
+from .dropout import Dropout
 from .dtypes import check_rows_dtype
 from .feedforward import FeedForward
 from .forward_plan import LayerPlan
@@ -157,11 +158,11 @@ class EncoderBlock(nn.Module):
             k_norm=norm_of(head_dim) if qk_norm else None,
         )
         self.attn_out_norm = norm_of(d_model) if branch_norm else nn.Identity()
-        self.attn_residual_dropout = nn.Dropout(dropout)
+        self.attn_residual_dropout = Dropout(dropout)
         self.mlp_norm = norm_of(d_model)
         self.mlp = FeedForward(d_model, dim_mlp, activation, bias=bias)
         self.mlp_out_norm = norm_of(d_model) if branch_norm else nn.Identity()
-        self.mlp_residual_dropout = nn.Dropout(dropout)
+        self.mlp_residual_dropout = Dropout(dropout)
 
     @property
     def backend(self) -> str:

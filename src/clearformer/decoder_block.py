@@ -38,6 +38,7 @@ from .checks import (
     check_positive_int,
     check_probability,
 )
+from .dropout import Dropout
 from .dtypes import check_rows_dtype
 from .feedforward import FeedForward
 from .forward_plan import LayerPlan
@@ -137,15 +138,15 @@ class DecoderBlock(nn.Module):
         d = d_model
         self.self_attn_norm = nn.LayerNorm(d, eps=norm_eps, bias=bias)
         self.self_attn = MultiHeadAttention(d, d, d, d, n_heads, attn_dropout, bias=bias)
-        self.self_attn_dropout = nn.Dropout(dropout)
+        self.self_attn_dropout = Dropout(dropout)
         self.cross_attn_norm = nn.LayerNorm(d, eps=norm_eps, bias=bias)
         self.cross_attn = MultiHeadAttention(
             d, d, d, d, n_heads, attn_dropout, bias=bias, cross=True
         )
-        self.cross_attn_dropout = nn.Dropout(dropout)
+        self.cross_attn_dropout = Dropout(dropout)
         self.mlp_norm = nn.LayerNorm(d, eps=norm_eps, bias=bias)
         self.mlp = FeedForward(d, dim_mlp, activation, bias=bias)
-        self.mlp_dropout = nn.Dropout(dropout)
+        self.mlp_dropout = Dropout(dropout)
 
     @property
     def backend(self) -> str:

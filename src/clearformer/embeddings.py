@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import EncoderConfig
+from .dropout import Dropout
 from .norms import make_norm
 from .positions import sinusoidal_table
 from .tracing import record
@@ -50,7 +51,7 @@ class Embeddings(nn.Module):
             if config.embedding_norm
             else nn.Identity()
         )
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def computed_buffers(self) -> dict[str, Tensor]:
         """The buffers this module computes rather than loads (the sinusoidal table), made

@@ -21,6 +21,7 @@ _LABELS = {
     "avx512_linear": "AVX-512 linear",
     "avx512_flash": "AVX-512 flash attention (float32)",
     "avx512_flash_bf16": "AVX512-BF16 flash attention",
+    "avx512_dropout": "AVX-512 dropout (counter-based masks)",
 }
 
 

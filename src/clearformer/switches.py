@@ -14,7 +14,7 @@ computes the same values; these switches choose between them for ``auto``:
                                taken wherever it serves the call, unmeasured (for tests and
                                A/B runs); ``auto`` (the default): taken where this CPU measured
                                it faster (:mod:`clearformer.calibration`).
-``CLEARFORMER_AVX512_ATTENTION``, ``CLEARFORMER_AVX512_LINEAR``
+``CLEARFORMER_AVX512_ATTENTION``, ``CLEARFORMER_AVX512_LINEAR``, ``CLEARFORMER_AVX512_DROPOUT``
                                one kernel of the library alone (``on``, ``off``, ``auto``);
                                unset, it follows ``CLEARFORMER_AVX512`` (an A/B of one kernel).
                                The attention switch covers its float32 and bfloat16 rows and
@@ -38,6 +38,7 @@ KERNELS_VARIABLE = "CLEARFORMER_KERNELS"
 AVX512_VARIABLE = "CLEARFORMER_AVX512"
 AVX512_ATTENTION_VARIABLE = "CLEARFORMER_AVX512_ATTENTION"
 AVX512_LINEAR_VARIABLE = "CLEARFORMER_AVX512_LINEAR"
+AVX512_DROPOUT_VARIABLE = "CLEARFORMER_AVX512_DROPOUT"
 CALIBRATION_VARIABLE = "CLEARFORMER_CALIBRATION"
 
 # The kernels a switch names, and the variables that apply to each, most specific first.
@@ -49,6 +50,8 @@ KERNEL_VARIABLES = {
     # The flash kernels (float32, bfloat16): attention too, under the attention switch.
     "avx512_flash": (AVX512_ATTENTION_VARIABLE, AVX512_VARIABLE),
     "avx512_flash_bf16": (AVX512_ATTENTION_VARIABLE, AVX512_VARIABLE),
+    # Dropout's masks from a counter-based generator (training only).
+    "avx512_dropout": (AVX512_DROPOUT_VARIABLE, AVX512_VARIABLE),
     "int8_steps": (),
 }
 SETTINGS = ("on", "off", "auto")

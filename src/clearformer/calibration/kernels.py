@@ -21,6 +21,8 @@ CPU model, PyTorch, clearformer and kernel build (:mod:`clearformer.calibration.
   feed-forward product with the exact GELU; the attention output and the second feed-forward
   product with the residual add and the LayerNorm) against oneDNN's fused products, both on
   weights reordered once, as ``encode`` runs them.
+* ``avx512_dropout``: dropout with counter-based masks against PyTorch's dropout, in training's
+  sizes: a batch's hidden states and its attention probabilities, float32 and bfloat16.
 
 It takes a few seconds on two cores and runs only when asked: ``clearformer calibrate``, an
 ``encode`` call large enough to build the kernels (:func:`measure_if_missing`), or the start
@@ -113,6 +115,7 @@ def calibrate(*, force: bool = False, rounds: int | None = None) -> Calibration:
         "avx512_attention_bf16": attention_workloads(torch.bfloat16),
         "avx512_linear": linear_workloads(),
         avx512.FLASH: flash_workloads(torch.float32),
+        avx512.DROPOUT: dropout_workloads(),
     }
     if avx512.FLASH_BF16 in avx512.kernels_here():
         workloads[avx512.FLASH_BF16] = flash_workloads(torch.bfloat16)
@@ -171,7 +174,8 @@ def measure_before_serving() -> Calibration | None:
     fails gives a calibration that measured nothing and says why. ``clearformer serve`` calls
     it before it loads its models: a server runs for hours, so seconds once per machine repay
     at once, and done before it reports ready, the measurement meets no request and no route
-    changes while it serves."""
+    changes while it serves. ``clearformer.train`` calls it before a CPU run's first step, for
+    the same reasons."""
     if not routes.kernels_wanted() or not routes.verdicts_wanted():
         return None
     return calibrate()
@@ -220,6 +224,34 @@ def attention_workloads(dtype: torch.dtype = torch.float32) -> list[Workload]:
             },
         )
     )
+    return workloads
+
+
+def dropout_workloads() -> list[Workload]:
+    """Dropout (p = 0.1) on a training batch's hidden states, 32 texts of 128 tokens at
+    MiniLM's width, and on their attention probabilities (32 x 12 heads x 128 x 128), in
+    float32 and bfloat16: PyTorch's against the kernel with its seed drawn, as
+    :func:`clearformer.dropout.dropout` runs it."""
+    workloads = []
+    threshold = round(0.1 * 2**32)
+    for dtype in (torch.float32, torch.bfloat16):
+        for name, shape in (
+            ("hidden states", (32 * 128, WIDTH)),
+            ("attention probabilities", (32, HEADS, 128, 128)),
+        ):
+            x = torch.rand(shape, dtype=dtype)
+            scale = float(torch.ones((), dtype=dtype).div_(0.9))
+
+            def ours(x=x, scale=scale):
+                seed = int(torch.empty((), dtype=torch.int64).random_())
+                return avx512.counter_dropout(x, seed, threshold, scale)
+
+            workloads.append(
+                Workload(
+                    f"{_DTYPE_NAMES[dtype]} dropout on {name} {tuple(shape)}",
+                    {BASELINE: lambda x=x: F.dropout(x, 0.1, True), "avx512": ours},
+                )
+            )
     return workloads
 
 

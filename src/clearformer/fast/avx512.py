@@ -81,6 +81,7 @@ SOURCES = tuple(
         "avx512_linear.cpp",
         "avx512_flash.cpp",
         "avx512_flash_bf16.cpp",
+        "avx512_dropout.cpp",
     )
 )
 # Included by the sources (the shared exponential): part of what the build's name hashes.
@@ -119,8 +120,10 @@ KERNELS = (
     "avx512_linear",
     "avx512_flash",
     "avx512_flash_bf16",
+    "avx512_dropout",
 )
 FLASH = "avx512_flash"
+DROPOUT = "avx512_dropout"
 FLASH_BF16 = "avx512_flash_bf16"
 # The flash kernels' ops in the library, by the dtype of the rows they take.
 _FLASH_OPS = {torch.float32: "flash_attention_f32", torch.bfloat16: "flash_attention_bf16"}
@@ -264,6 +267,25 @@ def flash_serves(q: Tensor, k: Tensor, v: Tensor) -> bool:
         and q.shape[-1] % FLASH_HEAD_MULTIPLE == 0
         and all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (q, k, v))
         and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+    )
+
+
+def counter_dropout(x: Tensor, seed: int, threshold: int, scale: float) -> Tensor:
+    """``x`` times ``scale`` where element i's Philox word under ``seed``
+    (:func:`clearformer.philox.mask_words`) is at least ``threshold``, else times 0; float32 or
+    bfloat16 on the CPU, any shape (read contiguous). Needs :func:`load` first."""
+    return torch.ops.clearformer_avx512.counter_dropout(x, seed, threshold, scale)
+
+
+def dropout_serves(x: Tensor) -> bool:
+    """Whether :func:`counter_dropout` can take ``x`` (a graph capture records PyTorch's own
+    ops: this one has no shape function)."""
+    return (
+        is_loaded()
+        and not capturing_graph()
+        and x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.bfloat16)
+        and hasattr(torch.ops.clearformer_avx512, "counter_dropout")
     )
 
 

@@ -208,16 +208,58 @@ def _per_sequence(
 
 
 def _padded(q, k, v, layout, is_causal, dropout_p, scale, window, bias) -> Tensor:
+    """The sequences padded to a common length, in groups whose lengths are within a factor
+    of 2 of their longest (:func:`length_groups`): one group is one padded call over every
+    sequence; several keep short sequences from being padded to the batch's longest (a
+    training batch of short queries and long documents)."""
     N, H, Dv = v.shape[0], q.shape[1], v.shape[2]
-    B, L = layout.batch, max(layout.max_seqlen, 1)
-    lengths = torch.tensor(layout.lengths, device=q.device)  # (B,)
-    starts = torch.tensor(layout.offsets[:-1], device=q.device)  # (B,)
+    if N == 0:  # no rows at all: nothing to attend
+        return v.new_zeros(0, H, Dv)
+    groups = length_groups(layout.lengths)
+    if len(groups) == 1:
+        return _padded_group(
+            q, k, v, layout.lengths, layout.offsets[:-1], is_causal, dropout_p, scale, window, bias
+        )
+    pieces, rows = [], []
+    for members in groups:
+        lengths = [layout.lengths[b] for b in members]
+        starts = [layout.offsets[b] for b in members]
+        pieces.append(
+            _padded_group(q, k, v, lengths, starts, is_causal, dropout_p, scale, window, bias)
+        )
+        rows += [
+            start + t for start, length in zip(starts, lengths, strict=True) for t in range(length)
+        ]
+    order = torch.tensor(rows, device=q.device)  # (N,): the row each piece's row came from
+    joined = torch.cat(pieces)  # (N, H, Dv) in the groups' order
+    return joined.new_zeros(N, H, Dv).index_copy(0, order, joined)  # (N, H, Dv), rows in order
+
+
+def length_groups(lengths: list[int]) -> list[list[int]]:
+    """The sequences (indices into ``lengths``) in groups, longest first: a group takes the
+    next longest sequence while it is at least half as long as the group's first, so no
+    sequence is padded to more than twice its length (at most 4x its scores)."""
+    order = sorted(range(len(lengths)), key=lambda b: -lengths[b])
+    groups: list[list[int]] = []
+    for b in order:
+        if groups and 2 * lengths[b] >= lengths[groups[-1][0]]:
+            groups[-1].append(b)
+        else:
+            groups.append([b])
+    return groups
+
+
+def _padded_group(q, k, v, lengths, starts, is_causal, dropout_p, scale, window, bias) -> Tensor:
+    """The rows of the sequences with these ``lengths`` and first rows ``starts``, padded to
+    their longest: (their tokens, H, Dv), sequence by sequence."""
+    H, Dv = q.shape[1], v.shape[2]
+    B, L = len(lengths), max(max(lengths), 1)
+    starts = torch.tensor(starts, device=q.device)  # (B,)
+    lengths = torch.tensor(lengths, device=q.device)  # (B,)
     steps = torch.arange(L, device=q.device)  # (L,)
     real = steps[None, :] < lengths[:, None]  # (B, L) True = real token
     # Padded slots read row 0 of the batch (finite values); their keys are masked out and
-    # their outputs dropped. With no rows at all there is nothing to attend.
-    if N == 0:
-        return v.new_zeros(0, H, Dv)
+    # their outputs dropped.
     rows = torch.where(real, starts[:, None] + steps[None, :], 0).reshape(-1)  # (B*L,)
     qs, ks, vs = (
         t.index_select(0, rows).view(B, L, t.shape[1], -1).transpose(1, 2) for t in (q, k, v)

@@ -126,6 +126,14 @@ def _train(
     if main:
         run.create()
         ckpt.remove_partial(run.checkpoints)
+        if device.type == "cpu":
+            # A run lasts minutes to hours: building and measuring clearformer's kernels (seconds,
+            # once per machine; dropout's among them) repays at once, and done before the first
+            # step, no route changes during the run. The other ranks read the verdicts after
+            # the barrier.
+            from ..calibration.kernels import measure_before_serving
+
+            measure_before_serving()
     context.barrier()
     resume = ckpt.load_newest(run.checkpoints)
     if resume is not None:

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import EncoderConfig
+from ..dropout import Dropout
 from ..encoder import Encoder
 from ..heads import MaskedLMHead, pool
 from ..model import EncoderModel
@@ -92,7 +93,7 @@ class TextClassifier(nn.Module):
         super().__init__()
         self.model = model
         self.pooling = pooling
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.head = nn.Linear(model.config.d_model, num_labels)
 
     def forward(
