@@ -84,9 +84,14 @@ def _written_out(
             -1, attn_mask.shape[-2], tk
         )
         scores = torch.baddbmm(added, q3, k3.transpose(1, 2))  # (N, Tq, Tk)
-    # Softmax in float32 at least, as SDPA's math path for half-precision rows.
-    weights = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
-    weights = weights.to(q.dtype)
+    if scores.device.type == "cpu":
+        # PyTorch's CPU softmax sums half-precision rows in float32 and rounds the result once:
+        # a float32 copy of the scores and its way back would add four passes over them.
+        weights = F.softmax(scores, dim=-1)
+    else:
+        # Softmax in float32 at least, as SDPA's math path for half-precision rows.
+        weights = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+        weights = weights.to(q.dtype)
     if no_key is not None:
         rows = no_key.expand(*batch, tq, 1).reshape(-1, tq, 1)  # (N, Tq, 1)
         weights = weights.masked_fill(rows, 0.0)
