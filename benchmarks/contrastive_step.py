@@ -171,6 +171,11 @@ def main() -> None:
     if args.library:
         child(args)
         return
+    from clearformer.bench.load import LoadMeter
+    from clearformer.cpu import cpu_info
+
+    # Other processes' CPU time around the whole comparison (the children are this run's).
+    meter = LoadMeter(threads=os.cpu_count() or 1).start()
     results = []
     for precision in args.precision:
         configs = [
@@ -227,22 +232,22 @@ def main() -> None:
                 }
             )
             print(json.dumps(results[-1]), flush=True)
-    report = {"load_before": os.getloadavg(), "cpu": _cpu(), "results": results}
+    load = meter.record()
+    report = {
+        "load_before": os.getloadavg(),
+        "load": load.to_dict(),
+        "machine": load.describe(),
+        "cpu": cpu_info().summary(),
+        "results": results,
+    }
     if args.out:
         Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
         Path(args.out + ".md").write_text(markdown(report) + "\n")
 
 
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
 def markdown(report: dict) -> str:
     lines = [
-        f"CPU: {report['cpu']}; load before: {report['load_before'][0]:.2f}",
+        f"Machine: {report['machine']}",
         "",
         "| library | precision | batch | tokens/s | ratio | peak MiB |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
