@@ -34,6 +34,8 @@ SETTINGS = ("base", "dropout-off", "one-group")
 def child(setting: str, precision: str, steps: int, profile: bool) -> None:
     import torch
 
+    from clearformer import routes
+    from clearformer.dropout import counter_masks
     from clearformer.fast import varlen
     from clearformer.text.encoder_files import read_encoder_parts
     from clearformer.train.collate import pack_sequences
@@ -64,23 +66,24 @@ def child(setting: str, precision: str, steps: int, profile: bool) -> None:
         loss.backward()
         optimizer.step()
 
-    for _ in range(2):
-        step()
-    if profile:
-        from torch.profiler import ProfilerActivity
-        from torch.profiler import profile as run_profile
-
-        with run_profile(activities=[ProfilerActivity.CPU]) as recorded:
+    # The masks' generator as clearformer.train decides it for a run.
+    with counter_masks(routes.dropout_masks_route().choice == "counter"):
+        for _ in range(2):
             step()
-        print(recorded.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
-        return
-    started = time.perf_counter()
-    for _ in range(steps):
-        step()
-    seconds = (time.perf_counter() - started) / steps
-    print(
-        json.dumps({"setting": setting, "seconds": seconds, "tokens_per_second": tokens / seconds})
-    )
+        if profile:
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as run_profile
+
+            with run_profile(activities=[ProfilerActivity.CPU]) as recorded:
+                step()
+            print(recorded.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+            return
+        started = time.perf_counter()
+        for _ in range(steps):
+            step()
+        seconds = (time.perf_counter() - started) / steps
+    rate = tokens / seconds
+    print(json.dumps({"setting": setting, "seconds": seconds, "tokens_per_second": rate}))
 
 
 def products() -> None:

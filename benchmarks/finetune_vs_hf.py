@@ -134,11 +134,19 @@ def main() -> None:
     }
     wall: dict[str, list[float]] = {name: [] for name in runners}
     cpu: dict[str, list[float]] = {name: [] for name in runners}
+    from clearformer import routes
+    from clearformer.dropout import counter_masks
+
+    # Dropout's masks as clearformer.train takes them (counter-based where the kernel's
+    # verdict says so); Hugging Face's model keeps PyTorch's.
+    masks = routes.dropout_masks_route()
     meter = LoadMeter(threads=args.threads).start()
     for index, (batch, label) in enumerate(zip(batches, labels, strict=True)):
         for name, (step, model, optimizer) in runners.items():
+            ours_now = name.startswith("clearformer")
             start_wall, start_cpu = time.perf_counter(), time.process_time()
-            step(model, optimizer, batch, label)
+            with counter_masks(ours_now and masks.choice == "counter"):
+                step(model, optimizer, batch, label)
             if index >= args.warmup:
                 wall[name].append(time.perf_counter() - start_wall)
                 cpu[name].append(time.process_time() - start_cpu)
@@ -159,7 +167,8 @@ def main() -> None:
         f"Fine-tuning step, all-MiniLM-L6-v2 classifier, batch {args.batch_size}, lengths "
         f"U[{args.min_length}, {args.max_length}], {args.threads} threads, fp32, dropout 0.1",
         f"Real tokens per step {real:.0f}; the padded batch holds {padded:.0f} "
-        f"(padding {1 - real / padded:.1%}). Machine: {load.describe()}",
+        f"(padding {1 - real / padded:.1%}). clearformer's dropout masks: {masks.choice} "
+        f"({masks.reason}). Machine: {load.describe()}",
         "",
         "| implementation | s/step (wall) | s/step (CPU) | real tokens/s | ratio "
         "| CPU-time ratio |",

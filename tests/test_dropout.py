@@ -4,14 +4,15 @@ generator bit for bit, and the module against PyTorch's dropout's definition."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from clearformer import Encoder, EncoderConfig, philox
-from clearformer.dropout import Dropout, dropout, dropout_route
+from clearformer import Encoder, EncoderConfig, philox, routes
+from clearformer.dropout import Dropout, counter_masks, counter_masks_serve, dropout
 from clearformer.fast import avx512, varlen
 from clearformer.fast.sdpa_call import _written_out
 from clearformer.machine import machine
@@ -37,13 +38,12 @@ needs_kernel = pytest.mark.skipif(
 
 
 @pytest.fixture
-def kernel_on(monkeypatch):
-    """The dropout kernel taken unmeasured (the suite keeps PyTorch's routes otherwise)."""
+def kernel_on():
+    """Counter-based masks asked for, with the library built and loaded."""
     if avx512.load(build=True).choice != "loaded":
         pytest.skip("the AVX-512 library could not be built here")
-    monkeypatch.setenv("CLEARFORMER_AVX512_DROPOUT", "on")
-    monkeypatch.delenv("CLEARFORMER_KERNELS", raising=False)
-    monkeypatch.delenv("CLEARFORMER_AVX512", raising=False)
+    with counter_masks():
+        yield
 
 
 @pytest.mark.parametrize("counter, key, expected", KNOWN_ANSWERS)
@@ -112,7 +112,7 @@ def test_kernel_reads_strided_input(kernel_on):
 def test_dropout_drops_p_and_scales_as_pytorch(kernel_on, dtype):
     p = 0.1
     x = torch.ones(1_000_000, dtype=dtype)
-    assert dropout_route(x) == "avx512"
+    assert counter_masks_serve(x)
     torch.manual_seed(0)
     ours = dropout(x, p)
     theirs = F.dropout(x, p, True)
@@ -172,14 +172,26 @@ def test_module_is_identity_in_eval_and_refuses_bad_p():
         dropout(x, -0.1)
 
 
-def test_without_the_kernel_dropout_is_pytorchs(monkeypatch):
-    monkeypatch.setenv("CLEARFORMER_AVX512_DROPOUT", "off")
+def test_outside_counter_masks_dropout_is_pytorchs():
     x = torch.randn(1000)
-    assert dropout_route(x) == "torch"
-    torch.manual_seed(3)
-    ours = dropout(x, 0.25)
-    torch.manual_seed(3)
-    assert torch.equal(ours, F.dropout(x, 0.25, True))
+    for context in (counter_masks(False), contextlib.nullcontext()):
+        with context:
+            assert not counter_masks_serve(x)
+            torch.manual_seed(3)
+            ours = dropout(x, 0.25)
+        torch.manual_seed(3)
+        assert torch.equal(ours, F.dropout(x, 0.25, True))
+
+
+def test_the_run_decides_its_masks_by_the_kernels_route(monkeypatch):
+    monkeypatch.setenv("CLEARFORMER_AVX512_DROPOUT", "off")
+    taken = routes.dropout_masks_route()
+    assert taken.choice == "torch" and "CLEARFORMER_AVX512_DROPOUT=off" in taken.reason
+    if machine().avx512_available and avx512.load(build=True).choice == "loaded":
+        monkeypatch.delenv("CLEARFORMER_KERNELS", raising=False)
+        monkeypatch.delenv("CLEARFORMER_AVX512", raising=False)
+        monkeypatch.setenv("CLEARFORMER_AVX512_DROPOUT", "on")
+        assert routes.dropout_masks_route().choice == "counter"
 
 
 @needs_kernel

@@ -172,3 +172,39 @@ def test_activation_checkpointing_changes_memory_not_results(tmp_path):
     a, b = final_weights(tmp_path / "plain"), final_weights(tmp_path / "recomputed")
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6)
+
+
+@pytest.fixture
+def counter_dropout(monkeypatch):
+    """The run takes counter-based dropout masks (the suite keeps PyTorch's otherwise)."""
+    from clearformer.fast import avx512
+    from clearformer.machine import machine
+
+    if not machine().avx512_available or avx512.load(build=True).choice != "loaded":
+        pytest.skip("needs clearformer's AVX-512 library")
+    for variable in ("CLEARFORMER_KERNELS", "CLEARFORMER_AVX512"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("CLEARFORMER_AVX512_DROPOUT", "on")
+
+
+def test_counter_masks_runs_are_recorded_reproducible_and_resume_bitwise(tmp_path, counter_dropout):
+    train(tiny(), tmp_path / "whole")
+    train(tiny(), tmp_path / "again")
+    with pytest.raises(Stop):
+        train(tiny(), tmp_path / "cut", progress=stop_at(23))
+    train(tiny(), tmp_path / "cut")
+    whole = final_weights(tmp_path / "whole")
+    for other in ("again", "cut"):
+        assert same_weights(whole, final_weights(tmp_path / other))
+        assert records(tmp_path / "whole") == records(tmp_path / other)
+    said = [
+        json.loads(x) for x in (tmp_path / "cut" / "invocations.jsonl").read_text().splitlines()
+    ]
+    assert all(entry["dropout_masks"].startswith("counter") for entry in said)
+    # The masks are not PyTorch's: the same run with them trains other weights.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CLEARFORMER_AVX512_DROPOUT", "off")
+        train(tiny(), tmp_path / "torch")
+    assert not same_weights(whole, final_weights(tmp_path / "torch"))
+    said = json.loads((tmp_path / "torch" / "invocations.jsonl").read_text().splitlines()[0])
+    assert said["dropout_masks"].startswith("torch")

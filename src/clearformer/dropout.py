@@ -1,28 +1,32 @@
-"""Dropout, as ``torch.nn.Dropout`` computes it, with its mask drawn by a counter-based
-generator where clearformer's AVX-512 library serves the call.
+"""Dropout, as ``torch.nn.Dropout`` computes it, with its masks drawn by a counter-based
+generator inside :func:`counter_masks`.
 
 In training, each call zeroes an element with probability ``p`` and scales the rest by
 ``1 / (1 - p)`` (the value PyTorch's dropout multiplies by, in the input's dtype). Only which
-elements are dropped differs between the two routes:
+elements are dropped depends on the generator:
 
-* ``avx512``: one 64-bit seed is drawn from PyTorch's generator (so ``torch.manual_seed``, a
-  checkpoint's saved generator state and activation checkpointing's replay decide it, as they
-  decide PyTorch's dropout), then element i is dropped where its Philox4x32-10 word
-  (:func:`clearformer.philox.mask_words`) is below ``round(p * 2**32)``: a drop probability
-  within 2**-33 of ``p``. The mask is the same on any thread count, and backward redraws it
-  from the seed instead of keeping it.
-* ``torch``: ``torch.nn.functional.dropout`` (no AVX-512 library, another device or dtype, a
-  graph being captured, or a switch or this CPU's verdict against the kernel:
-  :func:`clearformer.routes.kernel_route`).
+* inside ``counter_masks()`` (which ``clearformer.train`` enters for a CPU run where
+  :func:`clearformer.routes.dropout_masks_route` takes the kernel), on float32 or bfloat16 CPU
+  tensors with clearformer's AVX-512 library loaded: one 64-bit seed is drawn from PyTorch's
+  generator (so ``torch.manual_seed``, a checkpoint's saved generator state and activation
+  checkpointing's replay decide it, as they decide PyTorch's dropout), then element i is dropped
+  where its Philox4x32-10 word (:func:`clearformer.philox.mask_words`) is below
+  ``round(p * 2**32)``: a drop probability within 2**-33 of ``p``. The mask is the same on any
+  thread count, and backward redraws it from the seed instead of keeping it.
+* otherwise: ``torch.nn.functional.dropout``.
 
 On a CPU, PyTorch draws each element's Bernoulli sample from one Mersenne Twister, in order,
 on one thread: at the sizes of a training step's attention probabilities that costs more than
-the attention's products. A run's masks therefore depend on the route: a run resumed on a
-machine where the other route is taken continues with the other generator (the weights it
-resumed from are the same).
+the attention's products. The generator is chosen for a whole run, not per call, and recorded
+with it: a run's masks depend on it, so that a run resumed with the other one continues from
+the same weights with other masks.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -30,20 +34,32 @@ from torch import Tensor, nn
 
 from .checks import check_probability
 
-__all__ = ["Dropout", "dropout", "dropout_route"]
+__all__ = ["Dropout", "counter_masks", "counter_masks_enabled", "dropout"]
+
+_COUNTER_MASKS: ContextVar[bool] = ContextVar("clearformer_counter_masks", default=False)
 
 
-def dropout_route(x: Tensor) -> str:
-    """``avx512`` where clearformer's dropout kernel takes ``x`` on this machine, else
-    ``torch``."""
-    from . import routes
+@contextmanager
+def counter_masks(enabled: bool = True) -> Iterator[None]:
+    """Dropout inside this block draws its masks from the counter-based generator where the
+    kernel can take the tensor (``enabled=False``: PyTorch's, as outside)."""
+    token = _COUNTER_MASKS.set(enabled)
+    try:
+        yield
+    finally:
+        _COUNTER_MASKS.reset(token)
+
+
+def counter_masks_enabled() -> bool:
+    """Whether the calling context asked for counter-based masks (:func:`counter_masks`)."""
+    return _COUNTER_MASKS.get()
+
+
+def counter_masks_serve(x: Tensor) -> bool:
+    """Counter-based masks asked for, and the kernel loaded and able to take ``x``."""
     from .fast import avx512
 
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
-        return "torch"
-    if routes.kernel_route(avx512.DROPOUT).choice != "avx512":
-        return "torch"
-    return "avx512" if avx512.dropout_serves(x) else "torch"
+    return _COUNTER_MASKS.get() and avx512.dropout_serves(x)
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
@@ -53,7 +69,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return x
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
-    if p == 1.0 or dropout_route(x) != "avx512":
+    if p == 1.0 or not counter_masks_serve(x):
         return F.dropout(x, p, True)
     # One draw from PyTorch's generator: below 2**63, as random_() draws for int64.
     seed = int(torch.empty((), dtype=torch.int64).random_())

@@ -13,7 +13,13 @@ from .fast import avx512
 from .machine import machine
 from .options import Decision
 
-__all__ = ["kernel_note", "kernel_route", "kernels_wanted", "verdicts_wanted"]
+__all__ = [
+    "dropout_masks_route",
+    "kernel_note",
+    "kernel_route",
+    "kernels_wanted",
+    "verdicts_wanted",
+]
 
 _LABELS = {
     "avx512_attention": "AVX-512 attention",
@@ -70,6 +76,14 @@ def kernel_route(kernel: str) -> Decision:
         if loaded.choice != "loaded":
             return Decision("torch", f"{label}: the library is {loaded.choice}: {loaded.reason}")
     return taken
+
+
+def dropout_masks_route() -> Decision:
+    """``Decision("counter" | "torch", reason)``: the generator of a training run's dropout
+    masks (:mod:`clearformer.dropout`), the counter-based one where ``auto`` takes the dropout
+    kernel (:func:`kernel_route`). A run decides it once, before its first step."""
+    taken = kernel_route(avx512.DROPOUT)
+    return Decision("counter" if taken.choice == "avx512" else "torch", taken.reason)
 
 
 def kernels_wanted(kernels: tuple[str, ...] = avx512.KERNELS) -> bool:

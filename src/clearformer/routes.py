@@ -53,7 +53,13 @@ from .attention_routes import (
 from .fast import fused_blocks
 from .fast.fused_linear import has_hooks, has_inner_hooks, reordered_product
 from .fast.reordered_weights import active_reordering
-from .kernel_routes import kernel_note, kernel_route, kernels_wanted, verdicts_wanted
+from .kernel_routes import (
+    dropout_masks_route,
+    kernel_note,
+    kernel_route,
+    kernels_wanted,
+    verdicts_wanted,
+)
 from .machine import machine
 from .options import Decision
 from .tracing import is_recording
@@ -65,6 +71,7 @@ __all__ = [
     "attention_kernel_for",
     "avx512_refusal",
     "avx512_serves",
+    "dropout_masks_route",
     "epilogue_route",
     "flash_bf16_serves",
     "flash_kernel_serves",

@@ -6,11 +6,11 @@ path repeats them in memory; the reference (:func:`clearformer.reference.scaled_
 repeats them, to show every step as a tensor.
 
 With dropout on the probabilities (training), SDPA on a CPU runs its math path, whose dropout
-draws every probability's Bernoulli sample from PyTorch's generator on one thread. Where
-clearformer's dropout kernel serves the call (:func:`clearformer.dropout.dropout_route`), the
-same math is written out here and the probabilities go through :func:`clearformer.dropout.
-dropout` instead: the scores, the softmax and the products are what SDPA's math path
-computes, only the mask's generator differs.
+draws every probability's Bernoulli sample from PyTorch's generator on one thread. Inside
+:func:`clearformer.dropout.counter_masks`, where the dropout kernel can take the rows, the same
+math is written out here and the probabilities go through :func:`clearformer.dropout.dropout`
+instead: the scores, the softmax and the products are what SDPA's math path computes, only the
+mask's generator differs.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..dropout import dropout, dropout_route
+from ..dropout import counter_masks_serve, dropout
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
     """``F.scaled_dot_product_attention(q, k, v, **kwargs)`` for q (..., H, Tq, Dh) and k, v
     (..., Hkv, Tk, Dh) with Hkv dividing H: query head h reads key/value head h // (H / Hkv)."""
-    if kwargs.get("dropout_p", 0.0) > 0.0 and dropout_route(q) == "avx512":
+    if kwargs.get("dropout_p", 0.0) > 0.0 and counter_masks_serve(q):
         return _written_out(q, k, v, **kwargs)
     if k.shape[-3] != q.shape[-3]:
         kwargs["enable_gqa"] = True

@@ -17,6 +17,9 @@ from typing import Any
 
 import torch
 
+from .. import routes
+from ..dropout import counter_masks
+from ..options import Decision
 from ..version import __version__
 from . import checkpoint as ckpt
 from . import distributed
@@ -91,21 +94,41 @@ def train(
     context = distributed.setup(config.distributed, device)
     try:
         distributed.check_split(config.batch_size, config.accumulation, context.world)
-        return _train(
-            config,
-            run,
-            task,
-            metric,
-            device,
-            precision,
-            context,
-            started,
-            progress,
-            invocation,
-            should_stop or (lambda: False),
-        )
+        masks = _dropout_masks(device, context)
+        invocation = {**(invocation or {}), "dropout_masks": f"{masks.choice}: {masks.reason}"}
+        with counter_masks(masks.choice == "counter"):
+            return _train(
+                config,
+                run,
+                task,
+                metric,
+                device,
+                precision,
+                context,
+                started,
+                progress,
+                invocation,
+                should_stop or (lambda: False),
+            )
     finally:
         context.close()
+
+
+def _dropout_masks(device, context) -> Decision:
+    """The generator of the run's dropout masks (:mod:`clearformer.dropout`), decided once.
+    On a CPU rank 0 first builds and measures clearformer's kernels where no verdict is cached
+    (seconds, once per machine, repaid by any run); the other ranks read the verdicts after
+    the barrier, so every rank decides alike."""
+    if device.type != "cpu":
+        return Decision("torch", f"{device.type}: PyTorch's dropout")
+    if context.is_main:
+        from ..calibration.kernels import measure_before_serving
+
+        measure_before_serving()
+    context.barrier()
+    masks = routes.dropout_masks_route()
+    log.info("dropout masks: %s (%s)", masks.choice, masks.reason)
+    return masks
 
 
 def _train(
@@ -126,14 +149,6 @@ def _train(
     if main:
         run.create()
         ckpt.remove_partial(run.checkpoints)
-        if device.type == "cpu":
-            # A run lasts minutes to hours: building and measuring clearformer's kernels (seconds,
-            # once per machine; dropout's among them) repays at once, and done before the first
-            # step, no route changes during the run. The other ranks read the verdicts after
-            # the barrier.
-            from ..calibration.kernels import measure_before_serving
-
-            measure_before_serving()
     context.barrier()
     resume = ckpt.load_newest(run.checkpoints)
     if resume is not None:
