@@ -6,6 +6,8 @@ an add takes the index's by default and refuses another."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -168,3 +170,29 @@ def test_a_kind_keeps_its_precision_through_builds_and_adds(tmp_path, corpus, co
     done = cli("index", "add", str(index), "--corpus", str(path), "--multivector-model",
                str(colbert), "--no-progress")  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+def test_search_encodes_a_kinds_queries_in_the_precision_asked(tmp_path, corpus, colbert):
+    path, texts = corpus
+    index = tmp_path / "kinds"
+    done = cli("index", "build", "--corpus", str(path), "--out", str(index), "--kind",
+               "multivector", "--model", str(colbert), "--no-progress")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    query = texts[7]
+    float32 = MultiVectorEncoder.from_pretrained(colbert)
+    document = float32.encode_document([query])  # the index holds float32 documents
+    scores = {}
+    for precision in ("float32", "bf16"):
+        done = cli("search", "--index", str(index), "--mode", "multivector", "--precision",
+                   precision, "--json", "-k", "60", query)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        hits = [json.loads(line) for line in done.stdout.splitlines()]
+        scores[precision] = next(h["score"] for h in hits if h["text"] == query)
+        held = MultiVectorEncoder.from_pretrained(colbert, precision=precision)
+        want = float(float32.similarity(held.encode_query([query]), document)[0, 0])
+        assert scores[precision] == pytest.approx(want, abs=2e-6)
+    assert abs(scores["bf16"] - scores["float32"]) > 1e-5  # the queries were encoded otherwise
+    done = cli("search", "--index", str(index), "--mode", "multivector", "--precision", "int8",
+               query)  # fmt: skip
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "--precision int8 applies to dense models" in done.stderr

@@ -201,7 +201,9 @@ def _model(args: argparse.Namespace, path: Path, kind: str):
         from ..index.collection import is_collection
         from .index import index_encoder
 
-        return index_encoder(args, path / "dense" if is_collection(path) else path)
+        # search holds --precision for its queries, as index add holds it for its texts
+        held_args = argparse.Namespace(**{**vars(args), "hold_precision": True})
+        return index_encoder(held_args, path / "dense" if is_collection(path) else path)
     flag = f"--{kind}-model"
     given = getattr(args, f"{kind}_model")
     if given is None:
@@ -215,8 +217,8 @@ def _model(args: argparse.Namespace, path: Path, kind: str):
         raise CliError(f"{flag} {given}: no such directory")
     check_model_kind(kind, given, flag)  # a model of another kind: refused naming this flag
     # index add holds its --precision alone (by default the one the kind holds its embeddings
-    # in); search encodes queries in float32.
-    held = None
+    # in); search its --precision for the queries (float32 unless given).
+    held = args.precision
     if getattr(args, "hold_precision", False):
         held = args.precision or _recorded_precision(path, kind)
     return load_model(kind, given, precision=held)
