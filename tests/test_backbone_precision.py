@@ -17,7 +17,7 @@ from clearformer.serve import ModelSpec
 from clearformer.serve.token_models import load_served_model
 
 from .multivector_helpers import TEXTS, bert_base, st_multivector_dir
-from .xlmr_helpers import CORPUS, make_xlmr
+from .xlmr_helpers import CORPUS, make_bge_m3
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("transformers")
@@ -37,19 +37,7 @@ def colbert_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def m3_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("bge-m3")
-    make_xlmr(path)
-    gen = torch.Generator().manual_seed(5)
-    torch.save(
-        {"weight": 0.3 * torch.randn(1, 32, generator=gen), "bias": torch.randn(1, generator=gen)},
-        path / "sparse_linear.pt",
-    )
-    torch.save(
-        {
-            "weight": 0.3 * torch.randn(32, 32, generator=gen),
-            "bias": 0.1 * torch.randn(32, generator=gen),
-        },
-        path / "colbert_linear.pt",
-    )
+    make_bge_m3(path, seed=5, sparse=(0.3, 1.0), colbert=(0.3, 0.1))
     return path
 
 

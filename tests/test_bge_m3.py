@@ -24,7 +24,7 @@ from clearformer import BGEM3Encoder, MultiVectorEncoder
 from clearformer.interop.hf import CheckpointError
 from clearformer.text.bge_m3 import BGEM3Output
 
-from .xlmr_helpers import CORPUS, make_xlmr
+from .xlmr_helpers import CORPUS, make_bge_m3
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -37,20 +37,7 @@ UNUSED = (0, 2, 1, 3)  # <s>, </s>, <pad>, <unk>: XLM-R's cls, eos, pad, unk
 def m3(tmp_path_factory):
     """(directory, transformers model, heads): a bge-m3 directory at width 32."""
     path = tmp_path_factory.mktemp("bge-m3")
-    model = make_xlmr(path)
-    gen = torch.Generator().manual_seed(11)
-    heads = {
-        "sparse_linear": {
-            "weight": 0.3 * torch.randn(1, 32, generator=gen),
-            "bias": 0.1 * torch.randn(1, generator=gen),
-        },
-        "colbert_linear": {
-            "weight": 0.3 * torch.randn(32, 32, generator=gen),
-            "bias": 0.1 * torch.randn(32, generator=gen),
-        },
-    }
-    for name, state in heads.items():
-        torch.save(state, path / f"{name}.pt")
+    model, heads = make_bge_m3(path, seed=11, sparse=(0.3, 0.1), colbert=(0.3, 0.1))
     return path, model, heads
 
 

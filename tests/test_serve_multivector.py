@@ -9,11 +9,10 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
 from .multivector_helpers import bert_base, st_multivector_dir
 from .test_serve_api import post, running_server
-from .xlmr_helpers import make_xlmr
+from .xlmr_helpers import make_bge_m3
 
 pytest.importorskip("uvicorn")
 pytest.importorskip("sentence_transformers")
@@ -38,16 +37,7 @@ def colbert_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def m3_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("bge-m3")
-    make_xlmr(path)
-    gen = torch.Generator().manual_seed(2)
-    torch.save(
-        {"weight": torch.randn(1, 32, generator=gen), "bias": torch.randn(1, generator=gen)},
-        path / "sparse_linear.pt",
-    )
-    torch.save(
-        {"weight": torch.randn(32, 32, generator=gen), "bias": torch.randn(32, generator=gen)},
-        path / "colbert_linear.pt",
-    )
+    make_bge_m3(path, seed=2)
     return path
 
 

@@ -77,3 +77,29 @@ def make_xlmr(directory: Path, *, head: str | None = None, vocab_size: int | Non
             p.add_(0.1 * torch.randn(p.shape, generator=gen))
     model.eval().save_pretrained(str(directory))
     return model
+
+
+def make_bge_m3(
+    directory: Path,
+    *,
+    seed: int,
+    sparse: tuple[float, float] = (1.0, 1.0),
+    colbert: tuple[float, float] = (1.0, 1.0),
+):
+    """A bge-m3 directory at width 32: :func:`make_xlmr`'s backbone and random
+    ``sparse_linear.pt`` (1 x 32) and ``colbert_linear.pt`` (32 x 32) head files, drawn in that
+    order from ``seed``, each head's weight and bias scaled by its (weight, bias) pair. Returns
+    (the transformers model, the heads' state dicts)."""
+    model = make_xlmr(directory)
+    gen = torch.Generator().manual_seed(seed)
+    heads = {}
+    for name, rows, (weight, bias) in (
+        ("sparse_linear", 1, sparse),
+        ("colbert_linear", 32, colbert),
+    ):
+        heads[name] = {
+            "weight": weight * torch.randn(rows, 32, generator=gen),
+            "bias": bias * torch.randn(rows, generator=gen),
+        }
+        torch.save(heads[name], directory / f"{name}.pt")
+    return model, heads
