@@ -68,6 +68,7 @@ def test_every_load_record_names_the_cpu_and_the_routes_of_clearformers_kernels(
         "avx512_linear",
         "avx512_flash",
         "avx512_flash_bf16",
+        "avx512_dropout",
         "int8_steps",
     }
 

@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from clearformer import Encoder, EncoderConfig, philox, routes
-from clearformer.dropout import Dropout, counter_masks, counter_masks_serve, dropout
+from clearformer.dropout import Dropout, counter_masks, dropout
 from clearformer.fast import avx512, varlen
+from clearformer.fast.counter_dropout import counter_masks_serve
 from clearformer.fast.sdpa_call import _written_out
 from clearformer.machine import machine
 from clearformer.packed_attention import varlen_attention

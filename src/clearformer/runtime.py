@@ -1,6 +1,7 @@
 """Runtime settings a long-running command may choose for itself (never set on import): the
-allocator's, process-wide, and a thread's own intra-op thread count; and whether a graph is
-being captured (compiled, exported or traced) around the running call."""
+allocator's, process-wide, and a thread's own intra-op thread count; whether a graph is
+being captured (compiled, exported or traced) around the running call; and the generator of
+dropout's masks in the running context (:func:`counter_masks`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,31 @@ import ctypes
 import ctypes.util
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 log = logging.getLogger(__name__)
+
+_COUNTER_MASKS: ContextVar[bool] = ContextVar("clearformer_counter_masks", default=False)
+
+
+@contextmanager
+def counter_masks(enabled: bool = True) -> Iterator[None]:
+    """Dropout inside this block draws its masks from the counter-based generator where the
+    kernel can take the tensor (:mod:`clearformer.dropout`; ``enabled=False``: PyTorch's, as
+    outside)."""
+    token = _COUNTER_MASKS.set(enabled)
+    try:
+        yield
+    finally:
+        _COUNTER_MASKS.reset(token)
+
+
+def counter_masks_enabled() -> bool:
+    """Whether the calling context asked for counter-based masks (:func:`counter_masks`)."""
+    return _COUNTER_MASKS.get()
+
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4

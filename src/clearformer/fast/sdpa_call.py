@@ -7,10 +7,10 @@ repeats them, to show every step as a tensor.
 
 With dropout on the probabilities (training), SDPA on a CPU runs its math path, whose dropout
 draws every probability's Bernoulli sample from PyTorch's generator on one thread. Inside
-:func:`clearformer.dropout.counter_masks`, where the dropout kernel can take the rows, the same
-math is written out here and the probabilities go through :func:`clearformer.dropout.dropout`
-instead: the scores, the softmax and the products are what SDPA's math path computes, only the
-mask's generator differs.
+:func:`clearformer.runtime.counter_masks`, where the dropout kernel can take the rows, the same
+math is written out here and the probabilities go through
+:func:`clearformer.fast.counter_dropout.dropout` instead: the scores, the softmax and the
+products are what SDPA's math path computes, only the mask's generator differs.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..dropout import counter_masks_serve, dropout
+from .counter_dropout import counter_masks_serve, dropout
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:

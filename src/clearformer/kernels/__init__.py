@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from ..fast.counter_dropout import dropout
 from ..fast.local import banded_attention
 from ..fast.varlen import attend
 from ..options import KERNEL_NAMES
@@ -27,7 +28,7 @@ from .sdpa import local_flash_attention, sdpa_attention
 if TYPE_CHECKING:  # the plan imports the kernels' rules; the kernels only read the plan
     from ..forward_plan import LayerPlan
 
-__all__ = ["KERNELS", "Kernel", "math_attention", "sdpa_attention"]
+__all__ = ["KERNELS", "Kernel", "dropout", "math_attention", "sdpa_attention"]
 
 Kernel = Callable[
     [Tensor, Tensor, Tensor, "LayerPlan", float, "float | None", "Tensor | None"],
