@@ -8,7 +8,10 @@ bf16 autocast. Settings:
 * ``base``: clearformer's route as ``auto`` takes it (run ``clearformer calibrate`` first);
 * ``dropout-off``: ``CLEARFORMER_AVX512_DROPOUT=off`` (PyTorch's dropout, SDPA's math path);
 * ``one-group``: attention pads every sequence to the batch's longest (``length_groups``
-  returns one group), as before grouping by length.
+  returns one group), as before grouping by length;
+* ``memory-kept``: glibc's malloc keeps freed memory (``clearformer.runtime.
+  retain_freed_memory``, which every ``clearformer`` command calls at its start, ``train``
+  included): a step's large temporaries reuse pages instead of faulting in fresh ones.
 
 ``--profile`` prints ``torch.profiler``'s table of the base step instead, and ``--products``
 the rate (GFLOP/s) of ``torch.nn.functional.linear`` alone at a feed-forward product's shape in
@@ -28,7 +31,7 @@ import subprocess
 import sys
 import time
 
-SETTINGS = ("base", "dropout-off", "one-group")
+SETTINGS = ("base", "dropout-off", "one-group", "memory-kept")
 
 
 def child(setting: str, precision: str, steps: int, profile: bool) -> None:
@@ -45,6 +48,10 @@ def child(setting: str, precision: str, steps: int, profile: bool) -> None:
 
     if setting == "one-group":
         varlen.length_groups = lambda lengths: [list(range(len(lengths)))]
+    if setting == "memory-kept":
+        from clearformer.runtime import retain_freed_memory
+
+        retain_freed_memory()
     torch.manual_seed(0)
     draw = random.Random(0)
     parts = read_encoder_parts(
