@@ -220,19 +220,22 @@ def _padded(q, k, v, layout, is_causal, dropout_p, scale, window, bias) -> Tenso
         return _padded_group(
             q, k, v, layout.lengths, layout.offsets[:-1], is_causal, dropout_p, scale, window, bias
         )
-    pieces, rows = [], []
+    pieces = []
     for members in groups:
         lengths = [layout.lengths[b] for b in members]
         starts = [layout.offsets[b] for b in members]
         pieces.append(
             _padded_group(q, k, v, lengths, starts, is_causal, dropout_p, scale, window, bias)
         )
-        rows += [
-            start + t for start, length in zip(starts, lengths, strict=True) for t in range(length)
-        ]
-    order = torch.tensor(rows, device=q.device)  # (N,): the row each piece's row came from
+    # The row each piece's row came from: sequence b's rows are offsets[b] + 0 ... length - 1.
+    members = torch.tensor([b for group in groups for b in group])  # (B,) in the groups' order
+    lengths = torch.tensor(layout.lengths)[members]  # (B,)
+    first = torch.tensor(layout.offsets[:-1])[members]  # (B,) each sequence's first row
+    before = torch.cumsum(lengths, 0) - lengths  # (B,) rows of the pieces before it
+    order = torch.arange(N) + torch.repeat_interleave(first - before, lengths)  # (N,)
     joined = torch.cat(pieces)  # (N, H, Dv) in the groups' order
-    return joined.new_zeros(N, H, Dv).index_copy(0, order, joined)  # (N, H, Dv), rows in order
+    # (N, H, Dv), rows in order
+    return joined.new_zeros(N, H, Dv).index_copy(0, order.to(q.device), joined)
 
 
 def length_groups(lengths: list[int]) -> list[list[int]]:
