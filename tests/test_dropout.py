@@ -157,10 +157,11 @@ def test_nonfinite_inputs_give_what_pytorchs_product_gives(kernel_on):
     x = torch.tensor([float("nan"), float("inf"), 1.0] * 400)
     torch.manual_seed(2)
     y = dropout(x, 0.5)
-    words = y[1::3]
+    from_infinity = y[1::3]
     # inf times the factor: inf where kept, NaN where dropped (inf * 0), as input * noise.
     assert torch.isnan(y[0::3]).all()
-    assert (torch.isinf(words) | torch.isnan(words)).all() and torch.isnan(words).any()
+    assert (torch.isinf(from_infinity) | torch.isnan(from_infinity)).all()
+    assert torch.isnan(from_infinity).any() and torch.isinf(from_infinity).any()
 
 
 def test_module_is_identity_in_eval_and_refuses_bad_p():
