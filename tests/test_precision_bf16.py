@@ -345,3 +345,24 @@ def test_generate_in_bf16_decodes_with_the_cache(num_beams):
 def test_generate_refuses_int8_before_any_work():
     with pytest.raises(ValueError, match=r"precision must be one of \('float32', 'bf16', 'auto'"):
         seq2seq().generate(SRC, SRC_MASK, max_new_tokens=4, precision="int8")
+
+
+def test_a_rotary_model_with_head_norms_trains_under_bf16_autocast():
+    """Qwen3-style layers (per-head query/key norms, rotary positions) under bf16 autocast:
+    the norms and the rotary tables give float32 queries and keys beside bfloat16 values, and
+    attention took them as they were (a dtype error on every route)."""
+    from clearformer import EncoderConfig, EncoderModel
+
+    config = EncoderConfig(
+        d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, dim_mlp=64, vocab_size=50,
+        norm="pre", norm_kind="rms", activation="swiglu", positions="rotary",
+        qk_norm=True, bias=False, dropout=0.0,
+    )  # fmt: skip
+    model = EncoderModel(config).train()
+    ids = torch.randint(0, 50, (13,))
+    cu_seqlens = torch.tensor([0, 5, 13], dtype=torch.int32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        rows = model(ids, cu_seqlens=cu_seqlens)  # (13, 32)
+    rows.float().pow(2).sum().backward()
+    assert torch.isfinite(rows.float()).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -305,6 +305,11 @@ class MultiHeadAttention(nn.Module):
             # position within its own sequence (packed rows restart at 0 in every sequence).
             cos, sin = plan.rotary
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if q.dtype != v.dtype or k.dtype != v.dtype:
+            # Under autocast the per-head norms and the rotary tables (float32) give float32
+            # queries and keys beside values in the autocast dtype; attention takes one dtype,
+            # the values' (as Hugging Face's norms return their input's dtype).
+            q, k = q.to(v.dtype), k.to(v.dtype)
         dropout_p = self.attn_dropout if self.training else 0.0
         out, weights = KERNELS[plan.kernel.choice](q, k, v, plan, dropout_p, self.scale, bias)
         return self._merge_heads(out, plan), weights
