@@ -7,8 +7,10 @@ Sections (each timed and recorded even when another fails):
 
 * ``tests``: ``pytest tests/test_cuda.py tests/test_agreement.py`` with
   ``CLEARFORMER_TEST_DEVICE`` set to the device; the summary line and the exit status.
-* ``encode``: the bundled MiniLM and a Qwen3-Embedding-0.6B-shaped model (random weights,
-  written as a sentence-transformers directory by ``families_speed.write_model``) on ragged
+* ``encode``: a MiniLM-shaped and a Qwen3-Embedding-0.6B-shaped model (random weights and a
+  WordPiece vocabulary trained here on the test sentences, so nothing but transformers,
+  sentence-transformers and tokenizers is needed on the device machine; written as
+  sentence-transformers directories, Qwen3's by ``families_speed.write_model``) on ragged
   sentences: clearformer's ``TextEncoder`` (its model moved to the device) against
   ``SentenceTransformer(..., device=...)``, float32 and bf16 (sentence-transformers' bf16:
   ``model.to(torch.bfloat16)``): texts/s, the ratio, the smallest cosine of each row to
@@ -39,6 +41,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+# The working tree as it is, installed or not (the device machine runs a copy of it).
+sys.path[:0] = [str(ROOT / "src"), str(HERE)]
 PEAKS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0}  # dense bf16 TFLOP/s
 
 
@@ -53,7 +57,8 @@ def run_tests(device: str, quick: bool) -> dict:
     ]
     if quick:
         command += ["-x", "-k", "float32"]
-    env = {**os.environ, "CLEARFORMER_TEST_DEVICE": device}
+    path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "CLEARFORMER_TEST_DEVICE": device, "PYTHONPATH": path}
     started = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.strip()]
@@ -100,12 +105,78 @@ def timed(call, device: str, repeats: int) -> float:
     return statistics.median(seconds)
 
 
-def models(work: Path, quick: bool) -> dict[str, Path | None]:
-    sys.path.insert(0, str(HERE))
-    from families_speed import write_model
+def write_tokenizer(directory: Path, template: str, padding_side: str) -> int:
+    """A WordPiece tokenizer trained on the run's sentences (BERT's normaliser and special
+    tokens, ``template`` as its post-processor), written to ``directory`` with its config:
+    ``families_speed.write_tokenizer``'s contract without the bundled model's files."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
-    qwen3 = write_model("qwen3", work / "qwen3", layers=1 if quick else None)
-    return {"minilm": None, "qwen3": qwen3}
+    from serve_load import make_sentences
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=8000, special_tokens=specials)
+    tok.train_from_iterator(make_sentences(4000, 3), trainer)
+    used = [t for t in ("[CLS]", "[SEP]") if t in template]
+    tok.post_processor = processors.TemplateProcessing(
+        single=template, special_tokens=[(t, tok.token_to_id(t)) for t in used]
+    )
+    tok.save(str(directory / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "pad_token": "[PAD]",
+        "unk_token": "[UNK]",
+        "cls_token": "[CLS]",
+        "sep_token": "[SEP]",
+        "mask_token": "[MASK]",
+        "bos_token": "[CLS]",
+        "eos_token": "[SEP]",
+        "padding_side": padding_side,
+        "model_max_length": 512,
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return tok.get_vocab_size()
+
+
+def write_minilm(out: Path) -> Path:
+    """A sentence-transformers directory of all-MiniLM-L6-v2's shape (6 layers of 384, 12
+    heads, mean pooling, normalised), random weights."""
+    import sentence_transformers as st
+    import torch
+    import transformers
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    base = out.parent / "minilm-base"
+    base.mkdir()
+    vocab = write_tokenizer(base, "[CLS] $A [SEP]", padding_side="right")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=vocab,
+        hidden_size=384,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        intermediate_size=1536,
+        max_position_embeddings=512,
+        pad_token_id=0,
+    )
+    transformers.BertModel(config).save_pretrained(base)
+    transformer = Transformer(str(base))
+    width = transformer.get_embedding_dimension()
+    modules = [transformer, Pooling(width, pooling_mode="mean"), Normalize()]
+    st.SentenceTransformer(modules=modules, device="cpu").save(str(out))
+    return out
+
+
+def models(work: Path, quick: bool) -> dict[str, Path]:
+    import families_speed
+
+    families_speed.write_tokenizer = write_tokenizer  # no bundled model needed
+    return {
+        "minilm": write_minilm(work / "minilm"),
+        "qwen3": families_speed.write_model("qwen3", work / "qwen3", layers=1 if quick else None),
+    }
 
 
 def encode_section(name, path, texts, device, repeats) -> list[dict]:
@@ -114,9 +185,8 @@ def encode_section(name, path, texts, device, repeats) -> list[dict]:
     from sentence_transformers import SentenceTransformer
 
     from clearformer import TextEncoder
-    from clearformer.interop.hf.bundled import bundled_model_dir
 
-    directory = str(path or bundled_model_dir())
+    directory = str(path)
     rows = []
     theirs = SentenceTransformer(directory, device=device)
     reference = theirs.encode(texts, batch_size=32, normalize_embeddings=True)
@@ -240,7 +310,6 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    sys.path.insert(0, str(HERE))
     from serve_load import make_sentences
 
     out = Path(args.out)
@@ -257,7 +326,7 @@ def main() -> int:
             chosen = models(Path(scratch), args.quick)
         except Exception:  # the run goes on: record why
             report["errors"]["models"] = traceback.format_exc()
-            chosen = {"minilm": None}
+            chosen = {}
         for model, path in chosen.items():
             for section, call in (
                 (
