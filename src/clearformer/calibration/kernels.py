@@ -41,13 +41,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import progress, routes
-from ..fast import avx512, avx512_linear
+from ..fast import avx512, avx512_linear, counter_dropout
 from ..fast.fused_linear import onednn_linear
 from ..fast.reordered_weights import ReorderedWeights
 from ..fast.varlen import attend
 from ..machine import machine
 from ..options import Decision
 from ..padding import layout_from_cu_seqlens
+from ..runtime import counter_masks
 from . import cache
 from .measure import Verdict, Workload, measure_choice
 
@@ -230,21 +231,19 @@ def attention_workloads(dtype: torch.dtype = torch.float32) -> list[Workload]:
 def dropout_workloads() -> list[Workload]:
     """Dropout (p = 0.1) on a training batch's hidden states, 32 texts of 128 tokens at
     MiniLM's width, and on their attention probabilities (32 x 12 heads x 128 x 128), in
-    float32 and bfloat16: PyTorch's against the kernel with its seed drawn, as
-    :func:`clearformer.dropout.dropout` runs it."""
+    float32 and bfloat16: PyTorch's against :func:`clearformer.fast.counter_dropout.dropout`
+    inside ``counter_masks()``, as a training run calls it (the library is loaded here)."""
     workloads = []
-    threshold = round(0.1 * 2**32)
     for dtype in (torch.float32, torch.bfloat16):
         for name, shape in (
             ("hidden states", (32 * 128, WIDTH)),
             ("attention probabilities", (32, HEADS, 128, 128)),
         ):
             x = torch.rand(shape, dtype=dtype)
-            scale = float(torch.ones((), dtype=dtype).div_(0.9))
 
-            def ours(x=x, scale=scale):
-                seed = int(torch.empty((), dtype=torch.int64).random_())
-                return avx512.counter_dropout(x, seed, threshold, scale)
+            def ours(x=x):
+                with counter_masks():
+                    return counter_dropout.dropout(x, 0.1)
 
             workloads.append(
                 Workload(
