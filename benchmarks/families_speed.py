@@ -118,14 +118,15 @@ GEMMA_PROMPTS = {"query": "task: search result | query: ", "document": "title: n
 GEMMA_DENSE = ((768, 3072), (3072, 768))
 
 
-def write_tokenizer(directory: Path, template: str, padding_side: str) -> int:
-    """The bundled MiniLM WordPiece tokenizer with ``template`` as its special tokens, written
-    to ``directory``. Returns the vocabulary size."""
+def write_tokenizer(directory: Path, template: str, padding_side: str, source=None) -> int:
+    """A WordPiece tokenizer with ``template`` as its special tokens, written to ``directory``:
+    ``source`` (a ``tokenizers.Tokenizer`` with BERT's special tokens), else the bundled
+    MiniLM's. Returns the vocabulary size."""
     from tokenizers import Tokenizer, processors
 
     from clearformer.interop.hf import bundled_model_dir
 
-    tok = Tokenizer.from_file(str(bundled_model_dir() / "tokenizer.json"))
+    tok = source or Tokenizer.from_file(str(bundled_model_dir() / "tokenizer.json"))
     tok.no_padding()
     tok.no_truncation()
     specials = [t for t in ("[CLS]", "[SEP]") if t in template]
@@ -146,10 +147,10 @@ def write_tokenizer(directory: Path, template: str, padding_side: str) -> int:
     return tok.get_vocab_size()
 
 
-def write_model(name: str, out: Path, layers: int | None) -> Path:
+def write_model(name: str, out: Path, layers: int | None, tokenizer=None) -> Path:
     """The sentence-transformers directory of model ``name`` at ``out`` (random weights, seeded;
-    the first ``layers`` layers when given), written by transformers and sentence-transformers
-    themselves."""
+    the first ``layers`` layers when given; ``tokenizer``: :func:`write_tokenizer`'s
+    ``source``), written by transformers and sentence-transformers themselves."""
     import sentence_transformers as st
     import transformers
     from sentence_transformers.sentence_transformer.modules import (
@@ -163,14 +164,14 @@ def write_model(name: str, out: Path, layers: int | None) -> Path:
     base.mkdir()
     torch.manual_seed(0)
     if name == "qwen3":
-        vocab = write_tokenizer(base, "$A [SEP]", padding_side="left")
+        vocab = write_tokenizer(base, "$A [SEP]", padding_side="left", source=tokenizer)
         depth = min(layers or QWEN3["num_hidden_layers"], QWEN3["num_hidden_layers"])
         config = transformers.Qwen3Config(
             **{**QWEN3, "num_hidden_layers": depth}, vocab_size=vocab, pad_token_id=0
         )
         transformers.Qwen3Model(config).save_pretrained(base)
     else:
-        vocab = write_tokenizer(base, "[CLS] $A [SEP]", padding_side="right")
+        vocab = write_tokenizer(base, "[CLS] $A [SEP]", padding_side="right", source=tokenizer)
         full = GEMMA["num_hidden_layers"]
         kinds = [
             "full_attention" if (i + 1) % GEMMA_PATTERN == 0 else "sliding_attention"

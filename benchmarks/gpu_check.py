@@ -105,42 +105,23 @@ def timed(call, device: str, repeats: int) -> float:
     return statistics.median(seconds)
 
 
-def write_tokenizer(directory: Path, template: str, padding_side: str) -> int:
-    """A WordPiece tokenizer trained on the run's sentences (BERT's normaliser and special
-    tokens, ``template`` as its post-processor), written to ``directory`` with its config:
-    ``families_speed.write_tokenizer``'s contract without the bundled model's files."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+def trained_wordpiece():
+    """A WordPiece tokenizer (BERT's normaliser and special tokens) trained on sentences of the
+    test corpus: the bundled model's files are not on the device machine."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
     from serve_load import make_sentences
 
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     trainer = trainers.WordPieceTrainer(vocab_size=8000, special_tokens=specials)
     tok.train_from_iterator(make_sentences(4000, 3), trainer)
-    used = [t for t in ("[CLS]", "[SEP]") if t in template]
-    tok.post_processor = processors.TemplateProcessing(
-        single=template, special_tokens=[(t, tok.token_to_id(t)) for t in used]
-    )
-    tok.save(str(directory / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "pad_token": "[PAD]",
-        "unk_token": "[UNK]",
-        "cls_token": "[CLS]",
-        "sep_token": "[SEP]",
-        "mask_token": "[MASK]",
-        "bos_token": "[CLS]",
-        "eos_token": "[SEP]",
-        "padding_side": padding_side,
-        "model_max_length": 512,
-    }
-    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-    return tok.get_vocab_size()
+    return tok
 
 
-def write_minilm(out: Path) -> Path:
+def write_minilm(out: Path, tokenizer) -> Path:
     """A sentence-transformers directory of all-MiniLM-L6-v2's shape (6 layers of 384, 12
     heads, mean pooling, normalised), random weights."""
     import sentence_transformers as st
@@ -148,9 +129,11 @@ def write_minilm(out: Path) -> Path:
     import transformers
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
+    from families_speed import write_tokenizer
+
     base = out.parent / "minilm-base"
     base.mkdir()
-    vocab = write_tokenizer(base, "[CLS] $A [SEP]", padding_side="right")
+    vocab = write_tokenizer(base, "[CLS] $A [SEP]", padding_side="right", source=tokenizer)
     torch.manual_seed(0)
     config = transformers.BertConfig(
         vocab_size=vocab,
@@ -170,12 +153,12 @@ def write_minilm(out: Path) -> Path:
 
 
 def models(work: Path, quick: bool) -> dict[str, Path]:
-    import families_speed
+    from families_speed import write_model
 
-    families_speed.write_tokenizer = write_tokenizer  # no bundled model needed
+    tokenizer = trained_wordpiece()
     return {
-        "minilm": write_minilm(work / "minilm"),
-        "qwen3": families_speed.write_model("qwen3", work / "qwen3", layers=1 if quick else None),
+        "minilm": write_minilm(work / "minilm", tokenizer),
+        "qwen3": write_model("qwen3", work / "qwen3", 1 if quick else None, tokenizer),
     }
 
 
