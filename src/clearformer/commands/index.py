@@ -192,9 +192,10 @@ def check_index_destination(value: str) -> Path:
     return path
 
 
-def index_encoder(args: argparse.Namespace, index_path: Path):
+def index_encoder(args: argparse.Namespace, index_path: Path, *, hold: bool | None = None):
     """The model to embed with: --model, else the model the index records (if that
-    directory still exists), else the bundled one. The index refuses any other model."""
+    directory still exists), else the bundled one. The index refuses any other model.
+    ``hold``: load it in --precision alone (None: as the command's ``hold_precision`` says)."""
     from ..index import IndexNotFoundError, VectorIndex
     from ..index.build import index_precision
     from ..text import TextEncoder
@@ -202,7 +203,8 @@ def index_encoder(args: argparse.Namespace, index_path: Path):
     model = args.model
     # index add holds its --precision alone (by default the one the index was built in);
     # search encodes its queries per call.
-    hold = getattr(args, "hold_precision", False)
+    if hold is None:
+        hold = getattr(args, "hold_precision", False)
     held = args.precision if hold else None
     opened = None
     if model is None or (hold and held is None):  # the index's record is needed: open it

@@ -202,8 +202,7 @@ def _model(args: argparse.Namespace, path: Path, kind: str):
         from .index import index_encoder
 
         # search holds --precision for its queries, as index add holds it for its texts
-        held_args = argparse.Namespace(**{**vars(args), "hold_precision": True})
-        return index_encoder(held_args, path / "dense" if is_collection(path) else path)
+        return index_encoder(args, path / "dense" if is_collection(path) else path, hold=True)
     flag = f"--{kind}-model"
     given = getattr(args, f"{kind}_model")
     if given is None:
