@@ -11,7 +11,7 @@ Sections (each timed and recorded even when another fails):
   WordPiece vocabulary trained here on the test sentences, so nothing but transformers,
   sentence-transformers and tokenizers is needed on the device machine; written as
   sentence-transformers directories, Qwen3's by ``families_speed.write_model``) on ragged
-  sentences: clearformer's ``TextEncoder`` (its model moved to the device) against
+  sentences: clearformer's ``TextEncoder(device=...)`` against
   ``SentenceTransformer(..., device=...)``, float32 and bf16 (sentence-transformers' bf16:
   ``model.to(torch.bfloat16)``): texts/s, the ratio, the smallest cosine of each row to
   sentence-transformers float32, peak device memory.
@@ -174,8 +174,7 @@ def encode_section(name, path, texts, device, repeats) -> list[dict]:
     theirs = SentenceTransformer(directory, device=device)
     reference = theirs.encode(texts, batch_size=32, normalize_embeddings=True)
     for precision in ("float32", "bf16"):
-        ours = TextEncoder.from_pretrained(path, precision=precision)
-        ours.model.to(device)
+        ours = TextEncoder.from_pretrained(path, precision=precision, device=device)
         peer = SentenceTransformer(directory, device=device)
         if precision == "bf16":
             peer.to(torch.bfloat16)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -90,3 +91,38 @@ def test_decoding_with_a_cache_equals_decoding_without(dtype):
         else:
             agree = (cached.sequences == full.sequences).float().mean().item()
             assert agree > 0.5, f"{beams} beams: {agree:.0%} of the tokens agree"
+
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "a", "mat"]
+# Ragged on purpose: the batch has padding, so the encoder packs it on the device.
+TEXTS = ["the cat sat", "a cat on the mat sat on a mat the cat sat on", "mat", "on a mat"]
+
+
+@pytest.mark.parametrize("precision", ["float32", "bf16"])
+def test_text_encoder_on_the_device_equals_the_cpu(tmp_path, precision):
+    from clearformer import TextEncoder
+
+    from .helpers import write_tiny_bert
+
+    path = write_tiny_bert(tmp_path / "bert", WORDS, n_layers=2, width=32, heads=2)
+    on_cpu = TextEncoder.from_pretrained(path).encode(TEXTS)  # float32 on the CPU
+    encoder = TextEncoder.from_pretrained(path, device=DEVICE, precision=precision)
+    assert encoder.device.type == torch.device(DEVICE).type
+    got = encoder.encode(TEXTS, batch_size=4)  # one ragged batch: packed
+    alone = [encoder.encode([text])[0] for text in TEXTS]  # no padding at all
+    assert got.dtype == np.float32 and np.isfinite(got).all()
+    floor = 0.99999 if precision == "float32" else 0.995
+    assert (got * on_cpu).sum(1).min() > floor  # both unit length: the cosines
+    assert (got * np.stack(alone)).sum(1).min() > floor
+
+
+def test_cross_encoder_on_the_device_equals_the_cpu(tmp_path):
+    from clearformer import CrossEncoder
+
+    from .test_sequence_classification import make_classifier
+
+    make_classifier("bert", tmp_path / "ce", num_labels=1)
+    pairs = [("the cat", "sat on the mat"), ("a mat", "the cat sat on a mat on a mat"), ("a", "b")]
+    on_cpu = CrossEncoder.from_pretrained(tmp_path / "ce").predict(pairs)
+    got = CrossEncoder.from_pretrained(tmp_path / "ce", device=DEVICE).predict(pairs)
+    assert np.allclose(got, on_cpu, atol=1e-5), (got, on_cpu)

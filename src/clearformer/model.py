@@ -193,8 +193,12 @@ def check_token_ids(
             "truncate the input"
         )
     vocab = config.vocab_size
-    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+    if not input_ids.numel():
+        return
+    # Both ends in one pass and one read back to the host (a synchronisation on a GPU, where
+    # an id out of range would otherwise end in a device-side assert that spoils the context).
+    low, high = torch.stack(torch.aminmax(input_ids)).tolist()
+    if low < 0 or high >= vocab:
         raise ValueError(
-            f"{name} must be token ids in [0, vocab_size={vocab}), got values in "
-            f"[{int(input_ids.min())}, {int(input_ids.max())}]"
+            f"{name} must be token ids in [0, vocab_size={vocab}), got values in [{low}, {high}]"
         )

@@ -90,6 +90,13 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_workers_argument(p)
     p.add_argument(
+        "--device",
+        default=None,
+        metavar="DEVICE",
+        help="where a dense model runs: cpu (default), cuda, cuda:N; texts are tokenized on "
+        "the CPU; --precision int8 runs on the CPU alone",
+    )
+    p.add_argument(
         "--backend",
         choices=BACKENDS,
         default="auto",
@@ -224,10 +231,14 @@ def load_encoder(args: argparse.Namespace, *, hold_precision: bool = False):
     """The dense model of ``--model``; with ``hold_precision``, loaded in ``--precision``
     alone (a command whose every call runs that precision: no float32 model kept beside a
     bf16 or int8 one)."""
+    from ..devices import check_device
     from ..text import TextEncoder
 
+    device = check_device(args.device, "--device")  # named as the flag, before any read
     precision = args.precision if hold_precision else None
-    return TextEncoder.from_pretrained(args.model, backend=args.backend, precision=precision)
+    return TextEncoder.from_pretrained(
+        args.model, backend=args.backend, precision=precision, device=device
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -292,7 +292,7 @@ def _kind_models(args: argparse.Namespace) -> dict:
             raise CliError(f"--{kind}-model {path}: no such directory")
         check_model_kind(kind, path, f"--{kind}-model")
         # Embedded in --precision too (int8, which only dense models run, refused by name).
-        models[kind] = load_model(kind, path, precision=args.precision)
+        models[kind] = load_model(kind, path, precision=args.precision, device=args.device)
     return models
 
 

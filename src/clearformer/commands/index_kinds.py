@@ -232,4 +232,4 @@ def _kind_model(args: argparse.Namespace, kind: str):
         check_model_kind(kind, args.model, "--model")
     if kind == "dense":
         return load_encoder(args, hold_precision=True)
-    return load_model(kind, args.model, precision=args.precision)
+    return load_model(kind, args.model, precision=args.precision, device=args.device)

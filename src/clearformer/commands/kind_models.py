@@ -41,12 +41,23 @@ def kind_precision(kind: str, precision: str) -> str:
     return choose_precision(precision, offered=offered).choice
 
 
-def load_model(kind: str, path: str | Path | None, precision: str | None = None) -> Any:
+def load_model(
+    kind: str, path: str | Path | None, precision: str | None = None, device: str | None = None
+) -> Any:
     """The sparse or multi-vector model at ``path`` (a BGE-M3 checkpoint as BGE-M3, which
     serves both), holding ``precision`` alone where one is given (``--precision``: float32,
     bf16 or auto; int8 is for dense models and is refused here). The classes are imported
     here, on use, so that the commands import without the sparse and multi-vector encoders
-    (dense models load with ``encode.load_encoder``)."""
+    (dense models load with ``encode.load_encoder``). ``device`` (``--device``): these
+    models run on the CPU alone, and another device is refused before any read."""
+    if device is not None:
+        from ..devices import check_device
+
+        if check_device(device, "--device").type != "cpu":
+            raise ValueError(
+                f"--device {device}: {kind} models run on the CPU here; only dense models "
+                f"are placed on another device"
+            )
     if path is None:
         raise ValueError(f"a {kind} index needs --model: no {kind} model ships with clearformer")
     check_model_kind(kind, path, "--model")

@@ -112,7 +112,8 @@ def choose_precision(
     ``precision`` is checked first (:func:`~clearformer.precision.check_precision`: one of
     ``offered`` or ``"auto"``; ``"bfloat16"`` is ``"bf16"``). A name is taken as it is (int8
     where this machine has no int8 products: float32, as ``TextEncoder.int8_model`` runs);
-    ``auto`` is :func:`auto_precision` on a CPU and float32 elsewhere.
+    ``auto`` is :func:`auto_precision` on a CPU and float32 elsewhere; ``int8`` on any device
+    but the CPU is refused (ValueError).
     """
     precision = check_precision(precision, name, (*offered, "auto"))
     device = torch.device(device)
@@ -121,6 +122,11 @@ def choose_precision(
             return Decision("float32", f"auto decides for CPUs; on {device.type} float32 runs")
         return auto_precision(cpu, offered=offered, calibrate=calibrate)
     if precision == "int8":
+        if device.type != "cpu":
+            raise ValueError(
+                f"{name}='int8' runs on CPUs only (its layers are CPU int8 kernels); on "
+                f"{device} use 'bf16' or 'float32'"
+            )
         from ..quant import int8_support
 
         support = int8_support()

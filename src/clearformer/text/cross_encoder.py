@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ..checks import check_bool, check_choice, check_positive_int
+from ..devices import check_device, model_device
 from ..fast.reordered_weights import (
     REORDER_MIN_TOKENS,
     KeptReordering,
@@ -122,6 +123,7 @@ class CrossEncoder:
         backend: str = "auto",
         strict: bool = True,
         precision: str | None = None,
+        device: str | torch.device | None = None,
     ) -> CrossEncoder:
         """Load a ``*ForSequenceClassification`` checkpoint directory, or a ``*ForCausalLM``
         reranker (Qwen3-Reranker: its chat template, its yes/no logits; see
@@ -132,19 +134,24 @@ class CrossEncoder:
         precision's model and head alone (bf16: the float32 ones let go once copied), every
         call runs it, and a call asking for another is refused.
 
+        ``device``: where the model and head run (None: the CPU; ``"cuda"``, ``"cuda:1"``, a
+        ``torch.device``), checked before any weight is read; pairs are tokenized on the CPU,
+        each padded batch goes to the device, and ``predict`` returns NumPy arrays.
+
         Raises:
             FileNotFoundError: no such directory.
             CheckpointError: a checkpoint without a classification head (say, a
                 sentence-embedding model), or an incomplete, unsupported or mismatched one.
         """
-        held, held_as = held_precision(precision, ("float32", "bf16"))
+        device = check_device(device)
+        held, held_as = held_precision(precision, ("float32", "bf16"), device)
         started = time.perf_counter()
         files = find_checkpoint(path)
         prompts = prompts_from_files(files)
         if is_causal_lm(files):  # a *ForCausalLM reranker: scored by its yes/no logits
             loaded, tokenizer, activation = load_llm_reranker(files, backend=backend, strict=strict)
             log.info("loaded LLM reranker %s in %.2fs", files.path, time.perf_counter() - started)
-            return cls(loaded, tokenizer, activation, prompts, held, held_as)
+            return cls(place(loaded, device), tokenizer, activation, prompts, held, held_as)
         loaded = load_classifier(files, backend=backend, strict=strict)
         config = loaded.loaded.model.config
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
@@ -153,7 +160,7 @@ class CrossEncoder:
         )
         activation = score_activation(files, loaded.head.config.num_labels)
         log.info("loaded cross-encoder %s in %.2fs", files.path, time.perf_counter() - started)
-        return cls(loaded, tokenizer, activation, prompts, held, held_as)
+        return cls(place(loaded, device), tokenizer, activation, prompts, held, held_as)
 
     def logits(
         self,
@@ -198,7 +205,12 @@ class CrossEncoder:
         return bf16_copy(self.model), bf16_copy(self.head)
 
     def _device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return model_device(self.model)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model runs (``from_pretrained(device=...)``; the CPU by default)."""
+        return model_device(self.model)
 
     def predict(
         self,
@@ -256,7 +268,7 @@ class CrossEncoder:
         encodings = self.tokenizer.encode_pairs(pairs, prompt=chosen_prompt) if n else []
         lengths = [len(e.ids) for e in encodings]
         tokens = sum(lengths)
-        device = next(self.model.parameters()).device
+        device = model_device(self.model)
         chosen = self._precisions.decide(precision).choice if n else "float32"
         work = attention_work(lengths, getattr(self.model, "config", None))
         attention_kernel_for(tokens, device, attention=work)
@@ -316,21 +328,25 @@ class CrossEncoder:
         """Pad, run the model and the head, apply the activation: (B, L) float32 (predict's
         and score_batch's one path)."""
         batch = self.tokenizer.pad(encodings, with_tokens=False)
+        device = model_device(self.model)
+        ids, mask, types = (
+            t.to(device) for t in (batch.input_ids, batch.attention_mask, batch.token_type_ids)
+        )  # (B, T) each; mask bool
         # A row's score must not depend on its batch-mates (score_batch): packed wherever the
         # batch has padding, as encode's batches are.
         # Grad mode and the reordered weights are per thread: each worker enters both itself.
         with torch.inference_mode(), use_reordered_weights(packed):
             logits = self.logits(
-                batch.input_ids,
-                batch.attention_mask,
-                batch.token_type_ids,
+                ids,
+                mask,
+                types,
                 precision=precision,
                 rows_alone=True,
             )  # (B, L) float32
             scores = ACTIVATIONS[activation](logits)
             if apply_softmax and self.num_labels > 1:
                 scores = torch.softmax(scores, dim=-1)
-        return scores.float().numpy()
+        return scores.float().cpu().numpy()
 
     def keep_weights_reordered(self) -> None:
         """Keep the linear weights in oneDNN's layout from now on, as ``predict`` does once its
@@ -381,3 +397,10 @@ class CrossEncoder:
             f"{self._loaded.loaded.architecture.model_type!r}, num_labels={self.num_labels}, "
             f"activation={self.activation!r}, max_length={self.max_length})"
         )
+
+
+def place(loaded: LoadedClassifier, device: torch.device) -> LoadedClassifier:
+    """``loaded``'s encoder and head moved to ``device`` (in place; returned for chaining)."""
+    loaded.loaded.model.to(device)
+    loaded.head.to(device)
+    return loaded

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..checks import check_bool, check_choice
 from ..config import EncoderConfig
+from ..devices import check_device, model_device
 from ..fast.reordered_weights import (
     REORDER_MIN_TOKENS,
     KeptReordering,
@@ -135,10 +136,16 @@ class TextEncoder:
         padding_side: str | None = None,
         truncate_dim: int | None = None,
         precision: str | None = None,
+        device: str | torch.device | None = None,
     ) -> TextEncoder:
         """Load a checkpoint directory (None: the bundled all-MiniLM-L6-v2).
 
         Args:
+            device: where the model and its head run (None: the CPU; ``"cuda"``,
+                ``"cuda:1"``, a ``torch.device``; :func:`clearformer.devices.check_device`),
+                checked before any weight is read. Texts are tokenized on the CPU and each
+                padded batch goes to the device; ``encode`` returns NumPy arrays whatever the
+                device. ``precision="int8"`` runs on the CPU alone.
             precision: None = the float32 model, and every call may ask for any precision
                 (the bfloat16 and int8 models are built on first need and kept beside it);
                 ``"float32"``, ``"bf16"``, ``"int8"`` or ``"auto"`` (decided now, as
@@ -159,7 +166,8 @@ class TextEncoder:
             ValueError: a ``truncate_dim`` wider than the embeddings or outside the model's
                 Matryoshka dimensions; an unknown ``precision``.
         """
-        held, held_as = held_precision(precision, ("float32", "bf16", "int8"))
+        device = check_device(device)
+        held, held_as = held_precision(precision, ("float32", "bf16", "int8"), device)
         parts = read_encoder_parts(
             path,
             backend=backend,
@@ -168,16 +176,25 @@ class TextEncoder:
             truncate_dim=truncate_dim,
             precision="bf16" if held is not None and held.choice == "bf16" else "float32",
         )
-        return cls.from_parts(parts, held=held, held_as=held_as)
+        return cls.from_parts(parts, held=held, held_as=held_as, device=device)
 
     @classmethod
     def from_parts(
-        cls, parts: EncoderParts, held: Decision | None = None, held_as: str | None = None
+        cls,
+        parts: EncoderParts,
+        held: Decision | None = None,
+        held_as: str | None = None,
+        device: str | torch.device | None = None,
     ) -> TextEncoder:
         """An encoder of a checkpoint's parts as :func:`~.encoder_files.read_encoder_parts`
         reads them (or with the model and head swapped for trained ones); ``held``: the
         precision it holds alone (``from_pretrained(precision=...)``'s decision), ``held_as``
-        the name that load asked for."""
+        the name that load asked for; ``device``: where the parts' model and head are moved
+        (None: left where they are)."""
+        if device is not None:
+            device = check_device(device)
+            parts.loaded.model.to(device)
+            parts.head.to(device)
         return cls(
             parts.loaded,
             parts.tokenizer,
@@ -200,6 +217,11 @@ class TextEncoder:
     def pooling(self, mode: str) -> None:
         check_choice(mode, POOLING_MODES, "TextEncoder pooling")
         self.head.config = dataclasses.replace(self.head.config, pooling=mode)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model runs (``from_pretrained(device=...)``; the CPU by default)."""
+        return model_device(self.model)
 
     @property
     def dim(self) -> int:
@@ -329,12 +351,12 @@ class TextEncoder:
         else:
             model = self.bf16_model() if chosen == "bf16" else self.model
         work = attention_work(lengths, getattr(model, "config", None))
-        attention_kernel_for(tokens, next(model.parameters()).device, attention=work)
+        attention_kernel_for(tokens, model_device(model), attention=work)
         # Longest first: texts of similar length share a batch, and the longest batch (the peak
         # of memory) comes first, so a memory problem shows at once.
         batches = plan_batches(lengths, batch_size, max_tokens)
         if workers is None:
-            workers = auto_workers(len(batches), next(model.parameters()).device)
+            workers = auto_workers(len(batches), model_device(model))
         if batch_size is None:  # a batch size the caller named is kept as it is
             batches = balance_batches(lengths, batches, workers, self.config.d_model, max_tokens)
         report = progress_reporter(progress, n)
@@ -407,20 +429,23 @@ class TextEncoder:
         """Pad, run, pool, the Dense modules, cut and normalise one batch: (B, width) float32
         (encode's and embed_batch's one path)."""
         batch = self.tokenizer.pad(encodings, with_tokens=False)
-        mask = batch.attention_mask  # (B, T) bool
+        device = model_device(model)
+        ids, mask, types = (
+            t.to(device) for t in (batch.input_ids, batch.attention_mask, batch.token_type_ids)
+        )  # (B, T) each; mask bool
         # Grad mode and the reordered weights are per thread: each worker enters both itself.
         with torch.inference_mode(), use_reordered_weights(packed):
             # The mask goes as it is: the Encoder's plan drops one without padding itself.
             # Each text's vector must not depend on its batch-mates: the plan packs a batch
             # with padding (rows_alone).
-            hidden = model(batch.input_ids, mask, batch.token_type_ids, rows_alone=True)
+            hidden = model(ids, mask, types, rows_alone=True)
             # The head (pooling, Dense modules, cut, normalisation) in float32 whatever the
             # model's rows (bfloat16): a mean over hundreds of tokens would otherwise round at
             # every partial sum.
             vectors = self.head(
                 hidden.float(), mask, skip=skip, normalize=normalize, dimensions=dimensions
             )  # (B, dimensions or width)
-        return vectors.float().numpy()
+        return vectors.float().cpu().numpy()
 
     def resolve_prompt(
         self, prompt: str | None = None, prompt_name: str | None = None

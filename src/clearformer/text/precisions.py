@@ -26,16 +26,18 @@ Model = TypeVar("Model")
 
 
 def held_precision(
-    precision: str | None, offered: tuple[str, ...]
+    precision: str | None, offered: tuple[str, ...], device: torch.device | None = None
 ) -> tuple[Decision | None, str | None]:
-    """For a load with ``precision=`` (None: no precision held): the decision it holds and
-    the canonical name it asked for, checked and decided before any weight is read."""
+    """For a load with ``precision=`` (None: no precision held) onto ``device`` (None: the
+    CPU): the decision it holds and the canonical name it asked for, checked and decided before
+    any weight is read."""
     if precision is None:
         return None, None
     from ..precision import choose_precision
 
     asked = check_precision(precision, "precision", (*offered, "auto"))
-    return choose_precision(asked, offered=offered), asked
+    where = torch.device("cpu") if device is None else device
+    return choose_precision(asked, device=where, offered=offered), asked
 
 
 class Precisions(Generic[Model]):

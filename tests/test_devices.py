@@ -1,0 +1,136 @@
+"""``device=`` of ``TextEncoder`` and ``CrossEncoder`` (and ``--device`` of the commands):
+checked before any weight is read, named in every refusal, the CPU by default, and int8 on the
+CPU alone. The run on a GPU itself is tests/test_cuda.py's (skipped without one)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from clearformer import CrossEncoder, TextEncoder
+from clearformer.cli import main
+from clearformer.devices import check_device
+from clearformer.precision import choose_precision
+
+from .helpers import write_tiny_bert
+from .test_sequence_classification import make_classifier
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "a", "mat"]
+TEXTS = ["the cat sat", "a cat on the mat sat on a mat", "mat"]
+
+
+@pytest.mark.parametrize("given", [None, "cpu", "cpu:0", torch.device("cpu")])
+def test_the_cpu_by_default_and_by_name(given):
+    assert check_device(given) == torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("given", "error", "words"),
+    [
+        ("gpu", ValueError, ["device must be a device", "'gpu'"]),
+        ("", ValueError, ["device must be a device", "''"]),
+        ("meta", ValueError, ["one of cpu, cuda, mps", "'meta'"]),
+        (3, TypeError, ["device must be None", "int"]),
+    ],
+)
+def test_a_bad_device_is_refused_by_name(given, error, words):
+    with pytest.raises(error) as caught:
+        check_device(given)
+    for word in words:
+        assert word in str(caught.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+@pytest.mark.parametrize("given", ["cuda", "cuda:1", torch.device("cuda")])
+def test_cuda_without_a_gpu_is_refused(given):
+    with pytest.raises(ValueError, match="needs a CUDA GPU.*sees none; use 'cpu'"):
+        check_device(given, "--device")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_a_cuda_index_beyond_the_devices_is_refused():
+    count = torch.cuda.device_count()
+    with pytest.raises(ValueError, match=f"has {count} CUDA device"):
+        check_device(f"cuda:{count}")
+    assert check_device("cuda") == torch.device("cuda", torch.cuda.current_device())
+
+
+def test_int8_runs_on_the_cpu_alone():
+    cuda = torch.device("cuda")  # a device object needs no GPU to exist
+    with pytest.raises(ValueError, match="'int8' runs on CPUs only.*on cuda use 'bf16'"):
+        choose_precision("int8", device=cuda)
+    assert choose_precision("bf16", device=cuda).choice == "bf16"
+    assert choose_precision("auto", device=cuda).choice == "float32"
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    return write_tiny_bert(tmp_path_factory.mktemp("bert"), WORDS, n_layers=2)
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("classifier")
+    make_classifier("bert", directory, num_labels=1)
+    return directory
+
+
+def test_text_encoder_on_the_cpu_by_name_equals_the_default(bert):
+    default = TextEncoder.from_pretrained(bert)
+    named = TextEncoder.from_pretrained(bert, device=torch.device("cpu"))
+    assert named.device == default.device == torch.device("cpu")
+    assert np.array_equal(named.encode(TEXTS), default.encode(TEXTS))
+    assert np.array_equal(
+        named.encode(TEXTS, precision="bf16"), default.encode(TEXTS, precision="bf16")
+    )
+
+
+def test_cross_encoder_on_the_cpu_by_name_equals_the_default(classifier):
+    pairs = [("the cat", "sat on the mat"), ("a mat", "the cat")]
+    default = CrossEncoder.from_pretrained(classifier)
+    named = CrossEncoder.from_pretrained(classifier, device="cpu")
+    assert named.device == torch.device("cpu")
+    assert np.array_equal(named.predict(pairs), default.predict(pairs))
+
+
+@pytest.mark.parametrize("loader", [TextEncoder, CrossEncoder], ids=lambda c: c.__name__)
+def test_the_device_is_checked_before_any_file_is_read(loader, tmp_path):
+    missing = tmp_path / "no-such-model"  # reading it would raise FileNotFoundError
+    with pytest.raises(ValueError, match="device must be a device.*'gpu'"):
+        loader.from_pretrained(missing, device="gpu")
+
+
+def test_int8_held_on_another_device_is_refused_before_any_read(monkeypatch, tmp_path):
+    # As if a GPU were present: the int8 rule, not CUDA's absence, must refuse the load.
+    import clearformer.text.encoder as encoder_module
+
+    monkeypatch.setattr(encoder_module, "check_device", lambda device: torch.device("cuda"))
+    with pytest.raises(ValueError, match="'int8' runs on CPUs only"):
+        TextEncoder.from_pretrained(tmp_path / "no-such-model", precision="int8", device="cuda")
+
+
+def test_other_kinds_refuse_another_device(monkeypatch):
+    import clearformer.commands.kind_models as kind_models
+    import clearformer.devices as devices
+
+    monkeypatch.setattr(devices, "check_device", lambda device, name: torch.device("cuda"))
+    with pytest.raises(ValueError, match="--device cuda: sparse models run on the CPU"):
+        kind_models.load_model("sparse", "/no/such/model", device="cuda")
+
+
+def test_encode_command_names_a_bad_device_in_one_line(bert, capsys):
+    code = main(["encode", "--model", str(bert), "--device", "gpu", "the cat"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert len(err.splitlines()) == 1
+    assert "--device must be a device" in err and "'gpu'" in err
+
+
+def test_encode_command_on_the_cpu_by_name(bert, tmp_path, capsys):
+    by_name, default = tmp_path / "named.npy", tmp_path / "default.npy"
+    assert (
+        main(["encode", "--model", str(bert), "--device", "cpu", "-o", str(by_name), *TEXTS]) == 0
+    )
+    assert main(["encode", "--model", str(bert), "-o", str(default), *TEXTS]) == 0
+    assert np.array_equal(np.load(by_name), np.load(default))
