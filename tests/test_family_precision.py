@@ -216,6 +216,37 @@ def test_loaded_in_int8_runs_the_int8_model_and_lets_float32_go(family):
     assert not (encoder.path.parent / "never-written").exists()
 
 
+@needs_int8
+def test_loaded_in_int8_reads_one_layer_at_a_time(family, monkeypatch):
+    """``from_pretrained(precision="int8")`` reads each encoder layer from the checkpoint as
+    the calibration run reaches it and converts it once it has run: when layer i is read, the
+    layers before it are int8 and the layers after it unread (meta), so no two layers' float32
+    weights are ever held at once; the model is the one ``encode(precision="int8")`` builds
+    from the whole float32 model, to the bit."""
+    from clearformer.interop.hf.deferred import DeferredLayers
+
+    name, encoder, texts, _ = family
+    seen = []
+    read = DeferredLayers.read
+
+    def state(layer) -> str:
+        if any(p.is_meta for p in layer.parameters()):
+            return "meta"
+        kinds = {type(m) for m in layer.modules()}
+        return "float" if torch.nn.Linear in kinds else "int8" if Int8Linear in kinds else "?"
+
+    def spy(self, index):
+        seen.append([state(layer) for layer in self.model.encoder.layers])
+        read(self, index)
+
+    monkeypatch.setattr(DeferredLayers, "read", spy)
+    held = TextEncoder.from_pretrained(encoder.path, precision="int8")
+    layers = encoder.config.n_layers
+    assert seen == [["int8"] * i + ["meta"] * (layers - i) for i in range(layers)], name
+    expected = encoder.encode(texts, normalize=True, precision="int8", fuse_int8=False)
+    assert np.array_equal(held.encode(texts, normalize=True, fuse_int8=False), expected), name
+
+
 def test_int8_asked_where_the_cpu_has_none_loads_float32_and_takes_int8_calls(monkeypatch):
     """Loaded with precision="int8" on a CPU without int8 products, the encoder holds the
     float32 model (as encode(precision="int8") runs there) and calls that ask for int8 run

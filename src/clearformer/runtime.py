@@ -58,6 +58,21 @@ def retain_freed_memory() -> bool:
     return ok
 
 
+def release_freed_memory() -> bool:
+    """Hand the pages of memory freed so far back to the system (glibc's ``malloc_trim``),
+    whatever :func:`retain_freed_memory` asked: for a step that has just freed a large part of
+    what it holds and will not need it again soon (each float32 layer of an int8 load, once
+    converted), so that the process's peak is what it holds, not what it has freed. Returns
+    True when glibc released something, False elsewhere or when nothing was free."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 def set_own_thread_count(count: int) -> None:
     """Set the calling thread's PyTorch intra-op thread count to ``count``.
 

@@ -20,6 +20,7 @@ such as a tied output projection, are kept within the copy).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -113,15 +114,38 @@ def empty_bf16(model: nn.Module) -> nn.Module:
     Raises:
         ValueError: a meta buffer that no ``computed_buffers()`` makes.
     """
+    empty_parameters(
+        model.modules(),
+        lambda tensor, module: bf16_dtype(tensor, isinstance(module, FLOAT32_MODULES)),
+        requires_grad=False,
+    )
+    left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if left:  # made under a meta context, say: nothing may run on it
+        raise ValueError(f"empty_bf16 left {left[:3]} on the meta device")
+    return model.eval()
+
+
+def empty_parameters(
+    modules: Iterable[nn.Module],
+    dtype_of: Callable[[torch.Tensor, nn.Module], torch.dtype],
+    *,
+    requires_grad: bool,
+) -> None:
+    """Give every meta parameter of ``modules`` an empty CPU tensor of ``dtype_of(tensor,
+    module)`` (a parameter two of them share is made once: the tie stays), and every meta
+    buffer the value its module's ``computed_buffers()`` makes, for a checkpoint load to fill.
+
+    Raises:
+        ValueError: a meta buffer that no ``computed_buffers()`` makes.
+    """
     made: dict[int, nn.Parameter] = {}
-    for module in model.modules():
-        keep = isinstance(module, FLOAT32_MODULES)
+    for module in modules:
         for name, tensor in module._parameters.items():
-            if tensor is None:
+            if tensor is None or not tensor.is_meta:
                 continue
-            if id(tensor) not in made:  # a tied parameter is made once: the tie stays
-                empty = torch.empty(tensor.shape, dtype=bf16_dtype(tensor, keep), device="cpu")
-                made[id(tensor)] = nn.Parameter(empty, requires_grad=False)
+            if id(tensor) not in made:
+                empty = torch.empty(tensor.shape, dtype=dtype_of(tensor, module), device="cpu")
+                made[id(tensor)] = nn.Parameter(empty, requires_grad=requires_grad)
             module._parameters[name] = made[id(tensor)]
         computed = None
         for name, tensor in module._buffers.items():
@@ -132,13 +156,9 @@ def empty_bf16(model: nn.Module) -> nn.Module:
             if name not in computed:
                 raise ValueError(
                     f"buffer {name!r} of {type(module).__name__} is on the meta device and "
-                    f"nothing computes it: the model cannot be built empty in bfloat16"
+                    f"nothing computes it: the model cannot be built empty"
                 )
             module._buffers[name] = computed[name]
-    left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
-    if left:  # made under a meta context, say: nothing may run on it
-        raise ValueError(f"empty_bf16 left {left[:3]} on the meta device")
-    return model.eval()
 
 
 def is_bf16(model: nn.Module) -> bool:

@@ -40,7 +40,10 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
 
 @torch.inference_mode()
 def calibrate(
-    model: nn.Module, run: Callable[[nn.Module], object], names: Iterable[str]
+    model: nn.Module,
+    run: Callable[[nn.Module], object],
+    names: Iterable[str],
+    into: dict[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """Per-input-channel activation maxima of the named linear layers.
 
@@ -48,12 +51,13 @@ def calibrate(
         model: the float model (not modified: the hooks are removed afterwards).
         run: calls the model on calibration data, e.g. ``lambda m: m(ids, mask)``.
         names: the linear layers to observe.
+        into: the dict the maxima are written to as they are seen (None: a new one), for a
+            ``run`` that reads them before it returns.
 
     Returns:
         name -> (K,) float32, max over every row seen of ``|x[:, k]|``.
     """
-    modules = dict(model.named_modules())
-    stats: dict[str, Tensor] = {}
+    stats: dict[str, Tensor] = {} if into is None else into
     handles = []
 
     def observer(name: str):
@@ -67,7 +71,9 @@ def calibrate(
 
     try:
         for name in names:
-            handles.append(modules[name].register_forward_pre_hook(observer(name)))
+            # Looked up one at a time and not kept: a ``run`` that replaces layers as it goes
+            # (quantize_int8_by_block) frees each replaced layer's float weights at once.
+            handles.append(model.get_submodule(name).register_forward_pre_hook(observer(name)))
         run(model)
     finally:
         for handle in handles:
@@ -101,6 +107,7 @@ def quantize_int8(
     outliers: Mapping[str, Tensor] | None = None,
     fused: bool = False,
     in_place: bool = False,
+    within: str | None = None,
 ) -> nn.Module:
     """A copy of ``model`` with its ``nn.Linear`` layers as :class:`Int8Linear`.
 
@@ -119,6 +126,8 @@ def quantize_int8(
             int8 layer replaces it, so a caller that keeps no other reference to the float
             layers holds one float32 model at most, never a copy of the rest (the embeddings).
             The layers are the copy's, bit for bit.
+        within: convert only the layers whose qualified names start with this prefix (say
+            ``"encoder.layers.3."``); None: every layer.
 
     Returns:
         The new model, in the caller's model's train/eval mode. Where this machine has no fast
@@ -137,7 +146,7 @@ def quantize_int8(
         raise ValueError(f"smooth or outliers name layers that are not nn.Linear: {unknown}")
     result = model if in_place else copy.deepcopy(model, _shared_float_weights(model, skip))
     for name in linear_names(result):
-        if _matches(name, skip):
+        if _matches(name, skip) or (within is not None and not name.startswith(within)):
             continue
         parent_name, _, child = name.rpartition(".")
         parent = result.get_submodule(parent_name) if parent_name else result

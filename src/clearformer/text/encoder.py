@@ -121,7 +121,7 @@ class TextEncoder:
         self.path: Path = loaded.files.path
         self.report: LoadReport = loaded.report
         # Loaded in int8: the model, converted in place, is the int8 one from here on.
-        self._models = PrecisionModels(self.model, tokenizer, held, held_as)
+        self._models = PrecisionModels(self.model, tokenizer, held, held_as, loaded.deferred)
         self._reordering = KeptReordering(
             self.model
         )  # weights in oneDNN's layout, once calls repay it
@@ -175,6 +175,8 @@ class TextEncoder:
             padding_side=padding_side,
             truncate_dim=truncate_dim,
             precision="bf16" if held is not None and held.choice == "bf16" else "float32",
+            # Held in int8: each layer read as it is converted, never the float32 model whole.
+            defer_layers=held is not None and held.choice == "int8",
         )
         return cls.from_parts(parts, held=held, held_as=held_as, device=device)
 
@@ -191,10 +193,10 @@ class TextEncoder:
         precision it holds alone (``from_pretrained(precision=...)``'s decision), ``held_as``
         the name that load asked for; ``device``: where the parts' model and head are moved
         (None: left where they are)."""
-        if device is not None:
-            device = check_device(device)
-            parts.loaded.model.to(device)
-            parts.head.to(device)
+        if device is not None and check_device(device) != model_device(parts.loaded.model):
+            # Not for layers still unread (held int8, which runs on the CPU alone).
+            parts.loaded.model.to(check_device(device))
+            parts.head.to(check_device(device))
         return cls(
             parts.loaded,
             parts.tokenizer,

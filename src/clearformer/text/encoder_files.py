@@ -51,6 +51,7 @@ def read_encoder_parts(
     padding_side: str | None,
     truncate_dim: int | None,
     precision: str = "float32",
+    defer_layers: bool = False,
 ) -> EncoderParts:
     """The parts of the checkpoint at ``path`` (None: the bundled model); see
     ``TextEncoder.from_pretrained`` for the arguments and the errors."""
@@ -64,7 +65,9 @@ def read_encoder_parts(
     if truncate_dim is None:
         truncate_dim = truncate_dim_from_files(files)
     head.check_dimensions(truncate_dim, "truncate_dim")
-    loaded = load_model(files, backend=backend, strict=strict, precision=precision)
+    loaded = load_model(
+        files, backend=backend, strict=strict, precision=precision, defer_layers=defer_layers
+    )
     config = loaded.model.config
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
     tokenizer = TextTokenizer.from_files(

@@ -20,12 +20,15 @@ class Int8Models:
     """The eager int8 copy of ``model`` and, on request, its compiled variant, each built once.
 
     Args:
-        model: the float32 model (never changed).
+        model: the float32 model (never changed, except by :meth:`hold`).
         tokenizer: the encoder's tokenizer, for the calibration texts.
+        deferred: the model's encoder layers still unread (``load_model(defer_layers=True)``),
+            for :meth:`hold` to read and convert one at a time; None: all read.
     """
 
-    def __init__(self, model: EncoderModel, tokenizer) -> None:
+    def __init__(self, model: EncoderModel, tokenizer, deferred=None) -> None:
         self._model: EncoderModel | None = model
+        self._deferred = deferred
         self._tokenizer = tokenizer
         self._built: dict[bool, EncoderModel] = {}  # fused or not -> model, built once each
         self._lock = threading.Lock()
@@ -34,13 +37,45 @@ class Int8Models:
     def hold(self) -> EncoderModel:
         """Convert the float32 model itself into the eager int8 one and forget it (an encoder
         loaded in int8 holds that model alone): each float layer goes as its int8 layer
-        replaces it, so the conversion never holds a second copy of what stays float32."""
+        replaces it, so the conversion never holds a second copy of what stays float32. With
+        the layers deferred, each encoder layer is read as the calibration run reaches it and
+        converted once it has run (:func:`clearformer.quant.streamed.quantize_int8_by_block`):
+        one layer's float32 weights at a time, the same int8 model to the bit."""
         with self._lock:
             if self._built:
                 raise RuntimeError("hold() converts the float32 model before any int8 call")
-            self._built[False] = self._quantize(in_place=True)
-            self._model = None
+            if self._deferred is not None and self._model.config.backend == "math":
+                self._deferred.read_all()  # the reference stack calls no block's hooks
+            elif self._deferred is not None:
+                self._built[False] = self._quantize_by_layer()
+            if not self._built:
+                self._built[False] = self._quantize(in_place=True)
+            self._model = self._deferred = None
             return self._built[False]
+
+    def _quantize_by_layer(self) -> EncoderModel:
+        from ..quant.smoothing_texts import SMOOTHING_TEXTS
+        from ..quant.streamed import quantize_int8_by_block
+        from ..runtime import release_freed_memory
+
+        started = time.perf_counter()
+        self._calibration = self._tokenizer(list(SMOOTHING_TEXTS))
+        layers = self._model.encoder.layers
+        blocks = [(f"encoder.layers.{i}", layer) for i, layer in enumerate(layers)]
+        deferred = self._deferred
+
+        def read(index: int) -> None:
+            # The layer before was just converted and its float32 weights freed: their pages
+            # go back before this layer's are read, or the heap would keep every layer's.
+            release_freed_memory()
+            deferred.read(index)
+
+        model = quantize_int8_by_block(self._model, self._calibrate, blocks, read).eval()
+        release_freed_memory()
+        log.info(
+            "read and built the int8 model layer by layer in %.2fs", time.perf_counter() - started
+        )
+        return model
 
     def _quantize(self, in_place: bool) -> EncoderModel:
         from ..quant import quantize_int8_calibrated

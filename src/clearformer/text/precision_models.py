@@ -29,6 +29,9 @@ class PrecisionModels:
         held: the one precision the encoder was loaded in (its decision), or None.
         held_as: the name the load asked for (``"int8"`` where the decision is float32
             because this CPU has no int8 products); None: the decision's.
+        deferred: with ``held`` int8, the model's encoder layers still unread
+            (:class:`~clearformer.interop.hf.deferred.DeferredLayers`), read one at a time as
+            they are converted.
 
     Attributes:
         model: the model the encoder holds: float32, or the held precision's.
@@ -40,10 +43,15 @@ class PrecisionModels:
         tokenizer,
         held: Decision | None = None,
         held_as: str | None = None,
+        deferred=None,
     ) -> None:
-        self._int8 = Int8Models(model, tokenizer)  # built on the first int8 call
+        holds_int8 = held is not None and held.choice == "int8"
+        if deferred is not None and not holds_int8:
+            deferred.read_all()  # only the int8 conversion reads layers one at a time
+        # Built on the first int8 call; loaded in int8, its layers may still be unread.
+        self._int8 = Int8Models(model, tokenizer, deferred if holds_int8 else None)
         # Loaded in int8: the float32 model converted in place, layer by layer, and forgotten.
-        self.model = self._int8.hold() if held is not None and held.choice == "int8" else model
+        self.model = self._int8.hold() if holds_int8 else model
         self._precisions: Precisions[EncoderModel] = Precisions(
             OFFERED, self._device, self._copy_bf16, held=held, held_as=held_as
         )

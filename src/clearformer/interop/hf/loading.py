@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -18,8 +18,11 @@ from ...io import atomic_write
 from ...model import EncoderModel
 from .families import Family, family_for, family_named
 from .files import CheckpointError, CheckpointFiles, find_checkpoint
-from .mapping import LoadReport, export_state, load_state
+from .mapping import LoadReport, export_state, load_state, plan_state
 from .weights import open_tensors, write_safetensors
+
+if TYPE_CHECKING:
+    from .deferred import DeferredLayers
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,8 @@ class LoadedModel:
     hf_config: dict[str, Any]  # the checkpoint's config.json
     kept: dict[str, Tensor]  # base-model tensors clearformer does not run (the pooler)
     files: CheckpointFiles
+    # With load_model(defer_layers=True): the encoder layers still to be read (None: all read).
+    deferred: DeferredLayers | None = None
 
 
 def load_model(
@@ -42,6 +47,7 @@ def load_model(
     backend: str = "auto",
     strict: bool = True,
     precision: str = "float32",
+    defer_layers: bool = False,
 ) -> LoadedModel:
     """Build an :class:`EncoderModel` from a Hugging Face checkpoint directory.
 
@@ -53,6 +59,12 @@ def load_model(
             :func:`~clearformer.precision.bf16_copy` would make of the float32 one, built
             empty in bfloat16 and filled from the checkpoint, so that the float32 model is
             never in memory (every weight must then be in the checkpoint).
+        defer_layers: float32 only: leave the encoder layers on the meta device, to be read
+            one at a time through the returned :attr:`LoadedModel.deferred`
+            (:mod:`.deferred`), so that a conversion of each layer as it is read (int8) never
+            holds the float32 model whole. A checkpoint that lacks some weights (which a
+            float32 model would keep at their initial values) is read whole instead, and
+            ``deferred`` is None.
 
     Raises:
         FileNotFoundError: no such directory.
@@ -62,9 +74,12 @@ def load_model(
     family, config = read_family(files, backend)  # validated before any weight
     # Safetensors are read a tensor at a time as the model is filled (headers are checked
     # here): the model and the whole checkpoint are never in memory together.
-    return build_model(
-        files, family, config, open_tensors(files.weights), strict=strict, precision=precision
-    )
+    tensors = open_tensors(files.weights)
+    if defer_layers:
+        if precision != "float32":
+            raise ValueError(f"defer_layers reads float32 layers, got precision={precision!r}")
+        return build_deferred(files, family, config, tensors, strict=strict)
+    return build_model(files, family, config, tensors, strict=strict, precision=precision)
 
 
 def read_family(files: CheckpointFiles, backend: str) -> tuple[Family, EncoderConfig]:
@@ -105,6 +120,31 @@ def build_model(
         )
     log.info("%s", report)
     return LoadedModel(model.eval(), report, family, dict(files.config), kept, files)
+
+
+def build_deferred(
+    files: CheckpointFiles,
+    family: Family,
+    config: EncoderConfig,
+    tensors: Mapping[str, Tensor],
+    *,
+    strict: bool,
+) -> LoadedModel:
+    """:func:`build_model` in float32 with the encoder layers left unread (see
+    :func:`load_model`'s ``defer_layers``)."""
+    from .deferred import DeferredLayers, fill_outside_layers  # reads the precision package
+
+    with torch.device("meta"):  # shapes only: each part is made real as it is read
+        model = EncoderModel(config)
+    plan = plan_state(model, tensors, family, strict=strict, source=str(files.weights))
+    if plan.report.missing:  # initial values are wanted: the whole float32 model, as built
+        return build_model(files, family, config, tensors, strict=strict)
+    fill_outside_layers(model, plan)
+    log.info("%s", plan.report)
+    deferred = DeferredLayers(model, plan)
+    return LoadedModel(
+        model.eval(), plan.report, family, dict(files.config), plan.kept, files, deferred
+    )
 
 
 def config_of(family: Family, hf: dict[str, Any], source: str, backend: str):

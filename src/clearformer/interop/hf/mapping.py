@@ -94,6 +94,16 @@ class _Piece(NamedTuple):
     stop: int
 
 
+class StatePlan(NamedTuple):
+    """Where every parameter of a model comes from in a checkpoint, checked, before any is
+    written: :func:`plan_state`'s answer, for :func:`fill_state`."""
+
+    report: LoadReport
+    kept: dict[str, Tensor]  # base-model tensors clearformer does not run (the pooler)
+    fills: list[tuple[str, list[_Piece]]]  # parameter name -> its pieces, in the table's order
+    checkpoint: CheckpointTensors
+
+
 def load_state(
     model: EncoderModel,
     tensors: Mapping[str, Tensor],
@@ -102,7 +112,8 @@ def load_state(
     strict: bool = True,
     source: str = "checkpoint",
 ) -> tuple[LoadReport, dict[str, Tensor]]:
-    """Copy a Hugging Face state dict into ``model``.
+    """Copy a Hugging Face state dict into ``model``: :func:`plan_state`, then
+    :func:`fill_state` of every parameter.
 
     ``tensors`` may be a :class:`~.weights.CheckpointTensors` that reads each tensor from its
     file on demand: the checks use the shapes alone, and each tensor is then read (for the
@@ -117,6 +128,21 @@ def load_state(
         CheckpointError: a tensor of the wrong shape (always); with ``strict``, also missing or
             unexpected keys. Shapes are all checked before any parameter is written.
     """
+    plan = plan_state(model, tensors, family, strict=strict, source=source)
+    fill_state(model, plan)
+    return plan.report, plan.kept
+
+
+def plan_state(
+    model: EncoderModel,
+    tensors: Mapping[str, Tensor],
+    family: Family,
+    *,
+    strict: bool = True,
+    source: str = "checkpoint",
+) -> StatePlan:
+    """Every check of :func:`load_state`, and where each parameter's values are, without
+    writing any: the model may still be on the meta device (shapes alone are read)."""
     checkpoint = tensors if isinstance(tensors, CheckpointTensors) else CheckpointTensors(tensors)
     report = LoadReport(source=source, architecture=family.model_type)
     inner, outer, prefix = _split_prefix(_normalised_names(checkpoint), family)
@@ -127,12 +153,12 @@ def load_state(
             f"internal name table for {family.model_type} does not cover the model: "
             f"{sorted(set(params) ^ {t for t, _ in table})[:4]}"
         )
-    plan: list[tuple[Tensor, list[_Piece]]] = []
+    plan: list[tuple[str, list[_Piece]]] = []
     used: set[str] = set()
     for target, sources in table:
         param = params[target]
         if not sources:  # the layout lacks this bias: zeros compute what the checkpoint does
-            plan.append((param, []))
+            plan.append((target, []))
             report.loaded.append(target)
             continue
         names = [source_part(s)[0] for s in sources]
@@ -141,7 +167,7 @@ def load_state(
             report.missing += [prefix + n for n in absent]
             continue
         rows = row_split(model, target, len(sources))
-        plan.append((param, _pieces(checkpoint, inner, sources, rows, param, source)))
+        plan.append((target, _pieces(checkpoint, inner, sources, rows, param, source)))
         used.update(names)
         report.loaded.append(target)
     kept: dict[str, Tensor] = {}
@@ -167,10 +193,18 @@ def load_state(
             f"{source} does not match a {family.model_type} encoder of its config.json: "
             f"{'; '.join(problems)} (load with strict=False to accept it)"
         )
+    return StatePlan(report, kept, plan, checkpoint)
+
+
+def fill_state(model: EncoderModel, plan: StatePlan, names: Iterable[str] | None = None) -> None:
+    """Write the parameters ``names`` (None: every one the plan has) of ``model`` from the
+    checkpoint, each looked up now (a parameter made real after the plan was made is the one
+    written)."""
+    chosen = None if names is None else set(names)
     with torch.no_grad():
-        for param, pieces in plan:
-            _fill(param, pieces, checkpoint)
-    return report, kept
+        for target, pieces in plan.fills:
+            if chosen is None or target in chosen:
+                _fill(model.get_parameter(target), pieces, plan.checkpoint)
 
 
 def _pieces(
