@@ -126,3 +126,22 @@ def test_cross_encoder_on_the_device_equals_the_cpu(tmp_path):
     on_cpu = CrossEncoder.from_pretrained(tmp_path / "ce").predict(pairs)
     got = CrossEncoder.from_pretrained(tmp_path / "ce", device=DEVICE).predict(pairs)
     assert np.allclose(got, on_cpu, atol=1e-5), (got, on_cpu)
+
+
+def test_a_server_on_the_device_answers_as_the_cpu(tmp_path):
+    pytest.importorskip("uvicorn")
+    httpx = pytest.importorskip("httpx")
+    from clearformer import TextEncoder
+    from clearformer.serve import ModelSpec, ServeConfig
+
+    from .helpers import write_tiny_bert
+    from .test_serve_api import running_server
+
+    path = write_tiny_bert(tmp_path / "bert", WORDS, n_layers=2, width=32, heads=2)
+    on_cpu = TextEncoder.from_pretrained(path).encode(TEXTS)
+    config = ServeConfig(port=0, device=DEVICE)
+    with running_server(config, [ModelSpec(path=str(path), name="tiny")]) as server:
+        response = httpx.post(server.url + "/embed", json={"inputs": TEXTS}, timeout=60)
+    assert response.status_code == 200, response.text
+    got = np.asarray(response.json(), dtype=np.float32)
+    assert (got * on_cpu).sum(1).min() > 0.99999

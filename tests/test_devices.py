@@ -134,3 +134,47 @@ def test_encode_command_on_the_cpu_by_name(bert, tmp_path, capsys):
     )
     assert main(["encode", "--model", str(bert), "-o", str(default), *TEXTS]) == 0
     assert np.array_equal(np.load(by_name), np.load(default))
+
+
+def test_serve_config_checks_the_device():
+    from clearformer.serve import ServeConfig
+
+    assert ServeConfig(device="cpu").device == "cpu"
+    with pytest.raises(ValueError, match="device must be a device.*'gpu'"):
+        ServeConfig(device="gpu")
+
+
+def test_serve_refuses_int8_on_another_device(monkeypatch):
+    import clearformer.devices as devices
+    from clearformer.serve import ServeConfig
+
+    monkeypatch.setattr(devices, "check_device", lambda device, name="device": torch.device("cuda"))
+    with pytest.raises(ValueError, match="precision='int8' runs on CPUs only.*device='cuda'"):
+        ServeConfig(device="cuda", precision="int8")
+    assert ServeConfig(device="cuda", precision="bf16").device == "cuda"
+
+
+def test_serve_refuses_a_sparse_model_on_another_device(monkeypatch, tmp_path):
+    import clearformer.serve.token_models as token_models
+    from clearformer.serve import ModelSpec
+
+    monkeypatch.setattr(token_models, "model_kind", lambda path: "sparse")
+    monkeypatch.setattr(token_models, "check_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(token_models, "load_sparse", None)  # must not be reached
+    with pytest.raises(ValueError, match="'splade' is a sparse model, which runs on the CPU"):
+        token_models.load_served_model(
+            ModelSpec(path=str(tmp_path), name="splade"),
+            max_input_tokens=None,
+            precision="float32",
+            backend="auto",
+            device="cuda",
+        )
+
+
+def test_serve_command_names_a_bad_device_in_one_line(capsys):
+    pytest.importorskip("uvicorn")
+    code = main(["serve", "--device", "gpu"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert len(err.splitlines()) == 1
+    assert "--device must be a device" in err and "'gpu'" in err

@@ -146,6 +146,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--backend", choices=BACKENDS, default="auto", help="attention backend (auto packs)"
     )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        metavar="DEVICE",
+        help="where embedding and reranking models run: cpu (default), cuda, cuda:N; sparse "
+        "and multi-vector models run on the CPU; --precision int8 runs on the CPU alone",
+    )
     p.set_defaults(func=run, writes_stdout=lambda args: False)
 
 
@@ -162,9 +169,11 @@ def run(args: argparse.Namespace) -> int:
     # library's thread pool then costs more than it saves (a one-text request 1.7x, a 32-text
     # one 1.2x slower with it) and keeps cores busy that the batch workers need.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from ..devices import check_device
     from ..serve import ModelSpec, ServeConfig
     from ..serve.server import run_server
 
+    check_device(args.device, "--device")  # named as the flag, before anything starts
     specs = [ModelSpec.parse(value) for value in args.model or []]
     for spec in specs:  # a missing directory is an error now, not after the server started
         if spec.path is not None and not os.path.isdir(spec.path):
@@ -185,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
         fixed_threads=args.fixed_threads,
         precision=args.precision,
         backend=args.backend,
+        device=args.device,
     )
     if not specs:
         from ..interop.hf import bundled_model_dir

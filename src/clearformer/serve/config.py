@@ -48,6 +48,9 @@ class ServeConfig:
     # run encode(precision="int8")'s model; "auto": each model's fastest accurate precision.
     precision: str = "float32"
     backend: str = "auto"  # attention backend, as for encode
+    # Where embedding and reranking models run (clearformer.devices.check_device): "cpu",
+    # "cuda", "cuda:N". Sparse and multi-vector models run on the CPU alone.
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -67,3 +70,12 @@ class ServeConfig:
         check_bool(self.fixed_threads, "fixed_threads")
         check_precision(self.precision)
         check_choice(self.backend, BACKENDS, "backend")
+        from ..devices import check_device
+        from ..precision import ALIASES
+
+        where = check_device(self.device)
+        if where.type != "cpu" and ALIASES.get(self.precision, self.precision) == "int8":
+            raise ValueError(
+                f"precision='int8' runs on CPUs only; with device={self.device!r} use 'bf16' "
+                f"or 'float32'"
+            )

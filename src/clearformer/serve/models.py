@@ -288,8 +288,16 @@ class ServedModel:
                 )
 
 
-def load_model(spec: ModelSpec, *, max_input_tokens: int | None, precision: str, backend: str):
-    """Load ``spec`` as a :class:`ServedModel` (embedding or cross-encoder by its config).
+def load_model(
+    spec: ModelSpec,
+    *,
+    max_input_tokens: int | None,
+    precision: str,
+    backend: str,
+    device: str = "cpu",
+):
+    """Load ``spec`` as a :class:`ServedModel` (embedding or cross-encoder by its config), on
+    ``device``.
 
     Raises:
         FileNotFoundError, CheckpointError: as ``TextEncoder.from_pretrained`` does.
@@ -302,11 +310,15 @@ def load_model(spec: ModelSpec, *, max_input_tokens: int | None, precision: str,
     if any(a.endswith("ForSequenceClassification") for a in architectures):
         # int8 is for embeddings: a cross-encoder runs float32 (warned below), held alone too.
         held = "float32" if precision == "int8" else precision
-        model = CrossEncoder.from_pretrained(files.path, backend=backend, precision=held)
+        model = CrossEncoder.from_pretrained(
+            files.path, backend=backend, precision=held, device=device
+        )
         kind = "rerank"
     else:
         # The one precision the server runs it in, loaded alone: no float32 model beside it.
-        model = TextEncoder.from_pretrained(files.path, backend=backend, precision=precision)
+        model = TextEncoder.from_pretrained(
+            files.path, backend=backend, precision=precision, device=device
+        )
         kind = "embed"
     name = spec.name or (BUNDLED_NAME if spec.path is None else files.path.name)
     aliases = (f"sentence-transformers/{BUNDLED_NAME}",) if spec.path is None else ()

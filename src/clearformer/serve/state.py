@@ -150,7 +150,10 @@ class ServerState:
         loads (:func:`clearformer.calibration.kernels.measure_before_serving`), so that the
         server takes each where it is faster from its first request on."""
         from ..calibration.kernels import measure_before_serving
+        from ..devices import check_device
 
+        if check_device(self.config.device).type != "cpu":
+            return  # the models run elsewhere: no CPU kernel serves them
         calibration = measure_before_serving()
         if calibration is not None and calibration.measured:
             taken = ", ".join(f"{k} {v.winner}" for k, v in calibration.verdicts.items())
@@ -162,6 +165,7 @@ class ServerState:
             max_input_tokens=self.config.max_input_tokens,
             precision=self.config.precision,
             backend=self.config.backend,
+            device=self.config.device,
         )
 
     def _index(self, models: list[ServedModel]) -> None:

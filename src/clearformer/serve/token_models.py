@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..devices import check_device
 from ..model_kinds import model_kind
 from .errors import ApiError
 from .models import Prepared, ServedModel, _check_unicode, _copy, load_model
@@ -131,25 +132,35 @@ class TokenVectorModel(ServedModel):
 
 
 def load_served_model(
-    spec, *, max_input_tokens: int | None, precision: str, backend: str
+    spec, *, max_input_tokens: int | None, precision: str, backend: str, device: str = "cpu"
 ) -> ServedModel:
     """``spec`` as a served model, by its directory's kind (:func:`clearformer.model_kinds.
     model_kind`): a multi-vector or bge-m3 directory as a :class:`TokenVectorModel`
     (``max_input_tokens`` cuts its texts shorter than its own lengths), a sparse one by
-    :func:`.sparse.load_sparse`, any other by :func:`.models.load_model`."""
+    :func:`.sparse.load_sparse`, any other by :func:`.models.load_model` on ``device`` (the
+    others run on the CPU alone, and another device is refused for them before any read)."""
     from ..interop.hf.files import resolve_path
     from ..text.bge_m3 import BGEM3Encoder
     from ..text.multivector_encoder import MultiVectorEncoder
 
     path = resolve_path(spec.path)
     kind = model_kind(path) if path.is_dir() else "dense"
+    if kind != "dense" and check_device(device).type != "cpu":
+        raise ValueError(
+            f"device={device!r}: model {spec.name or path.name!r} is a {kind} model, which "
+            f"runs on the CPU here; only embedding and reranking models run on another device"
+        )
     if kind == "sparse":
         return load_sparse(
             spec, max_input_tokens=max_input_tokens, precision=precision, backend=backend
         )
     if kind not in ("multivector", "bge-m3"):
         return load_model(
-            spec, max_input_tokens=max_input_tokens, precision=precision, backend=backend
+            spec,
+            max_input_tokens=max_input_tokens,
+            precision=precision,
+            backend=backend,
+            device=device,
         )
     cls = BGEM3Encoder if kind == "bge-m3" else MultiVectorEncoder
     # The one precision the server runs it in, held alone (bf16: no float32 backbone kept).
