@@ -178,3 +178,132 @@ def test_serve_command_names_a_bad_device_in_one_line(capsys):
     assert code != 0
     assert len(err.splitlines()) == 1
     assert "--device must be a device" in err and "'gpu'" in err
+
+
+def _as_if_cuda(monkeypatch):
+    """clearformer.devices.check_device answering cuda for anything but None and "cpu": the
+    rules that apply on a GPU, tried where none is."""
+    import clearformer.devices as devices
+
+    real = devices.check_device
+
+    def check(device, name="device"):
+        return real(device, name) if device in (None, "cpu") else torch.device("cuda")
+
+    monkeypatch.setattr(devices, "check_device", check)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["index", "add", "IDX", "--corpus", "CORPUS"],
+        ["search", "--index", "IDX", "the cat"],
+        ["search", "--corpus", "CORPUS", "the cat"],
+        ["index", "build", "--out", "IDX2", "--corpus", "CORPUS"],
+        ["mine", "--data", "IDX", "--out", "OUT"],
+    ],
+    ids=lambda argv: " ".join(argv[:2]),
+)
+def test_every_command_checks_its_device_flag(argv, bert, tmp_path, capsys):
+    """Every command with --device refuses a bad one in one line, before it reads anything
+    (index add and search --index once ignored it)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat\na mat\n")
+    built = ["index", "build", "--out", str(tmp_path / "idx"), "--corpus", str(corpus)]
+    assert main([*built, "--model", str(bert)]) == 0
+    capsys.readouterr()
+    names = {
+        "IDX": str(tmp_path / "idx"),
+        "IDX2": str(tmp_path / "idx2"),
+        "CORPUS": str(corpus),
+        "OUT": str(tmp_path / "o.jsonl"),
+    }
+    code = main([names.get(a, a) for a in argv] + ["--device", "gpu"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert len(err.splitlines()) == 1, err
+    assert "--device must be a device" in err and "'gpu'" in err
+
+
+def test_int8_with_another_device_is_refused_naming_both_flags(monkeypatch, bert, capsys):
+    _as_if_cuda(monkeypatch)
+    code = main(["encode", "--model", str(bert), "--device", "cuda", "--precision", "int8", "a"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and len(err.splitlines()) == 1
+    assert "--precision int8 runs on the CPU alone; with --device cuda" in err
+
+
+def test_serve_refuses_a_sparse_model_before_it_starts(monkeypatch, tmp_path, capsys):
+    pytest.importorskip("uvicorn")
+    import clearformer.model_kinds as model_kinds
+
+    _as_if_cuda(monkeypatch)
+    monkeypatch.setattr(model_kinds, "model_kind", lambda path: "sparse")
+    code = main(["serve", "--device", "cuda", "--model", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and len(err.splitlines()) == 1
+    assert "a sparse model runs on the CPU here" in err
+
+
+def test_an_int8_encoder_keeps_no_checkpoint(bert, monkeypatch):
+    """Once every layer is read and converted, neither the encoder nor its load keeps the
+    reading plan, which holds the checkpoint (all of a .bin file's tensors)."""
+    import gc
+    import weakref
+
+    from clearformer.interop.hf.deferred import DeferredLayers
+    from clearformer.quant.int8 import int8_support
+
+    if not int8_support().available:
+        pytest.skip(int8_support().reason)
+    refs = []
+    read = DeferredLayers.read
+
+    def spy(self, index):
+        refs.append(weakref.ref(self.plan.checkpoint))
+        read(self, index)
+
+    monkeypatch.setattr(DeferredLayers, "read", spy)
+    encoder = TextEncoder.from_pretrained(bert, precision="int8")
+    gc.collect()
+    assert refs and all(ref() is None for ref in refs)
+    assert encoder._loaded.deferred is None
+
+
+def test_a_cross_encoder_reaches_its_device_in_bf16(classifier, monkeypatch):
+    """Loaded in bf16 for a device, the float32 model never goes there: the copy is made on
+    the CPU first."""
+    import clearformer.text.cross_encoder as cross_encoder
+
+    placed = []
+    real = cross_encoder.place
+
+    def spy(loaded, device):
+        placed.append(next(loaded.loaded.model.parameters()).dtype)
+        return real(loaded, device)
+
+    monkeypatch.setattr(cross_encoder, "place", spy)
+    CrossEncoder.from_pretrained(classifier, precision="bf16", device="cpu")
+    assert placed == [torch.bfloat16]
+
+
+def test_parts_held_in_int8_or_unread_refuse_another_device(bert, monkeypatch):
+    import clearformer.text.encoder as encoder_module
+    from clearformer.options import Decision
+    from clearformer.text.encoder_files import read_encoder_parts
+
+    monkeypatch.setattr(encoder_module, "check_device", lambda device: torch.device("cuda"))
+    options = {"backend": "auto", "strict": True, "padding_side": None, "truncate_dim": None}
+    parts = read_encoder_parts(bert, **options)
+    with pytest.raises(ValueError, match="precision='int8' runs on CPUs only"):
+        TextEncoder.from_parts(parts, held=Decision("int8", "test"), device="cuda")
+    deferred = read_encoder_parts(bert, defer_layers=True, **options)
+    with pytest.raises(ValueError, match="layers are not read yet"):
+        TextEncoder.from_parts(deferred, device="cuda")
+
+
+def test_int8_model_of_an_encoder_on_another_device_is_refused(bert):
+    encoder = TextEncoder.from_pretrained(bert)
+    encoder._models._device = lambda: torch.device("cuda")  # as if the model were there
+    with pytest.raises(ValueError, match="int8 runs on CPUs only; this model is on cuda"):
+        encoder.int8_model()

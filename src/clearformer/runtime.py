@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import sys
 from collections.abc import Iterator
@@ -46,12 +47,9 @@ def retain_freed_memory() -> bool:
     again on each call; on ragged batches that cost dominated and made timings swing 3-10x.
     Returns True when the settings were applied (glibc on Linux), False elsewhere.
     """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
         return False
     ok = mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, 2 * 1024**3) == 1
     log.debug("glibc malloc retains freed memory: %s", ok)
@@ -64,13 +62,19 @@ def release_freed_memory() -> bool:
     what it holds and will not need it again soon (each float32 layer of an int8 load, once
     converted), so that the process's peak is what it holds, not what it has freed. Returns
     True when glibc released something, False elsewhere or when nothing was free."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    return bool(trim(0)) if trim is not None else False
+
+
+@functools.cache
+def _libc():
+    """glibc, loaded once (finding it runs ``ldconfig``); None off Linux or without it."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.malloc_trim(0))
-    except (OSError, AttributeError):
-        return False
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
 
 
 def set_own_thread_count(count: int) -> None:

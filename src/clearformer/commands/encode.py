@@ -227,14 +227,30 @@ def check_dimensions_flag(encoder, args: argparse.Namespace) -> None:
         raise CliError(f"--model {encoder.path}: {exc}") from None
 
 
+def device_flag(args: argparse.Namespace):
+    """``--device`` as a ``torch.device`` (the CPU when the command has no such flag), checked
+    with the flag's name, and refused with ``--precision int8`` (which runs on the CPU alone):
+    what every command calls before it reads anything."""
+    from ..cli import CliError
+    from ..devices import check_device
+
+    device = check_device(getattr(args, "device", None), "--device")
+    precision = getattr(args, "precision", None)
+    if device.type != "cpu" and ALIASES.get(precision, precision) == "int8":
+        raise CliError(
+            f"--precision int8 runs on the CPU alone; with --device {args.device} use "
+            f"--precision bf16 or float32"
+        )
+    return device
+
+
 def load_encoder(args: argparse.Namespace, *, hold_precision: bool = False):
     """The dense model of ``--model``; with ``hold_precision``, loaded in ``--precision``
     alone (a command whose every call runs that precision: no float32 model kept beside a
     bf16 or int8 one)."""
-    from ..devices import check_device
     from ..text import TextEncoder
 
-    device = check_device(args.device, "--device")  # named as the flag, before any read
+    device = device_flag(args)  # named as the flag, before any read
     precision = args.precision if hold_precision else None
     return TextEncoder.from_pretrained(
         args.model, backend=args.backend, precision=precision, device=device
@@ -249,6 +265,7 @@ def run(args: argparse.Namespace) -> int:
     from .outputs import check_finite
 
     output = check_output(args.output)
+    device_flag(args)  # before any input is read
     texts = read_input(args.texts, args.input, args.field)
     if args.similarity and len(texts) > SIMILARITY_MAX:
         raise CliError(

@@ -183,6 +183,9 @@ def run(args: argparse.Namespace) -> int:
     from .phase_progress import PhaseProgress
 
     _check_outputs(args)
+    from .encode import device_flag
+
+    device = device_flag(args)  # before any data is read
     try:
         settings = EvalSettings(
             precision=args.precision,
@@ -219,6 +222,11 @@ def run(args: argparse.Namespace) -> int:
     from .encode import batching_options, check_dimensions_flag, load_encoder
 
     models = _kind_models(args)
+    cross_encoder = None
+    if args.rerank is not None:  # on --device too, and loaded before any encoding
+        from ..text import CrossEncoder
+
+        cross_encoder = CrossEncoder.from_pretrained(args.rerank, device=device)
     encoder = None
     if args.mode == "dense" or (args.mode == "hybrid" and "dense" in (settings.kinds or ["dense"])):
         encoder = load_encoder(args)
@@ -227,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
         data,
         encoder,
         settings,
+        cross_encoder=cross_encoder,
         models=models,
         progress=lambda phase, done, total: progress(
             phase, done, total, "pairs" if phase == "rerank" else "texts"

@@ -199,6 +199,7 @@ def index_encoder(args: argparse.Namespace, index_path: Path, *, hold: bool | No
     from ..index import IndexNotFoundError, VectorIndex
     from ..index.build import index_precision
     from ..text import TextEncoder
+    from .encode import device_flag
 
     model = args.model
     # index add holds its --precision alone (by default the one the index was built in);
@@ -217,7 +218,9 @@ def index_encoder(args: argparse.Namespace, index_path: Path, *, hold: bool | No
         model = recorded if recorded and Path(recorded).is_dir() else None
     if hold and held is None and opened is not None and index_precision(opened.meta) != "mixed":
         held = index_precision(opened.meta)
-    return TextEncoder.from_pretrained(model, backend=args.backend, precision=held)
+    return TextEncoder.from_pretrained(
+        model, backend=args.backend, precision=held, device=device_flag(args)
+    )
 
 
 def _encode_options(args: argparse.Namespace, status) -> dict:
@@ -249,6 +252,9 @@ class _Chunks:
 def run_build(args: argparse.Namespace) -> int:
     from ..cli import CliError
     from ..index import IndexOptions, build_index
+    from .encode import device_flag
+
+    device_flag(args)  # before the corpus is read
 
     try:
         options = IndexOptions(
@@ -287,9 +293,11 @@ def run_build(args: argparse.Namespace) -> int:
 
 def run_add(args: argparse.Namespace) -> int:
     from ..index import add_to_index
+    from .encode import device_flag
 
     path = Path(args.index)
     _require_index(path)
+    device_flag(args)  # before the corpus is read
     texts, ids, source = read_corpus_file(args)
     _require_engine()
     encoder = index_encoder(args, path)

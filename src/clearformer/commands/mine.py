@@ -129,9 +129,10 @@ def run(args: argparse.Namespace) -> int:
     from ..cli import CliError
     from ..io import atomic_write
     from ..retrieval.mining import MiningSettings, mine_hard_negatives
-    from .encode import batching_options, load_encoder
+    from .encode import batching_options, device_flag, load_encoder
     from .phase_progress import PhaseProgress
 
+    device_flag(args)  # before any input is read
     out = Path(args.out)
     if not out.parent.is_dir():
         raise CliError(f"--out {out}: the folder {out.parent} does not exist")
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cross_encoder is not None:
         from ..text import CrossEncoder
 
-        cross_encoder = CrossEncoder.from_pretrained(args.cross_encoder)
+        cross_encoder = CrossEncoder.from_pretrained(args.cross_encoder, device=device_flag(args))
     encoder = load_encoder(args)
     progress = PhaseProgress("mine", enabled=args.progress is not False)
     rows, report = mine_hard_negatives(

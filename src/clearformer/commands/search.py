@@ -17,6 +17,7 @@ from .encode import (
     ENCODE_PRECISIONS,
     add_model_arguments,
     add_precision_argument,
+    device_flag,
     load_encoder,
     positive_int,
 )
@@ -101,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.corpus is None:
         raise CliError("give --corpus FILE (rank its lines) or --index INDEX")
+    device_flag(args)  # before the corpus is read
     entries = read_corpus(args)
     encoder = load_encoder(args)
     corpus = encoder.encode(

@@ -220,7 +220,7 @@ def _model(args: argparse.Namespace, path: Path, kind: str):
     held = args.precision
     if getattr(args, "hold_precision", False):
         held = args.precision or _recorded_precision(path, kind)
-    return load_model(kind, given, precision=held)
+    return load_model(kind, given, precision=held, device=getattr(args, "device", None))
 
 
 def _recorded_precision(path: Path, kind: str) -> str:

@@ -173,11 +173,20 @@ def run(args: argparse.Namespace) -> int:
     from ..serve import ModelSpec, ServeConfig
     from ..serve.server import run_server
 
-    check_device(args.device, "--device")  # named as the flag, before anything starts
+    device = check_device(args.device, "--device")  # named as the flag, before anything starts
     specs = [ModelSpec.parse(value) for value in args.model or []]
     for spec in specs:  # a missing directory is an error now, not after the server started
         if spec.path is not None and not os.path.isdir(spec.path):
             raise CliError(f"--model: checkpoint directory not found: {spec.path}")
+        if spec.path is not None and device.type != "cpu":
+            from ..model_kinds import model_kind
+
+            kind = model_kind(spec.path)
+            if kind != "dense":
+                raise CliError(
+                    f"--model {spec.path}: a {kind} model runs on the CPU here; --device "
+                    f"{args.device} places embedding and reranking models only"
+                )
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE)
     config = ServeConfig(
         host=args.host,

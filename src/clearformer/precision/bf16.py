@@ -138,6 +138,8 @@ def empty_parameters(
     Raises:
         ValueError: a meta buffer that no ``computed_buffers()`` makes.
     """
+    # Ties are kept within one call: a parameter shared between modules given in two calls
+    # (none of the supported families has one across an encoder layer's edge) would untie.
     made: dict[int, nn.Parameter] = {}
     for module in modules:
         for name, tensor in module._parameters.items():

@@ -83,6 +83,7 @@ class CrossEncoder:
         prompts: Prompts | None = None,
         held: Decision | None = None,
         held_as: str | None = None,
+        device: torch.device | None = None,
     ):
         if held is not None and held.choice == "bf16":
             # The bfloat16 encoder and head alone: the float32 ones go once copied.
@@ -92,6 +93,8 @@ class CrossEncoder:
             loaded = dataclasses.replace(
                 loaded, loaded=dataclasses.replace(loaded.loaded, model=model), head=head
             )
+        if device is not None:  # after the bf16 copy: never float32 and bf16 on the device
+            place(loaded, device)
         self._loaded = loaded
         self.prompts = Prompts() if prompts is None else prompts
         self.model: EncoderModel = loaded.loaded.model
@@ -151,7 +154,7 @@ class CrossEncoder:
         if is_causal_lm(files):  # a *ForCausalLM reranker: scored by its yes/no logits
             loaded, tokenizer, activation = load_llm_reranker(files, backend=backend, strict=strict)
             log.info("loaded LLM reranker %s in %.2fs", files.path, time.perf_counter() - started)
-            return cls(place(loaded, device), tokenizer, activation, prompts, held, held_as)
+            return cls(loaded, tokenizer, activation, prompts, held, held_as, device)
         loaded = load_classifier(files, backend=backend, strict=strict)
         config = loaded.loaded.model.config
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
@@ -160,7 +163,7 @@ class CrossEncoder:
         )
         activation = score_activation(files, loaded.head.config.num_labels)
         log.info("loaded cross-encoder %s in %.2fs", files.path, time.perf_counter() - started)
-        return cls(place(loaded, device), tokenizer, activation, prompts, held, held_as)
+        return cls(loaded, tokenizer, activation, prompts, held, held_as, device)
 
     def logits(
         self,

@@ -122,6 +122,8 @@ class TextEncoder:
         self.report: LoadReport = loaded.report
         # Loaded in int8: the model, converted in place, is the int8 one from here on.
         self._models = PrecisionModels(self.model, tokenizer, held, held_as, loaded.deferred)
+        # Every layer is read now; the plan (and the checkpoint it reads from) can go.
+        loaded.deferred = None
         self._reordering = KeptReordering(
             self.model
         )  # weights in oneDNN's layout, once calls repay it
@@ -193,10 +195,21 @@ class TextEncoder:
         precision it holds alone (``from_pretrained(precision=...)``'s decision), ``held_as``
         the name that load asked for; ``device``: where the parts' model and head are moved
         (None: left where they are)."""
-        if device is not None and check_device(device) != model_device(parts.loaded.model):
-            # Not for layers still unread (held int8, which runs on the CPU alone).
-            parts.loaded.model.to(check_device(device))
-            parts.head.to(check_device(device))
+        if device is not None:
+            device = check_device(device)
+            if device.type != "cpu" and held is not None and held.choice == "int8":
+                raise ValueError(
+                    f"device={str(device)!r}: precision='int8' runs on CPUs only; hold 'bf16' "
+                    f"or 'float32' there"
+                )
+            if device != model_device(parts.loaded.model):
+                if parts.loaded.deferred is not None:
+                    raise ValueError(
+                        f"device={str(device)!r}: the model's layers are not read yet (parts "
+                        f"read with defer_layers=True are for an int8 load on the CPU)"
+                    )
+                parts.loaded.model.to(device)
+            parts.head.to(device)
         return cls(
             parts.loaded,
             parts.tokenizer,

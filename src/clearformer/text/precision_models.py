@@ -77,6 +77,8 @@ class PrecisionModels:
     def int8(self, fused: bool) -> EncoderModel:
         """The int8 model (``fused``: its compiled variant), built once each."""
         self._precisions.check("int8")
+        if self._device().type != "cpu":
+            raise ValueError(f"int8 runs on CPUs only; this model is on {self._device()}")
         return self._int8.get(fused)
 
     def _copy_bf16(self) -> EncoderModel:

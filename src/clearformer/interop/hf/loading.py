@@ -74,10 +74,10 @@ def load_model(
     family, config = read_family(files, backend)  # validated before any weight
     # Safetensors are read a tensor at a time as the model is filled (headers are checked
     # here): the model and the whole checkpoint are never in memory together.
+    if defer_layers and precision != "float32":  # before any weight is read
+        raise ValueError(f"defer_layers reads float32 layers, got precision={precision!r}")
     tensors = open_tensors(files.weights)
     if defer_layers:
-        if precision != "float32":
-            raise ValueError(f"defer_layers reads float32 layers, got precision={precision!r}")
         return build_deferred(files, family, config, tensors, strict=strict)
     return build_model(files, family, config, tensors, strict=strict, precision=precision)
 
