@@ -128,20 +128,67 @@ def test_cross_encoder_on_the_device_equals_the_cpu(tmp_path):
     assert np.allclose(got, on_cpu, atol=1e-5), (got, on_cpu)
 
 
+@pytest.mark.parametrize("precision", ["float32", "bf16"])
+def test_a_qwen3_layout_with_a_dense_head_on_the_device(tmp_path, precision):
+    """Grouped keys and values, rotary positions, RMSNorm, last-token pooling and a Dense
+    module after the pooling: the head goes to the device with the model."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("sentence_transformers")
+    from clearformer import TextEncoder
+
+    from .family_helpers import perturb, sentence_dir, word_tokenizer
+    from .test_family_qwen3 import qwen3_config
+
+    torch.manual_seed(0)
+    model = transformers.Qwen3Model(qwen3_config()).eval()
+    perturb(model, seed=5)
+    model.save_pretrained(tmp_path / "base")
+    word_tokenizer(tmp_path / "base", template="$A <eos>")
+    path = sentence_dir(
+        tmp_path / "base", tmp_path / "st", pooling="lasttoken", dense=[(64, 32, True, "Tanh")]
+    )
+    texts = ["the cat sat on the mat", "a dog", "the cat and the dog sat on a mat"]
+    on_cpu = TextEncoder.from_pretrained(path).encode(texts, normalize=True)
+    got = TextEncoder.from_pretrained(path, device=DEVICE, precision=precision).encode(
+        texts, normalize=True
+    )
+    assert got.shape == on_cpu.shape == (3, 32)
+    floor = 0.99999 if precision == "float32" else 0.995
+    assert (got * on_cpu).sum(1).min() > floor
+
+
 def test_a_server_on_the_device_answers_as_the_cpu(tmp_path):
     pytest.importorskip("uvicorn")
     httpx = pytest.importorskip("httpx")
-    from clearformer import TextEncoder
+    from clearformer import CrossEncoder, TextEncoder
     from clearformer.serve import ModelSpec, ServeConfig
 
     from .helpers import write_tiny_bert
+    from .test_sequence_classification import make_classifier
     from .test_serve_api import running_server
 
     path = write_tiny_bert(tmp_path / "bert", WORDS, n_layers=2, width=32, heads=2)
+    make_classifier("bert", tmp_path / "ce", num_labels=1)
     on_cpu = TextEncoder.from_pretrained(path).encode(TEXTS)
+    pairs = ["w1 w2 w3", "w4", "w1 w2", "w9 w8 w7 w6"]
+    scores = CrossEncoder.from_pretrained(tmp_path / "ce").predict([("w1 w2", t) for t in pairs])
     config = ServeConfig(port=0, device=DEVICE)
-    with running_server(config, [ModelSpec(path=str(path), name="tiny")]) as server:
-        response = httpx.post(server.url + "/embed", json={"inputs": TEXTS}, timeout=60)
-    assert response.status_code == 200, response.text
-    got = np.asarray(response.json(), dtype=np.float32)
+    specs = [
+        ModelSpec(path=str(path), name="tiny"),
+        ModelSpec(path=str(tmp_path / "ce"), name="ce"),
+    ]
+    with running_server(config, specs) as server:
+        embedded = httpx.post(
+            server.url + "/embed", json={"model": "tiny", "inputs": TEXTS}, timeout=60
+        )
+        ranked = httpx.post(
+            server.url + "/rerank",
+            json={"model": "ce", "query": "w1 w2", "texts": pairs},
+            timeout=60,
+        )
+    assert embedded.status_code == 200, embedded.text
+    got = np.asarray(embedded.json(), dtype=np.float32)
     assert (got * on_cpu).sum(1).min() > 0.99999
+    assert ranked.status_code == 200, ranked.text
+    by_index = {r["index"]: r["score"] for r in ranked.json()}
+    assert np.allclose([by_index[i] for i in range(len(pairs))], scores, atol=1e-5)
