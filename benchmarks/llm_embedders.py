@@ -31,7 +31,10 @@ joined and cut to 2,048 or 8,192 tokens; EmbeddingGemma takes 2,048 at most, so 
 Engines, each in a fresh process of its own, whose peak resident memory (``VmHWM``: the
 interpreter, the libraries, the weights as loaded and the work) is the figure reported:
 clearformer ``TextEncoder.from_pretrained(dir, precision=float32|bf16|int8).encode``
-(the model of that precision alone, as ``clearformer encode`` and ``serve`` load it);
+(the model of that precision alone, as ``clearformer encode`` and ``serve`` load it), and, by
+name only, ``clearformer int8-attention-float32``: the int8 conversion with the attention
+projections kept in float32 (a policy measured for a decision, not a precision clearformer
+offers);
 sentence-transformers
 ``SentenceTransformer(dir).encode`` in float32 and in bfloat16 (loaded with
 ``model_kwargs={"dtype": torch.bfloat16}``); llama.cpp through llama-cpp-python's
@@ -80,6 +83,9 @@ ENGINES = (
     "llama.cpp F16",
     "llama.cpp Q8_0",
 )
+# Not a precision clearformer offers: a policy measured for a decision, asked by name only.
+# int8 with the attention projections (q, k, v, o) kept in float32 and the MLP in int8.
+POLICY_ENGINES = ("clearformer int8-attention-float32",)
 REFERENCE = "sentence-transformers float32"
 VOCAB = 32768
 # Qwen2's pre-tokenizer pattern (its tokenizer.json), which llama.cpp's "qwen2" pre-tokenizer
@@ -325,6 +331,32 @@ def long_texts(directory: Path, tokens: int, n: int) -> list[str]:
 # Workers -------------------------------------------------------------------------------
 
 
+def int8_policy_encoder(directory, skip: tuple[str, ...]):
+    """texts -> embeddings of the model at ``directory`` converted as ``encode(precision=
+    "int8")`` converts it (the same calibration texts and float channels), except the layers
+    ``skip`` names, which stay float32: a policy to measure, not one clearformer offers."""
+    import torch
+
+    from clearformer import TextEncoder
+    from clearformer.quant import quantize_int8_calibrated
+    from clearformer.quant.smoothing_texts import SMOOTHING_TEXTS
+
+    encoder = TextEncoder.from_pretrained(directory)
+    batch = encoder.tokenizer(list(SMOOTHING_TEXTS))
+
+    def calibrate(model):
+        with torch.inference_mode():
+            model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+
+    # In place: the encoder's own model becomes the mixed one, and its float32 calls run it.
+    quantize_int8_calibrated(encoder.model, calibrate, skip=skip, in_place=True)
+
+    def run(texts):
+        return encoder.encode(texts, progress=False)
+
+    return run
+
+
 def encoder_for(engine: str, files: dict, threads: int, longest: int, pooling: str):
     """A function texts -> (n, d) float32 embeddings for ``engine``."""
     kind, _, variant = engine.partition(" ")
@@ -370,6 +402,8 @@ def encoder_for(engine: str, files: dict, threads: int, longest: int, pooling: s
         return run
     from clearformer import TextEncoder
 
+    if variant == "int8-attention-float32":
+        return int8_policy_encoder(files["dir"], skip=("*.attn.*",))
     # Loaded in its precision alone, as `clearformer encode --precision` and `serve` load it:
     # bf16 built from the file without the float32 model, int8 with the float32 one let go.
     encoder = TextEncoder.from_pretrained(files["dir"], precision=variant)
@@ -598,7 +632,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.worker:
         return args
-    for field, allowed in (("models", MODELS), ("workloads", WORKLOADS), ("engines", ENGINES)):
+    engines = (*ENGINES, *POLICY_ENGINES)
+    for field, allowed in (("models", MODELS), ("workloads", WORKLOADS), ("engines", engines)):
         chosen = [m.strip() for m in getattr(args, field).split(",") if m.strip()]
         wrong = [m for m in chosen if m not in allowed]
         if not chosen or wrong:
