@@ -198,16 +198,43 @@ def test_padded_rows_never_reach_real_ones():
     assert dirty[3].isnan().all()
 
 
-def test_the_same_bits_at_any_thread_count():
+@pytest.mark.parametrize("rows", [19, 301], ids=["few rows: panels outer", "rows outer"])
+def test_the_same_bits_at_any_thread_count(rows):
     layer, norm = make_layer(384, 1536), make_norm(384)
     second = make_layer(1536, 384, seed=3)
-    x = torch.randn(301, 384)
+    x = torch.randn(rows, 384)
     outs = []
     for count in (1, 2, 3):
         with intra_op_threads(count):
             h = kernel(x, layer, activation="gelu")
             outs.append(kernel(h, second, residual=x, norm=norm))
     assert all(torch.equal(outs[0], other) for other in outs[1:])
+
+
+@pytest.mark.parametrize(
+    "epilogue",
+    [{}, {"activation": "gelu"}, {"activation": "relu"}, {"residual": True, "norm": True}],
+    ids=["plain", "gelu", "relu", "residual and norm"],
+)
+def test_few_rows_take_the_same_sums_as_many(epilogue):
+    """At most FEW_ROWS rows the kernel streams panels outer, above it rows outer: a row's
+    output is the same sum in the same order either way, so a sentence alone equals its rows
+    inside a batch, to the bit."""
+    layer, norm = make_layer(384, 1536), make_norm(1536)
+    x = torch.randn(200, 384)  # rows outer
+    residual = torch.randn(200, 1536)
+    options = {
+        "activation": epilogue.get("activation"),
+        "residual": residual if epilogue.get("residual") else None,
+        "norm": norm if epilogue.get("norm") else None,
+    }
+    many = kernel(x, layer, **options)
+    for first, stop in ((0, 19), (40, 104), (199, 200)):  # 19, 64 (FEW_ROWS) and 1 rows
+        few_options = dict(options)
+        if options["residual"] is not None:
+            few_options["residual"] = residual[first:stop]
+        few = kernel(x[first:stop], layer, **few_options)
+        assert torch.equal(few, many[first:stop]), (first, stop)
 
 
 @settings(max_examples=25, deadline=None)
@@ -264,14 +291,14 @@ def fused_call(layer, x, **epilogue):
 
 def test_a_packing_caller_sends_gelu_and_layer_norm_products_to_the_kernel(kernel_calls):
     up, down, norm = make_layer(384, 1536), make_layer(1536, 384, seed=2), make_norm(384)
-    x = torch.randn(2, 10, 384)
+    x = torch.randn(2, 40, 384)  # 80 rows: above FEW_ROWS, threads split the rows
     with use_reordered_weights(ReorderedWeights()):
         h = fused_call(up, x, activation="gelu")
         out = fused_call(down, h, residual=x, norm=norm)
         fused_call(up, x)  # a plain product stays with oneDNN, which is faster there
         fused_call(down, h, residual=x)  # and so does a residual add alone
     assert len(kernel_calls) == 2
-    assert out.shape == (2, 10, 384)
+    assert out.shape == (2, 40, 384)
     expected = float64_reference(
         float64_reference(x, up, activation="gelu").float(), down, residual=x, norm=norm
     )
@@ -282,19 +309,43 @@ def test_calls_without_packing_or_switched_off_or_odd_widths_stay_with_onednn(
     kernel_calls, monkeypatch
 ):
     up, odd, norm = make_layer(384, 1536), make_layer(384, 100), make_norm(100)
-    x = torch.randn(40, 384)
+    x = torch.randn(80, 384)  # above FEW_ROWS
     fused_call(up, x, activation="gelu")  # no packing: packing per call would cost more
+    fused_call(up, x[:19], activation="gelu")  # nor on a sentence's few rows
     with use_reordered_weights(ReorderedWeights()):
-        fused_call(up, x[:5], activation="gelu")  # a decoding step's rows: one thread's tile
         fused_call(up, x, activation="relu")  # oneDNN's ReLU costs next to nothing
         fused_call(odd, x, activation="gelu")  # 100 outputs: not whole panels
-        fused_call(odd, x, residual=torch.randn(40, 100), norm=norm)
+        fused_call(odd, x, residual=torch.randn(80, 100), norm=norm)
         fused_call(up, x, activation="gelu_tanh")  # an activation it does not compute
         no_bias = nn.LayerNorm(1536, bias=False)
         fused_call(up, x, norm=no_bias)
         monkeypatch.setenv(switches.AVX512_LINEAR_VARIABLE, "off")
         fused_call(up, x, activation="gelu")
     assert kernel_calls == []
+
+
+def test_a_sentences_few_rows_take_every_product_to_the_kernel(kernel_calls, monkeypatch):
+    """At most FEW_ROWS rows every product goes to the kernel, plain ones and a residual add
+    alone included (it streams the weight once there, which beats oneDNN), each within
+    float32 rounding of float64; an activation it does not compute stays with oneDNN, and the
+    linear switch turns it off as it does the batch route."""
+    up, down = make_layer(384, 1536), make_layer(1536, 384, seed=2)
+    x = torch.randn(19, 384)
+    with use_reordered_weights(ReorderedWeights()):
+        plain = fused_call(up, x)
+        relu = fused_call(up, x, activation="relu")
+        added = fused_call(down, plain, residual=x)
+        fused_call(up, x, activation="gelu_tanh")  # not the kernel's
+        assert len(kernel_calls) == 3
+        monkeypatch.setenv(switches.AVX512_LINEAR_VARIABLE, "off")
+        fused_call(up, x)
+    assert len(kernel_calls) == 3
+    for got, expected in (
+        (plain, float64_reference(x, up)),
+        (relu, float64_reference(x, up, activation="relu")),
+        (added, float64_reference(plain, down, residual=x)),
+    ):
+        assert (got.double() - expected).abs().max() < 2e-5
 
 
 def test_the_norm_epsilon_counts_as_torch_counts_it():
@@ -405,3 +456,33 @@ def test_the_library_switch_turns_the_linear_kernel_off_too(monkeypatch):
             assert calls == [1]  # the kernel serves this call while the switch is on
     assert calls == [1] and not kernels_wanted(("avx512_linear",))
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+
+
+def test_a_sentences_few_rows_ask_their_own_verdict(monkeypatch):
+    """The route asks ``avx512_linear_rows`` for calls of at most FEW_ROWS rows and
+    ``avx512_linear`` above: on a CPU where only the first measured faster, a sentence alone
+    takes the kernel and a batch keeps oneDNN."""
+    from clearformer import EncoderConfig, EncoderModel, routes
+    from clearformer.options import Decision
+
+    asked = []
+
+    def verdict(kernel):
+        asked.append(kernel)
+        return Decision("avx512" if kernel == "avx512_linear_rows" else "torch", "test")
+
+    monkeypatch.setattr(routes, "kernel_route", verdict)
+    fused = Decision("fused", "test")
+    assert routes.epilogue_route(fused, torch.float32, avx512_linear.FEW_ROWS)
+    assert not routes.epilogue_route(fused, torch.float32, avx512_linear.FEW_ROWS + 1)
+    assert not routes.epilogue_route(fused, torch.float32)  # rows unknown: the batch verdict
+    assert asked == ["avx512_linear_rows", "avx512_linear", "avx512_linear"]
+    config = EncoderConfig(
+        d_model=64, n_heads=4, n_layers=1, dim_mlp=128, norm="post", vocab_size=50
+    )
+    model = EncoderModel(config).eval()
+    with torch.inference_mode():
+        for tokens, taken in ((19, True), (200, False)):
+            mask = torch.ones(1, tokens, dtype=torch.bool)
+            plan = model.encoder.plan_for(mask)
+            assert plan.layer(0).avx512_linear is taken, tokens

@@ -66,6 +66,7 @@ def test_every_load_record_names_the_cpu_and_the_routes_of_clearformers_kernels(
         "avx512_attention",
         "avx512_attention_bf16",
         "avx512_linear",
+        "avx512_linear_rows",
         "avx512_flash",
         "avx512_flash_bf16",
         "avx512_dropout",

@@ -244,12 +244,12 @@ class TestAutoReadsTheVerdict:
             ]
 
         monkeypatch.setattr(kernels, "attention_workloads", lambda dtype=None: workloads("a", "b"))
-        monkeypatch.setattr(kernels, "linear_workloads", lambda: workloads("c"))
+        monkeypatch.setattr(kernels, "linear_workloads", lambda few_rows=(): workloads("c"))
         monkeypatch.setattr(kernels, "flash_workloads", lambda dtype: workloads("d"))
         monkeypatch.setattr(kernels, "dropout_workloads", lambda: workloads("e"))
         # The bfloat16 flash kernel is measured only on a CPU with AVX512-BF16.
         flash = avx512.FLASH_BF16 in avx512.kernels_here()
-        count, total = (6, 8) if flash else (5, 7)
+        count, total = (7, 9) if flash else (6, 8)
         assert main(["calibrate", "--force"]) == 0
         said = [
             line.removeprefix("clearformer calibrate: ")
@@ -277,6 +277,7 @@ class TestAutoReadsTheVerdict:
         tolerances = {torch.float32: {"atol": 5e-5, "rtol": 1e-4}}
         tolerances[torch.bfloat16] = {"atol": 1e-2, "rtol": 2**-7}
         workloads = attention_workloads() + linear_workloads()
+        workloads += linear_workloads(few_rows=(10, 40))
         workloads += attention_workloads(torch.bfloat16) + flash_workloads(torch.float32)
         if avx512.FLASH_BF16 in avx512.kernels_here():
             workloads += flash_workloads(torch.bfloat16)

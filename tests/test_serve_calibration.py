@@ -55,6 +55,7 @@ class TestOnAnAVX512CPU:
         every = dict(
             avx512_attention_bf16=1.1,
             avx512_linear=1.0,
+            avx512_linear_rows=1.1,
             avx512_flash=1.1,
             avx512_flash_bf16=1.1,
             avx512_dropout=1.1,

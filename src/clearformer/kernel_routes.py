@@ -25,6 +25,7 @@ _LABELS = {
     "avx512_attention": "AVX-512 attention",
     "avx512_attention_bf16": "AVX-512 attention on bfloat16 rows",
     "avx512_linear": "AVX-512 linear",
+    "avx512_linear_rows": "AVX-512 linear on a sentence's few rows",
     "avx512_flash": "AVX-512 flash attention (float32)",
     "avx512_flash_bf16": "AVX512-BF16 flash attention",
     "avx512_dropout": "AVX-512 dropout (counter-based masks)",

@@ -272,7 +272,8 @@ def plan_stack(
         kernel = Decision("sdpa", kernel.reason + routes.sdpa_note(call))
     if kernel.choice == "math":
         linear = None
-    avx512_linear = routes.epilogue_route(linear, dtype)
+    products_rows = packing.num_tokens if packing is not None else batch * length
+    avx512_linear = routes.epilogue_route(linear, dtype, products_rows)
 
     # 5. What each kind of layer means: its mask (causal fold, band), its rotary tables.
     windowed = any(window is not None for window, _ in kinds)

@@ -117,7 +117,7 @@ def plan_layer(
         is_causal=is_causal,
         need_weights=need_weights,
         linear=linear,
-        avx512_linear=routes.epilogue_route(linear, dtype),
+        avx512_linear=routes.epilogue_route(linear, dtype, batch * tq),
     )
 
 

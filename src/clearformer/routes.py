@@ -51,6 +51,7 @@ from .attention_routes import (
     varlen_method,
 )
 from .fast import fused_blocks
+from .fast.avx512_linear import FEW_ROWS
 from .fast.fused_linear import has_hooks, has_inner_hooks, reordered_product
 from .fast.reordered_weights import active_reordering
 from .kernel_routes import (
@@ -273,16 +274,20 @@ def linear_route(
     return decision
 
 
-def epilogue_route(linear: Decision | None, dtype: torch.dtype) -> bool:
+def epilogue_route(linear: Decision | None, dtype: torch.dtype, rows: int | None = None) -> bool:
     """Whether a fused route's products with an exact GELU or a LayerNorm epilogue take
-    clearformer's AVX-512 linear kernel (float32 rows, where ``auto`` takes it); the kernel
-    itself still declines shapes it cannot tile (:func:`clearformer.fast.avx512_linear.serves`)."""
+    clearformer's AVX-512 linear kernel (float32 rows, where ``auto`` takes it): for a call of
+    at most :data:`~clearformer.fast.avx512_linear.FEW_ROWS` ``rows`` (a sentence alone), on
+    the verdict of its few-rows order (``avx512_linear_rows``), else on the kernel's own; the
+    kernel itself still declines shapes it cannot tile
+    (:func:`clearformer.fast.avx512_linear.serves`)."""
+    few = rows is not None and 0 < rows <= FEW_ROWS
     return (
         linear is not None
         and linear.choice == "fused"
         and dtype == torch.float32
         and machine().avx512_available
-        and kernel_route("avx512_linear").choice == "avx512"
+        and kernel_route("avx512_linear_rows" if few else "avx512_linear").choice == "avx512"
     )
 
 

@@ -47,6 +47,8 @@ KERNEL_VARIABLES = {
     # The same kernel on bfloat16 rows: one switch, a verdict of its own (clearformer.fast.avx512).
     "avx512_attention_bf16": (AVX512_ATTENTION_VARIABLE, AVX512_VARIABLE),
     "avx512_linear": (AVX512_LINEAR_VARIABLE, AVX512_VARIABLE),
+    # The same kernel on a sentence's few rows: one switch, a verdict of its own.
+    "avx512_linear_rows": (AVX512_LINEAR_VARIABLE, AVX512_VARIABLE),
     # The flash kernels (float32, bfloat16): attention too, under the attention switch.
     "avx512_flash": (AVX512_ATTENTION_VARIABLE, AVX512_VARIABLE),
     "avx512_flash_bf16": (AVX512_ATTENTION_VARIABLE, AVX512_VARIABLE),

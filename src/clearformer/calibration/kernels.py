@@ -20,7 +20,9 @@ CPU model, PyTorch, clearformer and kernel build (:mod:`clearformer.calibration.
 * ``avx512_linear``: the three products of a post-norm block that carry an epilogue (the first
   feed-forward product with the exact GELU; the attention output and the second feed-forward
   product with the residual add and the LayerNorm) against oneDNN's fused products, both on
-  weights reordered once, as ``encode`` runs them.
+  weights reordered once, as ``encode`` runs them; ``avx512_linear_rows`` the same on a
+  sentence's few rows alone (10, 19 and 40: the kernel streams each weight panel once there),
+  as a server's lone requests run them.
 * ``avx512_dropout``: dropout with counter-based masks against PyTorch's dropout, in training's
   sizes: a batch's hidden states and its attention probabilities, float32 and bfloat16.
 
@@ -115,6 +117,7 @@ def calibrate(*, force: bool = False, rounds: int | None = None) -> Calibration:
         "avx512_attention": attention_workloads(),
         "avx512_attention_bf16": attention_workloads(torch.bfloat16),
         "avx512_linear": linear_workloads(),
+        avx512.LINEAR_ROWS: linear_workloads(few_rows=(10, 19, 40)),
         avx512.FLASH: flash_workloads(torch.float32),
         avx512.DROPOUT: dropout_workloads(),
     }
@@ -297,37 +300,51 @@ def flash_workloads(dtype: torch.dtype) -> list[Workload]:
     return workloads
 
 
-def linear_workloads() -> list[Workload]:
+def linear_workloads(few_rows: tuple[int, ...] = ()) -> list[Workload]:
     """A post-norm block's three products with an epilogue, on clearformer's kernel and on
     oneDNN, weights reordered once for each, at the rows of each batch and of the long
-    sequence."""
+    sequence, or at each of ``few_rows`` (a sentence alone) where given. Few rows run six
+    blocks of weights each, as a six-layer model does (one block's weights would stay in cache
+    between repeats, which a model's do not), with each block's plain q, k, v product too."""
     with torch.no_grad():  # packing needs weights that are not inference tensors
-        attn_out, fc_in, fc_out = (
-            nn.Linear(WIDTH, WIDTH),
-            nn.Linear(WIDTH, MLP),
-            nn.Linear(MLP, WIDTH),
-        )
+        blocks = [
+            (nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, MLP), nn.Linear(MLP, WIDTH))
+            for _ in range(6 if few_rows else 1)
+        ]
+        # The attention's fused q, k, v product of each block (timed on few rows alone).
+        inputs = [nn.Linear(WIDTH, 3 * WIDTH) for _ in blocks] if few_rows else []
         norm = nn.LayerNorm(WIDTH)
         packing = ReorderedWeights()
-        layers = (attn_out, fc_in, fc_out)
+        layers = [layer for block in blocks for layer in block] + inputs
         own = {id(layer): packing.weight_for(layer, "avx512") for layer in layers}
         onednn = {id(layer): packing.weight_for(layer, "onednn") for layer in layers}
 
     def block_kernel(x, residual):
-        a = avx512_linear.linear(x, own[id(attn_out)], attn_out, residual=residual, norm=norm)
-        g = avx512_linear.linear(a, own[id(fc_in)], fc_in, activation="gelu")
-        return avx512_linear.linear(g, own[id(fc_out)], fc_out, residual=a, norm=norm)
+        for index, (attn_out, fc_in, fc_out) in enumerate(blocks):
+            if few_rows:  # the attention's input product too, plain, which few rows take here
+                avx512_linear.linear(x, own[id(inputs[index])], inputs[index])
+            a = avx512_linear.linear(x, own[id(attn_out)], attn_out, residual=residual, norm=norm)
+            g = avx512_linear.linear(a, own[id(fc_in)], fc_in, activation="gelu")
+            x = avx512_linear.linear(g, own[id(fc_out)], fc_out, residual=a, norm=norm)
+        return x
 
     def block_onednn(x, residual):
-        a = norm(onednn_linear(x, onednn[id(attn_out)], attn_out, residual=residual))
-        g = onednn_linear(a, onednn[id(fc_in)], fc_in, activation="gelu")
-        return norm(onednn_linear(g, onednn[id(fc_out)], fc_out, residual=a))
+        for index, (attn_out, fc_in, fc_out) in enumerate(blocks):
+            if few_rows:
+                onednn_linear(x, onednn[id(inputs[index])], inputs[index])
+            a = norm(onednn_linear(x, onednn[id(attn_out)], attn_out, residual=residual))
+            g = onednn_linear(a, onednn[id(fc_in)], fc_in, activation="gelu")
+            x = norm(onednn_linear(g, onednn[id(fc_out)], fc_out, residual=a))
+        return x
 
     workloads = []
     # The products' cost grows with the rows alone: the short sentences and the long sequence
     # span the row counts encode's batches have.
     sizes = [(name, sum(_lengths(count, lo, hi))) for name, count, lo, hi in BATCHES[:1]]
-    for name, rows in [*sizes, (f"one sequence of {LONG} tokens", LONG)]:
+    sizes.append((f"one sequence of {LONG} tokens", LONG))
+    if few_rows:
+        sizes = [("a sentence alone, six blocks", rows) for rows in few_rows]
+    for name, rows in sizes:
         x, residual = torch.randn(rows, WIDTH), torch.randn(rows, WIDTH)
         workloads.append(
             Workload(

@@ -118,12 +118,16 @@ KERNELS = (
     "avx512_attention",
     "avx512_attention_bf16",
     "avx512_linear",
+    "avx512_linear_rows",
     "avx512_flash",
     "avx512_flash_bf16",
     "avx512_dropout",
 )
 FLASH = "avx512_flash"
 DROPOUT = "avx512_dropout"
+# The linear kernel on a sentence's few rows (panels outer): a verdict of its own, since oneDNN
+# and the kernel rank otherwise there than on a batch's rows; the linear switch covers both.
+LINEAR_ROWS = "avx512_linear_rows"
 FLASH_BF16 = "avx512_flash_bf16"
 # The flash kernels' ops in the library, by the dtype of the rows they take.
 _FLASH_OPS = {torch.float32: "flash_attention_f32", torch.bfloat16: "flash_attention_bf16"}

@@ -21,9 +21,15 @@
 // feed-forward product and is slower on plain products with 384 inputs, which therefore stay
 // with oneDNN (clearformer.fast.avx512_linear says which calls come here).
 //
-// Each output element is one sum over k in order, whatever the tiling and the threads' cuts
-// (threads take runs of 6-row tiles, and a row's LayerNorm runs on the thread that made the
-// row), so the result is the same for any thread count. Built by clearformer.fast.avx512
+// Few rows (at most FEW_ROWS: one sentence's tokens) take the loops the other way round: each
+// panel in turn against every row tile, so the weight streams from memory once, not once per
+// tile (a sentence-length call of MiniLM reads its 42 MB of weights in the time of its
+// products only this way), and threads take runs of panels; the LayerNorm then runs after all
+// the panels, over the few rows.
+//
+// Each output element is one sum over k in order, whatever the tiling, the loop order and the
+// threads' cuts (threads take runs of 6-row tiles or of panels, and a row's LayerNorm runs on
+// one thread), so the result is the same for any thread count and row count. Built by clearformer.fast.avx512
 // with avx512_attention.cpp into one library.
 
 #include <ATen/ATen.h>
@@ -42,6 +48,7 @@ constexpr int VECTORS = 4;                   // AVX-512 vectors per panel row
 constexpr int64_t PANEL = 16 * VECTORS;      // output columns per packed panel
 constexpr int TILE_ROWS = 6;                 // rows of x per register tile: 24 accumulators
 constexpr int64_t PREFETCH = 24;             // k steps ahead that the panel is prefetched
+constexpr int64_t FEW_ROWS = 64;             // at most this many rows: panels outer
 
 enum Activation : int64_t { NONE = 0, RELU = 1, GELU = 2 };
 
@@ -231,6 +238,20 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
   float* op = out.data_ptr<float>();
   const int64_t tiles_down = (M + TILE_ROWS - 1) / TILE_ROWS, panels = N / PANEL;
   const float epsilon = static_cast<float>(eps);
+  if (M <= FEW_ROWS) {  // each panel streamed once, against every row tile in turn
+    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p)
+        for (int64_t i = 0; i < M; i += TILE_ROWS) {
+          const int64_t rows = std::min<int64_t>(TILE_ROWS, M - i);
+          tiles[rows - 1](xp + i * lda, lda, wp + p * K * PANEL, K, b ? b + p * PANEL : nullptr,
+                          activation, res ? res + i * ldr + p * PANEL : nullptr, ldr,
+                          op + i * N + p * PANEL, N);
+        }
+    });
+    if (norm_w)  // after every panel: the few rows are whole now
+      for (int64_t r = 0; r < M; ++r) layer_norm_row(op + r * N, N, norm_w, norm_b, epsilon);
+    return out;
+  }
   at::parallel_for(0, tiles_down, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i = t * TILE_ROWS, rows = std::min<int64_t>(TILE_ROWS, M - i);
