@@ -105,8 +105,11 @@ class LayerPlan(_Layout):
         linear: how the linear layers run: ``fused`` (bias, activation and residual add inside
             oneDNN's matrix product, :mod:`clearformer.fast.fused_linear`) or ``eager``; None:
             eager (a plan no stack decided it for).
-        avx512_linear: a fused route's products with an exact GELU or a LayerNorm epilogue run
-            on clearformer's AVX-512 linear kernel (:mod:`clearformer.fast.avx512_linear`).
+        avx512_linear: a fused route's products run on clearformer's AVX-512 linear kernel
+            where it serves them (:func:`clearformer.fast.avx512_linear.serves`: those with an
+            exact GELU or a LayerNorm epilogue, and every product of a call of at most
+            ``FEW_ROWS`` rows), decided for the call's row count
+            (:func:`clearformer.routes.epilogue_route`).
     """
 
     layout: Decision

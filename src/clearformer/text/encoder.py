@@ -324,7 +324,10 @@ class TextEncoder:
         Returns:
             (n, dimensions or width) float32, row i for ``texts[i]``. Batching changes speed
             and memory, never the result: a text's embedding does not depend on its
-            batch-mates.
+            batch-mates (to the bit, with one condition where clearformer's AVX-512 linear
+            kernel is built: its verdict for a batch's rows and its verdict for a sentence's
+            few rows, at most 64, take the same side, else a batch of at most 64 tokens and
+            a larger one differ in the last bit; docs/serving.md, "Batching").
 
         On a CPU in float32 or bfloat16, once this encoder's calls have carried
         :data:`~clearformer.fast.reordered_weights.REORDER_MIN_TOKENS` tokens in all, it keeps a
