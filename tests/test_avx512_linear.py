@@ -414,6 +414,22 @@ def test_encode_with_the_kernel_matches_encode_without_it(kernel_calls, monkeypa
     assert (with_kernel * without).sum(axis=1).min() > 1 - 1e-6
 
 
+def test_a_text_alone_equals_its_row_in_a_batch_with_the_kernel_on(kernel_calls):
+    """With both linear verdicts taking the kernel (CLEARFORMER_AVX512=on here), a sentence
+    alone (its few rows, panels outer) and the same sentence inside a batch of hundreds of
+    rows (rows outer) take the same sums: the same embedding to the bit, as a server's lone
+    request and its merged batches must."""
+    encoder = TextEncoder.from_pretrained(bundled_model_dir())
+    encoder.keep_weights_reordered()  # as the server does: the kernel needs packed weights
+    texts = [f"sentence number {i} about the weather in a city by the sea" for i in range(40)]
+    encodings = encoder.tokenizer.encode(texts)
+    together = encoder.embed_batch(encodings, normalize=True)  # hundreds of rows
+    calls = len(kernel_calls)
+    alone = np.stack([encoder.embed_batch([e], normalize=True)[0] for e in encodings])
+    assert calls and len(kernel_calls) > calls, "both orders should have reached the kernel"
+    assert np.array_equal(alone, together)
+
+
 @pytest.mark.parametrize("backend", ["sdpa", "varlen"])
 def test_a_post_norm_encoder_under_packing_matches_its_eager_layers(backend, kernel_calls):
     from clearformer import Encoder, EncoderConfig
