@@ -54,7 +54,8 @@ def avx512_in_use(dtype: torch.dtype = torch.float32) -> bool:
 def fused_linear(x: torch.Tensor, layer, **epilogue) -> torch.Tensor:
     """``layer`` called as a fused plan calls it: the AVX-512 linear kernel for its epilogue
     where the routes take it (:func:`clearformer.routes.epilogue_route`)."""
-    taken = routes.epilogue_route(Decision("fused", "a test's fused call"), x.dtype)
+    rows = x.reshape(-1, x.shape[-1]).shape[0]  # (..., in) -> the rows the product sees
+    taken = routes.epilogue_route(Decision("fused", "a test's fused call"), x.dtype, rows)
     return linear(x, layer, avx512=taken, **epilogue)
 
 

@@ -312,6 +312,7 @@ def test_calls_without_packing_or_switched_off_or_odd_widths_stay_with_onednn(
     x = torch.randn(80, 384)  # above FEW_ROWS
     fused_call(up, x, activation="gelu")  # no packing: packing per call would cost more
     fused_call(up, x[:19], activation="gelu")  # nor on a sentence's few rows
+    fused_call(up, x[:1], activation="gelu")  # nor on a decoding step's row
     with use_reordered_weights(ReorderedWeights()):
         fused_call(up, x, activation="relu")  # oneDNN's ReLU costs next to nothing
         fused_call(odd, x, activation="gelu")  # 100 outputs: not whole panels
@@ -324,28 +325,28 @@ def test_calls_without_packing_or_switched_off_or_odd_widths_stay_with_onednn(
     assert kernel_calls == []
 
 
-def test_a_sentences_few_rows_take_every_product_to_the_kernel(kernel_calls, monkeypatch):
-    """At most FEW_ROWS rows every product goes to the kernel, plain ones and a residual add
-    alone included (it streams the weight once there, which beats oneDNN), each within
-    float32 rounding of float64; an activation it does not compute stays with oneDNN, and the
-    linear switch turns it off as it does the batch route."""
-    up, down = make_layer(384, 1536), make_layer(1536, 384, seed=2)
-    x = torch.randn(19, 384)
-    with use_reordered_weights(ReorderedWeights()):
-        plain = fused_call(up, x)
-        relu = fused_call(up, x, activation="relu")
-        added = fused_call(down, plain, residual=x)
-        fused_call(up, x, activation="gelu_tanh")  # not the kernel's
-        assert len(kernel_calls) == 3
-        monkeypatch.setenv(switches.AVX512_LINEAR_VARIABLE, "off")
-        fused_call(up, x)
-    assert len(kernel_calls) == 3
-    for got, expected in (
-        (plain, float64_reference(x, up)),
-        (relu, float64_reference(x, up, activation="relu")),
-        (added, float64_reference(plain, down, residual=x)),
-    ):
-        assert (got.double() - expected).abs().max() < 2e-5
+@pytest.mark.parametrize("threads", [1, 2, 16])
+def test_any_row_count_takes_the_same_kinds_of_product(kernel_calls, threads):
+    """A sentence's few rows, a decoding step's one row and the rows between FEW_ROWS and one
+    tile per thread take the kernel for the same products a batch does (the exact GELU, a
+    LayerNorm epilogue), within float32 rounding of float64; plain products, ReLU and residual
+    adds alone stay with oneDNN at every row count. So a row takes the same products alone
+    and in a batch."""
+    up, down, norm = make_layer(384, 1536), make_layer(1536, 384, seed=2), make_norm(384)
+    with intra_op_threads(threads), use_reordered_weights(ReorderedWeights()):
+        for rows in (1, 19, 80):  # 80 at 16 threads: fewer row tiles than threads
+            x = torch.randn(rows, 384)
+            before = len(kernel_calls)
+            h = fused_call(up, x, activation="gelu")
+            out = fused_call(down, h, residual=x, norm=norm)
+            fused_call(up, x)
+            fused_call(up, x, activation="relu")
+            fused_call(down, h, residual=x)
+            assert len(kernel_calls) - before == 2, rows
+            expected = float64_reference(
+                float64_reference(x, up, activation="gelu").float(), down, residual=x, norm=norm
+            )
+            assert (out.double() - expected).abs().max() < 2e-5, rows
 
 
 def test_the_norm_epsilon_counts_as_torch_counts_it():
@@ -430,6 +431,33 @@ def test_a_text_alone_equals_its_row_in_a_batch_with_the_kernel_on(kernel_calls)
     assert np.array_equal(alone, together)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 16])
+@pytest.mark.parametrize(("width", "norm"), [(768, "post"), (384, "pre"), (128, "post")], ids=str)
+def test_a_sequence_alone_equals_its_rows_in_a_batch(kernel_calls, width, norm, threads):
+    """Widths and layouts where oneDNN's plain products add otherwise than the kernel (768
+    inputs; a pre-norm block's residual-only product of 1,536 inputs), and thread counts
+    where a batch's rows are fewer than one tile per thread: each sequence run alone (at most
+    FEW_ROWS rows) equals its rows in the packed batch (more), to the bit, with both linear
+    verdicts taking the kernel. A row takes the same kinds of product at every row count."""
+    from clearformer import Encoder, EncoderConfig
+
+    config = EncoderConfig(
+        d_model=width, n_heads=4, n_layers=2, dim_mlp=4 * width, norm=norm, activation="gelu"
+    )
+    torch.manual_seed(0)
+    model = Encoder(config).eval()
+    lengths = [7, 30, 19, 41]  # 97 rows together, each at most FEW_ROWS alone
+    x = torch.randn(len(lengths), max(lengths), width)
+    mask = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
+    packing = use_reordered_weights(ReorderedWeights())
+    with intra_op_threads(threads), torch.inference_mode(), packing:
+        together = model(x, mask, backend="varlen")  # (B, T, D)
+        alone = [model(x[b : b + 1, :n], backend="varlen")[0] for b, n in enumerate(lengths)]
+    assert kernel_calls, "the GELU products should take the kernel"
+    for b, n in enumerate(lengths):
+        assert torch.equal(alone[b], together[b, :n]), (b, n)
+
+
 @pytest.mark.parametrize("backend", ["sdpa", "varlen"])
 def test_a_post_norm_encoder_under_packing_matches_its_eager_layers(backend, kernel_calls):
     from clearformer import Encoder, EncoderConfig
@@ -489,10 +517,10 @@ def test_a_sentences_few_rows_ask_their_own_verdict(monkeypatch):
 
     monkeypatch.setattr(routes, "kernel_route", verdict)
     fused = Decision("fused", "test")
+    assert routes.epilogue_route(fused, torch.float32, 1)
     assert routes.epilogue_route(fused, torch.float32, avx512_linear.FEW_ROWS)
     assert not routes.epilogue_route(fused, torch.float32, avx512_linear.FEW_ROWS + 1)
-    assert not routes.epilogue_route(fused, torch.float32)  # rows unknown: the batch verdict
-    assert asked == ["avx512_linear_rows", "avx512_linear", "avx512_linear"]
+    assert asked == ["avx512_linear_rows", "avx512_linear_rows", "avx512_linear"]
     config = EncoderConfig(
         d_model=64, n_heads=4, n_layers=1, dim_mlp=128, norm="post", vocab_size=50
     )

@@ -266,22 +266,22 @@ def linear_route(
         return fixed[key]
     decision = fusion_decision(device, dtype, training, module)
     if decision.choice == "fused":
-        decision = Decision(
-            decision.choice, decision.reason + kernel_note("avx512_linear"), impl=fused_blocks
-        )
+        # Both of the linear kernel's verdicts: a batch's rows, and a sentence's few rows.
+        notes = kernel_note("avx512_linear") + kernel_note("avx512_linear_rows")
+        decision = Decision(decision.choice, decision.reason + notes, impl=fused_blocks)
     if fixed is not None:
         fixed[key] = decision
     return decision
 
 
-def epilogue_route(linear: Decision | None, dtype: torch.dtype, rows: int | None = None) -> bool:
+def epilogue_route(linear: Decision | None, dtype: torch.dtype, rows: int) -> bool:
     """Whether a fused route's products with an exact GELU or a LayerNorm epilogue take
     clearformer's AVX-512 linear kernel (float32 rows, where ``auto`` takes it): for a call of
     at most :data:`~clearformer.fast.avx512_linear.FEW_ROWS` ``rows`` (a sentence alone), on
     the verdict of its few-rows order (``avx512_linear_rows``), else on the kernel's own; the
     kernel itself still declines shapes it cannot tile
     (:func:`clearformer.fast.avx512_linear.serves`)."""
-    few = rows is not None and 0 < rows <= FEW_ROWS
+    few = 0 < rows <= FEW_ROWS
     return (
         linear is not None
         and linear.choice == "fused"

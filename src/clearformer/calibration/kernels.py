@@ -21,8 +21,8 @@ CPU model, PyTorch, clearformer and kernel build (:mod:`clearformer.calibration.
   feed-forward product with the exact GELU; the attention output and the second feed-forward
   product with the residual add and the LayerNorm) against oneDNN's fused products, both on
   weights reordered once, as ``encode`` runs them; ``avx512_linear_rows`` the same on a
-  sentence's few rows alone (10, 19 and 40: the kernel streams each weight panel once there),
-  as a server's lone requests run them.
+  sentence's few rows alone (1, 10, 19 and 40: the kernel streams each weight panel once
+  there), as a server's lone requests and a decoding step run them.
 * ``avx512_dropout``: dropout with counter-based masks against PyTorch's dropout, in training's
   sizes: a batch's hidden states and its attention probabilities, float32 and bfloat16.
 
@@ -117,7 +117,7 @@ def calibrate(*, force: bool = False, rounds: int | None = None) -> Calibration:
         "avx512_attention": attention_workloads(),
         "avx512_attention_bf16": attention_workloads(torch.bfloat16),
         "avx512_linear": linear_workloads(),
-        avx512.LINEAR_ROWS: linear_workloads(few_rows=(10, 19, 40)),
+        avx512.LINEAR_ROWS: linear_workloads(few_rows=(1, 10, 19, 40)),
         avx512.FLASH: flash_workloads(torch.float32),
         avx512.DROPOUT: dropout_workloads(),
     }
@@ -305,33 +305,27 @@ def linear_workloads(few_rows: tuple[int, ...] = ()) -> list[Workload]:
     oneDNN, weights reordered once for each, at the rows of each batch and of the long
     sequence, or at each of ``few_rows`` (a sentence alone) where given. Few rows run six
     blocks of weights each, as a six-layer model does (one block's weights would stay in cache
-    between repeats, which a model's do not), with each block's plain q, k, v product too."""
+    between repeats, which a model's do not)."""
     with torch.no_grad():  # packing needs weights that are not inference tensors
         blocks = [
             (nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, MLP), nn.Linear(MLP, WIDTH))
             for _ in range(6 if few_rows else 1)
         ]
-        # The attention's fused q, k, v product of each block (timed on few rows alone).
-        inputs = [nn.Linear(WIDTH, 3 * WIDTH) for _ in blocks] if few_rows else []
         norm = nn.LayerNorm(WIDTH)
         packing = ReorderedWeights()
-        layers = [layer for block in blocks for layer in block] + inputs
+        layers = [layer for block in blocks for layer in block]
         own = {id(layer): packing.weight_for(layer, "avx512") for layer in layers}
         onednn = {id(layer): packing.weight_for(layer, "onednn") for layer in layers}
 
     def block_kernel(x, residual):
-        for index, (attn_out, fc_in, fc_out) in enumerate(blocks):
-            if few_rows:  # the attention's input product too, plain, which few rows take here
-                avx512_linear.linear(x, own[id(inputs[index])], inputs[index])
+        for attn_out, fc_in, fc_out in blocks:
             a = avx512_linear.linear(x, own[id(attn_out)], attn_out, residual=residual, norm=norm)
             g = avx512_linear.linear(a, own[id(fc_in)], fc_in, activation="gelu")
             x = avx512_linear.linear(g, own[id(fc_out)], fc_out, residual=a, norm=norm)
         return x
 
     def block_onednn(x, residual):
-        for index, (attn_out, fc_in, fc_out) in enumerate(blocks):
-            if few_rows:
-                onednn_linear(x, onednn[id(inputs[index])], inputs[index])
+        for attn_out, fc_in, fc_out in blocks:
             a = norm(onednn_linear(x, onednn[id(attn_out)], attn_out, residual=residual))
             g = onednn_linear(a, onednn[id(fc_in)], fc_in, activation="gelu")
             x = norm(onednn_linear(g, onednn[id(fc_out)], fc_out, residual=a))

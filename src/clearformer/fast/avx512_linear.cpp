@@ -21,11 +21,11 @@
 // feed-forward product and is slower on plain products with 384 inputs, which therefore stay
 // with oneDNN (clearformer.fast.avx512_linear says which calls come here).
 //
-// Few rows (at most FEW_ROWS: one sentence's tokens) take the loops the other way round: each
-// panel in turn against every row tile, so the weight streams from memory once, not once per
-// tile (a sentence-length call of MiniLM reads its 42 MB of weights in the time of its
-// products only this way), and threads take runs of panels; the LayerNorm then runs after all
-// the panels, over the few rows.
+// Few rows (at most FEW_ROWS: one sentence's tokens, or fewer row tiles than threads) take the
+// loops the other way round: each panel in turn against every row tile, so the weight streams
+// from memory once, not once per tile (a sentence-length call of MiniLM reads its 42 MB of
+// weights in the time of its products only this way), and threads take runs of panels, so
+// that every thread has work; the LayerNorm then runs after all the panels, over the rows.
 //
 // Each output element is one sum over k in order, whatever the tiling, the loop order and the
 // threads' cuts (threads take runs of 6-row tiles or of panels, and a row's LayerNorm runs on
@@ -238,7 +238,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
   float* op = out.data_ptr<float>();
   const int64_t tiles_down = (M + TILE_ROWS - 1) / TILE_ROWS, panels = N / PANEL;
   const float epsilon = static_cast<float>(eps);
-  if (M <= FEW_ROWS) {  // each panel streamed once, against every row tile in turn
+  if (M <= FEW_ROWS || tiles_down < at::get_num_threads()) {  // each panel streamed once
     at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
       for (int64_t p = begin; p < end; ++p)
         for (int64_t i = 0; i < M; i += TILE_ROWS) {

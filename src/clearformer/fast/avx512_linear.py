@@ -9,12 +9,12 @@ file, built into the AVX-512 library with the attention kernel) computes the pro
 register tiles whose rows are whole output rows, then the bias, a table-based exact GELU or
 the residual add and the LayerNorm while the rows are still in cache.
 
-On a batch's rows its plain product is slower than oneDNN's on products with few inputs
-(384), so there it serves only the calls that carry such an epilogue: the exact GELU, or a
-LayerNorm after the product (:func:`serves`); the others stay with oneDNN. On a sentence's
-few rows (at most :data:`FEW_ROWS`) it streams each panel of the weight once against every
-row tile, which beats oneDNN on every product there, plain ones included, under a verdict of
-its own (``avx512_linear_rows``). The plan takes it where the library is built
+Its plain product is slower than oneDNN's on a batch's products with few inputs (384), so it
+serves only the calls that carry such an epilogue: the exact GELU, or a LayerNorm after the
+product (:func:`serves`), at every row count; the others stay with oneDNN at every row count,
+so that a row takes the same products alone and in a batch. On a sentence's few rows (at most
+:data:`FEW_ROWS`) it streams each panel of the weight once against every row tile, under a
+verdict of its own (``avx512_linear_rows``). The plan takes it where the library is built
 and this CPU measured it faster than oneDNN at MiniLM's shapes
 (:func:`clearformer.routes.epilogue_route`, :mod:`clearformer.calibration`), so two equal calls
 may differ by float32 rounding before and after a measurement; a layer whose calls go both
@@ -42,9 +42,10 @@ ACTIVATIONS = {"relu": 1, "gelu": 2}  # name -> the kernel's activation code (ge
 # plain product is the faster one.
 ROUTED_ACTIVATIONS = ("gelu",)
 TILE_ROWS = 6  # rows per register tile: threads split the rows tile by tile
-# At most this many rows (one sentence's tokens), the kernel streams each weight panel once
-# against every row tile and threads split the panels (avx512_linear.cpp's FEW_ROWS): any
-# thread count has work, and the route asks a verdict of its own (routes.epilogue_route).
+# At most this many rows (one sentence's tokens), the route asks the kernel's few-rows verdict
+# (routes.epilogue_route). The kernel itself streams each weight panel once against every row
+# tile there, and wherever it has fewer row tiles than threads (avx512_linear.cpp's FEW_ROWS,
+# the same number): the same sums either way, so the order is the kernel's own business.
 FEW_ROWS = 64
 
 
@@ -71,15 +72,14 @@ def serves(
     norm: nn.Module | None,
 ) -> bool:
     """Whether the kernel can take this fused call, which the plan sends here: ``rows`` (M, in)
-    float32 on the CPU, ``layer``'s outputs a multiple of 64, and either at most
-    :data:`FEW_ROWS` rows (threads split the weight's panels; every product, its ReLU, GELU,
-    residual add and LayerNorm too: streaming each panel once wins there) or at least one
-    6-row tile per thread (threads split the rows) with an epilogue the kernel wins on (the
-    exact GELU, or a fusable LayerNorm after the product)."""
-    few = rows.shape[0] <= FEW_ROWS
-    if activation is None and norm is None and not few:
+    float32 on the CPU, ``layer``'s outputs a multiple of 64, and an epilogue the kernel wins
+    on (the exact GELU, or a fusable LayerNorm after the product), at any row count (with few
+    rows the kernel splits the weight's panels between threads, else the rows). The same kinds
+    of product at every row count: a text's row then takes the same sums alone and in a batch
+    (the kernel's two orders add alike), where plain products stay with oneDNN either way."""
+    if activation is None and norm is None:
         return False
-    if activation is not None and activation not in (ACTIVATIONS if few else ROUTED_ACTIVATIONS):
+    if activation is not None and activation not in ROUTED_ACTIVATIONS:
         return False
     if norm is not None and not fusable_norm(norm, layer.out_features):
         return False
@@ -87,7 +87,7 @@ def serves(
         return False
     return (
         layer.out_features % PANEL == 0
-        and (rows.shape[0] <= FEW_ROWS or rows.shape[0] >= TILE_ROWS * torch.get_num_threads())
+        and rows.shape[0] > 0
         and rows.device.type == "cpu"
         and rows.dtype == layer.weight.dtype == torch.float32
         and rows.stride(-1) == 1
