@@ -334,10 +334,11 @@ def linear_workloads(few_rows: tuple[int, ...] = ()) -> list[Workload]:
     workloads = []
     # The products' cost grows with the rows alone: the short sentences and the long sequence
     # span the row counts encode's batches have.
-    sizes = [(name, sum(_lengths(count, lo, hi))) for name, count, lo, hi in BATCHES[:1]]
-    sizes.append((f"one sequence of {LONG} tokens", LONG))
     if few_rows:
         sizes = [("a sentence alone, six blocks", rows) for rows in few_rows]
+    else:
+        sizes = [(name, sum(_lengths(count, lo, hi))) for name, count, lo, hi in BATCHES[:1]]
+        sizes.append((f"one sequence of {LONG} tokens", LONG))
     for name, rows in sizes:
         x, residual = torch.randn(rows, WIDTH), torch.randn(rows, WIDTH)
         workloads.append(

@@ -238,15 +238,17 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
   float* op = out.data_ptr<float>();
   const int64_t tiles_down = (M + TILE_ROWS - 1) / TILE_ROWS, panels = N / PANEL;
   const float epsilon = static_cast<float>(eps);
+  // The product of the row tile starting at row i against panel p, its epilogue but the norm.
+  const auto product = [&](int64_t i, int64_t p) {
+    const int64_t rows = std::min<int64_t>(TILE_ROWS, M - i);
+    tiles[rows - 1](xp + i * lda, lda, wp + p * K * PANEL, K, b ? b + p * PANEL : nullptr,
+                    activation, res ? res + i * ldr + p * PANEL : nullptr, ldr,
+                    op + i * N + p * PANEL, N);
+  };
   if (M <= FEW_ROWS || tiles_down < at::get_num_threads()) {  // each panel streamed once
     at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
       for (int64_t p = begin; p < end; ++p)
-        for (int64_t i = 0; i < M; i += TILE_ROWS) {
-          const int64_t rows = std::min<int64_t>(TILE_ROWS, M - i);
-          tiles[rows - 1](xp + i * lda, lda, wp + p * K * PANEL, K, b ? b + p * PANEL : nullptr,
-                          activation, res ? res + i * ldr + p * PANEL : nullptr, ldr,
-                          op + i * N + p * PANEL, N);
-        }
+        for (int64_t i = 0; i < M; i += TILE_ROWS) product(i, p);
     });
     if (norm_w)  // after every panel: the few rows are whole now
       for (int64_t r = 0; r < M; ++r) layer_norm_row(op + r * N, N, norm_w, norm_b, epsilon);
@@ -255,10 +257,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
   at::parallel_for(0, tiles_down, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i = t * TILE_ROWS, rows = std::min<int64_t>(TILE_ROWS, M - i);
-      const TileFn fn = tiles[rows - 1];
-      for (int64_t p = 0; p < panels; ++p)
-        fn(xp + i * lda, lda, wp + p * K * PANEL, K, b ? b + p * PANEL : nullptr, activation,
-           res ? res + i * ldr + p * PANEL : nullptr, ldr, op + i * N + p * PANEL, N);
+      for (int64_t p = 0; p < panels; ++p) product(i, p);
       if (norm_w)  // the tile row's output rows are whole and still in cache
         for (int64_t r = i; r < i + rows; ++r) layer_norm_row(op + r * N, N, norm_w, norm_b, epsilon);
     }

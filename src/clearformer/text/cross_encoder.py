@@ -115,7 +115,7 @@ class CrossEncoder:
         )  # weights in oneDNN's layout, once calls repay it
         # int8 is for embeddings (TextEncoder.encode): a cross-encoder runs float32 or bf16.
         self._precisions: Precisions[tuple[EncoderModel, SequenceClassifier]] = Precisions(
-            ("float32", "bf16"), self._device, self._copy_bf16, held=held, held_as=held_as
+            ("float32", "bf16"), lambda: self.device, self._copy_bf16, held=held, held_as=held_as
         )
 
     @classmethod
@@ -207,9 +207,6 @@ class CrossEncoder:
             return self.model, self.head
         return bf16_copy(self.model), bf16_copy(self.head)
 
-    def _device(self) -> torch.device:
-        return model_device(self.model)
-
     @property
     def device(self) -> torch.device:
         """Where the model runs (``from_pretrained(device=...)``; the CPU by default)."""
@@ -271,7 +268,7 @@ class CrossEncoder:
         encodings = self.tokenizer.encode_pairs(pairs, prompt=chosen_prompt) if n else []
         lengths = [len(e.ids) for e in encodings]
         tokens = sum(lengths)
-        device = model_device(self.model)
+        device = self.device
         chosen = self._precisions.decide(precision).choice if n else "float32"
         work = attention_work(lengths, getattr(self.model, "config", None))
         attention_kernel_for(tokens, device, attention=work)
@@ -331,7 +328,7 @@ class CrossEncoder:
         """Pad, run the model and the head, apply the activation: (B, L) float32 (predict's
         and score_batch's one path)."""
         batch = self.tokenizer.pad(encodings, with_tokens=False)
-        device = model_device(self.model)
+        device = self.device
         ids, mask, types = (
             t.to(device) for t in (batch.input_ids, batch.attention_mask, batch.token_type_ids)
         )  # (B, T) each; mask bool

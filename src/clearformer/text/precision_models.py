@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..devices import model_device
 from ..model import EncoderModel
 from ..options import Decision
 from .int8_models import Int8Models
@@ -89,4 +90,4 @@ class PrecisionModels:
         return bf16_copy(self.model)
 
     def _device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return model_device(self.model)
