@@ -29,7 +29,7 @@ def check_sparse_flags(args: argparse.Namespace) -> None:
         ("--similarity", args.similarity),
         ("--dimensions", args.dimensions is not None),
         ("--no-normalize", args.normalize is False),
-        ("--precision int8", args.precision == "int8"),
+        (f"--precision {args.precision}", args.precision in ("int8", "int8-blocks")),
         (
             f"--output {args.output}",
             args.output is not None and Path(args.output).suffix != ".jsonl",

@@ -38,8 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_arguments(p)
     add_precision_argument(
         p,
-        ("float32", "bf16", "int8"),
-        "bf16 / int8: the corpus and the queries embedded at that precision",
+        ("float32", "bf16", "int8", "int8-blocks"),
+        "bf16 / int8 / int8-blocks: the corpus and the queries embedded at that precision",
     )
     p.add_argument(
         "--dimensions",

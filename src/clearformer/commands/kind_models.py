@@ -30,12 +30,13 @@ def kind_precision(kind: str, precision: str) -> str:
     """``--precision`` for a sparse or multi-vector model: float32 or bf16 (``auto`` decided
     here, as for a cross-encoder); int8, which only dense models run, refused naming the
     kind."""
-    from ..precision import check_precision, choose_precision
+    from ..precision import check_precision, choose_precision, is_int8
 
     offered = ("float32", "bf16")
-    if check_precision(precision, "--precision") == "int8":
+    asked = check_precision(precision, "--precision")
+    if is_int8(asked):
         raise ValueError(
-            f"--precision int8 applies to dense models; a {kind} model runs float32 or bf16"
+            f"--precision {asked} applies to dense models; a {kind} model runs float32 or bf16"
         )
     precision = check_precision(precision, "--precision", (*offered, "auto"))
     return choose_precision(precision, offered=offered).choice

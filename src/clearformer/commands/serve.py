@@ -138,10 +138,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_precision_argument(
         p,
-        ("float32", "bf16", "int8"),
+        ("float32", "bf16", "int8", "int8-blocks"),
         "bf16 (bfloat16): embedding and reranking models run their bfloat16 copies, as "
-        "encode --precision bf16 does; int8: embedding models run encode --precision int8's "
-        "model (cross-encoders stay in float32)",
+        "encode --precision bf16 does; int8, int8-blocks: embedding models run encode "
+        "--precision int8's (int8-blocks') model (cross-encoders stay in float32)",
     )
     p.add_argument(
         "--backend", choices=BACKENDS, default="auto", help="attention backend (auto packs)"
@@ -151,7 +151,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="cpu",
         metavar="DEVICE",
         help="where embedding and reranking models run: cpu (default), cuda, cuda:N; sparse "
-        "and multi-vector models run on the CPU; --precision int8 runs on the CPU alone",
+        "and multi-vector models run on the CPU; --precision int8 and int8-blocks run on the CPU "
+        "alone",
     )
     p.set_defaults(func=run, writes_stdout=lambda args: False)
 

@@ -82,6 +82,7 @@ SOURCES = tuple(
         "avx512_flash.cpp",
         "avx512_flash_bf16.cpp",
         "avx512_dropout.cpp",
+        "avx512_int8_blocks.cpp",
     )
 )
 # Included by the sources (the shared exponential): part of what the build's name hashes.

@@ -4,6 +4,8 @@
 * ``"bf16"`` (alias ``"bfloat16"``): a copy of the model with bfloat16 weights, its matrix
   products in bfloat16 and float32 where accuracy needs it (:mod:`.bf16`);
 * ``"int8"``: int8 matrix products (:mod:`clearformer.quant`; ``TextEncoder.encode`` only);
+* ``"int8-blocks"``: int8 weights with a scale per block of 32 inputs, 16-bit activations
+  (:mod:`clearformer.quant.int8_blocks`): closer to float32 than ``"int8"``, slower;
 * ``"auto"``: the fastest of them whose accuracy floor holds on this CPU, decided from the
   CPU's instruction sets and, where they do not settle it, a short measurement cached per CPU
   model and PyTorch version (:mod:`.auto`, :mod:`.speedup`).
@@ -17,7 +19,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..lazy_exports import lazy_exports as _lazy_exports
-from .names import ALIASES, PRECISION_NAMES, PRECISIONS, check_precision
+from .names import (
+    ALIASES,
+    INT8_PRECISIONS,
+    PRECISION_NAMES,
+    PRECISIONS,
+    check_precision,
+    is_int8,
+)
 
 _EXPORTS = {
     "Bf16Support": ".bf16",
@@ -41,6 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALIASES",
+    "INT8_PRECISIONS",
     "PRECISIONS",
     "PRECISION_NAMES",
     "Bf16Support",
@@ -53,4 +63,5 @@ __all__ = [
     "choose_precision",
     "empty_bf16",
     "is_bf16",
+    "is_int8",
 ]

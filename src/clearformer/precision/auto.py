@@ -112,8 +112,10 @@ def choose_precision(
     ``precision`` is checked first (:func:`~clearformer.precision.check_precision`: one of
     ``offered`` or ``"auto"``; ``"bfloat16"`` is ``"bf16"``). A name is taken as it is (int8
     where this machine has no int8 products: float32, as ``TextEncoder.int8_model`` runs);
-    ``auto`` is :func:`auto_precision` on a CPU and float32 elsewhere; ``int8`` on any device
-    but the CPU is refused (ValueError).
+    ``auto`` is :func:`auto_precision` on a CPU and float32 elsewhere (it never picks
+    ``int8-blocks``, a choice of accuracy over speed); ``int8`` and ``int8-blocks`` on any
+    device but the CPU are refused (ValueError). ``int8-blocks`` where its kernel cannot run
+    (no AVX512-VNNI, no kernel library) runs float32.
     """
     precision = check_precision(precision, name, (*offered, "auto"))
     device = torch.device(device)
@@ -121,6 +123,18 @@ def choose_precision(
         if device.type != "cpu":
             return Decision("float32", f"auto decides for CPUs; on {device.type} float32 runs")
         return auto_precision(cpu, offered=offered, calibrate=calibrate)
+    if precision == "int8-blocks":
+        if device.type != "cpu":
+            raise ValueError(
+                f"{name}='int8-blocks' runs on CPUs only (its layers are a CPU int8 kernel); "
+                f"on {device} use 'bf16' or 'float32'"
+            )
+        from ..quant.int8_blocks import block_kernel_support
+
+        kernel = block_kernel_support()
+        if kernel.choice != "available":
+            return Decision("float32", f"int8-blocks requested, but {kernel.reason}")
+        return Decision("int8-blocks", f"requested by name ({kernel.reason})")
     if precision == "int8":
         if device.type != "cpu":
             raise ValueError(

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-PRECISIONS = ("float32", "bf16", "int8", "auto")  # the canonical names
+# The canonical names. "int8-blocks": int8 weights with a scale per block of 32 inputs and
+# 16-bit activations (clearformer.quant.int8_blocks), closer to float32 than "int8", slower.
+PRECISIONS = ("float32", "bf16", "int8", "int8-blocks", "auto")
+INT8_PRECISIONS = ("int8", "int8-blocks")  # the CPU-only ones, whose layers hold int8 weights
 ALIASES = {"bfloat16": "bf16"}  # PyTorch's name for the dtype is accepted too
 PRECISION_NAMES = (*PRECISIONS, *ALIASES)  # every spelling a caller may pass (CLI choices)
+
+
+def is_int8(precision: str | None) -> bool:
+    """``precision`` (any spelling) is one of :data:`INT8_PRECISIONS`: CPU-only, no float
+    weights left in the model's linear layers."""
+    return ALIASES.get(precision, precision) in INT8_PRECISIONS
 
 
 def check_precision(

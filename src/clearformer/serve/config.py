@@ -45,7 +45,8 @@ class ServeConfig:
     # region on a CPU another process keeps busy waits for it (docs/serving.md).
     fixed_threads: bool = False
     # "bf16" (alias "bfloat16"): every model runs its bfloat16 copy; "int8": embedding models
-    # run encode(precision="int8")'s model; "auto": each model's fastest accurate precision.
+    # run encode(precision="int8")'s model (and "int8-blocks" encode(precision="int8-blocks")'s);
+    # "auto": each model's fastest accurate precision.
     precision: str = "float32"
     backend: str = "auto"  # attention backend, as for encode
     # Where embedding and reranking models run (clearformer.devices.check_device): "cpu",
@@ -71,11 +72,11 @@ class ServeConfig:
         check_precision(self.precision)
         check_choice(self.backend, BACKENDS, "backend")
         from ..devices import check_device
-        from ..precision import ALIASES
+        from ..precision import is_int8
 
         where = check_device(self.device)
-        if where.type != "cpu" and ALIASES.get(self.precision, self.precision) == "int8":
+        if where.type != "cpu" and is_int8(self.precision):
             raise ValueError(
-                f"precision='int8' runs on CPUs only; with device={self.device!r} use 'bf16' "
-                f"or 'float32'"
+                f"precision={self.precision!r} runs on CPUs only; with device={self.device!r} "
+                f"use 'bf16' or 'float32'"
             )

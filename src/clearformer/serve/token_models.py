@@ -18,6 +18,7 @@ import numpy as np
 
 from ..devices import check_device
 from ..model_kinds import model_kind
+from ..precision.names import is_int8
 from .errors import ApiError
 from .models import Prepared, ServedModel, _check_unicode, _copy, load_model
 from .sparse import load_sparse
@@ -165,9 +166,11 @@ def load_served_model(
     cls = BGEM3Encoder if kind == "bge-m3" else MultiVectorEncoder
     # The one precision the server runs it in, held alone (bf16: no float32 backbone kept).
     # int8 is for dense embedding models: these run float32 (warned).
-    held = "float32" if precision == "int8" else precision
+    held = "float32" if is_int8(precision) else precision
     model = cls.from_pretrained(path, max_length=max_input_tokens, precision=held)
     name = spec.name or path.name
-    if precision == "int8":
-        log.warning("%s is a %s model: it runs in float32 (int8 applies to embeddings)", name, kind)
+    if is_int8(precision):
+        log.warning(
+            "%s is a %s model: it runs in float32 (%s applies to embeddings)", name, kind, precision
+        )
     return TokenVectorModel(name, model)

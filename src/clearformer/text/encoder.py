@@ -37,6 +37,7 @@ from ..interop.hf.sentence_transformers import Prompts
 from ..interop.hf.tokenizer import check_texts
 from ..model import EncoderModel
 from ..options import Decision
+from ..precision.names import is_int8
 from .batching import (
     balance_batches,
     check_batch_limits,
@@ -45,7 +46,7 @@ from .batching import (
 )
 from .encoder_files import EncoderParts, read_encoder_parts, write_encoder_files
 from .kernel_builds import attention_kernel_for, attention_work
-from .precision_models import PrecisionModels
+from .precision_models import OFFERED, PrecisionModels
 from .precisions import held_precision
 from .progress import ProgressFn, progress_reporter
 from .prompts import choose_prompt, prompt_length
@@ -147,15 +148,16 @@ class TextEncoder:
                 ``"cuda:1"``, a ``torch.device``; :func:`clearformer.devices.check_device`),
                 checked before any weight is read. Texts are tokenized on the CPU and each
                 padded batch goes to the device; ``encode`` returns NumPy arrays whatever the
-                device. ``precision="int8"`` runs on the CPU alone.
+                device. ``precision="int8"`` and ``"int8-blocks"`` run on the CPU alone.
             precision: None = the float32 model, and every call may ask for any precision
                 (the bfloat16 and int8 models are built on first need and kept beside it);
-                ``"float32"``, ``"bf16"``, ``"int8"`` or ``"auto"`` (decided now, as
-                :meth:`precision_for` decides): the encoder holds that precision's model
-                alone and every call runs it. ``"bf16"`` builds the bfloat16 model straight
-                from the checkpoint, never holding the float32 one; ``"int8"`` builds the int8
-                model from the float32 one and lets the float32 one go. A call that asks for
-                another precision is refused.
+                ``"float32"``, ``"bf16"``, ``"int8"``, ``"int8-blocks"`` or ``"auto"``
+                (decided now, as :meth:`precision_for` decides): the encoder holds that
+                precision's model alone and every call runs it. ``"bf16"`` builds the
+                bfloat16 model straight from the checkpoint, never holding the float32 one;
+                ``"int8"`` and ``"int8-blocks"`` read and convert one layer at a time and
+                never hold the float32 model whole. A call that asks for another precision
+                is refused.
             padding_side: ``"right"`` or ``"left"``; None = tokenizer_config.json's
                 ``padding_side`` (right when absent). Embeddings do not depend on it:
                 positions count each row's real tokens either way.
@@ -169,7 +171,7 @@ class TextEncoder:
                 Matryoshka dimensions; an unknown ``precision``.
         """
         device = check_device(device)
-        held, held_as = held_precision(precision, ("float32", "bf16", "int8"), device)
+        held, held_as = held_precision(precision, OFFERED, device)
         parts = read_encoder_parts(
             path,
             backend=backend,
@@ -178,7 +180,7 @@ class TextEncoder:
             truncate_dim=truncate_dim,
             precision="bf16" if held is not None and held.choice == "bf16" else "float32",
             # Held in int8: each layer read as it is converted, never the float32 model whole.
-            defer_layers=held is not None and held.choice == "int8",
+            defer_layers=held is not None and is_int8(held.choice),
         )
         return cls.from_parts(parts, held=held, held_as=held_as, device=device)
 
@@ -197,10 +199,10 @@ class TextEncoder:
         (None: left where they are)."""
         if device is not None:
             device = check_device(device)
-            if device.type != "cpu" and held is not None and held.choice == "int8":
+            if device.type != "cpu" and held is not None and is_int8(held.choice):
                 raise ValueError(
-                    f"device={str(device)!r}: precision='int8' runs on CPUs only; hold 'bf16' "
-                    f"or 'float32' there"
+                    f"device={str(device)!r}: precision={held.choice!r} runs on CPUs only; "
+                    f"hold 'bf16' or 'float32' there"
                 )
             if device != model_device(parts.loaded.model):
                 if parts.loaded.deferred is not None:
@@ -308,7 +310,10 @@ class TextEncoder:
                 int8 (:meth:`int8_model`, built on the first such call and reused), with
                 embeddings within cosine 0.99 of float32 ones (see ``docs/int8.md``; where
                 this CPU has no int8 instructions, float32 with a logged warning,
-                :func:`clearformer.quant.int8_support` says why); ``"auto"``: the fastest
+                :func:`clearformer.quant.int8_support` says why); ``"int8-blocks"``: int8
+                weights with a scale per block of 32 inputs and 16-bit activations
+                (:mod:`clearformer.quant.int8_blocks`), closer to float32 than ``"int8"`` and
+                slower (float32 where this CPU has no AVX512-VNNI); ``"auto"``: the fastest
                 of them whose accuracy floor holds on this CPU
                 (:func:`clearformer.precision.auto_precision`). :meth:`precision_for` says
                 which a name runs and why; ``encode`` logs it at INFO level.
@@ -366,6 +371,8 @@ class TextEncoder:
         if chosen == "int8":
             auto = tokens >= FUSED_INT8_MIN_TOKENS
             model = self.int8_model(fused=auto if fuse_int8 is None else fuse_int8)
+        elif chosen == "int8-blocks":
+            model = self._models.int8_blocks()
         else:
             model = self.bf16_model() if chosen == "bf16" else self.model
         work = attention_work(lengths, getattr(model, "config", None))
@@ -380,7 +387,7 @@ class TextEncoder:
         report = progress_reporter(progress, n)
         # Each fused linear call would reorder its weight into oneDNN's layout again: reorder
         # each weight once and keep it for later calls, once the calls are large enough to repay it.
-        packed = self._reordering.for_call(tokens) if chosen != "int8" else None
+        packed = self._reordering.for_call(tokens) if not is_int8(chosen) else None
 
         def embed(rows: list[int]) -> tuple[list[int], np.ndarray]:
             chosen = [encodings[i] for i in rows]
@@ -427,6 +434,8 @@ class TextEncoder:
         chosen = self._models.decide(precision).choice
         if chosen == "int8":
             model, packed = self.int8_model(fused=False), None
+        elif chosen == "int8-blocks":
+            model, packed = self._models.int8_blocks(), None
         else:
             model = self.bf16_model() if chosen == "bf16" else self.model
             packed = self._reordering.for_call(tokens)
@@ -553,11 +562,11 @@ class TextEncoder:
         """Write the checkpoint back in Hugging Face format, with tokenizer and pooling files
         (an encoder loaded in bf16 writes bfloat16 weights; one loaded in int8 cannot be
         written: its linear layers have no float weights left)."""
-        if self._models.held is not None and self._models.held.choice == "int8":
+        if self._models.held is not None and is_int8(self._models.held.choice):
             raise ValueError(
                 f"save_pretrained needs float weights: this encoder was loaded with "
-                f"precision='int8' and holds int8 layers alone; load {self.path} without "
-                f"precision= to save it"
+                f"precision={self._models.held.choice!r} and holds int8 layers alone; load "
+                f"{self.path} without precision= to save it"
             )
         return write_encoder_files(self, directory)
 

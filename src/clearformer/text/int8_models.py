@@ -1,5 +1,6 @@
 """The int8 copies of a ``TextEncoder``'s model that ``encode(precision="int8")`` runs: built
-once per encoder, calibrated on a few texts, and a compiled variant for large calls."""
+once per encoder, calibrated on a few texts, and a compiled variant for large calls; and the
+``"int8-blocks"`` model (:func:`int8_blocks_model`), which needs no calibration."""
 
 from __future__ import annotations
 
@@ -115,3 +116,23 @@ class Int8Models:
     def _calibrate(self, model: EncoderModel) -> None:
         batch = self._calibration
         model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+
+
+def int8_blocks_model(model: EncoderModel, deferred=None, in_place: bool = False) -> EncoderModel:
+    """``model`` with every linear layer as an
+    :class:`~clearformer.quant.int8_blocks.Int8BlockLinear` (a copy, or ``model`` itself
+    ``in_place``). With ``deferred`` (an int8-blocks load, ``in_place``), each encoder layer is
+    read, converted and its float32 weights freed before the next is read."""
+    from ..quant.int8_blocks import quantize_int8_blocks
+    from ..runtime import release_freed_memory
+
+    started = time.perf_counter()
+    if deferred is not None:
+        for index, layer in enumerate(model.encoder.layers):
+            release_freed_memory()  # the layer before's float32 pages, before these are read
+            deferred.read(index)
+            quantize_int8_blocks(layer, in_place=True)
+        release_freed_memory()
+    result = quantize_int8_blocks(model, in_place=in_place).eval()
+    log.info("built the int8-blocks model in %.2fs", time.perf_counter() - started)
+    return result

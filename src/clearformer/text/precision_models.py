@@ -10,15 +10,17 @@ int8 the float32 model converted in place.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from ..devices import model_device
 from ..model import EncoderModel
 from ..options import Decision
-from .int8_models import Int8Models
+from .int8_models import Int8Models, int8_blocks_model
 from .precisions import Precisions
 
-OFFERED = ("float32", "bf16", "int8")
+OFFERED = ("float32", "bf16", "int8", "int8-blocks")
 
 
 class PrecisionModels:
@@ -46,13 +48,19 @@ class PrecisionModels:
         held_as: str | None = None,
         deferred=None,
     ) -> None:
-        holds_int8 = held is not None and held.choice == "int8"
-        if deferred is not None and not holds_int8:
-            deferred.read_all()  # only the int8 conversion reads layers one at a time
+        held_choice = None if held is None else held.choice
+        holds_int8 = held_choice == "int8"
+        if deferred is not None and held_choice not in ("int8", "int8-blocks"):
+            deferred.read_all()  # only the int8 conversions read layers one at a time
         # Built on the first int8 call; loaded in int8, its layers may still be unread.
         self._int8 = Int8Models(model, tokenizer, deferred if holds_int8 else None)
-        # Loaded in int8: the float32 model converted in place, layer by layer, and forgotten.
-        self.model = self._int8.hold() if holds_int8 else model
+        self._blocks_lock = threading.Lock()
+        self._blocks: EncoderModel | None = None
+        if held_choice == "int8-blocks":  # the float32 model converted in place, forgotten
+            self._blocks = int8_blocks_model(model, deferred, in_place=True)
+            self.model = self._blocks
+        else:  # loaded in int8: the float32 model converted in place, layer by layer
+            self.model = self._int8.hold() if holds_int8 else model
         self._precisions: Precisions[EncoderModel] = Precisions(
             OFFERED, self._device, self._copy_bf16, held=held, held_as=held_as
         )
@@ -81,6 +89,17 @@ class PrecisionModels:
         if self._device().type != "cpu":
             raise ValueError(f"int8 runs on CPUs only; this model is on {self._device()}")
         return self._int8.get(fused)
+
+    def int8_blocks(self) -> EncoderModel:
+        """The int8-blocks model, built once (the float32 model is not changed), or the model
+        loaded in int8-blocks."""
+        self._precisions.check("int8-blocks")
+        if self._device().type != "cpu":
+            raise ValueError(f"int8-blocks runs on CPUs only; this model is on {self._device()}")
+        with self._blocks_lock:
+            if self._blocks is None:
+                self._blocks = int8_blocks_model(self.model)
+            return self._blocks
 
     def _copy_bf16(self) -> EncoderModel:
         from ..precision import bf16_copy

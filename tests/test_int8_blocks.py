@@ -1,0 +1,253 @@
+"""``precision="int8-blocks"``: int8 weights with a scale per block of 32 inputs, int16
+activations (:mod:`clearformer.quant.int8_blocks`, ``fast/avx512_int8_blocks.cpp``).
+
+The kernel is held to the layer's arithmetic computed exactly (float64 sums of the same
+integers and scales), to an analytical case it must reproduce exactly (weights and activations
+already on their grids), and to the float32 fallback; every family is held to the cosine floor
+of the other precisions, with a negative control; a text alone equals its row in a batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from clearformer import TextEncoder
+from clearformer.precision import choose_precision
+from clearformer.quant.int8 import Int8Linear
+from clearformer.quant.int8_blocks import (
+    BLOCK,
+    Int8BlockLinear,
+    block_kernel_support,
+    block_linear_reference,
+    pack_weights,
+    quantize_activations,
+    quantize_blocks,
+    quantize_int8_blocks,
+)
+from clearformer.text.precision_models import OFFERED
+
+from .test_family_precision import MIN_COSINE, _cosines, family  # noqa: F401 (a fixture)
+
+needs_kernel = pytest.mark.skipif(
+    block_kernel_support().choice != "available",
+    reason=f"no int8-blocks kernel here: {block_kernel_support().reason}",
+)
+
+
+def _exact(layer: Int8BlockLinear, x: torch.Tensor) -> torch.Tensor:
+    """The layer's sum in float64: the same integers and scales, no float32 rounding."""
+    q, scale = quantize_activations(x.float())
+    w = layer.dequantized().double()  # s_w Q_w, each a float32 product, exact in float64
+    out = (q.double() @ w.t()) * scale.double()
+    return out if layer.bias is None else out + layer.bias.double()
+
+
+SHAPES = [(1, 64, 32), (5, 32, 16), (6, 96, 64), (7, 100, 45), (13, 1024, 80), (300, 384, 1536)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{m}x{k}x{n}" for m, k, n in SHAPES])
+def test_the_kernel_computes_the_layers_sum(shape, bias):
+    """Rows of one tile, several and a remainder; K not a multiple of 32 (padded); N ending
+    inside a panel; a row with one large value; a row of zeros."""
+    M, K, N = shape
+    torch.manual_seed(M * 7 + K + N)
+    layer = Int8BlockLinear.from_linear(nn.Linear(K, N, bias=bias))
+    assert layer._op is not None
+    x = torch.randn(M, K) * 2
+    x[0, K // 3] = 300.0  # sets row 0's scale alone
+    if M > 2:
+        x[2] = 0.0
+    got = layer(x).double()
+    exact = _exact(layer, x)
+    scale = exact.abs().max()
+    assert (got - exact).abs().max() <= 1e-5 * scale, (got - exact).abs().max() / scale
+    if M > 2:
+        expected_zero_row = torch.zeros(N) if not bias else layer.bias
+        assert torch.equal(got[2].float(), expected_zero_row.float())
+
+
+@needs_kernel
+def test_values_on_the_grid_come_back_exactly():
+    """Analytical case: weights that are integers of at most 127 times a power of two per
+    block (each block holding a 127, so its scale is that power of two) and activations that
+    are integers with one of 32767 per row: both roundings are exact, so the kernel returns
+    x W^T exactly (all sums are integers times powers of two within float32's range)."""
+    M, K, N = 9, 128, 48
+    g = torch.Generator().manual_seed(0)
+    q_w = torch.randint(-127, 128, (N, K), generator=g).float()
+    q_w[:, 1::BLOCK] = 127.0
+    q_w[:, 0] = 0.0  # against the 32767s: every sum stays below 2^24, exact in float32
+    powers = 2.0 ** torch.randint(-6, 3, (N, K // BLOCK), generator=g).float()
+    w = (q_w.view(N, K // BLOCK, BLOCK) * powers[:, :, None]).view(N, K)
+    x = torch.randint(-50, 51, (M, K), generator=g).float()
+    x[:, 0] = 32767.0
+    linear = nn.Linear(K, N, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+    layer = Int8BlockLinear.from_linear(linear)
+    expected = x.double() @ w.double().t()
+    assert torch.equal(layer.dequantized(), w)
+    assert torch.equal(layer(x).double(), expected)
+
+
+@needs_kernel
+def test_the_fallback_equals_the_kernel_up_to_float_rounding():
+    torch.manual_seed(1)
+    layer = Int8BlockLinear.from_linear(nn.Linear(200, 70))
+    x = torch.randn(33, 200)
+    kernel = layer(x)
+    fallback = block_linear_reference(x, layer.dequantized(), layer.bias)
+    assert torch.allclose(kernel, fallback, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_a_row_alone_equals_its_row_in_any_batch():
+    """Each row's sums depend on that row alone, in an order fixed by K: the same bits for a
+    row alone, in a tile, in a remainder tile and in a later chunk of rows."""
+    torch.manual_seed(2)
+    layer = Int8BlockLinear.from_linear(nn.Linear(1024, 96))
+    x = torch.randn(500, 1024)
+    batch = layer(x)
+    for i in (0, 5, 6, 131, 499):
+        assert torch.equal(layer(x[i : i + 1]), batch[i : i + 1]), i
+
+
+def test_block_scales_round_heavy_tailed_weights_closer_than_channel_scales():
+    """Why the scheme exists: a weight row with a few large values sets one per-channel scale
+    for all of its values, and a block scale for its own 32 alone."""
+    torch.manual_seed(3)
+    w = torch.randn(64, 1024) * torch.where(torch.rand(64, 1024) < 0.01, 8.0, 1.0)
+    q, scale = quantize_blocks(w)
+    blocks = (q.float().view(64, 32, BLOCK) * scale[:, :, None]).view(64, 1024)
+    channel = Int8Linear.from_linear(_linear(w)).weight
+    assert (blocks - w).norm() < 0.5 * (channel - w).norm()
+
+
+def _linear(weight: torch.Tensor) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+    return layer
+
+
+def test_the_packing_round_trips():
+    torch.manual_seed(4)
+    w = torch.randn(45, 100)
+    q, scale = quantize_blocks(w)
+    assert q.shape == (45, 128) and scale.shape == (45, 4)
+    assert torch.equal(q[:, 100:], torch.zeros(45, 28, dtype=torch.int8))
+    packed, packed_scale = pack_weights(q, scale)
+    assert packed.shape == (2, 64, 32, 2) and packed_scale.shape == (2, 4, 32)
+    layer = Int8BlockLinear(packed, packed_scale, None, (45, 100))
+    expected = (q.float().view(45, 4, BLOCK) * scale[:, :, None]).view(45, 128)[:, :100]
+    assert torch.equal(layer.dequantized(), expected)
+    assert (layer.dequantized() - w).abs().max() <= scale.max() / 2 + 1e-7
+
+
+def test_an_all_zero_block_and_row_round_to_zeros():
+    w = torch.randn(4, 64)
+    w[1, :32] = 0.0
+    q, scale = quantize_blocks(w)
+    assert torch.equal(q[1, :32], torch.zeros(32, dtype=torch.int8)) and scale[1, 0] == 0
+    rows = torch.zeros(2, 64)
+    q_x, s_x = quantize_activations(rows)
+    assert torch.equal(q_x, rows) and torch.equal(s_x, torch.ones(2, 1))
+
+
+def test_every_kernel_off_runs_float32(monkeypatch):
+    monkeypatch.setenv("CLEARFORMER_KERNELS", "off")
+    decision = choose_precision("int8-blocks", offered=OFFERED)
+    assert decision.choice == "float32" and "CLEARFORMER_KERNELS=off" in decision.reason
+
+
+def test_int8_blocks_is_refused_off_the_cpu():
+    with pytest.raises(ValueError, match="'int8-blocks' runs on CPUs only"):
+        choose_precision("int8-blocks", device="meta", offered=OFFERED)
+
+
+# --- every family ----------------------------------------------------------------------------
+
+
+@needs_kernel
+def test_int8_blocks_holds_the_floor(family):  # noqa: F811 (the fixture)
+    name, encoder, texts, float32 = family
+    rows = encoder.encode(texts, normalize=True, precision="int8-blocks")
+    layers = [m for m in encoder._models.int8_blocks().modules() if isinstance(m, nn.Linear)]
+    assert not layers, f"{name}: {len(layers)} linear layers left in float32"
+    cosine = _cosines(rows, float32)
+    assert cosine.min() >= MIN_COSINE, f"{name}: {cosine.min():.5f} at {texts[cosine.argmin()]!r}"
+    assert np.abs(rows - float32).max() > 1e-5, f"{name}: the int8-blocks rows are float32's"
+    # Closer to float32 than per-channel int8, text by text on average.
+    int8 = _cosines(encoder.encode(texts, normalize=True, precision="int8"), float32)
+    assert (1 - cosine).mean() < (1 - int8).mean(), name
+
+
+@needs_kernel
+def test_a_broken_block_scale_falls_below_the_floor(family):  # noqa: F811
+    """Negative control: every fourth output column's block scales off by 1.5x."""
+    name, encoder, texts, float32 = family
+    layers = [m for m in encoder._models.int8_blocks().modules() if isinstance(m, Int8BlockLinear)]
+    saved = [m.scale_packed.clone() for m in layers]
+    try:
+        with torch.no_grad():
+            for m in layers:
+                m.scale_packed[:, :, ::4] *= 1.5
+        broken = encoder.encode(texts, normalize=True, precision="int8-blocks")
+    finally:
+        with torch.no_grad():
+            for m, scale in zip(layers, saved, strict=True):
+                m.scale_packed.copy_(scale)
+    assert _cosines(broken, float32).min() < MIN_COSINE, name
+    rows = encoder.encode(texts, normalize=True, precision="int8-blocks")
+    assert _cosines(rows, float32).min() >= MIN_COSINE
+
+
+@needs_kernel
+def test_loaded_in_int8_blocks_reads_one_layer_at_a_time(family, monkeypatch):  # noqa: F811
+    """Held alone, read layer by layer (the layers after the one being read are unread, those
+    before converted), the same rows as the per-call model, to the bit; a text alone equals
+    its row in the batch."""
+    from clearformer.interop.hf.deferred import DeferredLayers
+
+    name, encoder, texts, _ = family
+    seen = []
+    read = DeferredLayers.read
+
+    def state(layer) -> str:
+        if any(p.is_meta for p in layer.parameters()):
+            return "meta"
+        kinds = {type(m) for m in layer.modules()}
+        return "float" if nn.Linear in kinds else "blocks" if Int8BlockLinear in kinds else "?"
+
+    def spy(self, index):
+        seen.append([state(layer) for layer in self.model.encoder.layers])
+        read(self, index)
+
+    monkeypatch.setattr(DeferredLayers, "read", spy)
+    held = TextEncoder.from_pretrained(encoder.path, precision="int8-blocks")
+    layers = encoder.config.n_layers
+    assert seen == [["blocks"] * i + ["meta"] * (layers - i) for i in range(layers)], name
+    expected = encoder.encode(texts, normalize=True, precision="int8-blocks")
+    batch = held.encode(texts, normalize=True)
+    assert np.array_equal(batch, expected), name
+    for i in (0, len(texts) // 2, len(texts) - 1):
+        assert np.array_equal(held.encode([texts[i]], normalize=True)[0], batch[i]), (name, i)
+    with pytest.raises(ValueError, match=r"precision must be 'int8-blocks' .* got 'int8'"):
+        held.encode(texts, precision="int8")
+    with pytest.raises(ValueError, match="loaded with precision='int8-blocks'"):
+        held.save_pretrained(encoder.path.parent / "never-written")
+
+
+@needs_kernel
+def test_quantize_int8_blocks_keeps_the_skipped_layers_and_the_original():
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32))
+    converted = quantize_int8_blocks(model, skip=("2",))
+    assert isinstance(converted[0], Int8BlockLinear) and isinstance(converted[2], nn.Linear)
+    assert isinstance(model[0], nn.Linear)  # the original is not changed
+    x = torch.randn(3, 64)
+    assert torch.allclose(converted(x), model(x), rtol=0.05, atol=0.02)
