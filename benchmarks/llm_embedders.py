@@ -30,7 +30,8 @@ joined and cut to 2,048 or 8,192 tokens; EmbeddingGemma takes 2,048 at most, so 
 
 Engines, each in a fresh process of its own, whose peak resident memory (``VmHWM``: the
 interpreter, the libraries, the weights as loaded and the work) is the figure reported:
-clearformer ``TextEncoder.from_pretrained(dir, precision=float32|bf16|int8).encode``
+clearformer ``TextEncoder.from_pretrained(dir, precision=float32|bf16|int8|int8-blocks)
+.encode``
 (the model of that precision alone, as ``clearformer encode`` and ``serve`` load it), and, by
 name only, ``clearformer int8-attention-float32``: the int8 conversion with the attention
 projections kept in float32 (a policy measured for a decision, not a precision clearformer
@@ -80,6 +81,7 @@ ENGINES = (
     "clearformer float32",
     "clearformer bf16",
     "clearformer int8",
+    "clearformer int8-blocks",
     "llama.cpp F16",
     "llama.cpp Q8_0",
 )
