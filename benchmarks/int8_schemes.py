@@ -88,10 +88,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md")
     args = parser.parse_args(argv)
 
-    from llm_embedders import sentences
-
     from clearformer import TextEncoder
     from clearformer.cpu import cpu_description
+    from llm_embedders import sentences
 
     texts = sentences(args.sentences)
     encoder = TextEncoder.from_pretrained(args.model)

@@ -527,7 +527,8 @@ def test_prompt_names_apply_the_checkpoints_prompts_as_encode_does(tmp_path):
         (
             "precision",
             "int4",
-            "precision must be one of ('float32', 'bf16', 'int8', 'int8-blocks', 'auto', 'bfloat16'), got 'int4'",
+            "precision must be one of ('float32', 'bf16', 'int8', 'int8-blocks', 'auto', "
+            "'bfloat16'), got 'int4'",
         ),
     ],
 )
