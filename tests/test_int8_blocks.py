@@ -251,3 +251,45 @@ def test_quantize_int8_blocks_keeps_the_skipped_layers_and_the_original():
     assert isinstance(model[0], nn.Linear)  # the original is not changed
     x = torch.randn(3, 64)
     assert torch.allclose(converted(x), model(x), rtol=0.05, atol=0.02)
+
+
+# --- the command line ------------------------------------------------------------------------
+
+SENTENCES = [
+    "The central bank raised interest rates again on Thursday.",
+    "A cat sits on the mat.",
+    "Shares in the carmaker fell after it cut its forecast for the year.",
+    "Rain is expected across the north by the evening.",
+]
+
+
+@needs_kernel
+def test_cli_encode_in_int8_blocks(capsys, tmp_path):
+    from clearformer.cli import main
+
+    target = tmp_path / "out.npy"
+    code = main(["encode", "--precision", "int8-blocks", "-o", str(target), *SENTENCES])
+    assert code == 0, capsys.readouterr().err
+    encoder = TextEncoder.from_pretrained()
+    expected = encoder.encode(SENTENCES, precision="int8-blocks")
+    assert np.array_equal(np.load(target), expected)
+    assert _cosines(np.load(target), encoder.encode(SENTENCES)).min() >= 0.999
+
+
+def test_cli_int8_blocks_on_another_device_is_refused_naming_both_flags(monkeypatch, capsys):
+    from clearformer.cli import main
+
+    from .test_devices import _as_if_cuda
+
+    _as_if_cuda(monkeypatch)
+    code = main(["encode", "--device", "cuda", "--precision", "int8-blocks", "a"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and len(err.splitlines()) == 1
+    assert "--precision int8-blocks runs on the CPU alone; with --device cuda" in err
+
+
+def test_a_sparse_model_refuses_int8_blocks_by_name():
+    from clearformer.commands.kind_models import kind_precision
+
+    with pytest.raises(ValueError, match="--precision int8-blocks applies to dense models"):
+        kind_precision("sparse", "int8-blocks")

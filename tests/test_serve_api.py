@@ -556,6 +556,28 @@ def test_int8_precision_serves_encodes_int8_rows(tiny):
     assert dtype == "int8"
 
 
+def test_int8_blocks_precision_serves_its_rows_and_keeps_a_reranker_in_float32(tiny, reranker):
+    from clearformer.quant.int8_blocks import block_kernel_support
+
+    if block_kernel_support().choice != "available":
+        pytest.skip(f"no int8-blocks kernel here: {block_kernel_support().reason}")
+    encoder = TextEncoder.from_pretrained(tiny)
+    ranker = CrossEncoder.from_pretrained(reranker)
+    config = ServeConfig(port=0, workers=1, precision="int8-blocks")
+    specs = [ModelSpec(str(tiny), "tiny"), ModelSpec(str(reranker), "ranker")]
+    with running_server(config, specs) as running:
+        rows = floats(post(running.url, "/embed", {"inputs": TEXTS, "model": "tiny"}))
+        info = httpx.get(running.url + "/info").json()
+        ranked = post(running.url, "/rerank", {"model": "ranker", "query": "w1", "texts": TEXTS})
+    expected = encoder.encode(TEXTS, precision="int8-blocks", normalize=True)
+    np.testing.assert_array_equal(rows, expected)
+    assert np.abs(rows - encoder.encode(TEXTS, normalize=True)).max() > 0  # really rounded
+    assert info["model_dtype"] == "int8-blocks"
+    want = ranker.predict([("w1", t) for t in TEXTS])  # the reranker stays float32
+    got = {item["index"]: item["score"] for item in ranked.json()}
+    np.testing.assert_allclose([got[i] for i in range(len(TEXTS))], want, atol=1e-6, rtol=0)
+
+
 def test_bf16_precision_serves_bf16_rows_and_scores(tiny, reranker):
     encoder = TextEncoder.from_pretrained(tiny)
     ranker = CrossEncoder.from_pretrained(reranker)
