@@ -368,13 +368,8 @@ class TextEncoder:
         lengths = [len(e.ids) for e in encodings]
         tokens = sum(lengths)  # sets the int8 fusion, the kernel build and the weight reordering
         log.info("encode: %d texts, %d tokens, in %s", n, tokens, chosen)
-        if chosen == "int8":
-            auto = tokens >= FUSED_INT8_MIN_TOKENS
-            model = self.int8_model(fused=auto if fuse_int8 is None else fuse_int8)
-        elif chosen == "int8-blocks":
-            model = self._models.int8_blocks()
-        else:
-            model = self.bf16_model() if chosen == "bf16" else self.model
+        fused = tokens >= FUSED_INT8_MIN_TOKENS if fuse_int8 is None else fuse_int8
+        model = self._model_for(chosen, fused)
         work = attention_work(lengths, getattr(model, "config", None))
         attention_kernel_for(tokens, model_device(model), attention=work)
         # Longest first: texts of similar length share a batch, and the longest batch (the peak
@@ -432,16 +427,19 @@ class TextEncoder:
             return np.empty((0, dimensions or self.head.width), dtype=np.float32)
         tokens = sum(len(e.ids) for e in encodings)
         chosen = self._models.decide(precision).choice
-        if chosen == "int8":
-            model, packed = self.int8_model(fused=False), None
-        elif chosen == "int8-blocks":
-            model, packed = self._models.int8_blocks(), None
-        else:
-            model = self.bf16_model() if chosen == "bf16" else self.model
-            packed = self._reordering.for_call(tokens)
+        model = self._model_for(chosen, fused=False)
+        packed = self._reordering.for_call(tokens) if not is_int8(chosen) else None
         return self._forward(
             encodings, model, packed, skip=skip, normalize=normalize, dimensions=dimensions
         )
+
+    def _model_for(self, chosen: str, fused: bool) -> EncoderModel:
+        """The model a call decided as ``chosen`` runs (``fused``: int8's compiled variant)."""
+        if chosen == "int8":
+            return self.int8_model(fused=fused)
+        if chosen == "int8-blocks":
+            return self._models.int8_blocks()
+        return self.bf16_model() if chosen == "bf16" else self.model
 
     def _forward(
         self,
