@@ -107,7 +107,7 @@ def main(argv=None) -> int:
         f"# Rounding costs by scale granularity: {args.model.name}",
         "",
         f"{len(texts)} BBC sentences, {len(layers)} linear layers simulated in float32; "
-        f"cosine to the float32 model. {cpu_description()}, torch {torch.__version__}.",
+        f"cosine to the float32 model. {cpu_description()['summary']}, torch {torch.__version__}.",
         f"Command: `python benchmarks/int8_schemes.py --model {args.model} "
         f"--sentences {args.sentences}`",
         "",

@@ -76,7 +76,8 @@ def main(argv=None) -> int:
         f"# A lone query's latency by precision: {name}",
         "",
         f"{len(texts)} BBC sentences embedded one at a time ({lengths[0]}-{lengths[-1]} tokens, "
-        f"median {lengths[len(lengths) // 2]}). {cpu_description()}, torch {torch.__version__}.",
+        f"median {lengths[len(lengths) // 2]}). {cpu_description()['summary']}, "
+        f"torch {torch.__version__}.",
         f"Machine: {meter.record().describe()}",
         f"Command: `python benchmarks/query_latency.py --model {args.model} "
         f"--queries {args.queries} --precisions {args.precisions}`",
