@@ -305,5 +305,5 @@ def test_parts_held_in_int8_or_unread_refuse_another_device(bert, monkeypatch):
 def test_int8_model_of_an_encoder_on_another_device_is_refused(bert):
     encoder = TextEncoder.from_pretrained(bert)
     encoder._models._device = lambda: torch.device("cuda")  # as if the model were there
-    with pytest.raises(ValueError, match="int8 runs on CPUs only; this model is on cuda"):
+    with pytest.raises(ValueError, match="'int8' runs on CPUs only; this model is on cuda"):
         encoder.int8_model()

@@ -97,7 +97,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="DEVICE",
         help="where a dense model runs: cpu (default), cuda, cuda:N; texts are tokenized on "
-        "the CPU; --precision int8 runs on the CPU alone",
+        "the CPU; --precision int8 and int8-blocks run on the CPU alone",
     )
     p.add_argument(
         "--backend",

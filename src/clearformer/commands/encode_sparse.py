@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..precision.names import is_int8
+
 
 def is_sparse_model(model: str | None) -> bool:
     """Whether ``--model`` names a sparse (SPLADE) model directory."""
@@ -29,7 +31,7 @@ def check_sparse_flags(args: argparse.Namespace) -> None:
         ("--similarity", args.similarity),
         ("--dimensions", args.dimensions is not None),
         ("--no-normalize", args.normalize is False),
-        (f"--precision {args.precision}", args.precision in ("int8", "int8-blocks")),
+        (f"--precision {args.precision}", is_int8(args.precision)),
         (
             f"--output {args.output}",
             args.output is not None and Path(args.output).suffix != ".jsonl",

@@ -19,8 +19,8 @@
 // K is a multiple of 32 (the packing pads it with zero weights); N may end inside a panel.
 //
 // Work: rows are taken in chunks whose int16 activations fit in L2; within a chunk the threads
-// split the panels, and each runs every row tile of the chunk against its panel, so a panel's
-// weights are read from memory once per chunk and from cache for every tile.
+// split the (panel, row tile) pairs, panel by panel, so a panel's weights are read from memory
+// about once per chunk and from cache for each of its tiles.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 namespace {
 
@@ -42,16 +43,31 @@ constexpr int64_t TILE_ROWS = 6;    // rows per register tile: 12 int32 + 12 flo
 constexpr int64_t CHUNK_BYTES = 256 * 1024;  // one chunk's int16 activations
 constexpr float INT16_MAX_F = 32767.0f;
 
-// Row m of x (K floats) -> q (Kp int16, zeros past K) and its scale amax / 32767.
+// Below this a row's maximum would overflow 32767 / peak: the row rounds to zeros (its
+// products are below float32's resolution beside any bias), as the Python reference does.
+constexpr float MIN_PEAK = 1e-30f;
+
+// Row m of x (K floats) -> q (Kp int16, zeros past K) and its scale amax / 32767. A row holding
+// NaN or an infinity gets scale NaN and zeros, so that its outputs are NaN: a non-finite input
+// must not come out finite.
 VNNI_TARGET void quantize_row(const float* x, int64_t K, int64_t Kp, int16_t* q, float* scale) {
   __m512 amax = _mm512_setzero_ps();
+  __mmask16 unordered = 0;
   int64_t k = 0;
-  for (; k + 16 <= K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+  for (; k + 16 <= K; k += 16) {
+    const __m512 v = _mm512_loadu_ps(x + k);
+    unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+  }
   float peak = _mm512_reduce_max_ps(amax);
-  for (; k < K; ++k) peak = std::max(peak, std::fabs(x[k]));
-  if (!(peak > 0.0f)) {  // a row of zeros: any scale rounds it to zeros
+  bool finite = unordered == 0 && std::isfinite(peak);
+  for (; k < K; ++k) {
+    finite = finite && std::isfinite(x[k]);
+    peak = std::max(peak, std::fabs(x[k]));
+  }
+  if (!finite || !(peak >= MIN_PEAK)) {
     std::memset(q, 0, Kp * sizeof(int16_t));
-    *scale = 1.0f;
+    *scale = finite ? 1.0f : std::numeric_limits<float>::quiet_NaN();
     return;
   }
   const float inverse = INT16_MAX_F / peak;
@@ -129,19 +145,25 @@ at::Tensor int8_block_linear(const at::Tensor& x, const at::Tensor& weight,
                              const at::Tensor& scale, const c10::optional<at::Tensor>& bias,
                              int64_t out_features) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
-              "x must be a contiguous (M, K) float32 tensor");
+              "x must be a contiguous (M, K) float32 tensor, got ", x.scalar_type(), " of shape ",
+              x.sizes());
   TORCH_CHECK(weight.dim() == 4 && weight.scalar_type() == at::kChar && weight.is_contiguous() &&
                   weight.size(2) == PANEL && weight.size(3) == 2,
-              "weight must be the packed (P, K/2, 32, 2) int8 layout");
+              "weight must be the packed (P, K/2, 32, 2) int8 layout, got ", weight.scalar_type(),
+              " of shape ", weight.sizes());
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
   const int64_t panels = weight.size(0), Kp = weight.size(1) * 2;
-  TORCH_CHECK(Kp % BLOCK == 0 && Kp >= K && Kp < K + BLOCK,
-              "the packed weight's input width does not match x's ", K);
+  TORCH_CHECK(K > 0 && Kp % BLOCK == 0 && Kp >= K && Kp < K + BLOCK,
+              "x's width K must be in (Kp - 32, Kp] for the packed weight's Kp = ", Kp, ", got ",
+              K);
   TORCH_CHECK(N > (panels - 1) * PANEL && N <= panels * PANEL,
-              "out_features does not match the packed weight's panels");
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
-                  scale.numel() == panels * (Kp / BLOCK) * PANEL,
-              "scale must be the packed (P, K/32, 32) float32 layout");
+              "out_features must be in (32 (P - 1), 32 P] for the packed weight's P = ", panels,
+              " panels, got ", N);
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.dim() == 3 &&
+                  scale.size(0) == panels && scale.size(1) == Kp / BLOCK &&
+                  scale.size(2) == PANEL,
+              "scale must be the packed (", panels, ", ", Kp / BLOCK, ", 32) float32 layout, got ",
+              scale.scalar_type(), " of shape ", scale.sizes());
   const float* bias_data = nullptr;
   at::Tensor bias_c;
   if (bias.has_value() && bias->defined()) {
@@ -170,14 +192,17 @@ at::Tensor int8_block_linear(const at::Tensor& x, const at::Tensor& weight,
   const int64_t fit = std::max<int64_t>(1, CHUNK_BYTES / (Kp * 2) / TILE_ROWS) * TILE_ROWS;
   for (int64_t first = 0; first < M; first += fit) {
     const int64_t last = std::min(M, first + fit);
-    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t p = begin; p < end; ++p) {
+    const int64_t tiles = (last - first + TILE_ROWS - 1) / TILE_ROWS;
+    // One task per (panel, row tile), panel-major: a thread's run of tasks reuses each panel's
+    // weights from cache, and a chunk of few panels still spreads over every thread.
+    at::parallel_for(0, panels * tiles, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t p = task / tiles;
+        const int64_t m = first + (task % tiles) * TILE_ROWS;
         const int64_t width = std::min(PANEL, N - p * PANEL);
         const float* panel_bias = bias_data ? bias_data + p * PANEL : nullptr;
-        for (int64_t m = first; m < last; m += TILE_ROWS) {
-          run_tile(std::min(TILE_ROWS, last - m), qd + m * Kp, Kp, sd + m, wd + p * panel_bytes,
-                   scd + p * panel_scales, panel_bias, od + m * N + p * PANEL, N, width);
-        }
+        run_tile(std::min(TILE_ROWS, last - m), qd + m * Kp, Kp, sd + m, wd + p * panel_bytes,
+                 scd + p * panel_scales, panel_bias, od + m * N + p * PANEL, N, width);
       }
     });
   }

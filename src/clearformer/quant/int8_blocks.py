@@ -19,8 +19,9 @@ quarter of what per-channel int8 loses (``docs/int8.md``), at the price of produ
 at half the int8 rate (two int16 x int16 products per instruction instead of four int8 ones).
 
 The products run in clearformer's AVX512-VNNI kernel (``fast/avx512_int8_blocks.cpp``) where
-the CPU has VNNI and the kernel library is built; elsewhere in float32 on the dequantised
-weight, which is the same sum up to float rounding.
+the CPU has VNNI and the kernel library is built (decided when the layer is made); elsewhere in
+float32 on the dequantised weight: the same integers and scales, the sums within float32
+rounding of the kernel's.
 
 Dimensions: M rows (tokens), K input width (Kp: K padded to a multiple of 32), N output width,
 P = ceil(N / 32) panels of 32 output columns.
@@ -45,20 +46,26 @@ BLOCK = 32  # inputs per weight scale
 PANEL = 32  # output columns per packed panel (two 16-lane vectors)
 WEIGHT_MAX = 127  # symmetric int8
 ACTIVATION_MAX = 32767  # symmetric int16
+# A block's or a row's largest magnitude below this rounds it to zeros: 32767 / peak would
+# overflow float32 near 1e-34, and such values are far below float32's resolution beside the
+# layer's other terms. The kernel uses the same bound (avx512_int8_blocks.cpp).
+MIN_PEAK = 1e-30
 
 
 def quantize_blocks(weight: Tensor) -> tuple[Tensor, Tensor]:
     """(N, K) float -> Q (N, Kp) int8 and s (N, Kp / 32) float32, with ``W ~ s[:, k // 32] Q``;
-    the padded inputs hold zero weights, and a block of zeros gets scale 0."""
+    the padded inputs hold zero weights, and a block whose largest value is below
+    :data:`MIN_PEAK` (zeros, or values no float32 scale can resolve) gets scale 0."""
     N, K = weight.shape
     Kp = -(-K // BLOCK) * BLOCK
     padded = torch.zeros(N, Kp, dtype=torch.float32)
     padded[:, :K] = weight.detach().float()
     blocks = padded.view(N, Kp // BLOCK, BLOCK)  # (N, K) -> (N, Kp/32, 32)
     amax = blocks.abs().amax(dim=2, keepdim=True)  # (N, Kp/32, 1)
-    scale = amax / WEIGHT_MAX
-    # |W / s| <= 127 up to one rounding of the division, which round() cannot push to 128.
-    q = torch.where(amax > 0, blocks / torch.where(amax > 0, scale, 1.0), 0.0).round()
+    used = amax >= MIN_PEAK
+    scale = torch.where(used, amax / WEIGHT_MAX, 0.0)
+    q = torch.where(used, blocks / torch.where(used, scale, 1.0), 0.0).round_()
+    q.clamp_(-WEIGHT_MAX, WEIGHT_MAX)  # |W / s| <= 127 up to one rounding of the division
     return q.to(torch.int8).view(N, Kp), scale.view(N, Kp // BLOCK)
 
 
@@ -80,12 +87,19 @@ def pack_weights(q: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
 
 def quantize_activations(rows: Tensor) -> tuple[Tensor, Tensor]:
     """(M, K) float32 -> Q (M, K) int16 values (held in float32) and s (M, 1), rounded as the
-    kernel rounds: ``round(x * (32767 / amax))``, half to even; a row of zeros gets scale 1."""
-    amax = rows.abs().amax(dim=1, keepdim=True)  # (M, 1)
-    safe = torch.where(amax > 0, amax, 1.0)
-    inverse = torch.where(amax > 0, ACTIVATION_MAX / safe, 0.0)
-    q = (rows * inverse).round()
-    return q, torch.where(amax > 0, amax / ACTIVATION_MAX, 1.0)
+    kernel rounds: ``round(x * (32767 / amax))`` with ``32767 / amax`` one float32 division,
+    half to even. A row whose largest value is below :data:`MIN_PEAK` (zeros) gets scale 1 and
+    zeros; a row holding NaN or an infinity gets scale NaN and zeros, so its outputs are NaN."""
+    amax = rows.abs().amax(dim=1, keepdim=True)  # (M, 1); NaN where the row holds a NaN
+    finite = torch.isfinite(rows).all(dim=1, keepdim=True)  # (M, 1)
+    used = finite & (amax >= MIN_PEAK)
+    safe = torch.where(used, amax, 1.0)
+    # One division, as the kernel's 32767.0f / peak (a Python number over a tensor would
+    # multiply by the reciprocal: two roundings).
+    inverse = torch.where(used, torch.full_like(safe, ACTIVATION_MAX) / safe, 0.0)
+    q = torch.where(used, rows * inverse, 0.0).round_()
+    scale = torch.where(used, amax / ACTIVATION_MAX, 1.0)
+    return q, torch.where(finite, scale, torch.nan)
 
 
 def vnni_here() -> bool:
@@ -151,6 +165,8 @@ class Int8BlockLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8BlockLinear:
         """Round ``linear``'s weight in blocks (``linear`` is not modified)."""
+        if linear.in_features == 0:
+            raise ValueError(f"linear.in_features must be at least 1, got {linear.in_features}")
         q, scale = quantize_blocks(linear.weight)
         packed, packed_scale = pack_weights(q, scale)
         return cls(packed, packed_scale, linear.bias, tuple(linear.weight.shape))
@@ -173,6 +189,11 @@ class Int8BlockLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., K) float -> (..., N) float32."""
+        if x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"x's last dimension must be in_features={self.in_features}, got shape "
+                f"{tuple(x.shape)}"
+            )
         rows = x.reshape(-1, self.in_features).float().contiguous()  # (..., K) -> (M, K)
         if self._op is not None and rows.device.type == "cpu":
             packed = (self.weight_packed, self.scale_packed)

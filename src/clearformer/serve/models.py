@@ -78,9 +78,9 @@ class ServedModel:
         model: the :class:`~clearformer.text.TextEncoder` or
             :class:`~clearformer.text.CrossEncoder`.
         max_input_tokens: tokens per input (per pair for rerank), special tokens included.
-        precision: what its batches run in (``"float32"``, ``"bf16"``, or ``"int8"`` for
-            embedding models), decided once at load from the server's ``precision``
-            (``"auto"``: the model's :meth:`precision_for`, logged).
+        precision: what its batches run in (``"float32"``, ``"bf16"``, or ``"int8"`` and
+            ``"int8-blocks"`` for embedding models), decided once at load from the server's
+            ``precision`` (``"auto"``: the model's :meth:`precision_for`, logged).
     """
 
     def __init__(

@@ -87,7 +87,9 @@ class PrecisionModels:
         """The int8 model (``fused``: its compiled variant), built once each."""
         self._precisions.check("int8")
         if self._device().type != "cpu":
-            raise ValueError(f"int8 runs on CPUs only; this model is on {self._device()}")
+            raise ValueError(
+                f"precision='int8' runs on CPUs only; this model is on {self._device()}"
+            )
         return self._int8.get(fused)
 
     def int8_blocks(self) -> EncoderModel:
@@ -95,7 +97,9 @@ class PrecisionModels:
         loaded in int8-blocks."""
         self._precisions.check("int8-blocks")
         if self._device().type != "cpu":
-            raise ValueError(f"int8-blocks runs on CPUs only; this model is on {self._device()}")
+            raise ValueError(
+                f"precision='int8-blocks' runs on CPUs only; this model is on {self._device()}"
+            )
         with self._blocks_lock:
             if self._blocks is None:
                 self._blocks = int8_blocks_model(self.model)
