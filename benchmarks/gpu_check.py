@@ -255,6 +255,7 @@ def train_section(name, path, texts, device, repeats, peak_tflops) -> dict:
 
 def markdown(report: dict) -> str:
     lines = [f"# CUDA check on {report['device_name']}", "", f"tests: {report['tests']}", ""]
+    lines += [f"precision='auto' takes: {report.get('auto')}", ""]
     lines += [
         "| model | precision | clearformer texts/s | ST texts/s | ratio | min cosine | peak MiB |",
         "| --- | --- | ---: | ---: | ---: | ---: | --- |",
@@ -301,6 +302,10 @@ def main() -> int:
     count = 64 if args.quick else args.texts
     texts = make_sentences(count, 7)
     report: dict = {"device": args.device, "device_name": name, "errors": {}}
+    from clearformer.precision import choose_precision
+
+    auto = choose_precision("auto", device=args.device)
+    report["auto"] = f"{auto.choice} ({auto.reason})"  # what precision="auto" takes there
     report["tests"] = run_tests(args.device, args.quick)
     report["encode"], report["train"] = [], []
     with tempfile.TemporaryDirectory() as scratch:

@@ -61,7 +61,24 @@ def test_int8_runs_on_the_cpu_alone():
     with pytest.raises(ValueError, match="'int8' runs on CPUs only.*on cuda use 'bf16'"):
         choose_precision("int8", device=cuda)
     assert choose_precision("bf16", device=cuda).choice == "bf16"
-    assert choose_precision("auto", device=cuda).choice == "float32"
+
+
+@pytest.mark.parametrize(
+    ("capability", "offered", "expected"),
+    [((8, 0), None, "bf16"), ((9, 0), None, "bf16"), ((7, 5), None, "float32"),
+     ((8, 6), ("float32", "int8"), "float32")],
+)  # fmt: skip
+def test_auto_on_a_cuda_gpu_takes_bf16_from_ampere_on(monkeypatch, capability, offered, expected):
+    """auto off the CPU: bf16 where the GPU has bfloat16 tensor cores (compute capability 8.0
+    on) and bf16 is offered; float32 otherwise, and on any other device."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    cuda = torch.device("cuda")
+    kwargs = {} if offered is None else {"offered": offered}
+    decision = choose_precision("auto", device=cuda, **kwargs)
+    assert decision.choice == expected
+    assert f"{capability[0]}.{capability[1]}" in decision.reason or offered is not None
+    assert choose_precision("auto", device=torch.device("meta")).choice == "float32"
 
 
 @pytest.fixture(scope="module")

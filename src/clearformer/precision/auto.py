@@ -112,8 +112,8 @@ def choose_precision(
     ``precision`` is checked first (:func:`~clearformer.precision.check_precision`: one of
     ``offered`` or ``"auto"``; ``"bfloat16"`` is ``"bf16"``). A name is taken as it is (int8
     where this machine has no int8 products: float32, as ``TextEncoder.int8_model`` runs);
-    ``auto`` is :func:`auto_precision` on a CPU and float32 elsewhere (it never picks
-    ``int8-blocks``, a choice of accuracy over speed); ``int8`` and ``int8-blocks`` on any
+    ``auto`` is :func:`auto_precision` on a CPU and :func:`auto_off_cpu` elsewhere (it never
+    picks ``int8-blocks``, a choice of accuracy over speed); ``int8`` and ``int8-blocks`` on any
     device but the CPU are refused (ValueError). ``int8-blocks`` where its kernel cannot run
     (no AVX512-VNNI, no kernel library) runs float32.
     """
@@ -121,7 +121,7 @@ def choose_precision(
     device = torch.device(device)
     if precision == "auto":
         if device.type != "cpu":
-            return Decision("float32", f"auto decides for CPUs; on {device.type} float32 runs")
+            return auto_off_cpu(device, offered)
         return auto_precision(cpu, offered=offered, calibrate=calibrate)
     if precision == "int8-blocks":
         if device.type != "cpu":
@@ -159,4 +159,30 @@ def choose_precision(
     return Decision(precision, "requested by name")
 
 
-__all__ = ["MIN_BF16_SPEEDUP", "PRECISIONS", "auto_precision", "choose_precision"]
+def auto_off_cpu(device: torch.device, offered: tuple[str, ...]) -> Decision:
+    """What ``auto`` takes on a device other than the CPU: bf16 on a CUDA GPU of compute
+    capability 8.0 or later (Ampere on), whose tensor cores multiply bfloat16 at several times
+    their float32 rate with float32 sums, where bf16 is offered; float32 anywhere else."""
+    if device.type == "cuda" and "bf16" in offered and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(device)
+        if major >= 8:
+            return Decision(
+                "bf16",
+                f"CUDA device of compute capability {major}.{minor}: bfloat16 tensor-core "
+                "products with float32 sums, within cosine 0.995 of float32",
+            )
+        return Decision(
+            "float32",
+            f"CUDA device of compute capability {major}.{minor}: no bfloat16 tensor cores "
+            "before 8.0, so float32",
+        )
+    return Decision("float32", f"auto takes bf16 on CUDA GPUs from Ampere on; on {device} float32")
+
+
+__all__ = [
+    "MIN_BF16_SPEEDUP",
+    "PRECISIONS",
+    "auto_off_cpu",
+    "auto_precision",
+    "choose_precision",
+]
