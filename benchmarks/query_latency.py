@@ -42,6 +42,9 @@ def main(argv=None) -> int:
     parser.add_argument("--precisions", default="float32,bf16,int8,int8-blocks")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md")
     args = parser.parse_args(argv)
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    if not precisions:
+        parser.error(f"--precisions: expected a comma-separated list, got {args.precisions!r}")
 
     from clearformer import TextEncoder
     from clearformer.bench.load import LoadMeter
@@ -52,7 +55,7 @@ def main(argv=None) -> int:
     meter = LoadMeter(threads=threads).start()
     texts = sentences(args.queries)
     rows = []
-    for precision in [p.strip() for p in args.precisions.split(",") if p.strip()]:
+    for precision in precisions:
         encoder = TextEncoder.from_pretrained(args.model, precision=precision)
         encodings = encoder.tokenizer.encode(texts)
         for count in sorted({1, threads}):
@@ -79,7 +82,8 @@ def main(argv=None) -> int:
         f"median {lengths[len(lengths) // 2]}). {cpu_description()['summary']}, "
         f"torch {torch.__version__}.",
         f"Machine: {meter.record().describe()}",
-        f"Command: `python benchmarks/query_latency.py --model {args.model} "
+        f"Command: `python benchmarks/query_latency.py"
+        f"{'' if args.model is None else f' --model {args.model}'} "
         f"--queries {args.queries} --precisions {args.precisions}`",
         "",
         "| precision | threads | p50 ms | p90 ms |",

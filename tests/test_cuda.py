@@ -127,6 +127,10 @@ def test_cross_encoder_on_the_device_equals_the_cpu(tmp_path):
     on_cpu = CrossEncoder.from_pretrained(tmp_path / "ce").predict(pairs)
     got = CrossEncoder.from_pretrained(tmp_path / "ce", device=DEVICE).predict(pairs)
     assert np.allclose(got, on_cpu, atol=1e-5), (got, on_cpu)
+    # auto: bf16 on a GPU from Ampere on (scores within bf16's rounding), float32 elsewhere.
+    auto = CrossEncoder.from_pretrained(tmp_path / "ce", device=DEVICE, precision="auto")
+    tolerance = 1e-5 if auto.precision_for("auto").choice == "float32" else 2e-2
+    assert np.allclose(auto.predict(pairs), on_cpu, atol=tolerance)
 
 
 @pytest.mark.parametrize("precision", ["float32", "bf16"])

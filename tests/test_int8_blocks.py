@@ -9,6 +9,8 @@ of the other precisions, with a negative control; a text alone equals its row in
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -167,6 +169,12 @@ def test_the_kernel_refuses_a_mismatched_layout_naming_the_shapes():
         layer(torch.randn(3, 30))
     with pytest.raises(ValueError, match="in_features must be at least 1, got 0"):
         Int8BlockLinear.from_linear(nn.Linear(0, 4))
+    broken = nn.Linear(64, 4)
+    with torch.no_grad():
+        broken.weight[1, 3] = float("inf")
+        broken.weight[2, 5] = float("nan")
+    with pytest.raises(ValueError, match="weight must be finite .* got 2 NaN or infinite"):
+        Int8BlockLinear.from_linear(broken)
 
 
 @needs_kernel
@@ -223,7 +231,7 @@ def test_an_all_zero_block_and_row_round_to_zeros():
     assert torch.equal(q_x, rows) and torch.equal(s_x, torch.ones(2, 1))
 
 
-def test_where_the_kernel_cannot_run_int8_blocks_runs_float32(monkeypatch):
+def test_where_the_kernel_cannot_run_int8_blocks_runs_float32(monkeypatch, caplog):
     """No kernel here (no VNNI, no compiler): a call that asks for int8-blocks and a load in it
     run float32, the same rows as float32, and say why."""
     import clearformer.quant.int8_blocks as int8_blocks
@@ -237,7 +245,9 @@ def test_where_the_kernel_cannot_run_int8_blocks_runs_float32(monkeypatch):
     assert encoder.precision_for("int8-blocks").choice == "float32"
     float32 = encoder.encode(texts)
     assert np.array_equal(encoder.encode(texts, precision="int8-blocks"), float32)
-    held = TextEncoder.from_pretrained(precision="int8-blocks")
+    with caplog.at_level(logging.WARNING, logger="clearformer.text.precisions"):
+        held = TextEncoder.from_pretrained(precision="int8-blocks")
+    assert "precision int8-blocks runs as float32: int8-blocks requested, but mocked" in caplog.text
     assert held.precision_for("int8-blocks").choice == "float32"
     assert np.array_equal(held.encode(texts), float32)
     assert "mocked" in held.precision_for("int8-blocks").reason

@@ -90,9 +90,10 @@ def generate(
     bfloat16 copy of ``model`` (:func:`clearformer.precision.bf16_copy`, made per call and
     dropped after it: convert once with ``bf16_copy`` and pass the copy to decode many
     batches; a model already in bfloat16 runs as it is), log-probabilities in float32;
-    ``"auto"``: bf16 where :func:`clearformer.precision.auto_precision` takes it on this CPU,
-    else float32 (the choice and its reason are logged at INFO level). bfloat16 logits are
-    close to float32's, not equal: a near tie between two tokens can decode differently.
+    ``"auto"``: bf16 where :func:`clearformer.precision.choose_precision` takes it (this CPU's
+    measured verdict; an NVIDIA GPU from Ampere on), else float32 (the choice and its reason
+    are logged at INFO level). bfloat16 logits are close to float32's, not equal: a near tie
+    between two tokens can decode differently.
     """
     cfg = model.config
     bos = cfg.bos_id if bos_id is None else bos_id

@@ -25,7 +25,7 @@ ENCODE_PRECISION_HELP = (
     "embeddings within cosine 0.995 of float32; int8: int8 matrix products, about 2x faster "
     "on CPUs with int8 instructions, embeddings within cosine 0.99 of float32; int8-blocks: "
     "int8 weights scaled per block of 32 and 16-bit activations (AVX512-VNNI), closer to "
-    "float32 than int8 and slower"
+    "float32 than int8, slower on batches"
 )
 OUTPUT_SUFFIXES = (".npy", ".jsonl")
 
@@ -63,7 +63,8 @@ def add_precision_argument(
         choices=choices,
         default="float32",
         help=f"{help_text}; auto: the fastest of them whose accuracy floor holds on this CPU "
-        "(the choice and its reason are logged with -v; default float32)",
+        "(bf16 on an NVIDIA GPU from Ampere on; the choice and its reason are logged with -v; "
+        "default float32)",
     )
 
 
@@ -291,18 +292,9 @@ def run(args: argparse.Namespace) -> int:
         precision=args.precision,
         dimensions=args.dimensions,
     )  # (n, dimensions or width) float32
-    if args.precision == "int8":
-        from ..quant import int8_support
-
-        support = int8_support()
-        if not support.available:
-            print(f"note: encoded in float32, not int8: {support.reason}", file=sys.stderr)
-    if args.precision == "int8-blocks":
-        from ..quant.int8_blocks import block_kernel_support
-
-        kernel = block_kernel_support()
-        if kernel.choice != "available":
-            print(f"note: encoded in float32, not int8-blocks: {kernel.reason}", file=sys.stderr)
+    ran = encoder.precision_for(args.precision)
+    if is_int8(args.precision) and ran.choice != args.precision:  # no int8 products here
+        print(f"note: encoded in {ran.choice}, not {args.precision}: {ran.reason}", file=sys.stderr)
     # NaN is not JSON, and a NaN row in an .npy poisons every similarity computed from it:
     # either is an error naming the texts, with nothing written.
     check_finite(embeddings, texts)

@@ -112,7 +112,8 @@ def _precision_argument(p: argparse.ArgumentParser, default: str | None = None) 
         "the precision the texts are embedded in, the model loaded in it alone (sparse and "
         "multi-vector models: float32 or bf16); bf16: bfloat16 matrix products, embeddings "
         "within cosine 0.995 of float32; int8 (dense models): int8 matrix products, within "
-        "cosine 0.99",
+        "cosine 0.99; int8-blocks (dense models): int8 weights scaled per block of 32, closer "
+        "to float32 than int8",
     )
     p.set_defaults(hold_precision=True)
     if default is not None:

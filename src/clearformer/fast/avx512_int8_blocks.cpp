@@ -169,7 +169,8 @@ at::Tensor int8_block_linear(const at::Tensor& x, const at::Tensor& weight,
   if (bias.has_value() && bias->defined()) {
     bias_c = bias->contiguous();
     TORCH_CHECK(bias_c.scalar_type() == at::kFloat && bias_c.numel() == N,
-                "bias must hold out_features float32 values");
+                "bias must hold out_features = ", N, " float32 values, got ", bias_c.numel(),
+                " of ", bias_c.scalar_type());
     bias_data = bias_c.data_ptr<float>();
   }
   at::Tensor out = at::empty({M, N}, x.options());

@@ -5,7 +5,7 @@
   products in bfloat16 and float32 where accuracy needs it (:mod:`.bf16`);
 * ``"int8"``: int8 matrix products (:mod:`clearformer.quant`; ``TextEncoder.encode`` only);
 * ``"int8-blocks"``: int8 weights with a scale per block of 32 inputs, 16-bit activations
-  (:mod:`clearformer.quant.int8_blocks`): closer to float32 than ``"int8"``, slower;
+  (:mod:`clearformer.quant.int8_blocks`): closer to float32 than ``"int8"``, slower on batches;
 * ``"auto"``: the fastest of them whose accuracy floor holds on this CPU, decided from the
   CPU's instruction sets and, where they do not settle it, a short measurement cached per CPU
   model and PyTorch version (:mod:`.auto`, :mod:`.speedup`).

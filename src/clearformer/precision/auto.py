@@ -12,7 +12,8 @@
    products) and the caller runs int8 (``TextEncoder.encode``): int8 products about twice
    float32's, embeddings within int8's floor (cosine >= 0.99 each, >= 0.997 on average,
    docs/int8.md);
-4. ``float32`` otherwise, and on any device but the CPU.
+4. ``float32`` otherwise. Off the CPU (:func:`auto_off_cpu`): bf16 on an NVIDIA GPU of
+   compute capability 8.0 or later, float32 on any other device.
 
 The decision is a :class:`~clearformer.options.Decision`: its reason names the flags (and
 the measurement) behind it, and ``encode`` logs it.
@@ -163,20 +164,25 @@ def auto_off_cpu(device: torch.device, offered: tuple[str, ...]) -> Decision:
     """What ``auto`` takes on a device other than the CPU: bf16 on a CUDA GPU of compute
     capability 8.0 or later (Ampere on), whose tensor cores multiply bfloat16 at several times
     their float32 rate with float32 sums, where bf16 is offered; float32 anywhere else."""
-    if device.type == "cuda" and "bf16" in offered and torch.cuda.is_available():
+    # ROCm builds name their GPUs "cuda" too, with capabilities that are not NVIDIA's.
+    nvidia = torch.version.hip is None
+    if device.type == "cuda" and nvidia and "bf16" in offered and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability(device)
         if major >= 8:
             return Decision(
                 "bf16",
                 f"CUDA device of compute capability {major}.{minor}: bfloat16 tensor-core "
-                "products with float32 sums, within cosine 0.995 of float32",
+                "products with float32 sums (the CPU's bf16 floor, cosine 0.995 to float32; "
+                "not yet measured on a GPU)",
             )
         return Decision(
             "float32",
             f"CUDA device of compute capability {major}.{minor}: no bfloat16 tensor cores "
             "before 8.0, so float32",
         )
-    return Decision("float32", f"auto takes bf16 on CUDA GPUs from Ampere on; on {device} float32")
+    return Decision(
+        "float32", f"auto takes bf16 on NVIDIA GPUs from Ampere on; on {device} float32"
+    )
 
 
 __all__ = [

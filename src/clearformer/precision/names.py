@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 # The canonical names. "int8-blocks": int8 weights with a scale per block of 32 inputs and
-# 16-bit activations (clearformer.quant.int8_blocks), closer to float32 than "int8", slower.
+# 16-bit activations (clearformer.quant.int8_blocks), closer to float32 than "int8", slower
+# on batches.
 PRECISIONS = ("float32", "bf16", "int8", "int8-blocks", "auto")
 INT8_PRECISIONS = ("int8", "int8-blocks")  # the CPU-only ones, whose layers hold int8 weights
 ALIASES = {"bfloat16": "bf16"}  # PyTorch's name for the dtype is accepted too

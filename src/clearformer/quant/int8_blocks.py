@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import logging
 from collections.abc import Iterable
 
 import torch
@@ -39,8 +38,6 @@ from torch import Tensor, nn
 
 from ..cpu import cpu_info
 from ..options import Decision
-
-log = logging.getLogger(__name__)
 
 BLOCK = 32  # inputs per weight scale
 PANEL = 32  # output columns per packed panel (two 16-lane vectors)
@@ -59,7 +56,7 @@ def quantize_blocks(weight: Tensor) -> tuple[Tensor, Tensor]:
     N, K = weight.shape
     Kp = -(-K // BLOCK) * BLOCK
     padded = torch.zeros(N, Kp, dtype=torch.float32)
-    padded[:, :K] = weight.detach().float()
+    padded[:, :K] = weight.detach().float()  # (N, K) -> (N, Kp), zero weights past K
     blocks = padded.view(N, Kp // BLOCK, BLOCK)  # (N, K) -> (N, Kp/32, 32)
     amax = blocks.abs().amax(dim=2, keepdim=True)  # (N, Kp/32, 1)
     used = amax >= MIN_PEAK
@@ -167,6 +164,12 @@ class Int8BlockLinear(nn.Module):
         """Round ``linear``'s weight in blocks (``linear`` is not modified)."""
         if linear.in_features == 0:
             raise ValueError(f"linear.in_features must be at least 1, got {linear.in_features}")
+        bad = int((~torch.isfinite(linear.weight.detach())).sum())
+        if bad:
+            raise ValueError(
+                f"linear.weight must be finite to be rounded to int8, got {bad} NaN or "
+                f"infinite values of {linear.weight.numel()}"
+            )
         q, scale = quantize_blocks(linear.weight)
         packed, packed_scale = pack_weights(q, scale)
         return cls(packed, packed_scale, linear.bias, tuple(linear.weight.shape))

@@ -36,7 +36,7 @@ class EvalSettings:
     """What is evaluated besides the model: precision, width, search path and reranking."""
 
     precision: str = (
-        "float32"  # float32 | bf16 | int8 | auto: the encoder's, for corpus and queries
+        "float32"  # float32 | bf16 | int8 | int8-blocks | auto: the encoder's, corpus and queries
     )
     dimensions: int | None = None  # Matryoshka: the first N values of each embedding
     index: str | None = None  # an index directory: searched if it exists, else built there
@@ -177,6 +177,12 @@ def evaluate(
     per_query = evaluate_run(run, data.qrels, settings.measures)
     described = asdict(settings)
     described["rerank_model"] = _rerank_model(cross_encoder)
+    # What ran, where a name runs as another here (int8 without int8 products, int8-blocks
+    # without its kernel): the figures are that precision's.
+    decide = getattr(encoder, "precision_for", None)
+    described["precision_run"] = settings.precision if decide is None else (
+        decide(settings.precision).choice
+    )  # fmt: skip
     return EvalResult(
         metrics=mean_measures(per_query),
         per_query=per_query,

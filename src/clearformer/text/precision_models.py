@@ -85,25 +85,25 @@ class PrecisionModels:
 
     def int8(self, fused: bool) -> EncoderModel:
         """The int8 model (``fused``: its compiled variant), built once each."""
-        self._precisions.check("int8")
-        if self._device().type != "cpu":
-            raise ValueError(
-                f"precision='int8' runs on CPUs only; this model is on {self._device()}"
-            )
+        self._cpu_only("int8")
         return self._int8.get(fused)
 
     def int8_blocks(self) -> EncoderModel:
         """The int8-blocks model, built once (the float32 model is not changed), or the model
         loaded in int8-blocks."""
-        self._precisions.check("int8-blocks")
-        if self._device().type != "cpu":
-            raise ValueError(
-                f"precision='int8-blocks' runs on CPUs only; this model is on {self._device()}"
-            )
+        self._cpu_only("int8-blocks")
         with self._blocks_lock:
             if self._blocks is None:
                 self._blocks = int8_blocks_model(self.model)
             return self._blocks
+
+    def _cpu_only(self, precision: str) -> None:
+        """``precision`` (an int8 one) is this encoder's to run, and its model is on the CPU."""
+        self._precisions.check(precision)
+        if self._device().type != "cpu":
+            raise ValueError(
+                f"precision={precision!r} runs on CPUs only; this model is on {self._device()}"
+            )
 
     def _copy_bf16(self) -> EncoderModel:
         from ..precision import bf16_copy

@@ -37,7 +37,12 @@ def held_precision(
 
     asked = check_precision(precision, "precision", (*offered, "auto"))
     where = torch.device("cpu") if device is None else device
-    return choose_precision(asked, device=where, offered=offered), asked
+    decision = choose_precision(asked, device=where, offered=offered)
+    if decision.choice not in (asked, "auto") and asked != "auto":
+        # A name that runs as another (int8 without int8 products, int8-blocks without its
+        # kernel): the load holds the other model, and says so once here.
+        log.warning("precision %s runs as %s: %s", asked, decision.choice, decision.reason)
+    return decision, asked
 
 
 class Precisions(Generic[Model]):
@@ -45,7 +50,8 @@ class Precisions(Generic[Model]):
 
     Args:
         offered: the precisions the application runs (``auto`` picks among them).
-        device: where its model lives (``auto`` decides for CPUs; elsewhere float32).
+        device: where its model lives (``auto`` decides per device:
+            :func:`clearformer.precision.choose_precision`).
         copy_bf16: builds the bfloat16 copy of the application's model(s), on first need.
     """
 
