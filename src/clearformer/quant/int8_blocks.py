@@ -29,7 +29,6 @@ P = ceil(N / 32) panels of 32 output columns.
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Iterable
 
@@ -226,15 +225,9 @@ def quantize_int8_blocks(
 ) -> nn.Module:
     """A copy of ``model`` (or ``model`` itself, ``in_place``) with its ``nn.Linear`` layers as
     :class:`Int8BlockLinear`, except those whose qualified names match a ``skip`` pattern."""
-    from .quantize import _matches, _shared_float_weights, linear_names
+    from .quantize import replace_linears
 
-    skip = tuple(skip)
-    # The copy shares the float weights about to be converted instead of copying them.
-    result = model if in_place else copy.deepcopy(model, _shared_float_weights(model, skip))
-    for name in linear_names(result):
-        if _matches(name, skip):
-            continue
-        parent_name, _, child = name.rpartition(".")
-        parent = result.get_submodule(parent_name) if parent_name else result
-        setattr(parent, child, Int8BlockLinear.from_linear(getattr(parent, child)))
-    return result
+    def make(_name: str, linear: nn.Linear) -> Int8BlockLinear:
+        return Int8BlockLinear.from_linear(linear)
+
+    return replace_linears(model, make, skip=skip, in_place=in_place)

@@ -144,17 +144,36 @@ def quantize_int8(
     unknown = sorted((set(smooth) | set(outliers)) - set(linear_names(model)))
     if unknown:
         raise ValueError(f"smooth or outliers name layers that are not nn.Linear: {unknown}")
+
+    def make(name: str, linear: nn.Linear) -> Int8Linear:
+        factors = smoothing_factors(smooth[name], linear.weight, alpha) if name in smooth else None
+        layer = Int8Linear.from_linear(linear, factors, outliers.get(name))
+        layer.fused = fused
+        return layer
+
+    return replace_linears(model, make, skip=skip, in_place=in_place, within=within)
+
+
+def replace_linears(
+    model: nn.Module,
+    make: Callable[[str, nn.Linear], nn.Module],
+    *,
+    skip: Iterable[str] = (),
+    in_place: bool = False,
+    within: str | None = None,
+) -> nn.Module:
+    """A copy of ``model`` (``model`` itself with ``in_place``) with each ``nn.Linear`` replaced
+    by ``make(qualified name, layer)``, except those a ``skip`` pattern matches or outside the
+    ``within`` prefix. The copy shares the float weights about to be replaced instead of
+    copying them (:func:`_shared_float_weights`), so it never holds a second float32 model."""
+    skip = tuple(skip)
     result = model if in_place else copy.deepcopy(model, _shared_float_weights(model, skip))
     for name in linear_names(result):
         if _matches(name, skip) or (within is not None and not name.startswith(within)):
             continue
         parent_name, _, child = name.rpartition(".")
         parent = result.get_submodule(parent_name) if parent_name else result
-        linear = getattr(parent, child)
-        factors = smoothing_factors(smooth[name], linear.weight, alpha) if name in smooth else None
-        layer = Int8Linear.from_linear(linear, factors, outliers.get(name))
-        layer.fused = fused
-        setattr(parent, child, layer)
+        setattr(parent, child, make(name, getattr(parent, child)))
     return result
 
 
