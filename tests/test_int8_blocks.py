@@ -415,3 +415,27 @@ def test_an_index_built_in_int8_blocks_records_it_and_finds_with_it(tmp_path, ca
                  "--precision", "float32"])  # fmt: skip
     err = capsys.readouterr().err
     assert code != 0 and "'int8-blocks'" in err and "'float32'" in err
+
+
+def test_building_the_kernel_library_says_so_first(monkeypatch, caplog):
+    """The first int8-blocks call on a machine compiles the kernel library (half a minute):
+    a progress line says so before the compile starts."""
+    import clearformer.fast.avx512 as avx512
+    import clearformer.quant.int8_blocks as int8_blocks
+    from clearformer.options import Decision
+
+    asked = []
+
+    def load(build=True):
+        asked.append(build)
+        if not build:
+            return Decision("not built", "no library yet")
+        assert "building clearformer's AVX-512 kernels" in caplog.text  # said before
+        return Decision("unavailable", "mocked compiler")
+
+    monkeypatch.setattr(avx512, "load", load)
+    monkeypatch.setattr(int8_blocks, "vnni_here", lambda: True)
+    with caplog.at_level(logging.INFO, logger="clearformer.progress"):
+        decision = int8_blocks._built_kernel.__wrapped__()
+    assert asked == [False, True]
+    assert decision.choice == "unavailable" and "mocked compiler" in decision.reason

@@ -106,7 +106,7 @@ def vnni_here() -> bool:
 
 def block_kernel_support() -> Decision:
     """``Decision("available" | "unavailable", reason)``: whether the AVX512-VNNI kernel runs
-    here. Builds clearformer's kernel library on first need (about 10 s, once per machine:
+    here. Builds clearformer's kernel library on first need (half a minute, once per machine:
     :func:`clearformer.fast.avx512.load`); ``CLEARFORMER_KERNELS=off`` turns it off."""
     from .. import switches
 
@@ -120,9 +120,14 @@ def block_kernel_support() -> Decision:
 def _built_kernel() -> Decision:
     if not vnni_here():
         return Decision("unavailable", f"this CPU has no AVX512-VNNI: {cpu_info().summary()}")
+    from .. import progress
     from ..fast import avx512
 
-    loaded = avx512.load(build=True)
+    loaded = avx512.load(build=False)
+    if loaded.choice == "not built":
+        # A compile of half a minute on two cores, not to be waited through in silence.
+        progress.phase("building clearformer's AVX-512 kernels (once per machine)")
+        loaded = avx512.load(build=True)
     if loaded.choice != "loaded":
         return Decision("unavailable", f"the kernel library is {loaded.choice}: {loaded.reason}")
     if not hasattr(torch.ops.clearformer_avx512, "int8_block_linear"):
