@@ -66,10 +66,7 @@ class Int8Models:
         deferred = self._deferred
 
         def read(index: int) -> None:
-            # The layer before was just converted and its float32 weights freed: their pages
-            # go back before this layer's are read, or the heap would keep every layer's.
-            release_freed_memory()
-            deferred.read(index)
+            read_layer(deferred, index)
 
         model = quantize_int8_by_block(self._model, self._calibrate, blocks, read).eval()
         release_freed_memory()
@@ -129,10 +126,20 @@ def int8_blocks_model(model: EncoderModel, deferred=None, in_place: bool = False
     started = time.perf_counter()
     if deferred is not None:
         for index, layer in enumerate(model.encoder.layers):
-            release_freed_memory()  # the layer before's float32 pages, before these are read
-            deferred.read(index)
+            read_layer(deferred, index)
             quantize_int8_blocks(layer, in_place=True)
         release_freed_memory()
     result = quantize_int8_blocks(model, in_place=in_place).eval()
     log.info("built the int8-blocks model in %.2fs", time.perf_counter() - started)
     return result
+
+
+def read_layer(deferred, index: int) -> None:
+    """Read encoder layer ``index`` of a deferred load (an int8 load converts each before the
+    next is read)."""
+    from ..runtime import release_freed_memory
+
+    # The layer before was just converted and its float32 weights freed: their pages go back
+    # before this layer's are read, or the heap would keep every layer's.
+    release_freed_memory()
+    deferred.read(index)
