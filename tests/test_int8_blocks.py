@@ -439,3 +439,30 @@ def test_building_the_kernel_library_says_so_first(monkeypatch, caplog):
         decision = int8_blocks._built_kernel.__wrapped__()
     assert asked == [False, True]
     assert decision.choice == "unavailable" and "mocked compiler" in decision.reason
+
+
+@needs_kernel
+def test_a_cross_encoder_in_int8_blocks_scores_as_float32_within_its_rounding(tmp_path):
+    """predict(precision="int8-blocks"): the encoder's linear layers in int8-blocks, the head
+    float32; loaded in it alone, the same scores, and no float32 linear layer left in the
+    encoder; a pair's score alone equals its score in a batch."""
+    from clearformer import CrossEncoder
+
+    from .test_sequence_classification import make_classifier
+
+    make_classifier("bert", tmp_path / "ce", num_labels=1)
+    words = ["the cat", "sat on the mat", "a mat", "the cat sat on a mat on a mat", "a", "b"]
+    pairs = [(words[i], words[j]) for i in range(6) for j in range(6) if i != j]
+    ranker = CrossEncoder.from_pretrained(tmp_path / "ce")
+    float32 = ranker.predict(pairs)
+    blocks = ranker.predict(pairs, precision="int8-blocks")
+    assert not np.array_equal(blocks, float32)  # really rounded
+    assert np.abs(blocks - float32).max() < 2e-3 * (np.abs(float32).max() + 1)
+    layers = [m for m in ranker.int8_blocks_model().modules() if isinstance(m, nn.Linear)]
+    assert not layers and any(isinstance(m, nn.Linear) for m in ranker.model.modules())
+    held = CrossEncoder.from_pretrained(tmp_path / "ce", precision="int8-blocks")
+    assert not any(isinstance(m, nn.Linear) for m in held.model.modules())
+    assert np.array_equal(held.predict(pairs), blocks)
+    assert np.array_equal(held.predict(pairs[3:4])[0], blocks[3])
+    with pytest.raises(ValueError, match=r"precision must be 'int8-blocks' .* got 'bf16'"):
+        held.predict(pairs, precision="bf16")

@@ -556,7 +556,7 @@ def test_int8_precision_serves_encodes_int8_rows(tiny):
     assert dtype == "int8"
 
 
-def test_int8_blocks_precision_serves_its_rows_and_keeps_a_reranker_in_float32(tiny, reranker):
+def test_int8_blocks_precision_serves_its_rows_and_its_scores(tiny, reranker):
     from clearformer.quant.int8_blocks import block_kernel_support
 
     if block_kernel_support().choice != "available":
@@ -573,7 +573,7 @@ def test_int8_blocks_precision_serves_its_rows_and_keeps_a_reranker_in_float32(t
     np.testing.assert_array_equal(rows, expected)
     assert np.abs(rows - encoder.encode(TEXTS, normalize=True)).max() > 0  # really rounded
     assert info["model_dtype"] == "int8-blocks"
-    want = ranker.predict([("w1", t) for t in TEXTS])  # the reranker stays float32
+    want = ranker.predict([("w1", t) for t in TEXTS], precision="int8-blocks")
     got = {item["index"]: item["score"] for item in ranked.json()}
     np.testing.assert_allclose([got[i] for i in range(len(TEXTS))], want, atol=1e-6, rtol=0)
 

@@ -79,9 +79,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_workers_argument(p)
     add_precision_argument(
         p,
-        ("float32", "bf16"),
+        ("float32", "bf16", "int8-blocks"),
         "bf16 (bfloat16): bfloat16 matrix products, several times faster on CPUs with AMX, "
-        "scores close to float32's",
+        "scores close to float32's; int8-blocks: int8 weights scaled per block of 32, 16-bit "
+        "activations (AVX512-VNNI)",
     )
     p.add_argument(
         "--backend",

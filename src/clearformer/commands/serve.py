@@ -141,7 +141,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         ("float32", "bf16", "int8", "int8-blocks"),
         "bf16 (bfloat16): embedding and reranking models run their bfloat16 copies, as "
         "encode --precision bf16 does; int8, int8-blocks: embedding models run encode "
-        "--precision int8's (int8-blocks') model (cross-encoders stay in float32)",
+        "--precision int8's (int8-blocks') model; cross-encoders run int8-blocks, and float32 "
+        "under int8",
     )
     p.add_argument(
         "--backend", choices=BACKENDS, default="auto", help="attention backend (auto packs)"

@@ -23,7 +23,6 @@ import numpy as np
 from ..interop.hf import TextTokenizer, find_checkpoint
 from ..interop.hf.bundled import BUNDLED_NAME
 from ..interop.hf.tokenizer import check_texts
-from ..precision.names import is_int8
 from .errors import ApiError
 from .schemas import DIRECTIONS
 
@@ -105,7 +104,7 @@ class ServedModel:
         self.model = model
         self.path: Path = model.path
         self.max_input_tokens = max_input_tokens
-        if kind == "rerank" and is_int8(precision):
+        if kind == "rerank" and precision == "int8":
             precision = "float32"  # int8 is for embeddings; load_model warned
         self.precision = model.precision_for(precision).choice
         base = model.tokenizer.tokenizer
@@ -310,7 +309,7 @@ def load_model(
     architectures = [str(a) for a in files.config.get("architectures") or []]
     if any(a.endswith("ForSequenceClassification") for a in architectures):
         # int8 is for embeddings: a cross-encoder runs float32 (warned below), held alone too.
-        held = "float32" if is_int8(precision) else precision
+        held = "float32" if precision == "int8" else precision
         model = CrossEncoder.from_pretrained(
             files.path, backend=backend, precision=held, device=device
         )
@@ -331,10 +330,8 @@ def load_model(
                 f"{name!r}, got {max_input_tokens}"
             )
         limit = max_input_tokens
-    if kind == "rerank" and is_int8(precision):
-        log.warning(
-            "%s is a cross-encoder: it runs in float32 (%s applies to embeddings)", name, precision
-        )
+    if kind == "rerank" and precision == "int8":
+        log.warning("%s is a cross-encoder: it runs in float32 (int8 applies to embeddings)", name)
     return ServedModel(
         name, model, kind, max_input_tokens=limit, precision=precision, aliases=aliases
     )

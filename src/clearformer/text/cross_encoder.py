@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +50,8 @@ from .prompts import choose_prompt
 from .workers import auto_workers, check_workers, map_in_workers
 
 log = logging.getLogger(__name__)
+
+OFFERED = ("float32", "bf16", "int8-blocks")  # the precisions predict runs
 
 # What predict may apply to the logits, by name: (B, L) -> (B, L).
 ACTIVATIONS = {
@@ -93,6 +96,14 @@ class CrossEncoder:
             loaded = dataclasses.replace(
                 loaded, loaded=dataclasses.replace(loaded.loaded, model=model), head=head
             )
+        self._blocks: EncoderModel | None = None
+        self._blocks_lock = threading.Lock()
+        if held is not None and held.choice == "int8-blocks":
+            # The encoder's linear layers converted in place (the float32 ones go); the small
+            # classification head stays float32.
+            from .int8_models import int8_blocks_model
+
+            self._blocks = int8_blocks_model(loaded.loaded.model, in_place=True)
         if device is not None:  # after the bf16 copy: never float32 and bf16 on the device
             place(loaded, device)
         self._loaded = loaded
@@ -113,9 +124,10 @@ class CrossEncoder:
         self._reordering = KeptReordering(
             self.model
         )  # weights in oneDNN's layout, once calls repay it
-        # int8 is for embeddings (TextEncoder.encode): a cross-encoder runs float32 or bf16.
+        # int8 (per-row activations) is for embeddings: scores take float32, bf16 or
+        # int8-blocks, whose rounding is about a quarter of int8's.
         self._precisions: Precisions[tuple[EncoderModel, SequenceClassifier]] = Precisions(
-            ("float32", "bf16"), lambda: self.device, self._copy_bf16, held=held, held_as=held_as
+            OFFERED, lambda: self.device, self._copy_bf16, held=held, held_as=held_as
         )
 
     @classmethod
@@ -132,10 +144,10 @@ class CrossEncoder:
         reranker (Qwen3-Reranker: its chat template, its yes/no logits; see
         :mod:`~.llm_reranker`).
 
-        ``precision``: None = the float32 model, and a call may ask for bf16 (its copy is then
-        built and kept beside it); ``"float32"``, ``"bf16"`` or ``"auto"`` (decided now): that
-        precision's model and head alone (bf16: the float32 ones let go once copied), every
-        call runs it, and a call asking for another is refused.
+        ``precision``: None = the float32 model, and a call may ask for bf16 or int8-blocks (the
+        copy is then built and kept beside it); ``"float32"``, ``"bf16"``, ``"int8-blocks"``
+        or ``"auto"`` (decided now): that precision's model and head alone (the float32 ones
+        let go once converted), every call runs it, and a call asking for another is refused.
 
         ``device``: where the model and head run (None: the CPU; ``"cuda"``, ``"cuda:1"``, a
         ``torch.device``), checked before any weight is read; pairs are tokenized on the CPU,
@@ -147,7 +159,7 @@ class CrossEncoder:
                 sentence-embedding model), or an incomplete, unsupported or mismatched one.
         """
         device = check_device(device)
-        held, held_as = held_precision(precision, ("float32", "bf16"), device)
+        held, held_as = held_precision(precision, OFFERED, device)
         started = time.perf_counter()
         files = find_checkpoint(path)
         prompts = prompts_from_files(files)
@@ -180,7 +192,10 @@ class CrossEncoder:
         ``backend`` (None: the model's); ``rows_alone``: a row's logits must not depend on its
         batch-mates (the plan packs a batch with padding)."""
         chosen = self._precisions.decide(self._precisions.check(precision)).choice
-        model, head = self.bf16_model() if chosen == "bf16" else (self.model, self.head)
+        if chosen == "int8-blocks":
+            model, head = self.int8_blocks_model(), self.head
+        else:
+            model, head = self.bf16_model() if chosen == "bf16" else (self.model, self.head)
         types = token_type_ids if self._token_types else None
         hidden = model(
             input_ids, attention_mask, types, backend=backend, rows_alone=rows_alone
@@ -199,6 +214,22 @@ class CrossEncoder:
         :attr:`model` and :attr:`head`."""
         self._precisions.check("bf16")
         return self._precisions.bf16()
+
+    def int8_blocks_model(self) -> EncoderModel:
+        """The encoder with int8-blocks linear layers that ``predict(precision="int8-blocks")``
+        runs (:mod:`clearformer.quant.int8_blocks`; the head stays float32), built once; one
+        loaded with ``precision="int8-blocks"`` holds it as :attr:`model`."""
+        self._precisions.check("int8-blocks")
+        if self.device.type != "cpu":
+            raise ValueError(
+                f"precision='int8-blocks' runs on CPUs only; this model is on {self.device}"
+            )
+        with self._blocks_lock:
+            if self._blocks is None:
+                from .int8_models import int8_blocks_model
+
+                self._blocks = int8_blocks_model(self.model)
+            return self._blocks
 
     def _copy_bf16(self) -> tuple[EncoderModel, SequenceClassifier]:
         from ..precision import bf16_copy
@@ -245,6 +276,8 @@ class CrossEncoder:
                 rounding: a thread count can change how a kernel splits its sums).
             precision: ``"float32"``; ``"bf16"`` (or ``"bfloat16"``): :meth:`bf16_model`,
                 bfloat16 matrix products with float32 norms and softmax, logits in float32;
+                ``"int8-blocks"``: :meth:`int8_blocks_model`, int8 weights scaled per block of
+                32 and int16 activations (CPU only; float32 where its kernel cannot run);
                 ``"auto"``: bf16 where this CPU runs it faster (:meth:`precision_for` says
                 which and why; logged at INFO level); None = the precision the model was
                 loaded in (``from_pretrained(precision=...)``), else float32.
