@@ -277,7 +277,9 @@ def test_cross_encoder_scores_in_bf16_are_close_to_float32(reranker):
         reranker.tokenizer.encode_pairs(PAIRS), activation="identity", precision="bf16"
     )
     np.testing.assert_allclose(rows, got, atol=1e-6, rtol=0)
-    with pytest.raises(ValueError, match=r"precision must be one of \('float32', 'bf16', 'auto'"):
+    with pytest.raises(
+        ValueError, match=r"precision must be one of \('float32', 'bf16', 'int8-blocks', 'auto'"
+    ):
         reranker.predict(PAIRS, precision="int8")  # int8 is for embeddings
 
 
