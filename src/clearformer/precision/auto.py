@@ -28,7 +28,7 @@ import torch
 from ..cpu import CpuInfo, cpu_info
 from ..options import Decision
 from .bf16 import bf16_support
-from .names import PRECISIONS, check_precision
+from .names import PRECISIONS, check_precision, is_int8
 from .speedup import SPEEDUP_VARIABLE, bf16_speedup, speedup_measured
 
 # bfloat16 is taken without AMX when its products measure at least this much faster: the
@@ -124,30 +124,16 @@ def choose_precision(
         if device.type != "cpu":
             return auto_off_cpu(device, offered)
         return auto_precision(cpu, offered=offered, calibrate=calibrate)
-    if precision == "int8-blocks":
+    if is_int8(precision):
         if device.type != "cpu":
             raise ValueError(
-                f"{name}='int8-blocks' runs on CPUs only (its layers are a CPU int8 kernel); "
-                f"on {device} use 'bf16' or 'float32'"
-            )
-        from ..quant.int8_blocks import block_kernel_support
-
-        kernel = block_kernel_support()
-        if kernel.choice != "available":
-            return Decision("float32", f"int8-blocks requested, but {kernel.reason}")
-        return Decision("int8-blocks", f"requested by name ({kernel.reason})")
-    if precision == "int8":
-        if device.type != "cpu":
-            raise ValueError(
-                f"{name}='int8' runs on CPUs only (its layers are CPU int8 kernels); on "
+                f"{name}={precision!r} runs on CPUs only (its layers are CPU int8 kernels); on "
                 f"{device} use 'bf16' or 'float32'"
             )
-        from ..quant import int8_support
-
-        support = int8_support()
-        if not support.available:
-            return Decision("float32", f"int8 requested, but {support.reason}")
-        return Decision("int8", f"requested by name ({support.reason})")
+        available, reason = _int8_route(precision)
+        if not available:
+            return Decision("float32", f"{precision} requested, but {reason}")
+        return Decision(precision, f"requested by name ({reason})")
     if precision == "bf16" and device.type == "cpu":
         support = bf16_support(cpu)
         if not support.native:
@@ -158,6 +144,20 @@ def choose_precision(
             )
         return Decision("bf16", f"requested by name ({support.reason})")
     return Decision(precision, "requested by name")
+
+
+def _int8_route(precision: str) -> tuple[bool, str]:
+    """Whether an int8 precision's products run here, and why: int8's on the CPU's int8 dot
+    products, int8-blocks' on its AVX512-VNNI kernel."""
+    if precision == "int8-blocks":
+        from ..quant.int8_blocks import block_kernel_support
+
+        kernel = block_kernel_support()
+        return kernel.choice == "available", kernel.reason
+    from ..quant import int8_support
+
+    support = int8_support()
+    return support.available, support.reason
 
 
 def auto_off_cpu(device: torch.device, offered: tuple[str, ...]) -> Decision:
