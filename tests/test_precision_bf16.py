@@ -98,12 +98,16 @@ def test_the_floor_catches_a_coarser_format(minilm, texts, float32_rows):
         for module in coarse.modules():
             if isinstance(module, nn.Linear):
                 module.weight.copy_(module.weight.to(torch.float8_e4m3fn).to(torch.bfloat16))
-    original = minilm._models._precisions._bf16
+    built = minilm._models._precisions._built  # precision -> its copy, built once
+    original = built.get("bf16")
     try:
-        minilm._models._precisions._bf16 = coarse
+        built["bf16"] = coarse
         rows = minilm.encode(texts, normalize=True, precision="bf16")
     finally:
-        minilm._models._precisions._bf16 = original
+        if original is None:
+            built.pop("bf16", None)
+        else:
+            built["bf16"] = original
     cosine = cosines(rows, float32_rows)
     assert cosine.min() < MIN_COSINE or cosine.mean() < MEAN_COSINE
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -96,14 +95,12 @@ class CrossEncoder:
             loaded = dataclasses.replace(
                 loaded, loaded=dataclasses.replace(loaded.loaded, model=model), head=head
             )
-        self._blocks: EncoderModel | None = None
-        self._blocks_lock = threading.Lock()
         if held is not None and held.choice == "int8-blocks":
             # The encoder's linear layers converted in place (the float32 ones go); the small
             # classification head stays float32.
             from .int8_models import int8_blocks_model
 
-            self._blocks = int8_blocks_model(loaded.loaded.model, in_place=True)
+            int8_blocks_model(loaded.loaded.model, in_place=True)
         if device is not None:  # after the bf16 copy: never float32 and bf16 on the device
             place(loaded, device)
         self._loaded = loaded
@@ -127,7 +124,12 @@ class CrossEncoder:
         # int8 (per-row activations) is for embeddings: scores take float32, bf16 or
         # int8-blocks, whose rounding is about a quarter of int8's.
         self._precisions: Precisions[tuple[EncoderModel, SequenceClassifier]] = Precisions(
-            OFFERED, lambda: self.device, self._copy_bf16, held=held, held_as=held_as
+            OFFERED,
+            lambda: self.device,
+            self._copy_bf16,
+            held=held,
+            held_as=held_as,
+            copy_int8_blocks=self._copy_int8_blocks,
         )
 
     @classmethod
@@ -193,7 +195,7 @@ class CrossEncoder:
         batch-mates (the plan packs a batch with padding)."""
         chosen = self._precisions.decide(self._precisions.check(precision)).choice
         if chosen == "int8-blocks":
-            model, head = self.int8_blocks_model(), self.head
+            model, head = self._precisions.int8_blocks()
         else:
             model, head = self.bf16_model() if chosen == "bf16" else (self.model, self.head)
         types = token_type_ids if self._token_types else None
@@ -219,17 +221,14 @@ class CrossEncoder:
         """The encoder with int8-blocks linear layers that ``predict(precision="int8-blocks")``
         runs (:mod:`clearformer.quant.int8_blocks`; the head stays float32), built once; one
         loaded with ``precision="int8-blocks"`` holds it as :attr:`model`."""
-        self._precisions.check("int8-blocks")
-        if self.device.type != "cpu":
-            raise ValueError(
-                f"precision='int8-blocks' runs on CPUs only; this model is on {self.device}"
-            )
-        with self._blocks_lock:
-            if self._blocks is None:
-                from .int8_models import int8_blocks_model
+        return self._precisions.int8_blocks()[0]
 
-                self._blocks = int8_blocks_model(self.model)
-            return self._blocks
+    def _copy_int8_blocks(self) -> tuple[EncoderModel, SequenceClassifier]:
+        if self._precisions.held is not None:  # loaded in int8-blocks: the model is converted
+            return self.model, self.head
+        from .int8_models import int8_blocks_model
+
+        return int8_blocks_model(self.model), self.head
 
     def _copy_bf16(self) -> tuple[EncoderModel, SequenceClassifier]:
         from ..precision import bf16_copy

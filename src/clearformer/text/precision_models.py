@@ -10,8 +10,6 @@ int8 the float32 model converted in place.
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
 from ..devices import model_device
@@ -54,15 +52,17 @@ class PrecisionModels:
             deferred.read_all()  # only the int8 conversions read layers one at a time
         # Built on the first int8 call; loaded in int8, its layers may still be unread.
         self._int8 = Int8Models(model, tokenizer, deferred if holds_int8 else None)
-        self._blocks_lock = threading.Lock()
-        self._blocks: EncoderModel | None = None
         if held_choice == "int8-blocks":  # the float32 model converted in place, forgotten
-            self._blocks = int8_blocks_model(model, deferred, in_place=True)
-            self.model = self._blocks
+            self.model = int8_blocks_model(model, deferred, in_place=True)
         else:  # loaded in int8: the float32 model converted in place, layer by layer
             self.model = self._int8.hold() if holds_int8 else model
         self._precisions: Precisions[EncoderModel] = Precisions(
-            OFFERED, self._device, self._copy_bf16, held=held, held_as=held_as
+            OFFERED,
+            lambda: self._device(),  # where the model is at each call
+            self._copy_bf16,
+            held=held,
+            held_as=held_as,
+            copy_int8_blocks=self._copy_int8_blocks,
         )
 
     @property
@@ -85,25 +85,18 @@ class PrecisionModels:
 
     def int8(self, fused: bool) -> EncoderModel:
         """The int8 model (``fused``: its compiled variant), built once each."""
-        self._cpu_only("int8")
+        self._precisions.cpu_only("int8")
         return self._int8.get(fused)
 
     def int8_blocks(self) -> EncoderModel:
         """The int8-blocks model, built once (the float32 model is not changed), or the model
         loaded in int8-blocks."""
-        self._cpu_only("int8-blocks")
-        with self._blocks_lock:
-            if self._blocks is None:
-                self._blocks = int8_blocks_model(self.model)
-            return self._blocks
+        return self._precisions.int8_blocks()
 
-    def _cpu_only(self, precision: str) -> None:
-        """``precision`` (an int8 one) is this encoder's to run, and its model is on the CPU."""
-        self._precisions.check(precision)
-        if self._device().type != "cpu":
-            raise ValueError(
-                f"precision={precision!r} runs on CPUs only; this model is on {self._device()}"
-            )
+    def _copy_int8_blocks(self) -> EncoderModel:
+        if self.held is not None:  # loaded in int8-blocks: the model is the converted one
+            return self.model
+        return int8_blocks_model(self.model)
 
     def _copy_bf16(self) -> EncoderModel:
         from ..precision import bf16_copy

@@ -53,6 +53,7 @@ class Precisions(Generic[Model]):
         device: where its model lives (``auto`` decides per device:
             :func:`clearformer.precision.choose_precision`).
         copy_bf16: builds the bfloat16 copy of the application's model(s), on first need.
+        copy_int8_blocks: builds its int8-blocks model(s), on first need (None: not offered).
     """
 
     def __init__(
@@ -62,12 +63,13 @@ class Precisions(Generic[Model]):
         copy_bf16: Callable[[], Model],
         held: Decision | None = None,
         held_as: str | None = None,
+        copy_int8_blocks: Callable[[], Model] | None = None,
     ) -> None:
         self.offered = offered
         self._device = device
-        self._copy_bf16 = copy_bf16
+        self._copies = {"bf16": copy_bf16, "int8-blocks": copy_int8_blocks}
+        self._built: dict[str, Model] = {}  # precision -> its copy, built once
         self._decisions: dict[str, Decision] = {}
-        self._bf16: Model | None = None
         self._lock = threading.Lock()
         self.held = held
         # The name the load asked for: int8 asked where the CPU has no int8 runs float32, and
@@ -115,9 +117,27 @@ class Precisions(Generic[Model]):
     def bf16(self) -> Model:
         """The bfloat16 copy, built on the first call (a few hundred milliseconds for the
         bundled model) and returned by every later one."""
+        return self._once("bf16", "the bfloat16 model")
+
+    def int8_blocks(self) -> Model:
+        """The int8-blocks model(s), built on the first call and returned by every later one;
+        refused (before any work) where the model is not on the CPU."""
+        self.cpu_only("int8-blocks")
+        return self._once("int8-blocks", "the int8-blocks model")
+
+    def cpu_only(self, precision: str) -> None:
+        """``precision`` (an int8 one) is this application's to run, and its model is on the
+        CPU, or the argument error."""
+        self.check(precision)
+        if self._device().type != "cpu":
+            raise ValueError(
+                f"precision={precision!r} runs on CPUs only; this model is on {self._device()}"
+            )
+
+    def _once(self, precision: str, what: str) -> Model:
         with self._lock:
-            if self._bf16 is None:
+            if precision not in self._built:
                 started = time.perf_counter()
-                self._bf16 = self._copy_bf16()
-                log.info("built the bfloat16 model in %.2fs", time.perf_counter() - started)
-            return self._bf16
+                self._built[precision] = self._copies[precision]()
+                log.info("built %s in %.2fs", what, time.perf_counter() - started)
+            return self._built[precision]
