@@ -223,28 +223,36 @@ def test_loaded_in_int8_reads_one_layer_at_a_time(family, monkeypatch):
     layers before it are int8 and the layers after it unread (meta), so no two layers' float32
     weights are ever held at once; the model is the one ``encode(precision="int8")`` builds
     from the whole float32 model, to the bit."""
+    name, encoder, texts, _ = family
+    seen = spy_layer_reads(monkeypatch, Int8Linear, "int8")
+    held = TextEncoder.from_pretrained(encoder.path, precision="int8")
+    layers = encoder.config.n_layers
+    assert seen == [["int8"] * i + ["meta"] * (layers - i) for i in range(layers)], name
+    expected = encoder.encode(texts, normalize=True, precision="int8", fuse_int8=False)
+    assert np.array_equal(held.encode(texts, normalize=True, fuse_int8=False), expected), name
+
+
+def spy_layer_reads(monkeypatch, converted: type, label: str) -> list[list[str]]:
+    """Each read of a deferred encoder layer appends the state of every layer just before it:
+    "meta" (unread), "float" (a float linear layer left), ``label`` (layers of ``converted``
+    alone) or "?"."""
     from clearformer.interop.hf.deferred import DeferredLayers
 
-    name, encoder, texts, _ = family
-    seen = []
+    seen: list[list[str]] = []
     read = DeferredLayers.read
 
     def state(layer) -> str:
         if any(p.is_meta for p in layer.parameters()):
             return "meta"
         kinds = {type(m) for m in layer.modules()}
-        return "float" if torch.nn.Linear in kinds else "int8" if Int8Linear in kinds else "?"
+        return "float" if torch.nn.Linear in kinds else label if converted in kinds else "?"
 
     def spy(self, index):
         seen.append([state(layer) for layer in self.model.encoder.layers])
         read(self, index)
 
     monkeypatch.setattr(DeferredLayers, "read", spy)
-    held = TextEncoder.from_pretrained(encoder.path, precision="int8")
-    layers = encoder.config.n_layers
-    assert seen == [["int8"] * i + ["meta"] * (layers - i) for i in range(layers)], name
-    expected = encoder.encode(texts, normalize=True, precision="int8", fuse_int8=False)
-    assert np.array_equal(held.encode(texts, normalize=True, fuse_int8=False), expected), name
+    return seen
 
 
 def test_int8_asked_where_the_cpu_has_none_loads_float32_and_takes_int8_calls(monkeypatch):

@@ -31,7 +31,12 @@ from clearformer.quant.int8_blocks import (
 )
 from clearformer.text.precision_models import OFFERED
 
-from .test_family_precision import MIN_COSINE, _cosines, family  # noqa: F401 (a fixture)
+from .test_family_precision import (  # noqa: F401 (family: a fixture)
+    MIN_COSINE,
+    _cosines,
+    family,
+    spy_layer_reads,
+)
 
 SENTENCES = [
     "The central bank raised interest rates again on Thursday.",
@@ -312,23 +317,8 @@ def test_loaded_in_int8_blocks_reads_one_layer_at_a_time(family, monkeypatch):  
     """Held alone, read layer by layer (the layers after the one being read are unread, those
     before converted), the same rows as the per-call model, to the bit; a text alone equals
     its row in the batch."""
-    from clearformer.interop.hf.deferred import DeferredLayers
-
     name, encoder, texts, _ = family
-    seen = []
-    read = DeferredLayers.read
-
-    def state(layer) -> str:
-        if any(p.is_meta for p in layer.parameters()):
-            return "meta"
-        kinds = {type(m) for m in layer.modules()}
-        return "float" if nn.Linear in kinds else "blocks" if Int8BlockLinear in kinds else "?"
-
-    def spy(self, index):
-        seen.append([state(layer) for layer in self.model.encoder.layers])
-        read(self, index)
-
-    monkeypatch.setattr(DeferredLayers, "read", spy)
+    seen = spy_layer_reads(monkeypatch, Int8BlockLinear, "blocks")
     held = TextEncoder.from_pretrained(encoder.path, precision="int8-blocks")
     layers = encoder.config.n_layers
     assert seen == [["blocks"] * i + ["meta"] * (layers - i) for i in range(layers)], name
