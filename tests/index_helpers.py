@@ -101,7 +101,13 @@ def word_texts(n: int, seed: int = 0) -> list[str]:
 def env() -> dict[str, str]:
     root = Path(__file__).resolve().parents[1] / "src"
     path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": path,
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONFAULTHANDLER": "1",  # an aborting worker prints its threads' Python stacks
+    }
 
 
 def cli(*argv: str) -> subprocess.CompletedProcess:

@@ -109,7 +109,10 @@ def torchrun(
 def tail(result: subprocess.CompletedProcess) -> str:
     """The workers' own lines (torchrun's report of a failure comes after them)."""
     lines = [x for x in result.stderr.splitlines() if not x.startswith("W1")]
-    return "\n".join(lines[-80:])
+    # torchrun's report of a failed worker (its own traceback, 40 lines) would push the
+    # workers' last lines (a Python stack printed at an abort, say) out of the tail.
+    report = next((i for i, x in enumerate(lines) if "elastic/multiprocessing" in x), len(lines))
+    return "\n".join(lines[:report][-80:] + lines[report:][-12:])
 
 
 def cli(nproc: int, *argv: str, **extra_env: str) -> subprocess.CompletedProcess:

@@ -45,7 +45,15 @@ def tiny_flags(**changes) -> list[str]:
 def env(**extra: str) -> dict[str, str]:
     root = Path(__file__).resolve().parents[1] / "src"
     path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **extra}
+    # PYTHONFAULTHANDLER: a worker that aborts (SIGABRT at exit, say) prints every thread's
+    # Python stack into the output a failing test shows.
+    return {
+        **os.environ,
+        "PYTHONPATH": path,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONFAULTHANDLER": "1",
+        **extra,
+    }
 
 
 def run_train(*argv: str, timeout: float = 300, **extra_env: str) -> subprocess.CompletedProcess:
