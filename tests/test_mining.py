@@ -32,11 +32,20 @@ def setup(tmp_path_factory):
     return TextEncoder.from_pretrained(model), pairs, root, model, beir
 
 
-def _brute_force(encoder, pairs, corpus):
+@pytest.fixture(scope="module")
+def reranker(tmp_path_factory):
+    from .test_sequence_classification import make_classifier
+
+    path = tmp_path_factory.mktemp("reranker")
+    make_classifier("bert", path, num_labels=1)
+    return path
+
+
+def _brute_force(encoder, pairs, corpus, precision=None):
     texts = list(dict.fromkeys([*(p for _, p in pairs), *corpus]))
     anchors = list(dict.fromkeys(a for a, _ in pairs))
-    docs = encoder.encode(texts, normalize=True)
-    queries = encoder.encode(anchors, normalize=True)
+    docs = encoder.encode(texts, normalize=True, precision=precision)
+    queries = encoder.encode(anchors, normalize=True, precision=precision)
     scores = queries @ docs.T  # (anchors, texts)
     return texts, anchors, scores
 
@@ -75,6 +84,74 @@ def test_negatives_equal_a_brute_force_ranking(setup, tmp_path, settings):
             assert row["negative"] == expected, anchor
             assert not set(row["negative"]) & own[anchor]
     assert report.negatives == sum(len(r["negative"]) for r in rows)
+
+
+def test_a_precision_embeds_the_corpus_and_the_anchors_and_the_index_records_it(setup, tmp_path):
+    from clearformer.index import VectorIndex
+    from clearformer.index.build import index_precision
+
+    encoder, pairs, *_ = setup
+    settings = MiningSettings(negatives=2, range_max=10)
+    rows, _ = mine_hard_negatives(pairs, encoder, tmp_path / "idx", settings=settings)
+    bf16, _ = mine_hard_negatives(
+        pairs, encoder, tmp_path / "idx", settings=settings, precision="bf16"
+    )
+    assert index_precision(VectorIndex.open(tmp_path / "idx").meta) == "bf16"  # built again
+    texts, anchors, scores = _brute_force(encoder, pairs, [], precision="bf16")
+    for row in bf16:
+        i = anchors.index(row["anchor"])
+        own = {p for a, p in pairs if a == row["anchor"]}
+        order = [texts[j] for j in np.argsort(-scores[i], kind="stable")]
+        assert row["negative"] == [t for t in order if t not in own][:2]
+    assert len(rows) == len(bf16)
+
+
+@pytest.mark.parametrize("precision", [None, "bf16"])
+def test_a_cross_encoder_reorders_and_filters_each_anchors_candidates(
+    setup, reranker, tmp_path, precision
+):
+    """The candidates the embeddings found, in the cross-encoder's order, kept where the
+    cross-encoder scores them at most the anchor's lowest positive (margin 0), scored in
+    ``cross_encoder_precision``: as each anchor's pairs scored on their own give."""
+    from clearformer import CrossEncoder
+
+    encoder, pairs, *_ = setup
+    cross = CrossEncoder.from_pretrained(reranker)
+    pool, _ = mine_hard_negatives(
+        pairs, encoder, tmp_path / "idx", settings=MiningSettings(negatives=10, range_max=10)
+    )
+    rows, report = mine_hard_negatives(
+        pairs,
+        encoder,
+        tmp_path / "idx",
+        settings=MiningSettings(negatives=3, range_max=10, absolute_margin=0.0),
+        cross_encoder=cross,
+        cross_encoder_precision=precision,
+    )
+    for row, candidates in zip(rows, pool, strict=True):
+        anchor, found = row["anchor"], candidates["negative"]
+        own = [p for a, p in pairs if a == anchor]
+        scores = cross.predict([(anchor, t) for t in found], precision=precision)
+        positive = cross.predict([(anchor, p) for p in own], precision=precision).min()
+        order = np.argsort(-scores, kind="stable")
+        assert row["negative"] == [found[i] for i in order if scores[i] <= positive][:3]
+    assert report.dropped["margin"] > 0  # the filter dropped some: the test can fail
+
+
+def test_cross_encoder_precision_is_checked_before_any_work(setup, reranker, tmp_path):
+    from clearformer import CrossEncoder
+
+    encoder, pairs, *_ = setup
+    with pytest.raises(ValueError, match="applies with a cross_encoder"):
+        mine_hard_negatives(pairs, encoder, tmp_path / "a", cross_encoder_precision="bf16")
+    cross = CrossEncoder.from_pretrained(reranker)
+    with pytest.raises(ValueError, match="precision must be one of .*got 'int8'"):
+        mine_hard_negatives(
+            pairs, encoder, tmp_path / "b", cross_encoder=cross, cross_encoder_precision="int8"
+        )
+    with pytest.raises(ValueError, match="precision must be one of .*got 'int4'"):
+        mine_hard_negatives(pairs, encoder, tmp_path / "c", precision="int4")
+    assert not any((tmp_path / name).exists() for name in "abc")
 
 
 def test_random_sampling_is_seeded_and_draws_from_the_survivors(setup, tmp_path):
@@ -119,9 +196,28 @@ def test_cli_writes_rows_train_reads_and_reuses_the_index(setup, tmp_path):
     assert VectorIndex.open(str(out) + ".index").generation == generation  # nothing re-embedded
 
 
+def test_cli_precisions_for_the_encoder_and_the_cross_encoder(setup, reranker, tmp_path):
+    from clearformer.index import VectorIndex
+    from clearformer.index.build import index_precision
+
+    _, _, _, model, beir = setup
+    out = tmp_path / "mined.jsonl"
+    argv = ["mine", "--data", str(beir), "--split", "dev", "--model", str(model)]
+    argv += ["--out", str(out), "-n", "2", "--no-progress", "--precision", "bf16"]
+    argv += ["--cross-encoder", str(reranker), "--cross-encoder-precision", "bf16"]
+    done = cli(*argv)
+    assert done.returncode == 0, done.stderr
+    assert index_precision(VectorIndex.open(str(out) + ".index").meta) == "bf16"
+    assert len(out.read_text().splitlines()) == 30
+
+
 @pytest.mark.parametrize(
     ("flags", "fragment"),
     [
+        (
+            ["--cross-encoder-precision", "bf16"],
+            "--cross-encoder-precision applies with --cross-encoder DIR",
+        ),
         (["--range-min", "9", "--range-max", "5"], "--range-min must be below"),
         (["--absolute-margin", "-1"], "expected a number >= 0"),
         (["--split", "nope"], "split 'nope' has no qrels"),

@@ -5,6 +5,7 @@ real BBC data with the bundled model, and every bad folder refused in one line."
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -201,6 +202,45 @@ def test_rerank_follows_every_first_stage_mode(tiny, tmp_path):
         scores = cross.predict([(query_text, text[d]) for d in order[:4]])
         assert np.all(np.diff(scores) <= 1e-6)
         assert order[4:] == ranked(first[query])[4:]
+
+
+def test_rerank_precision_scores_the_head_in_that_precision(tiny, tmp_path):
+    """``rerank_precision="bf16"``: the head's scores are the bfloat16 model's (not the float32
+    one's), and the settings say which precision scored them."""
+    from clearformer import CrossEncoder
+
+    from .test_sequence_classification import make_classifier
+
+    _, beir = tiny
+    reranker = tmp_path / "reranker"
+    make_classifier("bert", reranker, num_labels=1)
+    data = load_beir(beir)
+    settings = EvalSettings(mode="bm25", rerank=str(reranker), rerank_top=4)
+    result = evaluate(data, None, replace(settings, rerank_precision="bfloat16"))
+    assert result.settings["rerank_precision"] == "bf16"
+    assert result.settings["rerank_precision_run"] == "bf16"
+    plain = evaluate(data, None, settings)
+    assert plain.settings["rerank_precision_run"] == "float32"
+    cross = CrossEncoder.from_pretrained(reranker)
+    text = dict(zip(data.corpus_ids, data.corpus_texts, strict=True))
+    moved = 0.0
+    for query, query_text in zip(data.query_ids, data.query_texts, strict=True):
+        head = ranked(result.run[query])[:4]
+        pairs = [(query_text, text[d]) for d in head]
+        got = np.array([result.run[query][d] for d in head])
+        np.testing.assert_allclose(got, cross.predict(pairs, precision="bf16"), atol=1e-6)
+        moved = max(moved, float(np.abs(got - cross.predict(pairs)).max()))
+    assert moved > 1e-5  # bfloat16 scores, not float32 ones
+
+
+def test_rerank_precision_is_checked_by_name_and_needs_a_reranker(tiny):
+    _, beir = tiny
+    with pytest.raises(ValueError, match="rerank_precision must be one of .*got 'int8'"):
+        EvalSettings(rerank="r", rerank_precision="int8")
+    done = cli("eval", "--data", str(beir), "--mode", "bm25", "--rerank-precision", "bf16")
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.endswith("--rerank-precision applies with --rerank MODEL")
 
 
 def test_rerank_fusion_without_a_reranker_is_refused_in_one_line(tiny, tmp_path):

@@ -53,13 +53,16 @@ def add_workers_argument(p: argparse.ArgumentParser) -> None:
 
 
 def add_precision_argument(
-    p: argparse.ArgumentParser, offered: tuple[str, ...], help_text: str
+    p: argparse.ArgumentParser,
+    offered: tuple[str, ...],
+    help_text: str,
+    flag: str = "--precision",
 ) -> None:
-    """``--precision``: the names ``offered`` (with their aliases, ``bfloat16`` for ``bf16``)
-    and ``auto``; ``help_text`` says what the command's non-float32 choices do."""
+    """``flag`` (``--precision``): the names ``offered`` (with their aliases, ``bfloat16`` for
+    ``bf16``) and ``auto``; ``help_text`` says what the command's non-float32 choices do."""
     choices = [name for name in PRECISION_NAMES if ALIASES.get(name, name) in (*offered, "auto")]
     p.add_argument(
-        "--precision",
+        flag,
         choices=choices,
         default="float32",
         help=f"{help_text}; auto: the fastest of them whose accuracy floor holds on this CPU "

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..options import RERANK_FUSIONS
 from .encode import add_model_arguments, add_precision_argument, positive_int
+from .rerank import RERANK_PRECISION_HELP, RERANK_PRECISIONS
 
 MEASURE_HELP = (
     "measures, comma-separated (default: %(default)s); each ndcg|mrr|recall|map|precision@K"
@@ -76,6 +77,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=100,
         metavar="N",
         help="documents per query the cross-encoder rescores (default 100)",
+    )
+    add_precision_argument(
+        p,
+        RERANK_PRECISIONS,
+        "with --rerank: what the cross-encoder scores in; " + RERANK_PRECISION_HELP,
+        flag="--rerank-precision",
     )
     p.add_argument(
         "--rerank-fusion",
@@ -186,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
     from .encode import device_flag
 
     device = device_flag(args)  # before any data is read
+    if args.rerank is None and args.rerank_precision != "float32":
+        raise CliError("--rerank-precision applies with --rerank MODEL")
     try:
         settings = EvalSettings(
             precision=args.precision,
@@ -195,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
             ann=args.ann,
             rerank=args.rerank,
             rerank_top=args.rerank_top,
+            rerank_precision=args.rerank_precision,
             rerank_fusion=args.rerank_fusion,
             depth=args.depth,
             measures=tuple(m.strip() for m in args.measures.split(",") if m.strip()),

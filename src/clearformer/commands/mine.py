@@ -8,7 +8,14 @@ import json
 import sys
 from pathlib import Path
 
-from .encode import add_model_arguments, positive_int
+from .encode import (
+    ENCODE_PRECISION_HELP,
+    ENCODE_PRECISIONS,
+    add_model_arguments,
+    add_precision_argument,
+    positive_int,
+)
+from .rerank import RERANK_PRECISION_HELP, RERANK_PRECISIONS
 
 
 def _non_negative_float(value: str) -> float:
@@ -89,7 +96,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="rescore the candidates and the positive with this cross-encoder",
     )
+    add_precision_argument(
+        p,
+        RERANK_PRECISIONS,
+        "with --cross-encoder: what it scores in; " + RERANK_PRECISION_HELP,
+        flag="--cross-encoder-precision",
+    )
     add_model_arguments(p)
+    add_precision_argument(
+        p,
+        ENCODE_PRECISIONS,
+        "what the corpus and the anchors are embedded in (the index records it; an index of "
+        "another precision is built again); " + ENCODE_PRECISION_HELP,
+    )
     p.set_defaults(func=run, writes_stdout=lambda args: False)
 
 
@@ -150,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise CliError(str(exc).replace("range_", "--range-")) from None
+    if args.cross_encoder is None and args.cross_encoder_precision != "float32":
+        raise CliError("--cross-encoder-precision applies with --cross-encoder DIR")
     pairs, corpus = _pairs(args)
     if not pairs:
         raise CliError("no (anchor, positive) pairs to mine for")
@@ -158,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         from ..text import CrossEncoder
 
         cross_encoder = CrossEncoder.from_pretrained(args.cross_encoder, device=device_flag(args))
-    encoder = load_encoder(args)
+    encoder = load_encoder(args, hold_precision=True)  # every call runs --precision
     progress = PhaseProgress("mine", enabled=args.progress is not False)
     rows, report = mine_hard_negatives(
         pairs,
@@ -167,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
         corpus=corpus,
         settings=settings,
         cross_encoder=cross_encoder,
+        precision=args.precision,
+        cross_encoder_precision=args.cross_encoder_precision if cross_encoder else None,
         progress=progress,
         encode_options=batching_options(args),
     )

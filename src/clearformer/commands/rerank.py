@@ -14,9 +14,17 @@ import sys
 from pathlib import Path
 
 from ..options import BACKENDS
+from ..precision.names import CROSS_ENCODER_PRECISIONS
 from ..text.batching import DEFAULT_MAX_TOKENS
 from .encode import add_precision_argument, add_workers_argument, positive_int
 from .search import DISPLAY_WIDTH, non_negative_int, read_corpus, shorten
+
+RERANK_PRECISIONS = CROSS_ENCODER_PRECISIONS  # what CrossEncoder.predict runs
+RERANK_PRECISION_HELP = (
+    "bf16 (bfloat16): bfloat16 matrix products, several times faster on CPUs with AMX, "
+    "scores close to float32's; int8-blocks: int8 weights scaled per block of 32, 16-bit "
+    "activations (AVX512-VNNI)"
+)
 
 # No cross-encoder ships with clearformer (the bundled model is an embedding model), and none
 # is downloaded at run time: the user brings a directory.
@@ -77,13 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"padded tokens per forward pass without --batch-size (default {DEFAULT_MAX_TOKENS})",
     )
     add_workers_argument(p)
-    add_precision_argument(
-        p,
-        ("float32", "bf16", "int8-blocks"),
-        "bf16 (bfloat16): bfloat16 matrix products, several times faster on CPUs with AMX, "
-        "scores close to float32's; int8-blocks: int8 weights scaled per block of 32, 16-bit "
-        "activations (AVX512-VNNI)",
-    )
+    add_precision_argument(p, RERANK_PRECISIONS, RERANK_PRECISION_HELP)
     p.add_argument(
         "--backend",
         choices=BACKENDS,

@@ -9,6 +9,9 @@ from typing import Any
 # on batches.
 PRECISIONS = ("float32", "bf16", "int8", "int8-blocks", "auto")
 INT8_PRECISIONS = ("int8", "int8-blocks")  # the CPU-only ones, whose layers hold int8 weights
+# What a cross-encoder scores in: int8's per-row activations lost too much of a reranker's
+# logit margins (docs/int8.md), so it keeps rerankers in float32 and is not offered here.
+CROSS_ENCODER_PRECISIONS = ("float32", "bf16", "int8-blocks")
 ALIASES = {"bfloat16": "bf16"}  # PyTorch's name for the dtype is accepted too
 PRECISION_NAMES = (*PRECISIONS, *ALIASES)  # every spelling a caller may pass (CLI choices)
 

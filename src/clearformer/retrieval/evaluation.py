@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..options import RERANK_FUSIONS
+from ..precision.names import CROSS_ENCODER_PRECISIONS, check_precision
 from ..version import __version__
 from .beir import RetrievalData
 from .metrics import DEFAULT_MEASURES, evaluate_run, mean_measures, parse_measure
@@ -44,7 +45,7 @@ class EvalSettings:
     ann: str | None = None  # building an index: auto | hnsw | exact (None: auto)
     rerank: str | None = None  # a cross-encoder directory: reranks each query's first `rerank_top`
     rerank_top: int = 100
-    rerank_precision: str = "float32"
+    rerank_precision: str = "float32"  # float32 | bf16 | int8-blocks | auto: the cross-encoder's
     rerank_fusion: str = "none"  # none: the cross-encoder's order | rrf: fused with the first stage
     depth: int = 100  # documents retrieved per query (at least the deepest measure's cut-off)
     measures: tuple[str, ...] = DEFAULT_MEASURES
@@ -76,6 +77,14 @@ class EvalSettings:
             raise ValueError(f"rerank_top must be a positive integer, got {self.rerank_top}")
         if isinstance(self.rrf_k, bool) or not isinstance(self.rrf_k, int) or self.rrf_k < 0:
             raise ValueError(f"rrf_k must be an integer >= 0, got {self.rrf_k!r}")
+        # The canonical name ("bfloat16" -> "bf16"), checked before the data is read.
+        object.__setattr__(
+            self,
+            "rerank_precision",
+            check_precision(
+                self.rerank_precision, "rerank_precision", (*CROSS_ENCODER_PRECISIONS, "auto")
+            ),
+        )
         if self.rerank_fusion not in RERANK_FUSIONS:
             raise ValueError(
                 f"rerank_fusion must be one of {RERANK_FUSIONS}, got {self.rerank_fusion!r}"
@@ -176,7 +185,7 @@ def evaluate(
     run = _reranked(run, data, cross_encoder, settings, report, seconds)
     per_query = evaluate_run(run, data.qrels, settings.measures)
     described = asdict(settings)
-    described["rerank_model"] = _rerank_model(cross_encoder)
+    described.update(_rerank_described(cross_encoder, settings))
     # What ran, where a name runs as another here (int8 without int8 products, int8-blocks
     # without its kernel): the figures are that precision's.
     decide = getattr(encoder, "precision_for", None)
@@ -220,10 +229,15 @@ def _reranked(run: Run, data, cross_encoder, settings: EvalSettings, report, sec
     return run
 
 
-def _rerank_model(cross_encoder) -> dict | None:
+def _rerank_described(cross_encoder, settings: EvalSettings) -> dict:
+    """The cross-encoder's identity, and the precision it scored in here (``auto`` decided,
+    and a name that runs as another on this machine: the figures are that precision's)."""
     if cross_encoder is None:
-        return None
-    return {"name": cross_encoder.path.name, "path": str(cross_encoder.path)}
+        return {"rerank_model": None, "rerank_precision_run": None}
+    return {
+        "rerank_model": {"name": cross_encoder.path.name, "path": str(cross_encoder.path)},
+        "rerank_precision_run": cross_encoder.precision_for(settings.rerank_precision).choice,
+    }
 
 
 def _prepared_index(data, encoder, settings: EvalSettings, report, encode_options, seconds):
@@ -329,7 +343,7 @@ def _evaluate_kinds(data, encoder, settings: EvalSettings, models, cross_encoder
     per_query = evaluate_run(run, data.qrels, settings.measures)
     described = asdict(settings)
     described["kinds"] = kinds
-    described["rerank_model"] = _rerank_model(cross_encoder)
+    described.update(_rerank_described(cross_encoder, settings))
     model = {kind: identity_of(m).to_dict() for kind, m in models.items() if kind in kinds}
     return EvalResult(
         metrics=mean_measures(per_query),

@@ -90,6 +90,8 @@ def mine_hard_negatives(
     corpus: Sequence[str] = (),
     settings: MiningSettings | None = None,
     cross_encoder=None,
+    precision: str | None = None,
+    cross_encoder_precision: str | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     encode_options: dict | None = None,
 ) -> tuple[list[dict], MiningReport]:
@@ -102,11 +104,25 @@ def mine_hard_negatives(
             with this model already).
         corpus: texts besides the positives that negatives may be drawn from.
         cross_encoder: a :class:`~clearformer.CrossEncoder` that rescores the candidates.
+        precision: what the corpus and the anchors are embedded in (as ``encoder.encode``
+            takes it; None: the encoder's own). The index records it: an index built in
+            another precision is built again, never mixed.
+        cross_encoder_precision: what ``cross_encoder`` scores in (as its ``predict`` takes
+            it; None: the precision it was loaded in).
     """
     from ..index import build_index
     from ..index.quantize import truncate
 
     settings = MiningSettings() if settings is None else settings
+    # Both names are checked before the corpus is read or embedded.
+    if precision is not None:
+        encoder.precision_for(precision)
+    if cross_encoder_precision is not None:
+        if cross_encoder is None:
+            raise ValueError("cross_encoder_precision applies with a cross_encoder")
+        cross_encoder.precision_for(cross_encoder_precision)
+    if precision is not None:
+        encode_options = {**(encode_options or {}), "precision": precision}
     report_progress = progress or (lambda phase, done, total: None)
     encode_options = dict(encode_options or {})
     texts = list(dict.fromkeys([*(p for _, p in pairs), *corpus]))  # unique, positives first
@@ -136,6 +152,7 @@ def mine_hard_negatives(
             index.dimensions,
         )
         rows, scores = index.search_vectors(vectors, depth)  # (b, depth) each, best first
+        looked_at: list[tuple[list[tuple[int, float]], float]] = []
         for i, anchor in enumerate(block):
             own = positives[anchor]
             positive_vectors = index.vectors(np.array(sorted(own), dtype=np.int64))
@@ -145,9 +162,13 @@ def mine_hard_negatives(
             report.dropped["positive"] += len(found) - len(candidates)
             kept = candidates[settings.range_min : settings.range_max]
             report.dropped["range"] += len(candidates) - len(kept)
-            chosen[anchor] = _filter(
-                anchor, kept, positive_score, own, texts, settings, cross_encoder, rng, report
+            looked_at.append((kept, positive_score))
+        if cross_encoder is not None:
+            looked_at = _rescored(
+                block, looked_at, positives, texts, cross_encoder, cross_encoder_precision
             )
+        for anchor, (kept, positive_score) in zip(block, looked_at, strict=True):
+            chosen[anchor] = _filter(kept, positive_score, texts, settings, rng, report)
         report_progress("anchors", min(start + QUERY_BLOCK, len(anchors)), len(anchors))
     rows_out = []
     for anchor, positive in pairs:
@@ -159,13 +180,30 @@ def mine_hard_negatives(
     return rows_out, report
 
 
-def _filter(anchor, kept, positive_score, own, texts, settings, cross_encoder, rng, report):
-    if cross_encoder is not None and kept:
-        pairs = [(anchor, texts[r]) for r, _ in kept] + [(anchor, texts[r]) for r in sorted(own)]
-        scores = cross_encoder.predict(pairs).tolist()
-        kept = [(r, s) for (r, _), s in zip(kept, scores[: len(kept)], strict=True)]
-        positive_score = min(scores[len(kept) :])
-        kept.sort(key=lambda item: -item[1])
+def _rescored(block, looked_at, positives, texts, cross_encoder, precision):
+    """Each anchor's candidates and its lowest positive scored by ``cross_encoder`` instead of
+    the embeddings, candidates in the cross-encoder's order. One ``predict`` call for the
+    whole block: its batching sorts the pairs by length across anchors, and a pair's score
+    does not depend on the pairs beside it."""
+    pairs: list[tuple[str, str]] = []
+    for anchor, (kept, _) in zip(block, looked_at, strict=True):
+        if kept:
+            own = sorted(positives[anchor])
+            pairs += [(anchor, texts[r]) for r, _ in kept] + [(anchor, texts[r]) for r in own]
+    scores = cross_encoder.predict(pairs, precision=precision).tolist() if pairs else []
+    out, at = [], 0
+    for anchor, (kept, positive_score) in zip(block, looked_at, strict=True):
+        if kept:
+            count, own = len(kept), len(positives[anchor])
+            kept = [(r, s) for (r, _), s in zip(kept, scores[at : at + count], strict=True)]
+            positive_score = min(scores[at + count : at + count + own])
+            at += count + own
+            kept.sort(key=lambda item: -item[1])
+        out.append((kept, positive_score))
+    return out
+
+
+def _filter(kept, positive_score, texts, settings, rng, report):
     survivors = []
     for row, score in kept:
         if (

@@ -36,6 +36,7 @@ from ..interop.hf.sentence_transformers import Prompts, prompts_from_files, scor
 from ..interop.hf.tokenizer import check_pairs, check_texts, max_length_for
 from ..model import EncoderModel
 from ..options import Decision
+from ..precision.names import CROSS_ENCODER_PRECISIONS
 from .batching import (
     DEFAULT_MAX_TOKENS,
     balance_batches,
@@ -50,7 +51,7 @@ from .workers import auto_workers, check_workers, map_in_workers
 
 log = logging.getLogger(__name__)
 
-OFFERED = ("float32", "bf16", "int8-blocks")  # the precisions predict runs
+OFFERED = CROSS_ENCODER_PRECISIONS  # the precisions predict runs
 
 # What predict may apply to the logits, by name: (B, L) -> (B, L).
 ACTIVATIONS = {
