@@ -138,6 +138,34 @@ def test_a_cross_encoder_reorders_and_filters_each_anchors_candidates(
     assert report.dropped["margin"] > 0  # the filter dropped some: the test can fail
 
 
+def test_rescoring_in_chunks_gives_the_same_rows_and_steady_progress(
+    setup, reranker, tmp_path, monkeypatch
+):
+    from clearformer import CrossEncoder
+    from clearformer.retrieval import mining
+
+    encoder, pairs, *_ = setup
+    cross = CrossEncoder.from_pretrained(reranker)
+    settings = MiningSettings(negatives=3, range_max=10, absolute_margin=0.0)
+    whole, _ = mine_hard_negatives(
+        pairs, encoder, tmp_path / "idx", settings=settings, cross_encoder=cross
+    )
+    seen: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(mining, "RESCORE_CHUNK", 7)
+    chunked, _ = mine_hard_negatives(
+        pairs,
+        encoder,
+        tmp_path / "idx",
+        settings=settings,
+        cross_encoder=cross,
+        progress=lambda *a: seen.append(a),
+    )
+    assert chunked == whole
+    anchors = [done for phase, done, _ in seen if phase == "anchors"]
+    assert len(anchors) > 3 and anchors == sorted(anchors)  # several steps, never back
+    assert anchors[-1] == seen[-1][2]
+
+
 def test_cross_encoder_precision_is_checked_before_any_work(setup, reranker, tmp_path):
     from clearformer import CrossEncoder
 

@@ -37,6 +37,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 QUERY_BLOCK = 1024  # anchors embedded and searched at a time
+RESCORE_CHUNK = 4096  # cross-encoder pairs scored per call (progress between calls)
 
 
 @dataclass(frozen=True)
@@ -164,8 +165,19 @@ def mine_hard_negatives(
             report.dropped["range"] += len(candidates) - len(kept)
             looked_at.append((kept, positive_score))
         if cross_encoder is not None:
+
+            def rescoring(done: int, total: int, start: int = start, size: int = len(block)):
+                # The block's anchors counted as done in proportion to its pairs scored.
+                report_progress("anchors", start + size * done // total, len(anchors))
+
             looked_at = _rescored(
-                block, looked_at, positives, texts, cross_encoder, cross_encoder_precision
+                block,
+                looked_at,
+                positives,
+                texts,
+                cross_encoder,
+                cross_encoder_precision,
+                rescoring,
             )
         for anchor, (kept, positive_score) in zip(block, looked_at, strict=True):
             chosen[anchor] = _filter(kept, positive_score, texts, settings, rng, report)
@@ -180,17 +192,22 @@ def mine_hard_negatives(
     return rows_out, report
 
 
-def _rescored(block, looked_at, positives, texts, cross_encoder, precision):
+def _rescored(block, looked_at, positives, texts, cross_encoder, precision, progress):
     """Each anchor's candidates and its lowest positive scored by ``cross_encoder`` instead of
-    the embeddings, candidates in the cross-encoder's order. One ``predict`` call for the
-    whole block: its batching sorts the pairs by length across anchors, and a pair's score
-    does not depend on the pairs beside it."""
+    the embeddings, candidates in the cross-encoder's order. The block's pairs go to
+    ``predict`` together, ``RESCORE_CHUNK`` at a time (``progress(done, total)`` after each):
+    its batching sorts them by length across anchors, and a pair's score does not depend on
+    the pairs beside it."""
     pairs: list[tuple[str, str]] = []
     for anchor, (kept, _) in zip(block, looked_at, strict=True):
         if kept:
             own = sorted(positives[anchor])
             pairs += [(anchor, texts[r]) for r, _ in kept] + [(anchor, texts[r]) for r in own]
-    scores = cross_encoder.predict(pairs, precision=precision).tolist() if pairs else []
+    scores: list[float] = []
+    for at in range(0, len(pairs), RESCORE_CHUNK):
+        chunk = pairs[at : at + RESCORE_CHUNK]
+        scores += cross_encoder.predict(chunk, precision=precision).tolist()
+        progress(len(scores), len(pairs))
     out, at = [], 0
     for anchor, (kept, positive_score) in zip(block, looked_at, strict=True):
         if kept:
