@@ -305,11 +305,11 @@ def test_a_cross_encoder_reaches_its_device_in_bf16(classifier, monkeypatch):
 
 
 def test_parts_held_in_int8_or_unread_refuse_another_device(bert, monkeypatch):
-    import clearformer.text.encoder as encoder_module
+    import clearformer.text.encoder_files as files_module
     from clearformer.options import Decision
     from clearformer.text.encoder_files import read_encoder_parts
 
-    monkeypatch.setattr(encoder_module, "check_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(files_module, "check_device", lambda device: torch.device("cuda"))
     options = {"backend": "auto", "strict": True, "padding_side": None, "truncate_dim": None}
     parts = read_encoder_parts(bert, **options)
     with pytest.raises(ValueError, match="precision='int8' runs on CPUs only"):

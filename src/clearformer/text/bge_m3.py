@@ -45,7 +45,7 @@ from ..options import Decision
 from .backbone_precision import BackbonePrecision, load_backbone
 from .batching import check_batch_limits, default_max_tokens, plan_batches
 from .multivector_files import BGE_M3_HEADS, kind_error
-from .progress import ProgressFn, progress_reporter
+from .progress import ProgressFn, check_progress, progress_reporter
 from .token_states import TokenRow, pad_rows, token_states
 from .workers import auto_workers, map_in_workers
 
@@ -274,10 +274,7 @@ class BGEM3Encoder:
         for flag, name in ((dense, "dense"), (sparse, "sparse"), (colbert, "colbert")):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
-        if not (progress is None or isinstance(progress, bool) or callable(progress)):
-            raise TypeError(
-                f"progress must be None, True, False or a callable (done, total), got {progress!r}"
-            )
+        check_progress(progress)
         max_tokens = default_max_tokens("float32")
         check_batch_limits(batch_size, max_tokens)
         n = len(texts)

@@ -20,7 +20,6 @@ from ..checks import check_bool, check_choice
 from ..config import EncoderConfig
 from ..devices import check_device, model_device
 from ..fast.reordered_weights import (
-    REORDER_MIN_TOKENS,
     KeptReordering,
     ReorderedWeights,
     use_reordered_weights,
@@ -44,11 +43,12 @@ from .batching import (
     default_max_tokens,
     plan_batches,
 )
-from .encoder_files import EncoderParts, read_encoder_parts, write_encoder_files
+from .encoder_files import EncoderParts, place_parts, read_encoder_parts, write_encoder_files
+from .encoder_precision import EncoderPrecisionMethods
 from .kernel_builds import attention_kernel_for, attention_work
 from .precision_models import OFFERED, PrecisionModels
 from .precisions import held_precision
-from .progress import ProgressFn, progress_reporter
+from .progress import ProgressFn, check_progress, progress_reporter
 from .prompts import choose_prompt, prompt_length
 from .workers import auto_workers, check_workers, map_in_workers
 
@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 FUSED_INT8_MIN_TOKENS = 500_000
 
 
-class TextEncoder:
+class TextEncoder(EncoderPrecisionMethods):
     """A pretrained encoder with its tokenizer and pooling.
 
     Attributes:
@@ -125,9 +125,8 @@ class TextEncoder:
         self._models = PrecisionModels(self.model, tokenizer, held, held_as, loaded.deferred)
         # Every layer is read now; the plan (and the checkpoint it reads from) can go.
         loaded.deferred = None
-        self._reordering = KeptReordering(
-            self.model
-        )  # weights in oneDNN's layout, once calls repay it
+        # The weights in oneDNN's layout, kept once the calls repay it.
+        self._reordering = KeptReordering(self.model)
 
     @classmethod
     def from_pretrained(
@@ -198,20 +197,7 @@ class TextEncoder:
         the name that load asked for; ``device``: where the parts' model and head are moved
         (None: left where they are)."""
         if device is not None:
-            device = check_device(device)
-            if device.type != "cpu" and held is not None and is_int8(held.choice):
-                raise ValueError(
-                    f"device={str(device)!r}: precision={held.choice!r} runs on CPUs only; "
-                    f"hold 'bf16' or 'float32' there"
-                )
-            if device != model_device(parts.loaded.model):
-                if parts.loaded.deferred is not None:
-                    raise ValueError(
-                        f"device={str(device)!r}: the model's layers are not read yet (parts "
-                        f"read with defer_layers=True are for an int8 load on the CPU)"
-                    )
-                parts.loaded.model.to(device)
-            parts.head.to(device)
+            place_parts(parts, device, held)
         return cls(
             parts.loaded,
             parts.tokenizer,
@@ -303,20 +289,15 @@ class TextEncoder:
                 applied, as sentence-transformers does. ``prompt`` wins over ``prompt_name``.
             precision: None = the precision the encoder was loaded in (float32 unless
                 ``from_pretrained(precision=...)`` named one); ``"float32"``; ``"bf16"`` (or
-                ``"bfloat16"``): :meth:`bf16_model`,
-                bfloat16 weights and matrix products with float32 norms, softmax, pooling and
-                normalisation, embeddings within cosine 0.995 of float32 ones (see
-                ``docs/performance.md``); ``"int8"``: the linear layers' matrix products in
-                int8 (:meth:`int8_model`, built on the first such call and reused), with
-                embeddings within cosine 0.99 of float32 ones (see ``docs/int8.md``; where
-                this CPU has no int8 instructions, float32 with a logged warning,
-                :func:`clearformer.quant.int8_support` says why); ``"int8-blocks"``: int8
-                weights with a scale per block of 32 inputs and 16-bit activations
-                (:mod:`clearformer.quant.int8_blocks`), closer to float32 than ``"int8"`` and
-                slower (float32 where this CPU has no AVX512-VNNI); ``"auto"``: the fastest
-                of them whose accuracy floor holds on this CPU
-                (:func:`clearformer.precision.auto_precision`). :meth:`precision_for` says
-                which a name runs and why; ``encode`` logs it at INFO level.
+                ``"bfloat16"``, :meth:`bf16_model`: bfloat16 products, float32 norms, softmax,
+                pooling; cosine >= 0.995 to float32, ``docs/performance.md``); ``"int8"``
+                (:meth:`int8_model`: int8 products, cosine >= 0.99, ``docs/int8.md``);
+                ``"int8-blocks"`` (:mod:`clearformer.quant.int8_blocks`: int8 weights scaled
+                per block of 32, 16-bit activations; closer to float32, slower on batches);
+                ``"auto"`` (:func:`clearformer.precision.auto_precision`). A name this
+                machine cannot run (int8 without int8 instructions, int8-blocks without
+                AVX512-VNNI) runs float32 with a logged warning; :meth:`precision_for` says
+                which a name runs and why.
             fuse_int8: with ``precision="int8"``, run the int8 layers' element-wise steps
                 compiled (``torch.compile``: the same arithmetic in fewer passes, after a
                 one-time compile; ``docs/int8.md`` has the costs and the gain); None = for
@@ -344,10 +325,7 @@ class TextEncoder:
         # Flags are real bools: normalize="no" would read as True and silently normalise.
         check_bool(normalize, "normalize", optional=True)
         check_bool(fuse_int8, "fuse_int8", optional=True)
-        if not (progress is None or isinstance(progress, bool) or callable(progress)):
-            raise TypeError(
-                f"progress must be None, True, False or a callable (done, total), got {progress!r}"
-            )
+        check_progress(progress)
         prompt, skip = self.resolve_prompt(prompt, prompt_name)
         if prompt is not None:
             texts = [prompt + text for text in texts]
@@ -433,14 +411,6 @@ class TextEncoder:
             encodings, model, packed, skip=skip, normalize=normalize, dimensions=dimensions
         )
 
-    def _model_for(self, chosen: str, fused: bool) -> EncoderModel:
-        """The model a call decided as ``chosen`` runs (``fused``: int8's compiled variant)."""
-        if chosen == "int8":
-            return self.int8_model(fused=fused)
-        if chosen == "int8-blocks":
-            return self._models.int8_blocks()
-        return self.bf16_model() if chosen == "bf16" else self.model
-
     def _forward(
         self,
         encodings: list,
@@ -482,53 +452,6 @@ class TextEncoder:
         if prompt is None:
             return None, 0
         return prompt, 0 if self.include_prompt else self.prompt_length(prompt)
-
-    def keep_weights_reordered(self) -> None:
-        """Keep the linear weights in oneDNN's layout from now on, as ``encode`` does once its
-        calls have carried :data:`~clearformer.fast.reordered_weights.REORDER_MIN_TOKENS`
-        tokens: for a long-lived caller of many small calls (``clearformer serve``), whose calls
-        then take
-        the same products from the first one on (where clearformer's AVX-512 library is
-        loaded, reordered weights route some products to its kernel, which rounds differently)."""
-        self._reordering.for_call(REORDER_MIN_TOKENS)
-
-    def drop_reordered_weights(self) -> None:
-        """Free the copies of the linear weights that ``encode`` keeps in oneDNN's layout
-        (:class:`~clearformer.fast.reordered_weights.KeptReordering`); later calls make them again
-        once they have carried enough tokens to repay it."""
-        self._reordering.drop()
-
-    def precision_for(self, precision: str | None = "auto") -> Decision:
-        """The precision ``encode(precision=...)`` runs in on this machine, and why: a
-        :class:`~clearformer.options.Decision` (``print`` shows both). ``"auto"`` is decided
-        on its first use and kept (:func:`clearformer.precision.auto_precision`)."""
-        return self._models.decide(self._models.check(precision))
-
-    def bf16_model(self) -> EncoderModel:
-        """The bfloat16 copy of :attr:`model` that ``encode(precision="bf16")`` runs.
-
-        Built once per encoder (:func:`clearformer.precision.bf16_copy`: bfloat16 weights,
-        the norms' parameters in float32); :attr:`model` is not changed. On a CPU without
-        bfloat16 instructions it runs, with products PyTorch emulates (slower than float32).
-        An encoder loaded with ``precision="bf16"`` holds it as :attr:`model`.
-        """
-        return self._models.bf16()
-
-    def int8_model(self, fused: bool = False) -> EncoderModel:
-        """The int8 copy of :attr:`model` that ``encode(precision="int8")`` runs.
-
-        Built once per encoder (later calls return the same module): every linear layer becomes
-        an :class:`~clearformer.quant.Int8Linear`, with the two input channels of largest
-        activation on a few calibration texts kept in float32
-        (:func:`~clearformer.quant.quantize_int8_calibrated`). :attr:`model` is not changed.
-        Where int8 is not available here, a float32 copy (and a logged warning).
-
-        Args:
-            fused: the variant whose layers run their element-wise steps compiled
-                (:mod:`clearformer.quant.fused`); it shares every tensor with the other one
-                and is compiled and warmed up here, before any worker thread runs it.
-        """
-        return self._models.int8(fused)
 
     def build_index(self, path: str | os.PathLike, texts: list[str], **kwargs):
         """Build a persistent vector index of ``texts`` at ``path`` with this encoder and return

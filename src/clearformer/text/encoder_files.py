@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..devices import check_device, model_device
 from ..heads.sentence import SentenceHead
 from ..interop.hf import (
     LoadedModel,
@@ -27,6 +28,8 @@ from ..interop.hf.sentence_transformers import Prompts, prompts_from_files
 from ..interop.hf.st_modules import build_head, read_head, truncate_dim_from_files, write_head
 from ..interop.hf.tokenizer import max_length_for
 from ..io import atomic_write
+from ..options import Decision
+from ..precision.names import is_int8
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +90,25 @@ def read_encoder_parts(
             architectures[0],
         )
     return EncoderParts(loaded, tokenizer, pooling, head, truncate_dim, prompts_from_files(files))
+
+
+def place_parts(parts: EncoderParts, device, held: Decision | None = None) -> None:
+    """Move ``parts``' model and head to ``device`` (checked first): refused for a model
+    ``held`` in int8 (CPUs only) and for one whose layers are not read yet."""
+    device = check_device(device)
+    if device.type != "cpu" and held is not None and is_int8(held.choice):
+        raise ValueError(
+            f"device={str(device)!r}: precision={held.choice!r} runs on CPUs only; "
+            f"hold 'bf16' or 'float32' there"
+        )
+    if device != model_device(parts.loaded.model):
+        if parts.loaded.deferred is not None:
+            raise ValueError(
+                f"device={str(device)!r}: the model's layers are not read yet (parts "
+                f"read with defer_layers=True are for an int8 load on the CPU)"
+            )
+        parts.loaded.model.to(device)
+    parts.head.to(device)
 
 
 def refuse_other_kinds(path: str | os.PathLike | None, loader: str) -> None:

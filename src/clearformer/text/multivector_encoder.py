@@ -42,7 +42,7 @@ from .multivector_files import (
     kind_error,
     read_multivector_config,
 )
-from .progress import ProgressFn, progress_reporter
+from .progress import ProgressFn, check_progress, progress_reporter
 from .token_states import TokenRow, pad_rows, token_states
 from .workers import auto_workers, map_in_workers
 
@@ -225,10 +225,7 @@ class MultiVectorEncoder:
     ) -> list[Tensor]:
         texts = check_texts(texts)
         precision = self._backbone.check(precision)  # before any work
-        if not (progress is None or isinstance(progress, bool) or callable(progress)):
-            raise TypeError(
-                f"progress must be None, True, False or a callable (done, total), got {progress!r}"
-            )
+        check_progress(progress)
         max_tokens = default_max_tokens("float32")
         check_batch_limits(batch_size, max_tokens)
         rows = self.token_rows(side, texts)

@@ -14,6 +14,14 @@ ProgressFn = Callable[[int, int], None]  # (texts done, texts in all)
 LOG_PROGRESS_MIN = 2048  # texts; below this an encode call is short enough to need no progress
 
 
+def check_progress(progress: object) -> None:
+    """Refuse a ``progress`` argument that is not None, a bool or a callable (done, total)."""
+    if not (progress is None or isinstance(progress, bool) or callable(progress)):
+        raise TypeError(
+            f"progress must be None, True, False or a callable (done, total), got {progress!r}"
+        )
+
+
 def progress_reporter(progress: bool | ProgressFn | None, total: int) -> ProgressFn:
     """What ``encode`` calls as texts finish: ``progress`` itself when it is a function, a tqdm
     bar for True (where tqdm is installed), a log line every tenth of the texts for None on

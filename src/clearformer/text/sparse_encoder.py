@@ -27,7 +27,7 @@ from ..interop.hf.sparse_modules import SparseLayout, SpladeSide, read_sparse_la
 from ..interop.hf.tokenizer import check_texts
 from ..model_kinds import kind_error, model_kind
 from .batching import DEFAULT_MAX_TOKENS, check_batch_limits, plan_batches
-from .progress import ProgressFn, progress_reporter
+from .progress import ProgressFn, check_progress, progress_reporter
 from .sparse_sides import SpladeRunner, StaticRunner
 from .workers import auto_workers, check_workers, map_in_workers
 
@@ -294,10 +294,7 @@ class SparseEncoder:
         """
         texts = check_texts(texts)
         check_choice(task, TASKS, "task")
-        if not (progress is None or isinstance(progress, bool) or callable(progress)):
-            raise TypeError(
-                f"progress must be None, True, False or a callable (done, total), got {progress!r}"
-            )
+        check_progress(progress)
         precision = self._check_precision(precision)
         k = self._check_max_active_dims(max_active_dims)
         check_batch_limits(batch_size, DEFAULT_MAX_TOKENS)
