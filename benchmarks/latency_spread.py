@@ -10,7 +10,8 @@ in this process, at each ``--threads`` count, first with nothing else running an
 ``--busy-neighbour`` processes that each keep a CPU busy (``while True: pass``). It prints the
 p50, p90 and p99 of the call times and p99 / p50 for each.
 
-Run: ``python benchmarks/latency_spread.py [--texts 600] [--threads 1,2] [--busy-neighbour 1]``
+Run: ``python benchmarks/latency_spread.py [--texts 600] [--threads 1,2] [--busy-neighbour 1]
+[--precision bf16]``
 on a quiet machine (the load average is printed with the figures).
 """
 
@@ -50,6 +51,11 @@ def main() -> int:
     parser.add_argument(
         "--busy-neighbour", type=int, default=1, help="CPUs kept busy in the second pass (1)"
     )
+    parser.add_argument(
+        "--precision",
+        default="float32",
+        help="the precision the encoder is loaded in, as serve --precision (float32)",
+    )
     args = parser.parse_args()
     if args.texts < 100:
         parser.error(f"--texts must be at least 100 for a p99, got {args.texts}")
@@ -62,12 +68,13 @@ def main() -> int:
     from clearformer.cpu import cpu_info
     from serve_load import make_sentences
 
-    encoder = TextEncoder.from_pretrained()
+    encoder = TextEncoder.from_pretrained(precision=args.precision)  # as serve loads it
     encoder.keep_weights_reordered()  # as the server does from its warm-up on
     encodings = encoder.tokenizer.encode(make_sentences(args.texts, 101))
     lengths = sorted(len(e.ids) for e in encodings)
     print(
         f"CPU: {cpu_info().summary()}; load average {os.getloadavg()[0]:.2f}; "
+        f"precision {args.precision} (runs {encoder.precision_for(None).choice}); "
         f"{args.texts} texts of {lengths[len(lengths) // 2]} tokens at the median, "
         f"{lengths[int(0.99 * len(lengths))]} at p99"
     )

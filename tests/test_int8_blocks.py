@@ -129,7 +129,7 @@ def test_the_fallback_equals_the_kernel_up_to_float_rounding():
     layer = Int8BlockLinear.from_linear(nn.Linear(200, 70))
     x = torch.randn(33, 200) * torch.logspace(-3, 3, 33)[:, None]  # scales of every size
     kernel = layer(x)
-    layer._op = None
+    layer._kernel = False
     fallback = layer(x)
     assert torch.allclose(kernel, fallback, rtol=2e-6, atol=1e-6 * kernel.abs().max().item())
     assert torch.equal(fallback, block_linear_reference(x, layer.dequantized(), layer.bias))
@@ -146,7 +146,7 @@ def test_a_non_finite_input_gives_non_finite_outputs_in_its_row_alone(bad):
     kernel = layer(x)
     assert not torch.isfinite(kernel[1]).any()
     assert torch.isfinite(kernel[[0, 2, 3]]).all()
-    layer._op = None
+    layer._kernel = False
     fallback = layer(x)
     assert not torch.isfinite(fallback[1]).any() and torch.isfinite(fallback[[0, 2, 3]]).all()
 
@@ -256,6 +256,56 @@ def test_where_the_kernel_cannot_run_int8_blocks_runs_float32(monkeypatch, caplo
     assert held.precision_for("int8-blocks").choice == "float32"
     assert np.array_equal(held.encode(texts), float32)
     assert "mocked" in held.precision_for("int8-blocks").reason
+    # Asked by what it runs, the load explains itself as that, with the reason kept.
+    own = held.precision_for("float32").reason
+    assert own.startswith("the precision this model was loaded in") and "mocked" in own
+
+
+def test_a_layer_pickles_and_keeps_float32_scales_through_dtype_conversions():
+    import io
+
+    torch.manual_seed(0)
+    layer = Int8BlockLinear.from_linear(nn.Linear(70, 40))
+    x = torch.randn(5, 70)
+    expected = layer(x)
+    buffer = io.BytesIO()
+    torch.save(layer, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert torch.equal(loaded(x), expected)
+    for convert in (lambda m: m.half(), lambda m: m.to(torch.bfloat16), lambda m: m.double()):
+        converted = convert(Int8BlockLinear.from_linear(nn.Linear(70, 40)))
+        assert converted.scale_packed.dtype == converted.bias.dtype == torch.float32
+        assert converted.weight_packed.dtype == torch.int8
+    converted = Int8BlockLinear.from_linear(nn.Linear(70, 40))
+    converted.load_state_dict(layer.state_dict())
+    assert torch.equal(converted.half()(x), expected)  # same scales: the same rows
+
+
+def test_an_int8_layer_computes_the_same_rows_after_a_dtype_conversion():
+    torch.manual_seed(0)
+    layer = Int8Linear.from_linear(nn.Linear(64, 32))
+    x = torch.randn(4, 64)
+    expected = layer(x)
+    converted = layer.half()
+    assert all(t.dtype in (torch.int8, torch.float32) for t in converted.buffers())
+    assert torch.equal(converted(x), expected)  # scales not rounded to float16
+
+
+def test_a_float64_weight_beyond_float32s_range_is_refused():
+    linear = nn.Linear(40, 3).double()
+    with torch.no_grad():
+        linear.weight[0, 0] = 1e300
+    with pytest.raises(ValueError, match="linear.weight must be finite .* got 1 NaN or infinite"):
+        Int8BlockLinear.from_linear(linear)
+
+
+def test_a_deferred_load_is_converted_in_place_only():
+    from clearformer.text.int8_models import int8_blocks_model
+
+    model = TextEncoder.from_pretrained().model
+    with pytest.raises(ValueError, match="pass in_place=True with deferred"):
+        int8_blocks_model(model, deferred=object())
 
 
 def test_auto_never_picks_int8_blocks():

@@ -179,7 +179,13 @@ def test_cross_encoder_precision_is_checked_before_any_work(setup, reranker, tmp
         )
     with pytest.raises(ValueError, match="precision must be one of .*got 'int4'"):
         mine_hard_negatives(pairs, encoder, tmp_path / "c", precision="int4")
-    assert not any((tmp_path / name).exists() for name in "abc")
+    from .test_sequence_classification import make_classifier
+
+    make_classifier("bert", tmp_path / "labels", num_labels=2)
+    labels = CrossEncoder.from_pretrained(tmp_path / "labels")
+    with pytest.raises(ValueError, match="to rescore candidates with, got num_labels=2"):
+        mine_hard_negatives(pairs, encoder, tmp_path / "d", cross_encoder=labels)
+    assert not any((tmp_path / name).exists() for name in "abcd")
 
 
 def test_random_sampling_is_seeded_and_draws_from_the_survivors(setup, tmp_path):

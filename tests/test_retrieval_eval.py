@@ -243,6 +243,37 @@ def test_rerank_precision_is_checked_by_name_and_needs_a_reranker(tiny):
     assert last.endswith("--rerank-precision applies with --rerank MODEL")
 
 
+def test_the_rerank_stage_is_checked_before_any_text_is_embedded(tiny, tmp_path):
+    """A precision the cross-encoder cannot run, a precision without a cross-encoder and a
+    head of several labels are refused before the first stage; a cross-encoder loaded in a
+    precision runs in it by default."""
+    from clearformer import CrossEncoder
+
+    from .test_sequence_classification import make_classifier
+
+    _, beir = tiny
+    data = load_beir(beir)
+    reranker, labels = tmp_path / "reranker", tmp_path / "labels"
+    make_classifier("bert", reranker, num_labels=1)
+    make_classifier("bert", labels, num_labels=2)
+    seen: list[str] = []
+    spy = {"progress": lambda phase, done, total: seen.append(phase)}
+    held = CrossEncoder.from_pretrained(reranker, precision="bf16")
+    bf16 = evaluate(data, None, EvalSettings(mode="bm25", rerank_top=4), cross_encoder=held)
+    assert bf16.settings["rerank_precision_run"] == "bf16"
+    with pytest.raises(ValueError, match="loaded with precision='bf16'"):
+        settings = EvalSettings(mode="bm25", rerank_precision="float32")
+        evaluate(data, None, settings, cross_encoder=held, **spy)
+    with pytest.raises(ValueError, match="rerank_precision applies with a cross-encoder"):
+        evaluate(data, None, EvalSettings(mode="bm25", rerank_precision="bf16"), **spy)
+    with pytest.raises(ValueError, match="gives num_labels=2"):
+        evaluate(data, None, EvalSettings(mode="bm25", rerank=str(labels)), **spy)
+    assert seen == []  # nothing embedded, searched or scored
+    done = cli("eval", "--data", str(beir), "--mode", "bm25", "--rerank", str(labels))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith("gives num_labels=2")
+
+
 def test_rerank_fusion_without_a_reranker_is_refused_in_one_line(tiny, tmp_path):
     _, beir = tiny
     done = cli("eval", "--data", str(beir), "--mode", "bm25", "--rerank-fusion", "rrf")

@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
             ann=args.ann,
             rerank=args.rerank,
             rerank_top=args.rerank_top,
-            rerank_precision=args.rerank_precision,
+            rerank_precision=args.rerank_precision if args.rerank else None,
             rerank_fusion=args.rerank_fusion,
             depth=args.depth,
             measures=tuple(m.strip() for m in args.measures.split(",") if m.strip()),
@@ -237,6 +237,15 @@ def run(args: argparse.Namespace) -> int:
         from ..text import CrossEncoder
 
         cross_encoder = CrossEncoder.from_pretrained(args.rerank, device=device)
+        if cross_encoder.num_labels != 1:
+            raise CliError(
+                f"--rerank {args.rerank}: a reranker gives one score per pair, this "
+                f"cross-encoder's head gives num_labels={cross_encoder.num_labels}"
+            )
+        try:  # a name it cannot run there (int8-blocks on a GPU), before any text is embedded
+            cross_encoder.precision_for(args.rerank_precision)
+        except ValueError as exc:
+            raise CliError(f"--rerank-precision {args.rerank_precision}: {exc}") from None
     encoder = None
     if args.mode == "dense" or (args.mode == "hybrid" and "dense" in (settings.kinds or ["dense"])):
         encoder = load_encoder(args)

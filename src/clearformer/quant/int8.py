@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from .. import switches
 from ..cpu import cpu_info
+from .float32_buffers import Float32Buffers
 from .fused import fused_steps
 from .onednn import int8_product, onednn_int8_available
 
@@ -121,7 +122,7 @@ def _int_mm_fits(m: int, k: int, n: int, device: torch.device) -> bool:
     return True
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(Float32Buffers):
     """``nn.Linear`` with int8 weights and int8 activations (inference only).
 
     Made with :meth:`from_linear`. Inputs and outputs stay float32; only the matrix product is
@@ -135,6 +136,9 @@ class Int8Linear(nn.Module):
         smooth: (K,) float32 factor c applied to the activations, or None.
         bias: (N,) float32 or None, added after the rescale.
     """
+
+    # The float tensors its arithmetic reads (the derived _keep and _w_o_t too).
+    FLOAT32_BUFFERS = ("weight_scale", "bias", "smooth", "weight_outliers", "_keep", "_w_o_t")
 
     def __init__(
         self,

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from ..cpu import cpu_info
 from ..options import Decision
+from .float32_buffers import Float32Buffers
 
 BLOCK = 32  # inputs per weight scale
 PANEL = 32  # output columns per packed panel (two 16-lane vectors)
@@ -142,7 +143,7 @@ def _kernel_op():
     return torch.ops.clearformer_avx512.int8_block_linear
 
 
-class Int8BlockLinear(nn.Module):
+class Int8BlockLinear(Float32Buffers):
     """``nn.Linear`` with int8 weights in blocks of 32 and int16 activations (inference only).
 
     Made with :meth:`from_linear`. Inputs may be any float dtype; outputs are float32.
@@ -153,6 +154,8 @@ class Int8BlockLinear(nn.Module):
         bias: (N,) float32 or None.
     """
 
+    FLOAT32_BUFFERS = ("scale_packed", "bias")  # what the kernel reads besides the int8s
+
     def __init__(
         self, weight_packed: Tensor, scale_packed: Tensor, bias: Tensor | None, shape: tuple
     ) -> None:
@@ -161,14 +164,22 @@ class Int8BlockLinear(nn.Module):
         self.register_buffer("weight_packed", weight_packed)
         self.register_buffer("scale_packed", scale_packed)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self._op = _kernel_op()
+        # Whether the kernel runs is decided here, once; the op itself is looked up per call
+        # (a module holding it could not be pickled).
+        self._kernel = _kernel_op() is not None
+
+    @property
+    def _op(self):
+        return _kernel_op() if self._kernel else None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8BlockLinear:
         """Round ``linear``'s weight in blocks (``linear`` is not modified)."""
         if linear.in_features == 0:
             raise ValueError(f"linear.in_features must be at least 1, got {linear.in_features}")
-        bad = int((~torch.isfinite(linear.weight.detach())).sum())
+        # Checked as float32, which the rounding reads: a float64 weight beyond float32's range
+        # would become infinite there.
+        bad = int((~torch.isfinite(linear.weight.detach().float())).sum())
         if bad:
             raise ValueError(
                 f"linear.weight must be finite to be rounded to int8, got {bad} NaN or "

@@ -45,7 +45,8 @@ class EvalSettings:
     ann: str | None = None  # building an index: auto | hnsw | exact (None: auto)
     rerank: str | None = None  # a cross-encoder directory: reranks each query's first `rerank_top`
     rerank_top: int = 100
-    rerank_precision: str = "float32"  # float32 | bf16 | int8-blocks | auto: the cross-encoder's
+    # float32 | bf16 | int8-blocks | auto: what the cross-encoder scores in (None: as loaded)
+    rerank_precision: str | None = None
     rerank_fusion: str = "none"  # none: the cross-encoder's order | rrf: fused with the first stage
     depth: int = 100  # documents retrieved per query (at least the deepest measure's cut-off)
     measures: tuple[str, ...] = DEFAULT_MEASURES
@@ -78,13 +79,14 @@ class EvalSettings:
         if isinstance(self.rrf_k, bool) or not isinstance(self.rrf_k, int) or self.rrf_k < 0:
             raise ValueError(f"rrf_k must be an integer >= 0, got {self.rrf_k!r}")
         # The canonical name ("bfloat16" -> "bf16"), checked before the data is read.
-        object.__setattr__(
-            self,
-            "rerank_precision",
-            check_precision(
-                self.rerank_precision, "rerank_precision", (*CROSS_ENCODER_PRECISIONS, "auto")
-            ),
-        )
+        if self.rerank_precision is not None:
+            object.__setattr__(
+                self,
+                "rerank_precision",
+                check_precision(
+                    self.rerank_precision, "rerank_precision", (*CROSS_ENCODER_PRECISIONS, "auto")
+                ),
+            )
         if self.rerank_fusion not in RERANK_FUSIONS:
             raise ValueError(
                 f"rerank_fusion must be one of {RERANK_FUSIONS}, got {self.rerank_fusion!r}"
@@ -148,10 +150,7 @@ def evaluate(
     encode_options = dict(encode_options or {})
     if settings.dimensions is not None:
         encoder.head.check_dimensions(settings.dimensions, "dimensions")
-    if settings.rerank is not None and cross_encoder is None:
-        from ..text import CrossEncoder
-
-        cross_encoder = CrossEncoder.from_pretrained(settings.rerank)
+    cross_encoder = _rerank_stage(settings, cross_encoder)
     seconds: dict[str, float] = {}
     report = progress or (lambda phase, done, total: None)
 
@@ -201,6 +200,30 @@ def evaluate(
         settings=described,
         seconds={name: round(value, 3) for name, value in seconds.items()},
     )
+
+
+def _rerank_stage(settings: EvalSettings, cross_encoder):
+    """The cross-encoder of the rerank stage (``settings.rerank`` loaded, unless one is given),
+    or None; its precision checked against it before any text is embedded (a name it cannot
+    run there, such as int8-blocks on a GPU, or another than the one it was loaded in)."""
+    if settings.rerank is not None and cross_encoder is None:
+        from ..text import CrossEncoder
+
+        cross_encoder = CrossEncoder.from_pretrained(settings.rerank)
+    if cross_encoder is None:
+        if settings.rerank_precision is not None:
+            raise ValueError(
+                f"rerank_precision applies with a cross-encoder (rerank= or cross_encoder=), "
+                f"got rerank_precision={settings.rerank_precision!r} without one"
+            )
+        return None
+    if cross_encoder.num_labels != 1:
+        raise ValueError(
+            f"the rerank stage needs one score per pair, but the cross-encoder "
+            f"{cross_encoder.path} gives num_labels={cross_encoder.num_labels}"
+        )
+    cross_encoder.precision_for(settings.rerank_precision)
+    return cross_encoder
 
 
 def _reranked(run: Run, data, cross_encoder, settings: EvalSettings, report, seconds) -> Run:
@@ -318,17 +341,14 @@ def _evaluate_kinds(data, encoder, settings: EvalSettings, models, cross_encoder
     for kind in kinds:
         if kind != "bm25" and kind not in models:
             raise ValueError(f"mode {settings.mode}: the {kind} kind needs a {kind} model")
-    if settings.rerank is not None and cross_encoder is None:
-        from ..text import CrossEncoder
-
-        cross_encoder = CrossEncoder.from_pretrained(settings.rerank)  # before any encoding
+    cross_encoder = _rerank_stage(settings, cross_encoder)
     seconds: dict[str, float] = {}
     runs: dict[str, Run] = {}
     for kind in kinds:
         start = time.perf_counter()
         if kind == "dense":
             dense = evaluate(data, models["dense"], replace(settings, mode="dense", rerank=None,
-                             index=_dense_index(settings)))  # fmt: skip
+                             rerank_precision=None, index=_dense_index(settings)))  # fmt: skip
             runs[kind] = dense.run
         else:
             runs[kind] = kind_run(kind, data, models.get(kind), settings, report)

@@ -118,6 +118,11 @@ def mine_hard_negatives(
     # Both names are checked before the corpus is read or embedded.
     if precision is not None:
         encoder.precision_for(precision)
+    if cross_encoder is not None and cross_encoder.num_labels != 1:
+        raise ValueError(
+            f"cross_encoder must give one score per pair to rescore candidates with, got "
+            f"num_labels={cross_encoder.num_labels} ({cross_encoder.path})"
+        )
     if cross_encoder_precision is not None:
         if cross_encoder is None:
             raise ValueError("cross_encoder_precision applies with a cross_encoder")

@@ -191,7 +191,8 @@ class CrossEncoder:
         rows_alone: bool = False,
     ) -> Tensor:
         """(B, T) ids, bool mask and token types -> (B, L) float32 logits, computed in
-        ``precision`` (``"float32"`` or ``"bf16"``, a name as :meth:`predict` takes), on
+        ``precision`` (``"float32"``, ``"bf16"``, ``"int8-blocks"`` or ``"auto"``, as
+        :meth:`predict` takes it), on
         ``backend`` (None: the model's); ``rows_alone``: a row's logits must not depend on its
         batch-mates (the plan packs a batch with padding)."""
         chosen = self._precisions.decide(self._precisions.check(precision)).choice

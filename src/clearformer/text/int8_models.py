@@ -123,6 +123,11 @@ def int8_blocks_model(model: EncoderModel, deferred=None, in_place: bool = False
     from ..quant.int8_blocks import quantize_int8_blocks
     from ..runtime import release_freed_memory
 
+    if deferred is not None and not in_place:
+        raise ValueError(
+            "int8_blocks_model reads a deferred load's layers into model itself: pass "
+            "in_place=True with deferred"
+        )
     started = time.perf_counter()
     if deferred is not None:
         for index, layer in enumerate(model.encoder.layers):

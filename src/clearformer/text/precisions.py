@@ -76,7 +76,11 @@ class Precisions(Generic[Model]):
         # a call that asks for int8 again runs what the load decided.
         self.held_as = held_as if held_as is not None or held is None else held.choice
         if held is not None:  # one model, loaded in its precision: every call runs it
-            self._decisions = {held.choice: held, "auto": held, self.held_as: held}
+            own = held
+            if self.held_as != held.choice:  # held.reason says why the asked name runs as this
+                reason = f"the precision this model was loaded in: {held.reason}"
+                own = Decision(held.choice, reason)
+            self._decisions = {held.choice: own, "auto": held, self.held_as: held}
 
     @property
     def default(self) -> str:
