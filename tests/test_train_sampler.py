@@ -6,6 +6,8 @@ import random
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from clearformer.train.collate import pack_sequences, pad_sequences, unpack_to_padded
 from clearformer.train.sampler import BucketSampler, padding_fraction, random_batches
@@ -115,3 +117,65 @@ def test_duplicate_free_batches_hold_no_text_twice_and_resume_exactly():
     assert [resumed.next_batch() for _ in range(7)] == taken[5:]
     with pytest.raises(ValueError, match=r"\(batch_size, examples\)"):
         DuplicateFreeSampler(texts, 4, seed=3).load_state_dict(again.state_dict())
+
+
+def test_waiting_examples_that_fill_a_batch_close_it():
+    """Examples 1 and 2 wait for example 0's batch to close and then fill the next one by
+    themselves: that batch closes too, and the epoch goes on (it once grew past the batch size
+    and took nothing more)."""
+    from clearformer.train.duplicate_free_sampler import duplicate_free_batches
+
+    rows = [{"a", "p", "q"}, {"b", "p"}, {"c", "q"}, {"d", "e"}, {"f", "g"}, {"h", "i"}]
+    rows += [{"j", "k"}, {"l", "m"}]
+    texts = [frozenset(r) for r in rows]
+    assert duplicate_free_batches(range(8), texts, 2) == [[0, 3], [1, 2], [4, 5], [6, 7]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sets(st.integers(0, 40), min_size=1, max_size=4), min_size=1, max_size=80),
+    st.integers(1, 8),
+    st.randoms(use_true_random=False),
+)
+def test_duplicate_free_batches_are_full_distinct_and_leave_out_little(rows, batch_size, rng):
+    """Every batch is full and holds no text twice, no example comes twice in an epoch, and
+    an example is left out only while it meets a text of the open batch or of a waiting
+    example taken before it, or the data ran out before its batch filled."""
+    from clearformer.train.duplicate_free_sampler import duplicate_free_batches
+
+    texts = [frozenset(f"t{x}" for x in r) for r in rows]
+    order = list(range(len(texts)))
+    rng.shuffle(order)
+    batches = duplicate_free_batches(order, texts, batch_size)
+    used = [i for b in batches for i in b]
+    assert len(used) == len(set(used))
+    for batch in batches:
+        assert len(batch) == batch_size
+        words = [t for i in batch for t in texts[i]]
+        assert len(words) == len(set(words))
+    left = [i for i in order if i not in set(used)]
+    # Whatever is left cannot hold a whole batch of examples that share no text with each
+    # other and came in order: a greedy pass over them, as the sampler's next batch would be
+    # filled, closes no batch.
+    open_batch: list[int] = []
+    for i in left:
+        if not any(texts[i] & texts[j] for j in open_batch):
+            open_batch.append(i)
+    assert len(open_batch) < batch_size
+    if all(len(t) == 1 for t in texts) and len({t for t in texts}) == len(texts):
+        assert len(left) == len(texts) % batch_size  # nothing in common: only the remainder
+
+
+def test_an_epoch_that_cuts_no_batch_is_skipped_and_too_many_are_an_error():
+    from clearformer.train.duplicate_free_sampler import DuplicateFreeSampler
+
+    texts = [(f"anchor {i}", f"positive {i}") for i in range(6)]
+    sampler = DuplicateFreeSampler(texts, 3, seed=0)
+    made = iter([[], [], [[0, 1, 2]]])
+    sampler._make_epoch = lambda: next(made)
+    sampler.position = sampler.batches_per_epoch  # the first epoch taken
+    epoch = sampler.epoch
+    assert sampler.next_batch() == [0, 1, 2] and sampler.epoch == epoch + 3
+    sampler._make_epoch = lambda: []
+    with pytest.raises(ValueError, match="epochs in a row cut no batch of batch_size 3"):
+        sampler.next_batch()

@@ -39,32 +39,40 @@ class DuplicateFreeSampler(EpochSampler):
 
     def _make_epoch(self) -> list[list[int]]:
         order = torch.randperm(len(self.texts), generator=self.generator).tolist()
-        batches: list[list[int]] = []
-        waiting: deque[int] = deque()
-        batch: list[int] = []
-        seen: set[str] = set()
+        return duplicate_free_batches(order, self.texts, self.batch_size)
 
-        def close() -> None:
-            nonlocal batch, seen
+
+def duplicate_free_batches(
+    order: Sequence[int], texts: Sequence[frozenset[str]], batch_size: int
+) -> list[list[int]]:
+    """Full batches of ``order``'s indices whose ``texts`` are all different: an index whose
+    texts meet the open batch's waits, and the waiting indices go first, in the order they
+    waited, into each new batch that has room for them. The indices left at the end (a last
+    incomplete batch and those still waiting) are not in any batch."""
+    batches: list[list[int]] = []
+    waiting: deque[int] = deque()
+    batch: list[int] = []
+    seen: set[str] = set()
+
+    def close() -> None:
+        nonlocal batch, seen
+        # The waiting indices may fill the new batch at once, and then the next one.
+        while len(batch) == batch_size:
             batches.append(batch)
             batch, seen = [], set()
-            # Waiting examples go first into the new batch, in the order they waited.
             for _ in range(len(waiting)):
                 index = waiting.popleft()
-                if len(batch) < self.batch_size and not (self.texts[index] & seen):
+                if len(batch) < batch_size and not (texts[index] & seen):
                     batch.append(index)
-                    seen.update(self.texts[index])
+                    seen.update(texts[index])
                 else:
                     waiting.append(index)
 
-        for index in order:
-            if self.texts[index] & seen:
-                waiting.append(index)
-                continue
-            batch.append(index)
-            seen.update(self.texts[index])
-            if len(batch) == self.batch_size:
-                close()
-        while len(batch) == self.batch_size:  # waiting examples may fill more batches
-            close()
-        return batches
+    for index in order:
+        if texts[index] & seen:
+            waiting.append(index)
+            continue
+        batch.append(index)
+        seen.update(texts[index])
+        close()
+    return batches

@@ -19,6 +19,8 @@ import torch
 
 from ..checks import check_int, check_positive_int
 
+EMPTY_EPOCHS_MAX = 100  # shuffles tried in a row before an epoch without a batch is an error
+
 
 class EpochSampler:
     """Batches of example indices, one epoch after another, forever (``next_batch``), from a
@@ -64,10 +66,21 @@ class EpochSampler:
     def next_batch(self) -> list[int]:
         """The next batch of indices; a new epoch begins after the last batch of one."""
         if self.position == len(self._batches):
-            self.epoch += 1
-            self.position = 0
-            self._epoch_start_state = self.generator.get_state()
-            self._batches = self._make_epoch()
+            # An epoch may cut no batch at all (a shuffle in which examples that share texts
+            # never leave room for each other): the next shuffle is tried, a bounded number of
+            # times.
+            for _ in range(EMPTY_EPOCHS_MAX):
+                self.epoch += 1
+                self.position = 0
+                self._epoch_start_state = self.generator.get_state()
+                self._batches = self._make_epoch()
+                if self._batches:
+                    break
+            else:
+                raise ValueError(
+                    f"{EMPTY_EPOCHS_MAX} epochs in a row cut no batch of batch_size "
+                    f"{self.batch_size}: the examples share too many texts for it"
+                )
         batch = self._batches[self.position]
         self.position += 1
         return list(batch)
