@@ -31,6 +31,30 @@ def test_rrf_ties_keep_first_appearance_and_k_changes_scores():
     assert reciprocal_rank_fusion([[(4, 1.0)]], k=10, top=1) == [(4, pytest.approx(1 / 11))]
 
 
+def _ranking(at: dict[int, int], length: int = 7, filler: int = 100) -> list[tuple[int, float]]:
+    """A ranking of ``length`` rows with row r at rank ``at[r]`` (from 1), others filling in."""
+    rows = [filler + rank for rank in range(1, length + 1)]
+    for row, rank in at.items():
+        rows[rank - 1] = row
+    return [(row, 1.0 / rank) for rank, row in enumerate(rows, start=1)]
+
+
+@pytest.mark.parametrize("first", [1, 2])
+def test_rrf_ties_of_three_rankings_do_not_depend_on_summation_order(first):
+    """Row 1 at ranks (1, 7, 2) and row 2 at (2, 1, 7): the same three terms, so the same
+    score (a running sum gives them sums that differ in the last bit), and the tie goes to the
+    row that appears first."""
+    second = 3 - first
+    rankings = [
+        _ranking({first: 1, second: 2}, filler=100),
+        _ranking({second: 1, first: 7}, filler=200),
+        _ranking({first: 2, second: 7}, filler=300),
+    ]
+    fused = reciprocal_rank_fusion(rankings, k=60, top=3)
+    assert [row for row, _ in fused[:2]] == [first, second]
+    assert fused[0][1] == fused[1][1] == pytest.approx(1 / 61 + 1 / 62 + 1 / 67)
+
+
 def test_weighted_minmax_by_hand():
     dense = [(1, 0.9), (2, 0.5), (3, 0.1)]  # minmax: 1, 0.5, 0
     bm25 = [(2, 20.0), (4, 10.0)]  # minmax: 1, 0

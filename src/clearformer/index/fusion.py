@@ -22,6 +22,7 @@ is deterministic.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -67,10 +68,14 @@ def reciprocal_rank_fusion(
     rankings: Sequence[Ranking], k: int, top: int
 ) -> list[tuple[int, float]]:
     """RRF over ``rankings``: ``sum_r 1 / (k + rank)``, ranks from 1."""
-    scores: dict[int, float] = {}
+    terms: dict[int, list[float]] = {}
     for ranking in rankings:
         for rank, (row, _) in enumerate(ranking, start=1):
-            scores[row] = scores.get(row, 0.0) + 1.0 / (k + rank)
+            terms.setdefault(row, []).append(1.0 / (k + rank))
+    # fsum rounds the exact sum once, so documents at the same ranks in other rankings tie
+    # exactly (a running sum depends on the order of its terms in the last bit), and the tie
+    # goes to the first appearance, as documented.
+    scores = {row: math.fsum(values) for row, values in terms.items()}
     return _best(scores, top)
 
 
