@@ -10,6 +10,7 @@ concatenation into an index, and the files an index memory-maps.
 from __future__ import annotations
 
 import logging
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,7 +126,8 @@ class RaggedChunkStore(ChunkStore):
             chunk = self.read(index)
         except FileNotFoundError:
             return "is missing"
-        except (OSError, ValueError, KeyError, EOFError) as exc:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            # BadZipFile (a chunk cut short, or its bytes changed) is none of the others
             return f"cannot be read ({type(exc).__name__})"
         if chunk.rows != expected or int(chunk.indptr[-1]) != len(chunk.values):
             return f"holds {chunk.rows} rows, expected {expected}"
