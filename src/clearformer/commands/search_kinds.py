@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -106,6 +107,23 @@ def refuse_kind_flags(args: argparse.Namespace) -> None:
             raise CliError(f"{flag} applies to {where}, not this search")
 
 
+def refuse_unsearched_models(args: argparse.Namespace, mode: str, kinds: list[str]) -> None:
+    """A model flag for a kind this search does not search would be silently unused."""
+    from ..cli import CliError
+
+    searched = f"--mode {mode}" + (f" (fusing {','.join(kinds)})" if mode == "hybrid" else "")
+    for flag, kind in (
+        ("--model", "dense"),
+        ("--sparse-model", "sparse"),
+        ("--multivector-model", "multivector"),
+    ):
+        if getattr(args, flag[2:].replace("-", "_")) is not None and kind not in kinds:
+            raise CliError(
+                f"{flag} applies to the {kind} kind (--mode {kind}, or --mode hybrid with "
+                f"{kind} among --kinds), not this search: {searched}"
+            )
+
+
 def fusion_from(args: argparse.Namespace, kinds: list[str]):
     """The Fusion the flags describe, every flag checked against the method and the kinds."""
     from ..cli import CliError
@@ -126,6 +144,10 @@ def fusion_from(args: argparse.Namespace, kinds: list[str]):
             raise CliError(f"--weights: expected KIND=NUMBER, got {item!r}") from None
         if kind not in kinds:
             raise CliError(f"--weights: {kind!r} is not a fused kind (fusing {', '.join(kinds)})")
+        if not math.isfinite(weights[kind]) or weights[kind] < 0:
+            raise CliError(f"--weights: {kind}'s weight must be a finite number >= 0, got {value}")
+    if args.rrf_k < 0:
+        raise CliError(f"--rrf-k must be an integer >= 0, got {args.rrf_k}")
     try:
         return Fusion(
             method, k=args.rrf_k, weights=weights, normalization=args.normalization or "minmax"
@@ -152,12 +174,18 @@ def run_kind_search(args: argparse.Namespace, path: Path) -> int:
         if mode != "hybrid":
             raise CliError("--kinds applies to --mode hybrid")
         kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+        if not kinds:
+            raise CliError(
+                f"--kinds: expected kinds separated by commas (of {', '.join(present)}), got "
+                f"{args.kinds!r}"
+            )
     missing = [k for k in kinds if k not in present]
     if missing:
+        flag = "--kinds" if args.kinds is not None else f"--mode {mode}"
         raise CliError(
-            f"--mode {mode}: {path} holds no {', '.join(missing)} index (it holds "
-            f"{', '.join(present)})"
+            f"{flag}: {path} holds no {', '.join(missing)} index (it holds {', '.join(present)})"
         )
+    refuse_unsearched_models(args, mode, kinds)
     if mode != "hybrid":
         refuse_kind_flags(argparse.Namespace(**{**vars(args), "sparse_model": None,
                                                 "multivector_model": None,

@@ -32,6 +32,7 @@ from .collection import (
     require_kind,
 )
 from .fusion import Fusion
+from .kind_index import _check_k
 from .kinds import encoder_for, model_kind_of
 from .multivector_index import MultiVectorIndex, MultiVectorOptions, build_multivector
 from .options import IndexOptions
@@ -201,6 +202,7 @@ class HybridIndex:
         """The ``k`` best texts per query, best first.
 
         Args:
+            k: a positive integer, in every mode (ValueError before any kind searches).
             mode: a kind (its own scores), or ``hybrid``: each of ``kinds`` (default: every
                 kind opened) retrieves ``max(depth, k)`` texts and ``fusion`` (default RRF,
                 k = 60) merges them; a hit's score is then the fused score.
@@ -211,6 +213,7 @@ class HybridIndex:
         settings = dict(settings or {})
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        k = _check_k(k)  # as each kind checks it, before any kind searches
         single = isinstance(queries, str)
         batch = [queries] if single else list(queries)
         if mode != "hybrid":
@@ -219,7 +222,7 @@ class HybridIndex:
         fusion = Fusion() if fusion is None else fusion
         kinds = list(kinds or self.kinds)
         for kind in kinds:
-            self._kind(kind)
+            self._kind(kind, "kinds")
         unknown = sorted(set(fusion.weights) - set(kinds))
         if unknown:
             raise ValueError(
@@ -244,11 +247,11 @@ class HybridIndex:
             )
         return fused[0] if single else fused
 
-    def _kind(self, kind: str):
+    def _kind(self, kind: str, asked_by: str = "mode"):
         if kind not in self.indexes:
             holds = ", ".join(self.indexes)
             raise KindNotFoundError(
-                f"mode: index {self.root} holds no {kind} index (it holds {holds})"
+                f"{asked_by}: index {self.root} holds no {kind} index (it holds {holds})"
             )
         return self.indexes[kind]
 
