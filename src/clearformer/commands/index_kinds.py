@@ -101,25 +101,31 @@ def _held_texts(out: Path, args: argparse.Namespace) -> tuple[list[str], list[st
     """(texts, ids, source) of the texts a folder of kinds holds: a kind built without
     ``--corpus`` is built over them (after adds, no single corpus file holds them all)."""
     from ..cli import CliError
-    from ..index.collection import is_collection, open_texts
+    from ..index.collection import open_texts
+    from ..index.texts_repair import held_texts, record_damaged
 
     for flag in ("field", "id_field"):
         if getattr(args, flag) is not None:
             raise CliError(f"--{flag.replace('_', '-')} applies with --corpus FILE")
-    if not (is_collection(out) and (out / "texts" / "texts.json").is_file()):
+    if not (out / "texts").is_dir():
         raise CliError(
             f"--corpus FILE is required: {out} holds no texts yet (a kind is built without "
             "--corpus only over the texts a folder of kinds already holds)"
         )
-    store, record = open_texts(out)
-    ids, texts = store.all(record["rows"])
-    return texts, ids, {"texts": str(out / "texts"), "rows": record["rows"]}
+    if record_damaged(out):  # the build writes the record again from these (texts_repair)
+        try:
+            ids, texts = held_texts(out)
+        except ValueError as exc:
+            raise CliError(f"--corpus FILE is required: {exc}") from None
+    else:
+        store, record = open_texts(out)
+        ids, texts = store.all(record["rows"])
+    return texts, ids, {"texts": str(out / "texts"), "rows": len(texts)}
 
 
 def run_kind_build(args: argparse.Namespace) -> int:
-    from ..cli import CliError
     from ..index import build_index
-    from ..index.collection import content_hash, is_collection, kinds_present
+    from ..index.collection import is_collection, kinds_present
     from .index import _Chunks, _encode_options, _status, _writing, read_corpus_file
 
     kind = args.kind
@@ -129,17 +135,7 @@ def run_kind_build(args: argparse.Namespace) -> int:
         texts, ids, source = _held_texts(out, args)
     else:
         texts, ids, source = read_corpus_file(args)
-    record = out / "texts" / "texts.json"
-    if record.is_file():  # refused before a model is loaded or a text encoded
-        from ..index.collection import _read_texts_record
-
-        held = _read_texts_record(record.parent)
-        if held["content"] != content_hash(texts, ids):
-            raise CliError(
-                f"--corpus: {out} holds an index of other texts ({held['rows']:,} rows, kinds "
-                f"{', '.join(kinds_present(out)) or 'none'}); give the same corpus, or build "
-                "into another folder"
-            )
+    _check_held_texts(out, texts, ids)
     encoder = _kind_model(args, kind)
     chunks = _Chunks()
     status = _status("build", args)
@@ -161,6 +157,30 @@ def run_kind_build(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _check_held_texts(out: Path, texts: list[str], ids: list[str]) -> None:
+    """Refused before a model is loaded or a text encoded: texts other than the folder holds.
+    A damaged record is no refusal where the build writes it again (texts_repair)."""
+    from ..cli import CliError
+    from ..index.collection import _read_texts_record, content_hash, kinds_present
+    from ..index.texts_repair import record_damaged, repair_plan
+
+    if not (out / "texts").is_dir():
+        return
+    if record_damaged(out):
+        try:
+            repair_plan(out, texts, ids)
+        except ValueError as exc:
+            raise CliError(f"--corpus: {exc}") from None
+        return
+    held = _read_texts_record(out / "texts")
+    if held["content"] != content_hash(texts, ids):
+        raise CliError(
+            f"--corpus: {out} holds an index of other texts ({held['rows']:,} rows, kinds "
+            f"{', '.join(kinds_present(out)) or 'none'}); give the same corpus, or build "
+            "into another folder"
+        )
 
 
 def _kind_options(args: argparse.Namespace):
@@ -197,12 +217,12 @@ def _kind_options(args: argparse.Namespace):
 
 def _check_destination(value: str) -> Path:
     from ..cli import CliError
-    from ..index.collection import is_collection
+    from ..index.collection import holds_only_leftovers, is_collection
 
     path = Path(value)
     if path.exists() and not path.is_dir():
         raise CliError(f"--out: {path} is a file, expected an index folder")
-    if path.is_dir() and any(path.iterdir()) and not is_collection(path):
+    if path.is_dir() and not holds_only_leftovers(path) and not is_collection(path):
         if (path / "CURRENT").exists() or (path / "generations").is_dir():
             raise CliError(
                 f"--out: {path} is a dense index built without --kind; build kinds into a new "

@@ -49,6 +49,10 @@ TEXTS_RECORD = "texts.json"
 KIND_FORMAT = 1  # a sparse / multi-vector / bm25 generation's meta.json format
 # The texts store's databases: the build's texts.sqlite, an add's texts-<content[:16]>.sqlite
 _TEXTS_FILE = re.compile(r"texts(-[0-9a-f]{16})?\.sqlite")
+# layout.new_directory's temporary of texts/: a first build killed before renaming it leaves it
+# (with the writer lock) at the folder's top, and no later build of that process removes it.
+_TEXTS_LEFTOVER = re.compile(r"\.texts\.tmp-[0-9]+")
+_LOCK = ".lock"
 
 
 class KindNotFoundError(ValueError):
@@ -68,6 +72,25 @@ def content_hash(texts: list[str], ids: list[str]) -> str:
 def is_collection(root: Path) -> bool:
     """Whether ``root`` is an index folder of kinds (not a dense index at its top)."""
     return (root / TEXTS_DIR).is_dir() or any((root / kind).is_dir() for kind in KINDS)
+
+
+def holds_only_leftovers(root: Path) -> bool:
+    """Whether the folder ``root`` holds nothing but what a first build killed before its
+    texts store was renamed into place leaves (the writer lock, temporaries of ``texts/``):
+    such a folder counts as empty, and a build there resumes."""
+    return all(p.name == _LOCK or _TEXTS_LEFTOVER.fullmatch(p.name) for p in root.iterdir())
+
+
+def remove_texts_leftovers(root: Path) -> None:
+    """Remove the temporaries of ``texts/`` killed builds left. Call with ``root``'s writer
+    lock held: only its holder fills such a temporary, so none is in use."""
+    for path in root.iterdir():
+        if _TEXTS_LEFTOVER.fullmatch(path.name):
+            log.info("removing %s: the texts store of a stopped build", path)
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
 
 def kinds_present(root: Path) -> list[str]:
@@ -112,15 +135,23 @@ def ensure_texts(root: Path, texts: list[str], ids: list[str]) -> str:
     content = content_hash(texts, ids)
     folder = root / TEXTS_DIR
     with layout.writer_lock(root):
+        remove_texts_leftovers(root)
         record = None
         if folder.is_dir():
             try:
                 _, record = open_texts(root)
             except layout.IndexDamagedError as exc:
-                # Rewritten from this build's texts; a kind built from others then refuses to
-                # open (its meta.json records their hash), so nothing is mixed silently.
-                log.warning("%s; writing the texts store again", exc)
-                shutil.rmtree(folder)
+                from . import texts_repair
+
+                # A lost record is told again from the databases (ValueError where they hold
+                # other texts). A damaged database is written again from this build's texts: a
+                # kind built from others then refuses to open (its meta.json records their
+                # hash), so nothing is mixed silently.
+                if texts_repair.record_damaged(root):
+                    record = texts_repair.rewrite_record(root, texts, ids)
+                if record is None:
+                    log.warning("%s; writing the texts store again", exc)
+                    shutil.rmtree(folder)
         if record is not None:
             if record["content"] != content or record["rows"] != len(texts):
                 raise ValueError(
