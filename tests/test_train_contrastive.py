@@ -172,6 +172,36 @@ def test_two_gloo_processes_equal_one(data, tmp_path):
     assert losses[0] == pytest.approx(losses[1], abs=1e-6)
 
 
+def test_two_processes_whose_text_counts_differ_equal_one(data, tmp_path):
+    """Row 0 alone has negatives, so in its step one rank embeds more texts than
+    --mini-batch-size (GradCache) and the other fewer: both must take GradCache's passes (the
+    plain step's collectives would not meet the other rank's), and the run equals one
+    process."""
+    rows = [json.loads(x) for x in data["pairs"].read_text().splitlines()]
+    others = [r["negative"][0] for r in rows[1:4]]
+    rows = [{**rows[0], "negative": others}] + [
+        {"anchor": r["anchor"], "positive": r["positive"]} for r in rows[1:]
+    ]
+    pairs = tmp_path / "uneven.jsonl"
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = write_sentence_transformer(tmp_path / "st0", dropout=0.0)
+    changes = {"train-file": pairs, "mini-batch-size": 8, "checkpoint-every": 3}
+    argv = flags({**data, "model": model}, steps=3, eps=1e-4, **changes)
+    one = tmp_path / "one"
+    assert run_train(*argv, "--distributed", "ddp", "--out", str(one), "-q").returncode == 0
+    two = tmp_path / "two"
+    command = torchrun_command(
+        2, "-m", "clearformer.cli", "train", *argv, "--distributed", "ddp", "--out", str(two), "-q"
+    )
+    result = subprocess.run(
+        command, env=env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    a, b = final_weights(one), final_weights(two)
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-6, msg=name)
+
+
 BAD_ROWS = {
     "missing": ('{"anchor": "w1 w2"}', "field 'positive' is missing"),
     "empty": ('{"anchor": "w1", "positive": "  "}', "field 'positive' is empty"),

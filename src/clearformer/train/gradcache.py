@@ -77,7 +77,13 @@ def contrastive_step(
         with precision.autocast():
             return model(batch, **options).float()  # (n, d); the loss in float32
 
-    if mini_batch_size <= 0 or mini_batch_size >= len(texts):
+    cached_passes = 0 < mini_batch_size < len(texts)
+    if context.world > 1 and mini_batch_size > 0:
+        # Rows carry different numbers of negatives, so the ranks' text counts differ; the two
+        # paths run different collectives (DDP's own all-reduce against the one after the last
+        # mini-batch), so every rank takes GradCache's if any rank needs it.
+        cached_passes = _on_any_rank(cached_passes, device)
+    if not cached_passes:
         embeddings = embed(texts)  # (n, d) with gradients: the plain step
         loss = _global_loss(embeddings, counts, context, loss_fn)
         _backward(loss * context.world, scaler)
@@ -120,6 +126,15 @@ def contrastive_step(
     else:
         optimizer.step()
     return loss.item(), norm.item()
+
+
+def _on_any_rank(flag: bool, device: torch.device) -> bool:
+    """``flag`` or'ed over the ranks (a collective: every rank calls it)."""
+    import torch.distributed as dist
+
+    value = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 def _sum_over_ranks(module: nn.Module) -> None:
