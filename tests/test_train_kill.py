@@ -106,6 +106,24 @@ def test_kill_during_a_checkpoint_write_then_resume(tmp_path, uninterrupted, sta
     assert f"resuming from {expected}" in result.stderr
     assert not [p for p in folder.iterdir() if p.name.startswith(".tmp-")]
     assert_same_run(uninterrupted, run)
+    # A kill after a best checkpoint was published and before `best` moved to it: the resume
+    # moves it, as the uninterrupted run did (the export and the pruning read it).
+    best = ckpt.read_pointer(uninterrupted / "checkpoints", ckpt.BEST)
+    assert best is not None and ckpt.read_pointer(folder, ckpt.BEST) == best
+
+
+def test_a_kill_before_best_moved_to_the_last_checkpoint_is_repaired_by_the_rerun(tmp_path):
+    """Killed once the final, best checkpoint is published and before `best` names it, the
+    rerun has no step left to take: the resume itself moves `best`."""
+    run = tmp_path / "run"
+    flags = [*tiny_flags(steps=10, eval_every=10, checkpoint_every=10), "--out", str(run), "-q"]
+    died = run_train(*flags, **{ckpt.FAULT_ENV: "rename@10"})
+    assert died.returncode == 17, died.stderr
+    folder = run / "checkpoints"
+    assert ckpt.read_pointer(folder, ckpt.BEST) is None  # the kill came first
+    result = run_train(*flags)
+    assert result.returncode == 0, result.stderr
+    assert ckpt.read_pointer(folder, ckpt.BEST) == "step-00000010"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

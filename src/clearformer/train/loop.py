@@ -192,6 +192,8 @@ def _train(
             resume, model, optimizer, scaler, sampler, stopper, context, config.seed
         )
         emit("resume", {"step": step, "checkpoint": resume.path.name})
+        if main:
+            _repair_best_pointer(run.checkpoints, stopper.best_step)
     elif main:
         run.write_json("data.json", _data_report(task, sampler, config))
     keep = resume.state["metrics_lines"] if resume else 0
@@ -423,6 +425,18 @@ def _finish(
     }
     run.write_json("summary.json", summary)
     emit("done", summary)
+
+
+def _repair_best_pointer(directory: Path, best_step: int | None) -> None:
+    """Point ``best`` at the checkpoint of the restored early stopping's best step: a kill
+    after that checkpoint was published and before ``best`` moved to it left the pointer on an
+    older one, which the export and the pruning would then take for the best."""
+    if best_step is None:
+        return
+    name = ckpt.checkpoint_name(best_step)
+    if (directory / name).is_dir() and ckpt.read_pointer(directory, ckpt.BEST) != name:
+        log.info("best: %s (moved on resume)", name)
+        ckpt.write_pointer(directory, ckpt.BEST, name)
 
 
 def _last_eval(records: list[dict]) -> dict[str, float]:
