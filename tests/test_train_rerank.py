@@ -74,6 +74,31 @@ def test_an_embedding_model_becomes_a_reranker_both_libraries_load(data, tmp_pat
     assert described["positives"] == 24 and described["pos_weight"] == 1.0
 
 
+def test_a_run_killed_before_its_first_evaluation_resumes_bitwise(tmp_path):
+    """With --eval-data the first stage is built at the first evaluation: step 0's in a whole
+    run, step 3's in a run resumed from step 2. Dropout's draws after it must not differ."""
+    from clearformer.train import checkpoint as ckpt
+
+    from .train_helpers import final_weights, same_weights
+
+    model = write_sentence_transformer(tmp_path / "st", dropout=0.1)
+    pairs, beir = write_retrieval_data(tmp_path / "data")
+    data = {"pairs": pairs}
+    changes = {"eval-data": beir, "retriever": model, "rerank-top": 10, "checkpoint-every": 2}
+    argv = _flags(data, model, **changes)
+    whole = tmp_path / "whole"
+    assert run_train(*argv, "--out", str(whole), "-q").returncode == 0
+    run = tmp_path / "run"
+    died = run_train(*argv, "--out", str(run), "-q", **{ckpt.FAULT_ENV: "marker@3"})
+    # Step 3's evaluation is the first best: its checkpoint is the one cut short, and the rerun
+    # resumes from step 2's.
+    assert died.returncode == 17, died.stderr
+    result = run_train(*argv, "--out", str(run), "-q")
+    assert result.returncode == 0, result.stderr
+    assert same_weights(final_weights(run), final_weights(whole))
+    assert (run / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
+
+
 def test_a_cross_encoder_goes_on_training_and_its_weights_move(data, tmp_path):
     from .test_sequence_classification import make_classifier
 

@@ -279,11 +279,20 @@ class RerankTask:
         if self._first_stage is None:
             from ...retrieval import EvalSettings, evaluate
             from ...text import TextEncoder
+            from ..rng import rng_state, set_rng_state
 
             retriever = None if self.config.retriever == "bundled" else self.config.retriever
-            result = evaluate(
-                self.eval_data, TextEncoder.from_pretrained(retriever), EvalSettings()
-            )
+            # Loading the retriever draws from the global generators (its layers are made
+            # before its weights are read). Built at the first evaluation, which is step 0's
+            # in a whole run and a later one in a resumed run: the training's draws must not
+            # depend on which.
+            state = rng_state()
+            try:
+                result = evaluate(
+                    self.eval_data, TextEncoder.from_pretrained(retriever), EvalSettings()
+                )
+            finally:
+                set_rng_state(state)
             self._first_stage = result.run
             log.info("rerank: first stage ndcg@10 %.4f", result.metrics["ndcg@10"])
         return self._first_stage
