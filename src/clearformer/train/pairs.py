@@ -11,6 +11,7 @@ error naming the file, the line and the field, raised before any model is loaded
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,23 +61,52 @@ def _jsonl_rows(path: Path):
 
 
 def _table_rows(path: Path, delimiter: str):
-    with path.open(encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f, delimiter=delimiter)
+    text = _utf8(path)
+    # TSV has no quoting: a quote is part of its text. CSV quotes as RFC 4180 says, strictly,
+    # so that a quote left open is an error rather than the rest of the file in one field.
+    dialect = {"quoting": csv.QUOTE_NONE} if delimiter == "\t" else {"strict": True}
+    limit = csv.field_size_limit()
+    csv.field_size_limit(2**31 - 1)  # a long document is one field
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter, **dialect)
         header = reader.fieldnames or []
         for name in ("anchor", "positive"):
             if name not in header:
                 raise ValueError(f"{path}, line 1: the header has no {name!r} column: {header}")
         negative_columns = [h for h in header if h == "negative" or h.startswith("negative_")]
-        for row in reader:
-            negatives = [row[h] for h in negative_columns if row[h] not in (None, "")]
+        while True:
+            start = reader.line_num + 1  # the line this row starts on (a field may span lines)
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:  # its own line count stops where the error began
+                raise ValueError(f"{path}, line {start}: {exc} (a quote left open?)") from None
+            extra = row.pop(None, [])  # fields past the header's (DictReader's restkey)
+            missing = sum(value is None for value in row.values())  # fields short of it
+            if extra or missing:
+                raise ValueError(
+                    f"{path}, line {reader.line_num}: {len(header) + len(extra) - missing} "
+                    f"fields, the header names {len(header)}"
+                )
+            negatives = [row[h] for h in negative_columns if row[h] != ""]
             yield (
                 reader.line_num,
-                {
-                    "anchor": row["anchor"],
-                    "positive": row["positive"],
-                    "negative": negatives,
-                },
+                {"anchor": row["anchor"], "positive": row["positive"], "negative": negatives},
             )
+    finally:
+        csv.field_size_limit(limit)
+
+
+def _utf8(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")  # a byte-order mark (as spreadsheets write) is not text
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ValueError(
+            f"{path}, line {line}: not UTF-8 text (byte {data[exc.start]:#04x})"
+        ) from None
 
 
 def _pair(path: Path, line: int, row: dict) -> Pair:
@@ -101,8 +131,17 @@ def _pair(path: Path, line: int, row: dict) -> Pair:
     for i, negative in enumerate(negatives):
         if not isinstance(negative, str) or not negative.strip():
             raise ValueError(f"{where}: field 'negative' item {i} must be a non-empty string")
-    if row["anchor"].strip() == row["positive"].strip():
+    # Compared as the tokenizer sees them: leading and trailing spaces make no other text.
+    anchor, positive = row["anchor"].strip(), row["positive"].strip()
+    if anchor == positive:
         raise ValueError(f"{where}: the anchor equals its positive: nothing to learn from it")
-    if row["positive"] in negatives:
-        raise ValueError(f"{where}: the positive is also among the negatives")
+    seen: dict[str, int] = {}
+    for i, negative in enumerate(n.strip() for n in negatives):
+        if negative == positive:
+            raise ValueError(f"{where}: the positive is also among the negatives (item {i})")
+        if negative == anchor:
+            raise ValueError(f"{where}: the anchor is also among the negatives (item {i})")
+        if negative in seen:
+            raise ValueError(f"{where}: field 'negative' item {i} repeats item {seen[negative]}")
+        seen[negative] = i
     return Pair(row["anchor"], row["positive"], tuple(negatives), line)
