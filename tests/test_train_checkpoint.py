@@ -100,6 +100,12 @@ def test_a_harmless_change_is_a_warning(tmp_path, caplog):
     assert result.resumed_from == 10 and result.step == 20
     assert "resuming with eval_every=5 (the checkpoint's run had 10)" in caplog.text
     assert "steps=20" in caplog.text  # a change that alters the schedule is named too
+    assert "measured with the old value" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        train(tiny(steps=30, eval_every=5, rerank_top=10), tmp_path / "run")
+    said = "resuming with rerank_top=10 (the checkpoint's run had 50): the best score so far"
+    assert said in caplog.text  # a change of the metric says what it does to the comparison
 
 
 def test_rerunning_a_finished_run_changes_nothing(tmp_path):

@@ -102,6 +102,10 @@ HARMLESS_FIELDS = (
     "rerank_top",
     "rerank_fusion",
 )
+# Of those, the ones that change the evaluation's metric itself: the best score so far was
+# measured another way than the evaluations after the resume, which early stopping and the
+# best checkpoint compare with it.
+METRIC_FIELDS = ("retriever", "rerank_top", "rerank_fusion")
 
 
 @dataclass(frozen=True)

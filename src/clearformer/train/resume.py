@@ -8,7 +8,14 @@ import torch
 from torch import nn
 
 from .checkpoint import Checkpoint, CheckpointError, rng_from_tensors
-from .config import DATA_ORDER_FIELDS, HARMLESS_FIELDS, SHAPE_FIELDS, TrainConfig, changed_fields
+from .config import (
+    DATA_ORDER_FIELDS,
+    HARMLESS_FIELDS,
+    METRIC_FIELDS,
+    SHAPE_FIELDS,
+    TrainConfig,
+    changed_fields,
+)
 from .distributed import Context, load_sharded, unwrap
 from .early_stopping import EarlyStopping
 from .rng import seed_everything, set_rng_state
@@ -48,7 +55,12 @@ def check_resume(checkpoint: Checkpoint, config: TrainConfig) -> None:
     harmless = {k: v for k, v in changed.items() if k in HARMLESS_FIELDS}
     other = {k: v for k, v in changed.items() if k not in HARMLESS_FIELDS}
     for name, (old, new) in harmless.items():
-        log.warning("resuming with %s=%r (the checkpoint's run had %r)", name, new, old)
+        effect = (
+            ": the best score so far was measured with the old value, later ones with the new"
+            if name in METRIC_FIELDS
+            else ""
+        )
+        log.warning("resuming with %s=%r (the checkpoint's run had %r)%s", name, new, old, effect)
     for name, (old, new) in other.items():
         log.warning(
             "resuming with %s=%r (the checkpoint's run had %r): the steps from here differ "
