@@ -132,3 +132,36 @@ def test_a_kind_is_embedded_in_the_precision_asked(tiny, tmp_path):
                  str(colbert), "--precision", "int8")  # fmt: skip
     assert result.returncode == 2
     assert "--precision int8 applies to dense models; a multivector model" in result.stderr
+
+
+def test_bm25s_exact_run_is_the_indexs_search(tiny, tmp_path):
+    """The same documents in the same order as BM25Index gives: none sharing no word with the
+    query (bm25s's retrieve would fill the depth with them, scoring 0)."""
+    from clearformer.retrieval.kind_runs import bm25_run
+
+    _, beir = tiny
+    data = load_beir(beir)
+    exact = bm25_run(data.query_ids, data.query_texts, data.corpus_ids, data.corpus_texts, 100)
+    indexed = evaluate(data, None, EvalSettings(mode="bm25", index=str(tmp_path / "idx"))).run
+    assert any(len(exact[q]) < len(data.corpus_ids) for q in data.query_ids)  # some left out
+    for query in data.query_ids:
+        assert ranked(exact[query]) == ranked(indexed[query]), query
+        assert all(score > 0 for score in exact[query].values())
+        got = [exact[query][d] for d in ranked(exact[query])]
+        want = [indexed[query][d] for d in ranked(exact[query])]
+        assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_multivector_exact_run_ranks_documents_of_negative_maxsim_too():
+    import torch
+
+    from clearformer.retrieval.kind_runs import multivector_exact_run
+
+    query = torch.tensor([[1.0, 0.0]])  # one token
+    documents = [
+        torch.tensor([[0.5, 0.5]]),
+        torch.tensor([[-1.0, 0.0]]),
+        torch.tensor([[0.0, 1.0]]),
+    ]
+    run = multivector_exact_run(["q"], [query], ["a", "b", "c"], documents, 10)
+    assert ranked(run["q"]) == ["a", "c", "b"]  # MaxSim 0.5, 0, -1: every document ranked

@@ -56,6 +56,13 @@ def tokenize(texts: list[str], options: BM25Options):
     return _bm25s().tokenize(texts, stopwords=options.stopwords, show_progress=False)
 
 
+def query_terms(queries: list[str], options: BM25Options) -> list[list[str]]:
+    """Each query's words as bm25s scores them (stop words and a text of no word: none)."""
+    tokens = tokenize(queries, options)
+    words = {index: word for word, index in tokens.vocab.items()}
+    return [[words[t] for t in ids if words[t]] for ids in tokens.ids]  # "" marks no word
+
+
 def build_bm25(root: Path, texts: list[str], ids: list[str], options: BM25Options) -> BM25Index:
     _bm25s()  # a missing bm25s fails now, before the texts store is written
     write_kind(
@@ -107,12 +114,9 @@ class BM25Index(KindIndex):
         BM25 is exact: it takes no per-call settings."""
         if how:
             raise TypeError(f"a bm25 search takes no {', '.join(sorted(how))}")
-        tokens = tokenize(queries, self.options)
-        words = {index: word for word, index in tokens.vocab.items()}
         out_rows = np.full((len(queries), k), -1, dtype=np.int64)
         out_scores = np.full((len(queries), k), np.nan, dtype=np.float32)
-        for i, ids in enumerate(tokens.ids):
-            terms = [words[t] for t in ids if words[t]]  # bm25s marks a text of no word by ""
+        for i, terms in enumerate(query_terms(queries, self.options)):
             if not terms:
                 continue  # only stop words (or nothing): no document shares a term
             scores = self._retriever.get_scores(terms)  # (n,)

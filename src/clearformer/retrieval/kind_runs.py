@@ -50,19 +50,23 @@ def bm25_run(
     depth: int,
     options: Any = None,
 ) -> Run:
-    """bm25s in memory with the index's tokenisation and parameters (BM25Options)."""
+    """bm25s in memory with the index's tokenisation, parameters (BM25Options) and cut: each
+    query's scores over every document, its best ``depth`` of those sharing a word with it
+    (:func:`~clearformer.index.kind_index.top_k`), as ``BM25Index`` searches. bm25s's own
+    ``retrieve`` would fill the depth with documents scoring 0, in an order of its own."""
     import bm25s
 
-    from ..index.bm25_index import BM25Options, tokenize
+    from ..index.bm25_index import BM25Options, query_terms, tokenize
 
     options = BM25Options() if options is None else options
     retriever = bm25s.BM25(k1=options.k1, b=options.b, method=options.method)
     retriever.index(tokenize(corpus_texts, options), show_progress=False)
-    rows, scores = retriever.retrieve(tokenize(query_texts, options), k=depth, show_progress=False)
-    return {
-        query: {corpus_ids[int(r)]: float(s) for r, s in zip(row, score, strict=True)}
-        for query, row, score in zip(query_ids, np.asarray(rows), np.asarray(scores), strict=True)
-    }
+    zeros = np.zeros(len(corpus_texts))
+    scores = [
+        retriever.get_scores(terms) if terms else zeros
+        for terms in query_terms(query_texts, options)
+    ]  # (Q, n) rows
+    return _top_run(query_ids, corpus_ids, np.asarray(scores), depth)
 
 
 def sparse_exact_run(query_ids, queries, corpus_ids, documents, depth: int) -> Run:
@@ -85,15 +89,17 @@ def multivector_exact_run(query_ids, queries, corpus_ids, documents, depth: int)
     from .maxsim import maxsim_scores
 
     scores = maxsim_scores(list(queries), list(documents)).numpy()  # (Q, n)
-    return _top_run(query_ids, corpus_ids, scores, depth)
+    # Every document has a MaxSim (negative too), and MultiVectorIndex ranks them all.
+    return _top_run(query_ids, corpus_ids, scores, depth, positive_only=False)
 
 
-def _top_run(query_ids, corpus_ids, scores: np.ndarray, depth: int) -> Run:
+def _top_run(query_ids, corpus_ids, scores: np.ndarray, depth: int, positive_only=True) -> Run:
     from ..index.kind_index import top_k
 
     run: Run = {}
     for query, row_scores in zip(query_ids, scores, strict=True):
-        rows, values = top_k(np.asarray(row_scores, dtype=np.float64), depth)
+        row_scores = np.asarray(row_scores, dtype=np.float64)
+        rows, values = top_k(row_scores, depth, positive_only=positive_only)
         run[query] = {corpus_ids[r]: float(v) for r, v in zip(rows, values, strict=True) if r >= 0}
     return run
 
