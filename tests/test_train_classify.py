@@ -63,6 +63,22 @@ def test_fine_tunes_from_csv_and_reports_accuracy_and_macro_f1(tmp_path, checkpo
     assert pads["bucketed"] <= pads["shuffled"]
 
 
+def test_a_train_file_changed_since_the_checkpoint_is_refused_on_resume(tmp_path, checkpoint):
+    from clearformer.train.checkpoint import CheckpointError
+
+    data = write_csv(tmp_path / "train.csv", pets_and_colours())
+    train(config(checkpoint, data, steps=6), tmp_path / "run")
+    # The same number of rows, other texts: nothing but the bytes can tell.
+    write_csv(data, [(t + " too", label) for t, label in pets_and_colours()])
+    with pytest.raises(
+        CheckpointError, match=r"train_file .*train.csv changed since the checkpoint"
+    ):
+        train(config(checkpoint, data, steps=12), tmp_path / "run")
+    write_csv(data, pets_and_colours())  # the file the run started with: it resumes
+    result = train(config(checkpoint, data, steps=12), tmp_path / "run")
+    assert (result.resumed_from, result.step) == (6, 12)
+
+
 def test_jsonl_and_an_eval_file_and_from_scratch(tmp_path, checkpoint):
     rows = pets_and_colours()
     train_file = tmp_path / "train.jsonl"

@@ -27,7 +27,7 @@ from .config import TrainConfig, check_against_data, resolve_mode
 from .early_stopping import EarlyStopping
 from .plots import write_loss_plot
 from .precision import Precision, resolve_device
-from .resume import check_resume, restore
+from .resume import check_resume, restore, train_file_digest
 from .rng import rng_state, seed_everything, set_rng_state
 from .run_folder import MetricsLog, RunFolder
 from .sampler import BucketSampler
@@ -150,9 +150,10 @@ def _train(
         run.create()
         ckpt.remove_partial(run.checkpoints)
     context.barrier()
+    digest = train_file_digest(config)  # recorded in every checkpoint, checked on resume
     resume = ckpt.load_newest(run.checkpoints)
     if resume is not None:
-        check_resume(resume, config)  # a model of another shape is refused here
+        check_resume(resume, config, digest)  # a model of another shape is refused here
     # What a task keeps beside the weights (translate: its vocabularies), which decoding needs
     # exactly as trained: a resume that would build other ones is refused.
     task_files = task.run_files() if hasattr(task, "run_files") else {}
@@ -303,6 +304,7 @@ def _train(
                 metrics,
                 config,
                 context,
+                digest,
             )
             if is_best and main:
                 ckpt.write_pointer(run.checkpoints, ckpt.BEST, path.name)
@@ -359,7 +361,7 @@ def _train(
 
 
 def _save_checkpoint(
-    run, step, model, optimizer, scaler, sampler, stopper, window, metrics, config, context
+    run, step, model, optimizer, scaler, sampler, stopper, window, metrics, config, context, digest
 ):
     """Everything a resume needs; under FSDP the model and optimizer go to a distributed
     checkpoint, each rank writing its shards."""
@@ -380,6 +382,7 @@ def _save_checkpoint(
         "clearformer": __version__,
         "torch": torch.__version__,
         "world_size": context.world,
+        "train_file_sha256": digest,
     }
     if context.sharded:
 

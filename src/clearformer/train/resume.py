@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -24,13 +26,37 @@ from .sampler import EpochSampler
 log = logging.getLogger(__name__)
 
 
-def check_resume(checkpoint: Checkpoint, config: TrainConfig) -> None:
+def train_file_digest(config: TrainConfig) -> str | None:
+    """The SHA-256 of ``config.train_file``'s bytes (None where it names no file, such as a
+    bundled data set): checkpoints record it, so that a resume sees the same rows."""
+    path = Path(config.train_file) if config.train_file else None
+    if path is None or not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_resume(checkpoint: Checkpoint, config: TrainConfig, digest: str | None = None) -> None:
     """Refuse a resume that cannot go on with the same run; warn about changes that can.
+
+    ``digest``: :func:`train_file_digest` of ``config`` (checked against the checkpoint's,
+    where it recorded one).
 
     Raises:
         CheckpointError: the config changes the model's shape or the data order (naming each
-            field, the checkpoint's value and this one).
+            field, the checkpoint's value and this one), or the train file's rows changed.
     """
+    recorded = checkpoint.meta.get("train_file_sha256")
+    if recorded is not None and digest is not None and recorded != digest:
+        raise CheckpointError(
+            f"cannot resume {checkpoint.path.parent.parent}: train_file {config.train_file} "
+            f"changed since the checkpoint (sha256 {recorded[:12]}... then, {digest[:12]}... "
+            f"now): its rows would not be the ones the sampler's position counts; resume with "
+            f"the file the run started with, or give another --out"
+        )
     changed = changed_fields(checkpoint.meta.get("config", {}), config)
     if not changed:
         return
