@@ -182,6 +182,35 @@ def test_another_model_is_refused(tmp_path, tiny, texts):
     assert TextEncoder.from_pretrained(copy).open_index(index_path).rows == 50
 
 
+@pytest.mark.parametrize("storage", ["float32", "binary"])
+def test_a_rebuild_with_another_model_holds_that_models_vectors(tmp_path, tiny, texts, storage):
+    """The same texts built again with another model: the segment the first build left (the
+    previous generation's) must not be taken for the new one's."""
+    from clearformer.index import build_index
+
+    index_path = tmp_path / "idx"
+    options = IndexOptions(storage=storage)
+    build_index(index_path, texts[:40], tiny, options=options)
+    other = TextEncoder.from_pretrained(write_tiny_bert(tmp_path / "other", WORDS, n_layers=2))
+    index = build_index(index_path, texts[:40], other, options=options)
+    expected = other.encode(texts[:40], normalize=True)
+    np.testing.assert_allclose(index.vectors(np.arange(40)), expected, atol=1e-6)
+    assert index.identity.revision == VectorIndex.open(index_path, other).identity.revision
+
+
+def test_default_ids_follow_the_rows_when_a_segment_comes_back(tmp_path, tiny):
+    """Texts built first (ids 0, 1), replaced, then added after three others: their ids are
+    their new row numbers (3, 4), not those of the segment the first build left."""
+    from clearformer.index import build_index
+
+    index_path = tmp_path / "idx"
+    build_index(index_path, ["w1 w2", "w3 w4"], tiny)
+    build_index(index_path, ["w5", "w6", "w7"], tiny)
+    index = add_to_index(index_path, ["w1 w2", "w3 w4"], tiny)
+    hits = index.hits(np.array([[3, 4]]), np.zeros((1, 2), dtype=np.float32))[0]
+    assert [(h.id, h.text) for h in hits] == [("3", "w1 w2"), ("4", "w3 w4")]
+
+
 def test_a_reader_keeps_its_generation_while_a_writer_commits(tmp_path, tiny, texts):
     path = tmp_path / "idx"
     tiny.build_index(path, texts[:100], options=IndexOptions(ann="hnsw"))

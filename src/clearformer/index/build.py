@@ -311,9 +311,7 @@ def _stage(
     ranges = None if base is None else base.ranges
     if options.storage == "int8" and ranges is None:
         ranges = int8_ranges(vectors)
-    segment = _write_segment(
-        root, vectors, texts, ids, options, ranges, plan.content, source, plan.job["precision"]
-    )
+    segment = _write_segment(root, vectors, texts, ids, options, ranges, plan, source)
     generation = _write_generation(
         root, base, plan.identity, options, dimensions, ranges, segment, current, hooks
     )
@@ -357,15 +355,21 @@ def _already_holds(
     return any(s["content"] == content for s in meta["segments"])
 
 
-def _write_segment(root, vectors, texts, ids, options, ranges, content, source, precision):
-    # float32 segments are recorded (and named) as they were before precisions were recorded.
+def _write_segment(root, vectors, texts, ids, options, ranges, plan: _Plan, source):
+    content, precision = plan.content, plan.job["precision"]
     other = {} if precision == "float32" else {"precision": precision}
+    # The name is the hash of everything the segment's files hold, so that a folder of that
+    # name left by an earlier write is this write's: the model (``job_key``: its revision,
+    # pooling, length and precision), and the ids as written (default ids are row numbers,
+    # which move with the rows before them).
     stored_key = _sha256_json(
         {
             "content": content,
             "storage": options.storage,
             "dimensions": vectors.shape[1],
             "ranges": None if ranges is None else ranges.tolist(),
+            "job": plan.job_key,
+            "ids": texts_sha256(list(ids)),
             **other,
         }
     )
