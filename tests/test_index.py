@@ -306,6 +306,25 @@ def test_cli_build_add_info_and_search(tmp_path, capsys, tiny, texts):
     assert code == 0 and "corpus.txt:6: " + texts[5] in out
 
 
+def test_cli_search_embeds_the_query_in_its_precision(tmp_path, capsys, tiny, texts):
+    from clearformer.index import build_index
+
+    index = tmp_path / "idx"
+    build_index(index, texts[:60], tiny)
+    opened = VectorIndex.open(index, tiny)
+    scores = {}
+    for precision in ("float32", "bf16"):
+        argv = ["search", texts[7], "--index", str(index), "-k", "3", "--json"]
+        code, out, err = _run(capsys, *argv, "--model", str(tiny.path), "--precision", precision)
+        assert code == 0, err
+        got = [json.loads(line) for line in out.splitlines()]
+        want = opened.search(texts[7], k=3, precision=precision)
+        assert [g["id"] for g in got] == [h.id for h in want]
+        assert [g["score"] for g in got] == [round(h.score, 6) for h in want]
+        scores[precision] = [g["score"] for g in got]
+    assert scores["bf16"] != scores["float32"]  # the flag reached the query's embedding
+
+
 def test_cli_build_shows_its_phases_and_progress_with_rate_and_time_left(tmp_path, tiny, texts):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")

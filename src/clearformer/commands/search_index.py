@@ -67,7 +67,8 @@ def run_index_search(args: argparse.Namespace) -> int:
     index = VectorIndex.open(path)
     encoder = index_encoder(args, path)
     index = index.with_encoder(encoder)
-    for rank, hit in enumerate(index.search(args.query, k=args.top_k), start=1):
+    hits = index.search(args.query, k=args.top_k, precision=args.precision)
+    for rank, hit in enumerate(hits, start=1):
         if args.json:
             item = {"rank": rank, "score": round(hit.score, 6), "id": hit.id, "text": hit.text}
             print(json.dumps(item, ensure_ascii=False))

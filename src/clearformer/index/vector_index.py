@@ -175,14 +175,16 @@ class VectorIndex:
         self.encoder = encoder
         return self
 
-    def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
-        """(Q, d) unit float32 query vectors, embedded as the index's texts were."""
+    def embed_queries(self, queries: Sequence[str], precision: str | None = None) -> np.ndarray:
+        """(Q, d) unit float32 query vectors, embedded as the index's texts were (normalised,
+        cut to its width), in ``precision`` (as ``encode`` takes it; None: the encoder's)."""
         if self.encoder is None:
             raise ValueError(
                 "this index was opened without an encoder: open it with "
                 "VectorIndex.open(path, encoder) to search by text, or use search_vectors"
             )
-        return truncate(self.encoder.encode(list(queries), normalize=True), self.dimensions)
+        vectors = self.encoder.encode(list(queries), normalize=True, precision=precision)
+        return truncate(vectors, self.dimensions)
 
     def search(
         self,
@@ -191,12 +193,14 @@ class VectorIndex:
         *,
         expansion_search: int | None = None,
         rescore_multiplier: int | None = None,
+        precision: str | None = None,
     ) -> list[Hit] | list[list[Hit]]:
         """The ``k`` texts closest to each query, best first (a list of hits for one query
-        string, a list of lists for a list of queries)."""
+        string, a list of lists for a list of queries); the queries embedded in ``precision``
+        (None: the encoder's)."""
         single = isinstance(queries, str)
         batch = [queries] if single else list(queries)
-        vectors = self.embed_queries(batch)
+        vectors = self.embed_queries(batch, precision)
         rows, scores = self.search_vectors(
             vectors, k, expansion_search=expansion_search, rescore_multiplier=rescore_multiplier
         )
