@@ -1,7 +1,8 @@
 """``clearformer index build | add | info``: a persistent vector index of a corpus.
 
 ``build`` embeds a corpus file into an index directory; ``add`` embeds more texts into it
-(exactly once: texts it already holds are not added again); ``info`` prints what an index holds
+(exactly once: the same add run again, after a kill or after it committed, adds nothing);
+``info`` prints what an index holds
 and its size. ``clearformer search QUERY --index INDEX`` searches it. A killed build or add
 leaves the previous index as it was; the same command again resumes from the chunks of
 embeddings it committed. See ``docs/index.md``.
@@ -83,8 +84,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "add",
         help="embed more texts into an index (exactly once)",
         description="Embed the texts of a corpus file into an existing index, with the "
-        "index's own model, storage and dimensions. Texts (and ids) the index already holds "
-        "from an earlier add are not added again; a killed add resumes when run again.",
+        "index's own model, storage and dimensions. Exactly once per add: the same texts (and "
+        "ids) added again, after a kill or after the add committed, add nothing, and a killed "
+        "add resumes from its committed chunks. A file that holds those texts and more is "
+        "another add: all its texts are added.",
     )
     add.add_argument("index", metavar="INDEX", help="the index directory")
     _corpus_arguments(add)

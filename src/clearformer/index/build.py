@@ -92,8 +92,10 @@ def add_to_index(
 ) -> VectorIndex:
     """Add ``texts`` to the committed index at ``path`` with its own storage and dimensions.
 
-    Exactly once: texts (with their ids) that an earlier add or the build already committed
-    are not added again; a killed add resumes from its committed chunks. ``on_chunk``,
+    Exactly once per add: texts (with their ids) that the build or an earlier add committed
+    as one write are not added again (the same call run again, after a kill or a commit, adds
+    nothing); a killed add resumes from its committed chunks. A call whose texts differ in any
+    way is another add, all of whose texts are added. ``on_chunk``,
     ``graph_progress`` and ``encode_options`` as :func:`build_index`.
     """
     root = Path(path)
