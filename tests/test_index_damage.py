@@ -298,3 +298,35 @@ def test_a_damaged_job_record_of_a_stopped_build_is_one_error_line_naming_it(tmp
     lines = result.stderr.strip().splitlines()
     assert str(staging / "job.json") in lines[-1] and "Traceback" not in result.stderr
     assert f"remove {staging}" in lines[-1]
+
+
+def _bad_storage(meta):
+    meta["options"]["storage"] = "bogus"
+
+
+def _no_revision(meta):
+    del meta["model"]["revision"]
+
+
+def _no_content(meta):
+    del meta["segments"][-1]["content"]
+
+
+@pytest.mark.parametrize("damage", [_bad_storage, _no_revision, _no_content])
+def test_a_meta_json_with_a_field_that_does_not_read_is_named_and_repaired(tmp_path, setup, damage):
+    """Valid JSON whose fields a rerun compares (the options, the model's revision, a
+    segment's content hash) are wrong: one error line naming meta.json, and the same build
+    again repairs it (it failed before writing anything, naming no file)."""
+    root = tmp_path / "idx"
+    shutil.copytree(setup["scan"], root)
+    path = target(root, layout.META)
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    damage(meta)
+    path.write_text(json.dumps(meta), encoding="utf-8")
+    result = cli("index", "info", str(root))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and str(path) in lines[0], result.stderr
+    run_all(build_commands(setup, "scan", root))
+    repaired, whole = VectorIndex.open(root), VectorIndex.open(setup["scan"])
+    rows = np.arange(whole.rows)
+    np.testing.assert_array_equal(repaired.vectors(rows), whole.vectors(rows))

@@ -31,6 +31,7 @@ import numpy as np
 
 from . import engine
 from .layout import SEGMENT_NAME, IndexDamagedError, JSONFileError, read_json
+from .options import IndexOptions
 
 _SQLITE_MAGIC = b"SQLite format 3\0"
 _SQLITE_HEADER = 100  # bytes
@@ -70,8 +71,17 @@ def _check_fields(path: Path, meta: dict[str, Any], generation: str) -> None:
         raise IndexDamagedError(
             path, f"records generation {meta.get('generation')!r:.40}, but lies in {generation}"
         )
-    need("model", dict, "an object")
+    model = need("model", dict, "an object")
+    for key in ("revision", "pooling"):  # what a rerun compares to know it holds these texts
+        if not isinstance(model.get(key), str):
+            raise IndexDamagedError(
+                path, f"has model {key!r} {model.get(key)!r:.40}, expected a str"
+            )
     options = need("options", dict, "an object")
+    try:
+        IndexOptions.from_dict(options)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise IndexDamagedError(path, f"has options that do not read ({exc})") from None
     dimensions = need("dimensions", int, "a positive integer")
     rows = need("rows", int, "an integer")
     if dimensions <= 0 or rows < 0:
@@ -101,6 +111,8 @@ def _check_fields(path: Path, meta: dict[str, Any], generation: str) -> None:
             raise IndexDamagedError(
                 path, f"names {where} {name!r:.40}, not a segment (seg-<16 hex digits>)"
             )
+        if not isinstance(segment.get("content"), str):
+            raise IndexDamagedError(path, f"gives {where} ({name}) no content hash")
         count = segment.get("rows")
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise IndexDamagedError(path, f"gives {where} ({name}) rows {count!r:.20}")
