@@ -449,3 +449,14 @@ def test_the_docs_python_sample_runs(tmp_path, minilm, monkeypatch, capsys):
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].split()[1] == "econ-1" and printed[1].split()[1] == "econ-2"
     assert namespace["index"].rows == 4 and namespace["rows"][0, 0] == 1  # "The striker ..."
+
+
+@pytest.mark.parametrize("name", ["expansion_search", "rescore_multiplier"])
+@pytest.mark.parametrize("value", [1.5, -1, 0, True])
+def test_a_search_override_that_is_not_a_positive_integer_is_refused(
+    tmp_path, tiny, texts, name, value
+):
+    index = tiny.build_index(tmp_path / "idx", texts[:30])
+    with pytest.raises(ValueError, match=f"{name} must be a positive integer, got {value!r}"):
+        index.search(texts[0], k=3, **{name: value})
+    assert len(index.search(texts[0], k=3, **{name: 2})) == 3

@@ -217,8 +217,12 @@ class VectorIndex:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(Q, d) unit float32 queries -> (Q, k) int64 rows (-1 where fewer) and (Q, k) float32
         cosines, best first; ties keep row order."""
-        if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
+        given = {"k": k, "expansion_search": expansion_search}
+        given["rescore_multiplier"] = rescore_multiplier  # the overrides: None = the index's own
+        for name, value in given.items():
+            wrong = isinstance(value, bool) or not isinstance(value, int) or value <= 0
+            if wrong and (name == "k" or value is not None):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if queries.ndim != 2 or queries.shape[1] != self.dimensions:
             raise ValueError(
