@@ -23,7 +23,9 @@ import numpy as np
 from ..interop.hf import TextTokenizer, find_checkpoint
 from ..interop.hf.bundled import BUNDLED_NAME
 from ..interop.hf.tokenizer import check_texts
+from ..text.prompts import choose_prompt
 from .errors import ApiError
+from .prompt_cut import keep_prompts, prompt_tokens
 from .schemas import DIRECTIONS
 
 log = logging.getLogger(__name__)
@@ -161,6 +163,9 @@ class ServedModel:
         encodings = self._tokenizers[direction].encode(texts)
         if not truncate:
             self._refuse_long(encodings, lambda i: self._full.encode(texts[i]), field)
+        elif prompt is not None and direction == "left":
+            keep = prompt_tokens(self._full, prompt)
+            encodings = keep_prompts(encodings, lambda i: self._full.encode(texts[i]), keep)
         return Prepared(encodings, EmbedOptions(normalize=normalize, skip=skip))
 
     def prepare_pairs(
@@ -172,15 +177,20 @@ class ServedModel:
         truncate: bool = False,
         direction: str = "right",
     ) -> Prepared:
-        """Tokenize (query, text) pairs with the checkpoint's pair template, as ``predict``
-        does; a pair over :attr:`max_input_tokens` is cut when ``truncate`` (the longer side
-        first), else a 413."""
+        """Tokenize (query, text) pairs with the checkpoint's pair template and its default
+        prompt before the query, as ``predict`` does; a pair over :attr:`max_input_tokens` is
+        cut when ``truncate`` (the longer side first; the prompt kept), else a 413."""
         _check_unicode([query], "query")
         _check_unicode(texts, "texts")
-        pairs = [(query, text) for text in texts]
+        prompt = choose_prompt(self.model.prompts, None, None)
+        first = query if prompt is None else prompt + query
+        pairs = [(first, text) for text in texts]
         encodings = self._tokenizers[direction].encode_pairs(pairs)
         if not truncate:
             self._refuse_long(encodings, lambda i: self._full.encode(*pairs[i]), "texts")
+        elif prompt is not None and direction == "left":
+            keep = prompt_tokens(self._full, prompt)
+            encodings = keep_prompts(encodings, lambda i: self._full.encode(*pairs[i]), keep)
         return Prepared(encodings, activation)
 
     def run(self, encodings: list, options: Any) -> np.ndarray:

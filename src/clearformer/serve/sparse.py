@@ -23,6 +23,7 @@ import numpy as np
 
 from .errors import ApiError
 from .models import Prepared, ServedModel, _check_unicode, _copy
+from .prompt_cut import keep_prompts, prompt_tokens
 from .render import json_body
 from .schemas import DIRECTIONS, _direction, _flag, _object, _optional, _texts
 
@@ -125,11 +126,13 @@ class SparseServedModel(ServedModel):
         encodings = self._tokenizers[task, direction].encode_batch(
             texts, add_special_tokens=specials
         )
+        full = self._untruncated[task]
+        whole = lambda i: full.encode(texts[i], add_special_tokens=specials)  # noqa: E731
         if not truncate:
-            full = self._untruncated[task]
-            self._refuse_long(
-                encodings, lambda i: full.encode(texts[i], add_special_tokens=specials), "inputs"
-            )
+            self._refuse_long(encodings, whole, "inputs")
+        elif prompt and direction == "left":
+            keep = prompt_tokens(full, prompt, add_special_tokens=specials)
+            encodings = keep_prompts(encodings, whole, keep)
         return Prepared(encodings, SparseOptions(task))
 
     def run(self, encodings: list, options: SparseOptions) -> np.ndarray:
