@@ -106,3 +106,32 @@ def test_bad_bodies_are_422_naming_the_field(server):
     assert no_mode.status_code == 422 and "mode" in no_mode.json()["error"]
     bad = post(server.url, "/embed_multivector", {"inputs": 3, "mode": "query"})
     assert bad.status_code == 422 and "inputs" in bad.json()["error"]
+
+
+def test_bge_m3_holds_to_each_field_or_refuses_it_by_name(server, m3_dir):
+    long = "quick brown fox jumps over the lazy dog " * 20  # past bge-m3's token limit
+    m3 = BGEM3Encoder.from_pretrained(m3_dir)
+    assert m3.tokenizer.encode([long])[0].overflowing  # encode cuts it
+
+    def answer(path, **fields):
+        response = post(server.url, path, {"inputs": [long], "model": "m3", **fields})
+        error = response.json()["error"] if response.status_code != 200 else ""
+        return response.status_code, error
+
+    for path in ("/embed", "/embed_sparse"):
+        # Not sent, or true: cut at the end, as encode cuts it.
+        assert answer(path)[0] == 200
+        assert answer(path, truncate=True)[0] == 200
+        status, error = answer(path, truncate=False)
+        assert status == 413 and "inputs[0] has" in error and "model 'm3'" in error
+        status, error = answer(path, truncation_direction="left", truncate=True)
+        assert status == 422 and "truncation_direction must be 'right'" in error
+        assert "model 'm3'" in error and "got 'left'" in error
+    status, error = answer("/embed", normalize=False)
+    assert status == 422 and "normalize must be true for model 'm3'" in error
+    assert "got false" in error
+    assert answer("/embed", normalize=True)[0] == 200
+    status, error = answer("/embed_sparse", task="query")
+    assert status == 422 and "task must be 'document' for model 'm3'" in error
+    assert "got 'query'" in error
+    assert answer("/embed_sparse", task="document")[0] == 200

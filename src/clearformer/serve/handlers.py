@@ -191,7 +191,7 @@ def embed_sparse(state: ServerState) -> Handler:
         if model.kind == "bge-m3":
             from .token_handlers import bge_m3_sparse
 
-            return await bge_m3_sparse(state, request, model, parsed.inputs)
+            return await bge_m3_sparse(state, request, model, parsed)
         prepared = model.prepare_sparse(
             parsed.inputs, task=parsed.task, truncate=parsed.truncate, direction=parsed.direction
         )

@@ -288,14 +288,16 @@ class ServedModel:
     def _refuse_long(self, encodings: list, full_encoding, field: str) -> None:
         for i, enc in enumerate(encodings):
             if enc.overflowing:
-                count = len(full_encoding(i).ids)
-                raise ApiError(
-                    "TooLarge",
-                    f"{field}[{i}] has {count} tokens, over the limit of "
-                    f"{self.max_input_tokens} tokens per input of model {self.name!r}; send "
-                    f'"truncate": true to cut it to {self.max_input_tokens}',
-                    param=field,
-                )
+                raise self._too_long(i, len(full_encoding(i).ids), field)
+
+    def _too_long(self, i: int, count: int, field: str) -> ApiError:
+        return ApiError(
+            "TooLarge",
+            f"{field}[{i}] has {count} tokens, over the limit of "
+            f"{self.max_input_tokens} tokens per input of model {self.name!r}; send "
+            f'"truncate": true to cut it to {self.max_input_tokens}',
+            param=field,
+        )
 
 
 def load_model(

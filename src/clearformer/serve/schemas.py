@@ -24,10 +24,14 @@ class EmbedRequest:
     inputs: list[str]
     model: str | None = None
     normalize: bool | None = None  # None: as the checkpoint's pipeline says (OpenAI route)
-    truncate: bool = False
+    # None: not sent. A too-long input is then refused as for false, but by a model that
+    # always cuts its texts (bge-m3) cut; a false sent is held to.
+    truncate: bool | None = None
     direction: str = "right"
     prompt_name: str | None = None
-    dimensions: int | None = None  # keep the first this many (Matryoshka), then normalise
+    # Keep the first this many (Matryoshka), normalised after the cut where the model
+    # normalises, as encode(dimensions=...) does.
+    dimensions: int | None = None
     encoding_format: str = "float"
 
 
@@ -62,7 +66,7 @@ def parse_embed(body: Any) -> EmbedRequest:
         inputs=_texts(body, "inputs"),
         model=_optional(body, "model", str, "a string"),
         normalize=_flag(body, "normalize", True),
-        truncate=_flag(body, "truncate", False),
+        truncate=_flag(body, "truncate", None),
         direction=_direction(body),
         prompt_name=_optional(body, "prompt_name", str, "a string"),
         dimensions=_dimensions(body),
@@ -94,7 +98,7 @@ def parse_openai_embeddings(body: Any) -> EmbedRequest:
         inputs=_texts(body, "input"),
         model=_optional(body, "model", str, "a string"),
         normalize=None,
-        truncate=_flag(body, "truncate", False),
+        truncate=_flag(body, "truncate", None),
         prompt_name=_optional(body, "prompt_name", str, "a string"),
         dimensions=_dimensions(body),
         encoding_format=encoding,
@@ -163,7 +167,7 @@ def _texts(body: dict, name: str) -> list[str]:
     return value
 
 
-def _flag(body: dict, name: str, default: bool) -> bool:
+def _flag(body: dict, name: str, default: bool | None) -> bool | None:
     value = body.get(name)
     if value is None:
         return default

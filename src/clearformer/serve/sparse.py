@@ -45,7 +45,7 @@ class EmbedSparseRequest:
 
     inputs: list[str]
     model: str | None = None
-    truncate: bool = False
+    truncate: bool | None = None  # None: not sent (as EmbedRequest.truncate)
     direction: str = "right"
     task: str = "document"
 
@@ -60,7 +60,7 @@ def parse_embed_sparse(body) -> EmbedSparseRequest:
     return EmbedSparseRequest(
         inputs=_texts(body, "inputs"),
         model=_optional(body, "model", str, "a string"),
-        truncate=_flag(body, "truncate", False),
+        truncate=_flag(body, "truncate", None),
         direction=_direction(body),
         task=task,
     )

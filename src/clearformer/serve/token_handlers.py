@@ -74,10 +74,24 @@ def embed_multivector(state: ServerState):
     return embed_multivector
 
 
-async def bge_m3_sparse(state: ServerState, request: Request, model, inputs: list[str]) -> Response:
-    """``/embed_sparse`` answered by a bge-m3 model (:func:`.handlers.embed_sparse` asks): its
-    token weights, one pass per batch as for its other outputs."""
-    prepared = model.prepare_tokens(inputs, output="sparse", side="document", field="inputs")
+async def bge_m3_sparse(state: ServerState, request: Request, model, parsed) -> Response:
+    """``/embed_sparse`` answered by a bge-m3 model (:func:`.handlers.embed_sparse` asks, with
+    its parsed body): its token weights, one pass per batch as for its other outputs."""
+    if parsed.task != "document":
+        raise ApiError(
+            "Validation",
+            f"task must be 'document' for model {model.name!r}: bge-m3 has one sparse side, "
+            f"got {parsed.task!r}",
+            param="task",
+        )
+    prepared = model.prepare_tokens(
+        parsed.inputs,
+        output="sparse",
+        side="document",
+        field="inputs",
+        truncate=parsed.truncate,
+        direction=parsed.direction,
+    )
     payloads = await wait_for_rows(state, request, model, prepared)  # (n, 1) objects
     answer = []
     for ((ids, weights),) in payloads:

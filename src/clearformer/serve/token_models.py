@@ -40,7 +40,6 @@ class TokenOptions:
 
     output: str
     side: str = "document"
-    normalize: bool = True
 
 
 class TokenVectorModel(ServedModel):
@@ -76,21 +75,61 @@ class TokenVectorModel(ServedModel):
             raise ValueError(f"bge-m3 dense embeddings are {self.width} wide, not cut")
 
     def prepare(
-        self, texts, *, field, normalize, truncate=False, direction="right", prompt_name=None
+        self, texts, *, field, normalize, truncate=None, direction="right", prompt_name=None
     ):
-        """``/embed`` on bge-m3: its dense vectors (no prompts: bge-m3 has none)."""
+        """``/embed`` on bge-m3: its dense vectors (no prompts: bge-m3 has none). They are
+        unit vectors, as ``encode`` gives them: ``normalize`` false is refused (422)."""
         if prompt_name is not None:
             raise ApiError("Validation", "bge-m3 has no named prompts", param="prompt_name")
-        _check_unicode(texts, field)
-        return Prepared(self.model.token_rows(texts), TokenOptions("dense", normalize=normalize))
+        if not normalize:
+            raise ApiError(
+                "Validation",
+                f"normalize must be true for model {self.name!r}: bge-m3's dense vectors are "
+                "unit vectors (its encode gives no others), got false",
+                param="normalize",
+            )
+        return self.prepare_tokens(
+            texts,
+            output="dense",
+            side="document",
+            field=field,
+            truncate=truncate,
+            direction=direction,
+        )
 
-    def prepare_tokens(self, texts: list[str], *, output: str, side: str, field: str) -> Prepared:
-        """Inputs of ``/embed_multivector`` (``output="colbert"``) or ``/embed_sparse``."""
+    def prepare_tokens(
+        self,
+        texts: list[str],
+        *,
+        output: str,
+        side: str,
+        field: str,
+        truncate: bool | None = None,
+        direction: str = "right",
+    ) -> Prepared:
+        """Inputs of ``/embed_multivector`` (``output="colbert"``), ``/embed_sparse`` or
+        ``/embed`` (``"dense"``). bge-m3 cuts a too-long text at its end, as ``encode`` does:
+        ``truncate`` false (sent) refuses it instead (413), and a cut at the start is refused
+        (422)."""
         _check_unicode(texts, field)
+        if direction != "right":
+            raise ApiError(
+                "Validation",
+                f"truncation_direction must be 'right' for model {self.name!r}, which cuts a "
+                f"too-long text at its end as its encode does, got {direction!r}",
+                param="truncation_direction",
+            )
         if self.kind == "bge-m3":
             rows = self.model.token_rows(texts)
         else:
             rows = self.model.token_rows(side, texts)
+        if truncate is False:
+            for i, row in enumerate(rows):
+                # Only a text that fills the limit may have been cut: count it whole.
+                if len(row.ids) >= self.max_input_tokens:
+                    count = len(self._full.encode(texts[i]).ids)
+                    if count > self.max_input_tokens:
+                        raise self._too_long(i, count, field)
         return Prepared(rows, TokenOptions(output, side))
 
     def run(self, encodings: list, options: TokenOptions) -> np.ndarray:
