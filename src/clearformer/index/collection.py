@@ -38,17 +38,19 @@ from pathlib import Path
 from typing import Any
 
 from . import integrity, layout
-from .chunks import texts_sha256
 from .texts import TextStore, append_texts, write_texts
+from .texts_record import (  # noqa: F401 (KINDS, TEXTS_DIR: this module's names too)
+    _TEXTS_FILE,
+    KINDS,
+    TEXTS_DIR,
+    TEXTS_RECORD,
+    _read_texts_record,
+    content_hash,
+)
 
 log = logging.getLogger(__name__)
 
-KINDS = ("dense", "sparse", "multivector", "bm25")
-TEXTS_DIR = "texts"
-TEXTS_RECORD = "texts.json"
 KIND_FORMAT = 1  # a sparse / multi-vector / bm25 generation's meta.json format
-# The texts store's databases: the build's texts.sqlite, an add's texts-<content[:16]>.sqlite
-_TEXTS_FILE = re.compile(r"texts(-[0-9a-f]{16})?\.sqlite")
 # layout.new_directory's temporary of texts/: a first build killed before renaming it leaves it
 # (with the writer lock) at the folder's top, and no later build of that process removes it.
 _TEXTS_LEFTOVER = re.compile(r"\.texts\.tmp-[0-9]+")
@@ -62,11 +64,6 @@ class KindNotFoundError(ValueError):
 class KindsDisagreeError(ValueError):
     """The kinds of a folder hold different rows: an add stopped between two kinds' commits
     (the same add again finishes it)."""
-
-
-def content_hash(texts: list[str], ids: list[str]) -> str:
-    """What the collection's texts are: the texts and their ids."""
-    return texts_sha256([texts_sha256(texts), texts_sha256(ids)])
 
 
 def is_collection(root: Path) -> bool:
@@ -240,33 +237,6 @@ def remove_stale_texts(root: Path, record: dict[str, Any]) -> None:
         leftover = path.name.startswith(".") and ".tmp" in path.name
         if stale or leftover:
             path.unlink(missing_ok=True)
-
-
-def _read_texts_record(folder: Path) -> dict[str, Any]:
-    path = folder / TEXTS_RECORD
-    try:
-        record = layout.read_json(path)
-    except FileNotFoundError:
-        raise layout.IndexDamagedError(path, "is missing (the texts store's record)") from None
-    except (layout.JSONFileError, OSError) as exc:
-        raise layout.IndexDamagedError(path, f"cannot be read ({exc})") from None
-    if (
-        not isinstance(record, dict)
-        or not isinstance(record.get("rows"), int)
-        or not isinstance(record.get("content"), str)
-    ):
-        raise layout.IndexDamagedError(path, "does not hold {rows, content}")
-    for key in ("file", "previous_file"):
-        name = record.get(key, layout.TEXTS)
-        if not isinstance(name, str) or not _TEXTS_FILE.fullmatch(name):
-            raise layout.IndexDamagedError(path, f"names {key} {name!r:.60}, not a texts database")
-    prefixes = record.get("prefixes", [])
-    if not isinstance(prefixes, list) or not all(
-        isinstance(p, dict) and isinstance(p.get("rows"), int) and isinstance(p.get("content"), str)
-        for p in prefixes
-    ):
-        raise layout.IndexDamagedError(path, "holds prefixes that are not {rows, content} records")
-    return record
 
 
 def kind_root(root: str | os.PathLike, kind: str) -> Path:

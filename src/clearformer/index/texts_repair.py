@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from . import integrity, layout
-from .collection import (
+from .texts import TextStore
+from .texts_record import (
     _TEXTS_FILE,
     KINDS,
     TEXTS_DIR,
@@ -31,7 +32,6 @@ from .collection import (
     _read_texts_record,
     content_hash,
 )
-from .texts import TextStore
 
 log = logging.getLogger(__name__)
 
