@@ -200,6 +200,16 @@ def test_dimensions_keep_the_first_values_then_normalise(server, encoder):
     assert too_wide.status_code == 422 and "width of 16" in too_wide.json()["error"]
 
 
+def test_dimensions_normalise_only_where_the_model_does_as_encode(server, encoder):
+    # docs/serving.md: the OpenAI route follows the model's own normalisation (tiny: none), so
+    # a shortened row is the first values as they are, encode(dimensions=...)'s row.
+    answer = post(server.url, "/v1/embeddings", {"input": TEXTS, "model": "tiny", "dimensions": 4})
+    assert answer.status_code == 200, answer.text
+    rows = np.float32([d["embedding"] for d in answer.json()["data"]])
+    np.testing.assert_allclose(rows, encoder.encode(TEXTS, dimensions=4), rtol=0, atol=1e-6)
+    assert not np.allclose(np.linalg.norm(rows, axis=1), 1.0)
+
+
 def test_the_openai_client_reads_embeddings_floats_and_base64(server, encoder):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)

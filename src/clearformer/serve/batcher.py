@@ -323,6 +323,12 @@ class Batcher:
                     threads = wanted
                 if batch:
                     self._run(batch)
+            except Exception as exc:
+                # Outside the forward pass (the thread count, the free CPUs, the rows' write-
+                # back): the batch's requests are answered now (500), not at their timeout, and
+                # the worker goes on to the next batch.
+                log.exception("a batch of %d inputs failed outside the model", len(batch))
+                self._fail(batch, exc)
             finally:
                 with self._lock:
                     self._running -= 1
@@ -421,5 +427,6 @@ def _resolve(job: Job) -> None:
 
 
 def _reject(job: Job, exc: Exception) -> None:
+    # A done future is answered or given up by its waiter (waiting.wait_for_rows cancels it).
     if not job.future.done():
         job.future.set_exception(exc)

@@ -78,8 +78,9 @@ def parse_openai_embeddings(body: Any) -> EmbedRequest:
     ``model``, ``dimensions``, ``encoding_format`` (``float`` or ``base64``); and, beyond
     OpenAI's, ``truncate`` and ``prompt_name`` as on ``/embed``."""
     body = _object(body)
+    # A boolean is an int to Python, but no token id: _texts names it as a wrong item.
     if isinstance(body.get("input"), list) and any(
-        isinstance(item, int | list) for item in body["input"]
+        isinstance(item, int | list) and not isinstance(item, bool) for item in body["input"]
     ):
         raise ApiError(
             "Validation",

@@ -24,7 +24,7 @@ import numpy as np
 from .errors import ApiError
 from .models import Prepared, ServedModel, _check_unicode, _copy
 from .prompt_cut import keep_prompts, prompt_tokens
-from .render import json_body
+from .render import check_finite, json_body
 from .schemas import DIRECTIONS, _direction, _flag, _object, _optional, _texts
 
 log = logging.getLogger(__name__)
@@ -184,7 +184,12 @@ def load_sparse(spec, *, max_input_tokens: int | None, precision: str, backend: 
 
 
 def sparse_rows_body(rows: np.ndarray) -> bytes:
-    """TEI's ``/embed_sparse`` answer: per row, its non-zero entries in index order."""
+    """TEI's ``/embed_sparse`` answer: per row, its non-zero entries in index order.
+
+    Raises:
+        ApiError: a weight is NaN or infinity, which JSON cannot write (500).
+    """
+    check_finite(rows)
     out = []
     for row in rows:
         (indices,) = np.nonzero(row)

@@ -44,13 +44,13 @@ async def wait_for_rows(
             {job.future, gone}, timeout=max(left, 0.0), return_when=asyncio.FIRST_COMPLETED
         )
     except asyncio.CancelledError:
-        batcher.cancel(job)
+        _give_up(batcher, job)
         raise
     finally:
         gone.cancel()
     if job.future.done():
         return job.future.result()
-    batcher.cancel(job)
+    _give_up(batcher, job)
     if gone in done:
         raise ClientGone
     raise ApiError(
@@ -59,6 +59,18 @@ async def wait_for_rows(
         "(request_timeout); its work was dropped",
         headers={"Retry-After": str(batcher.retry_after())},
     )
+
+
+def _give_up(batcher, job: Job) -> None:
+    """Drop a job nobody waits for any more. Its future is cancelled so that a batch of its
+    failing later sets no exception on it that nobody would read (asyncio logs those as
+    "Future exception was never retrieved"); one already set is read here."""
+    batcher.cancel(job)
+    if job.future.done():
+        if not job.future.cancelled():
+            job.future.exception()
+    else:
+        job.future.cancel()
 
 
 async def disconnected(request: Request) -> None:
