@@ -460,3 +460,20 @@ def test_a_search_override_that_is_not_a_positive_integer_is_refused(
     with pytest.raises(ValueError, match=f"{name} must be a positive integer, got {value!r}"):
         index.search(texts[0], k=3, **{name: value})
     assert len(index.search(texts[0], k=3, **{name: 2})) == 3
+
+
+def test_default_ids_of_an_add_follow_an_add_that_committed_while_it_planned(tmp_path, tiny):
+    """An add plans from the index it opened; another add commits before it takes the lock:
+    its texts go after that add's rows, and so do their default ids (row numbers)."""
+    from clearformer.index import build as build_module
+    from clearformer.index import build_index
+
+    index_path = tmp_path / "idx"
+    build_index(index_path, ["w1", "w2", "w3"], tiny)
+    stale = VectorIndex.open(index_path)  # what the slower add saw
+    add_to_index(index_path, ["w4", "w5"], tiny)
+    hooks = build_module._Hooks()
+    build_module._write(index_path, ["w6 w7"], tiny, None, stale.options, stale, None, hooks, {})
+    index = VectorIndex.open(index_path)
+    hits = index.hits(np.array([[5]]), np.zeros((1, 1), dtype=np.float32))[0]
+    assert index.rows == 6 and (hits[0].id, hits[0].text) == ("5", "w6 w7")

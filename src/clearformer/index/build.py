@@ -165,6 +165,7 @@ class _Plan:
     dimensions: int
     job: dict[str, Any]
     job_key: str
+    default_ids: bool = False  # ids are row numbers (none were given)
 
 
 def _write(
@@ -234,7 +235,8 @@ def _plan(
         "precision": precision,
         "chunk_rows": options.chunk_rows,
     }
-    return _Plan(texts, ids, content, identity, dimensions, job, _sha256_json(job)[:16])
+    key = _sha256_json(job)[:16]
+    return _Plan(texts, ids, content, identity, dimensions, job, key, default_ids=named is None)
 
 
 def index_precision(meta: dict) -> str:
@@ -268,6 +270,8 @@ def _stage(
     if base is not None and committed is not None and committed["generation"] != base.generation:
         base = VectorIndex.open(root)  # another add committed since we looked: add to it
         committed = base.meta
+        if plan.default_ids:  # row numbers, which that add moved on
+            ids = [str(base.rows + i) for i in range(len(texts))]
     if committed is not None and _already_holds(
         committed, plan.content, options, plan.identity, base, plan.job["precision"]
     ):
