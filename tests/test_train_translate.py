@@ -297,8 +297,15 @@ def test_a_resume_whose_vocabulary_changed_is_refused(tmp_path, capsys):
     flags = [*TINY, "--train-file", str(data), "--out", str(run)]
     assert main(["train", *flags, "--steps", "2"]) == 0
     before = (run / "vocabulary.json").read_bytes()
-    _tsv(data, extra="Ich sehe ein Zebra.\tI see a zebra.\n")  # same file name, a new word
+    capsys.readouterr()
+    # The same file name with a new word: the file's bytes changed (checkpoints record them).
+    _tsv(data, extra="Ich sehe ein Zebra.\tI see a zebra.\n")
     assert main(["train", *flags, "--steps", "4"]) == 2
+    assert "changed since the checkpoint" in capsys.readouterr().err
+    assert (run / "vocabulary.json").read_bytes() == before
+    # The same file, and a minimum count that leaves every word out: other vocabularies.
+    _tsv(data)
+    assert main(["train", *flags, "--steps", "4", "--vocab-min-count", "1000"]) == 2
     assert "mismatched vocabularies" in capsys.readouterr().err
     assert (run / "vocabulary.json").read_bytes() == before
 
