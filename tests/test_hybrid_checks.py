@@ -99,3 +99,24 @@ def test_a_model_flag_for_a_kind_not_searched_is_refused(folder, flags, flag, ki
     line = refused(folder, *flags)
     assert f"{flag} applies to the {kind} kind" in line
     assert f"--mode {kind}, or --mode hybrid with {kind} among --kinds" in line
+
+
+def test_an_empty_list_of_kinds_is_refused_not_read_as_every_kind(folder, tmp_path):
+    from clearformer.retrieval import EvalSettings
+
+    message = "kinds must name at least one kind"
+    with pytest.raises(ValueError, match=message):
+        HybridIndex.open(folder, [FakeSparseEncoder()], kinds=[])
+    index = HybridIndex.open(folder, [FakeSparseEncoder()])
+    with pytest.raises(ValueError, match=message):
+        index.search("w1 w2", k=3, kinds=[])
+    assert len(index.search("w1 w2", k=3, kinds=None)) == 3  # None: every kind
+    with pytest.raises(ValueError, match=message):
+        EvalSettings(mode="hybrid", kinds=())
+    done = cli("eval", "--data", str(tmp_path / "none"), "--mode", "hybrid", "--kinds", ",")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith("--kinds must name at least one kind, got ','")
+    )

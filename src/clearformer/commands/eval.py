@@ -290,6 +290,8 @@ def _mode_settings(args: argparse.Namespace) -> dict:
     kinds = None
     if args.kinds is not None:
         kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+        if not kinds:
+            raise CliError(f"--kinds must name at least one kind, got {args.kinds!r}")
     fused = kinds or ("dense", "sparse", "multivector", "bm25")
     fusion = fusion_from(args, list(fused))
     return {

@@ -175,6 +175,7 @@ class HybridIndex:
             raise FileNotFoundError(
                 f"no index at {root}: build one with `clearformer index build --kind KIND`"
             )
+        _check_kinds_given(kinds)
         for kind in kinds or ():
             require_kind(root, kind, "kinds")
         by_kind = dict(models) if isinstance(models, Mapping) else _assign(models, present)
@@ -220,6 +221,7 @@ class HybridIndex:
             hits = self._kind(mode).search(batch, k, **settings.get(mode, {}))
             return hits[0] if single else hits
         fusion = Fusion() if fusion is None else fusion
+        _check_kinds_given(kinds)
         kinds = list(kinds or self.kinds)
         for kind in kinds:
             self._kind(kind, "kinds")
@@ -288,3 +290,9 @@ def kinds_of(path: str | os.PathLike) -> list[str]:
         return kinds_present(Path(path))
     except layout.IndexDamagedError:
         return []
+
+
+def _check_kinds_given(kinds: Sequence[str] | None) -> None:
+    """None means every kind; an empty list names none, which is no search to run."""
+    if kinds is not None and not list(kinds):
+        raise ValueError("kinds must name at least one kind (None: every kind), got none")

@@ -87,6 +87,8 @@ class EvalSettings:
                     self.rerank_precision, "rerank_precision", (*CROSS_ENCODER_PRECISIONS, "auto")
                 ),
             )
+        if self.kinds is not None and not tuple(self.kinds):
+            raise ValueError("kinds must name at least one kind (None: every kind), got none")
         if self.rerank_fusion not in RERANK_FUSIONS:
             raise ValueError(
                 f"rerank_fusion must be one of {RERANK_FUSIONS}, got {self.rerank_fusion!r}"
