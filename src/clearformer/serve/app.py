@@ -95,7 +95,8 @@ def create_app(
             handlers.embed_sparse(state),
             compute=True,
         ),
-        route("/tokenize", "POST", "tokenize", "tei", handlers.tokenize(state)),
+        # Tokenizing a body near the size limit takes seconds: it takes a slot like the rest.
+        route("/tokenize", "POST", "tokenize", "tei", handlers.tokenize(state), compute=True),
     ]
     app = Starlette(
         routes=table,

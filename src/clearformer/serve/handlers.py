@@ -1,9 +1,13 @@
 """The routes' handlers: each parses its body (:mod:`.schemas`), picks its model, queues its
 inputs and writes its answer in the shape of the API it copies. The checks every route shares
-(the key, the slot) are :func:`clearformer.serve.app.create_app`'s wrapper's."""
+(the key, the slot) are :func:`clearformer.serve.app.create_app`'s wrapper's.
+
+Inputs are tokenized on a worker thread (``asyncio.to_thread``): a body near the size limit
+takes seconds, and on the event loop it would hold every other request and ``/health``."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
@@ -120,7 +124,8 @@ async def _embeddings(state: ServerState, request: Request, parsed, *, field: st
             raise ApiError("Validation", message, param="dimensions") from None
     normalize = model.normalize if parsed.normalize is None else parsed.normalize
     shorten = parsed.dimensions is not None and parsed.dimensions < model.width
-    prepared = model.prepare(
+    prepared = await asyncio.to_thread(
+        model.prepare,
         parsed.inputs,
         field=field,
         # Shortened rows are normalised after the cut: that is what makes them unit vectors.
@@ -159,7 +164,8 @@ def rerank(state: ServerState) -> Handler:
                 param="model",
             )
         check_count(len(parsed.texts), state.config, "texts")
-        prepared = model.prepare_pairs(
+        prepared = await asyncio.to_thread(
+            model.prepare_pairs,
             parsed.query,
             parsed.texts,
             activation="identity" if parsed.raw_scores else model.model.activation,
@@ -192,8 +198,12 @@ def embed_sparse(state: ServerState) -> Handler:
             from .token_handlers import bge_m3_sparse
 
             return await bge_m3_sparse(state, request, model, parsed)
-        prepared = model.prepare_sparse(
-            parsed.inputs, task=parsed.task, truncate=parsed.truncate, direction=parsed.direction
+        prepared = await asyncio.to_thread(
+            model.prepare_sparse,
+            parsed.inputs,
+            task=parsed.task,
+            truncate=parsed.truncate,
+            direction=parsed.direction,
         )
         rows = await wait_for_rows(state, request, model, prepared)  # (n, V)
         return Response(sparse_rows_body(rows), media_type="application/json")
@@ -207,13 +217,13 @@ def tokenize(state: ServerState) -> Handler:
         parsed = parse_tokenize(await read_json(request, state.config))
         model = state.any_model(parsed.model)
         check_count(len(parsed.inputs), state.config, "inputs")
-        return _json(
-            model.tokenize(
-                parsed.inputs,
-                add_special_tokens=parsed.add_special_tokens,
-                prompt_name=parsed.prompt_name,
-            )
+        tokens = await asyncio.to_thread(
+            model.tokenize,
+            parsed.inputs,
+            add_special_tokens=parsed.add_special_tokens,
+            prompt_name=parsed.prompt_name,
         )
+        return _json(tokens)
 
     return tokenize
 

@@ -11,6 +11,7 @@ ColBERT model encodes (queries get their marker and expansion, documents their s
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,8 +62,8 @@ def embed_multivector(state: ServerState):
         parsed = parse_token_request(await read_json(request, state.config), mode_required=True)
         model = state.model_for(parsed.model, "multivector")
         check_count(len(parsed.inputs), state.config, "inputs")
-        prepared = model.prepare_tokens(
-            parsed.inputs, output="colbert", side=parsed.mode, field="inputs"
+        prepared = await asyncio.to_thread(
+            model.prepare_tokens, parsed.inputs, output="colbert", side=parsed.mode, field="inputs"
         )
         payloads = await wait_for_rows(state, request, model, prepared)  # (n, 1) objects
         texts = []
@@ -84,7 +85,8 @@ async def bge_m3_sparse(state: ServerState, request: Request, model, parsed) -> 
             f"got {parsed.task!r}",
             param="task",
         )
-    prepared = model.prepare_tokens(
+    prepared = await asyncio.to_thread(
+        model.prepare_tokens,
         parsed.inputs,
         output="sparse",
         side="document",
