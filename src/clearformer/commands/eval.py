@@ -234,18 +234,11 @@ def run(args: argparse.Namespace) -> int:
     models = _kind_models(args)
     cross_encoder = None
     if args.rerank is not None:  # on --device too, and loaded before any encoding
-        from ..text import CrossEncoder
+        from .rerank import load_scorer
 
-        cross_encoder = CrossEncoder.from_pretrained(args.rerank, device=device)
-        if cross_encoder.num_labels != 1:
-            raise CliError(
-                f"--rerank {args.rerank}: a reranker gives one score per pair, this "
-                f"cross-encoder's head gives num_labels={cross_encoder.num_labels}"
-            )
-        try:  # a name it cannot run there (int8-blocks on a GPU), before any text is embedded
-            cross_encoder.precision_for(args.rerank_precision)
-        except ValueError as exc:
-            raise CliError(f"--rerank-precision {args.rerank_precision}: {exc}") from None
+        cross_encoder = load_scorer(
+            args.rerank, "--rerank", args.rerank_precision, "--rerank-precision", device
+        )
     encoder = None
     if args.mode == "dense" or (args.mode == "hybrid" and "dense" in (settings.kinds or ["dense"])):
         encoder = load_encoder(args)

@@ -176,19 +176,15 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("no (anchor, positive) pairs to mine for")
     cross_encoder = None
     if args.cross_encoder is not None:
-        from ..text import CrossEncoder
+        from .rerank import load_scorer
 
-        cross_encoder = CrossEncoder.from_pretrained(args.cross_encoder, device=device_flag(args))
-        if cross_encoder.num_labels != 1:
-            raise CliError(
-                f"--cross-encoder {args.cross_encoder}: candidates are rescored with one score "
-                f"per pair, this cross-encoder's head gives num_labels={cross_encoder.num_labels}"
-            )
-        try:  # a name it cannot run there (int8-blocks on a GPU), before any text is embedded
-            cross_encoder.precision_for(args.cross_encoder_precision)
-        except ValueError as exc:
-            flag = f"--cross-encoder-precision {args.cross_encoder_precision}"
-            raise CliError(f"{flag}: {exc}") from None
+        cross_encoder = load_scorer(
+            args.cross_encoder,
+            "--cross-encoder",
+            args.cross_encoder_precision,
+            "--cross-encoder-precision",
+            device_flag(args),
+        )
     encoder = load_encoder(args, hold_precision=True)  # every call runs --precision
     progress = PhaseProgress("mine", enabled=args.progress is not False)
     rows, report = mine_hard_negatives(

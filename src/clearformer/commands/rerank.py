@@ -26,6 +26,28 @@ RERANK_PRECISION_HELP = (
     "activations (AVX512-VNNI)"
 )
 
+
+def load_scorer(path: str, flag: str, precision: str, precision_flag: str, device):
+    """The cross-encoder of ``flag`` (``--rerank``, ``--cross-encoder``) that a command scores
+    pairs with, refused in one line before any text is embedded where its head gives more
+    than one score per pair, or where it cannot run ``precision`` there (int8-blocks on a
+    GPU)."""
+    from ..cli import CliError
+    from ..text import CrossEncoder
+
+    cross_encoder = CrossEncoder.from_pretrained(path, device=device)
+    if cross_encoder.num_labels != 1:
+        raise CliError(
+            f"{flag} {path}: pairs are scored with one score each, this cross-encoder's head "
+            f"gives num_labels={cross_encoder.num_labels}"
+        )
+    try:
+        cross_encoder.precision_for(precision)
+    except ValueError as exc:
+        raise CliError(f"{precision_flag} {precision}: {exc}") from None
+    return cross_encoder
+
+
 # No cross-encoder ships with clearformer (the bundled model is an embedding model), and none
 # is downloaded at run time: the user brings a directory.
 MISSING_MODEL = (
