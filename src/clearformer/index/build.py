@@ -31,6 +31,7 @@ import numpy as np
 from . import engine, integrity, layout
 from .chunks import ChunkStore, chunk_count, chunk_progress, embed_chunks, texts_sha256
 from .identity import ModelIdentity
+from .inputs import check_ids, check_texts
 from .options import IndexOptions, resolve_ann
 from .quantize import int8_ranges, quantize, stored_bytes, truncate
 from .texts import write_texts
@@ -198,13 +199,14 @@ def _plan(
     encode_options: dict[str, Any],
 ) -> _Plan:
     """Every check before any work: nothing is embedded for a write that would be refused."""
-    texts = _check_texts(texts)
+    texts = check_texts(texts)
+    given = None if ids is None else check_ids(ids, texts)
     # What a write holds, for exactly-once adds: the texts, and the ids when the caller named
     # them (default ids are row numbers, which differ from one add to the next).
-    named = None if ids is None else texts_sha256(_check_ids(ids, texts))
+    named = None if given is None else texts_sha256(given)
     content = _sha256_json({"texts": texts_sha256(texts), "ids": named})
     first = 0 if base is None else base.rows
-    ids = [str(first + i) for i in range(len(texts))] if ids is None else _check_ids(ids, texts)
+    ids = [str(first + i) for i in range(len(texts))] if given is None else given
     identity = ModelIdentity.of(encoder)
     precision = _chunk_precision(encoder, encode_options.get("precision"))
     if base is not None:
@@ -479,25 +481,6 @@ def _graph_progress(progress: ProgressFn | None, before: int, total: int) -> Pro
     if progress is None:
         return None
     return lambda done, _: progress(before + done, total)
-
-
-def _check_texts(texts: Sequence[str]) -> list[str]:
-    if isinstance(texts, str) or not isinstance(texts, Sequence):
-        raise TypeError(f"texts must be a list of str, got {type(texts).__name__}")
-    texts = list(texts)
-    if not texts:
-        raise ValueError("texts is empty: an index needs at least one text")
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise TypeError(f"texts[{i}] must be a str, got {type(text).__name__}")
-    return texts
-
-
-def _check_ids(ids: Sequence[str], texts: list[str]) -> list[str]:
-    ids = [str(i) for i in ids]
-    if len(ids) != len(texts):
-        raise ValueError(f"ids must be one per text: got {len(ids)} ids for {len(texts)} texts")
-    return ids
 
 
 def _sha256_json(data: Any) -> str:

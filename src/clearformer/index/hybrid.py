@@ -19,7 +19,6 @@ from typing import Any
 
 from . import layout
 from .bm25_index import BM25Index, BM25Options, build_bm25
-from .build import _check_ids, _check_texts
 from .build import build_index as build_dense_index
 from .collection import (
     KINDS,
@@ -32,6 +31,7 @@ from .collection import (
     require_kind,
 )
 from .fusion import Fusion
+from .inputs import check_ids, check_texts
 from .kind_index import _check_k
 from .kinds import encoder_for, model_kind_of
 from .multivector_index import MultiVectorIndex, MultiVectorOptions, build_multivector
@@ -92,8 +92,8 @@ def build_kind_index(
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     root = Path(path)
-    texts = _check_texts(texts)
-    ids = [str(i) for i in range(len(texts))] if ids is None else _check_ids(ids, texts)
+    texts = check_texts(texts)
+    ids = [str(i) for i in range(len(texts))] if ids is None else check_ids(ids, texts)
     wanted = {
         "dense": IndexOptions,
         "sparse": SparseOptions,

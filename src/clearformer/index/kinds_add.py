@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 from . import engine, layout
-from .build import _check_ids, _check_texts
 from .build import add_to_index as add_to_dense_index
 from .collection import (
     content_hash,
@@ -56,6 +55,7 @@ from .collection import (
     remove_stale_texts,
 )
 from .identity import ModelIdentity, ModelMismatchError
+from .inputs import check_ids, check_texts
 from .kind_extend import StagedKind, check_add_precision, check_engine, read_state, stage_kind
 from .kinds import encoder_for, identity_of, model_kind_of
 from .multivector_index import MultiVectorOptions
@@ -124,8 +124,8 @@ def add_to_kinds(
     docstring.
     """
     root = Path(path)
-    texts = _check_texts(texts)
-    ids = None if ids is None else _check_ids(ids, texts)
+    texts = check_texts(texts)
+    ids = None if ids is None else check_ids(ids, texts)
     if not is_collection(root):
         raise ValueError(f"{root} is not an index folder of kinds (built with --kind)")
     present = kinds_present(root)
