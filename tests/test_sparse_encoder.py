@@ -422,3 +422,28 @@ def test_workers_side_by_side_give_each_text_its_weights(splade):
     )
     with pytest.raises(ValueError, match="workers"):
         encoder.encode_document(texts, workers=0)
+
+
+PROMPT_CASES = [
+    ({"query": "hello: ", "passage": "world: "}, None),  # no "document": no document prompt
+    ({"corpus": "one two ", "other": "three "}, "other"),  # neither fallback nor default
+    ({"other": "three "}, "other"),
+    ({"query": "far ", "document": "the ", "other": "three "}, "other"),
+]
+
+
+@pytest.mark.parametrize(("prompts", "default"), PROMPT_CASES)
+@pytest.mark.parametrize("kind", ["splade", "inference-free"])
+def test_prompts_follow_sentence_transformers_6(base, tmp_path, prompts, default, kind):
+    """sentence-transformers 6 holds a "query" and a "document" prompt for every sparse model
+    (empty where the config names none): encode_document never takes "passage", "corpus" or
+    the default prompt."""
+    make = splade_dir if kind == "splade" else inference_free_dir
+    path = make(base, tmp_path / kind)
+    config_file = path / "config_sentence_transformers.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "prompts": prompts, "default_prompt_name": default}))
+    encoder = SparseEncoder.from_pretrained(path)
+    for task in ("query", "document"):
+        assert encoder.prompt_for(task) == (prompts.get(task) or None)
+        assert_same_sparse(encoder.encode(TEXTS, task=task), st_encode(path, TEXTS, task))

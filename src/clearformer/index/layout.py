@@ -192,6 +192,7 @@ def new_directory(target: Path) -> Iterator[Path]:
         for path in temporary.iterdir():
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
+        fsync_directory(temporary)  # its entries, before the rename publishes them
         os.rename(temporary, target)
         fsync_directory(target.parent)
     except BaseException:

@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 
 TASKS = ("query", "document")
 PRECISIONS = ("float32", "bf16")
-# sentence-transformers' encode_document takes the first of these prompts the model has.
-_DOCUMENT_PROMPTS = ("document", "passage", "corpus")
 
 
 def _canonical(precision: object) -> str:
@@ -272,8 +270,8 @@ class SparseEncoder:
             texts: the texts (a list of str).
             task: ``"query"`` or ``"document"``: the side that encodes them (an inference-free
                 model looks queries up in its table) and the prompt put before them
-                (sentence-transformers' rule: the ``"query"`` prompt for queries; the first of
-                ``"document"``, ``"passage"``, ``"corpus"`` for documents; else the default).
+                (sentence-transformers 6's rule: the ``"query"`` prompt for queries, the
+                ``"document"`` prompt for documents, none where the model has no such prompt).
             batch_size: texts per forward pass; None = up to 4,096 tokens (padded count) per pass.
             progress: as :meth:`~clearformer.TextEncoder.encode`'s.
             max_active_dims: keep this many largest weights per text (None: the model's
@@ -343,13 +341,13 @@ class SparseEncoder:
         )
 
     def prompt_for(self, task: str) -> str | None:
-        """The prompt sentence-transformers puts before a ``task``'s texts (None: none)."""
-        named = self.prompts.prompts
-        candidates = ("query",) if task == "query" else _DOCUMENT_PROMPTS
-        for name in candidates:
-            if name in named:
-                return named[name]
-        return None if self.prompts.default is None else named[self.prompts.default]
+        """The prompt sentence-transformers 6 puts before a ``task``'s texts (None: none).
+
+        Its sparse encoder always holds a ``"query"`` and a ``"document"`` prompt (empty where
+        the model's config names none), so ``encode_query`` takes the ``"query"`` one and
+        ``encode_document`` the ``"document"`` one, never ``"passage"``, ``"corpus"`` or the
+        default prompt (an empty prompt stops the fallback to the default)."""
+        return self.prompts.prompts.get(task) or None
 
     def decode(
         self, vector: Tensor, top_k: int | None = None
