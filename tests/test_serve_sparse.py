@@ -108,3 +108,45 @@ def test_embed_sparse_without_a_sparse_model_and_the_limit(dirs):
         assert (
             refused.status_code == 422 and "(sparse, on /embed_sparse)" in refused.json()["error"]
         )
+
+
+def test_each_side_keeps_its_own_length_limit(dirs, tmp_path):
+    """A side that cuts shorter than the server's limit (a SPLADE model's query_length, an
+    inference-free table's model_max_length) cuts there in the server too, as encode_query
+    does; without "truncate" such an input is refused with the side's limit."""
+    import json
+    import shutil
+
+    from sentence_transformers import SparseEncoder as STSparseEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+
+    from clearformer.serve.errors import ApiError
+    from clearformer.serve.sparse import load_sparse
+
+    base = dirs["splade"].parent / "mlm"
+    short_queries = tmp_path / "short-queries"
+    side = Transformer(str(base), transformer_task="fill-mask", query_length=8, document_length=32)
+    STSparseEncoder(modules=[side, SpladePooling("max")], device="cpu").save(str(short_queries))
+    short_table = tmp_path / "short-table"
+    shutil.copytree(dirs["free"], short_table)
+    (config_file,) = short_table.glob("query_*/tokenizer_config.json")
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "model_max_length": 4}))
+
+    text = "the quick brown fox jumps over the lazy dog and runs far far away"
+    for path, limit in ((short_queries, 8), (short_table, 4)):
+        served = load_sparse(
+            ModelSpec(str(path)), max_input_tokens=None, precision="float32", backend="auto"
+        )
+        encoder = SparseEncoder.from_pretrained(path)
+        prepared = served.prepare_sparse([text, "dog"], task="query", truncate=True)
+        assert max(len(e.ids) for e in prepared.encodings) == limit
+        rows = torch.from_numpy(served.run(prepared.encodings, prepared.options))
+        torch.testing.assert_close(
+            rows, encoder.encode_query([text, "dog"]).to_dense(), atol=1e-6, rtol=0
+        )
+        with pytest.raises(ApiError, match=f"over the limit of {limit} tokens per input for query"):
+            served.prepare_sparse([text], task="query", truncate=False)
+        # Documents keep the server's (the document side's) longer limit.
+        document = served.prepare_sparse([text], task="document", truncate=False)
+        assert len(document.encodings[0].ids) > limit

@@ -290,12 +290,16 @@ class ServedModel:
             if enc.overflowing:
                 raise self._too_long(i, len(full_encoding(i).ids), field)
 
-    def _too_long(self, i: int, count: int, field: str) -> ApiError:
+    def _too_long(
+        self, i: int, count: int, field: str, *, limit: int | None = None, task: str | None = None
+    ) -> ApiError:
+        limit = self.max_input_tokens if limit is None else limit
+        side = "" if task is None else f" for {task} inputs"
         return ApiError(
             "TooLarge",
-            f"{field}[{i}] has {count} tokens, over the limit of "
-            f"{self.max_input_tokens} tokens per input of model {self.name!r}; send "
-            f'"truncate": true to cut it to {self.max_input_tokens}',
+            f"{field}[{i}] has {count} tokens, over the limit of {limit} tokens per input"
+            f"{side} of model {self.name!r}; send "
+            f'"truncate": true to cut it to {limit}',
             param=field,
         )
 

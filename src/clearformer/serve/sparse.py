@@ -91,17 +91,22 @@ class SparseServedModel(ServedModel):
         self.precision = "bf16" if precision == "bf16" else "float32"
         if precision not in ("float32", "bf16"):
             log.warning("%s is a sparse model: it runs in float32 (not %s)", name, precision)
-        # Per task and direction, a copy of that side's tokenizer truncating at the limit; and
-        # untruncated ones, to count a refused input (and for /tokenize: the document side).
-        self._tokenizers, self._untruncated, self._specials = {}, {}, {}
+        # Per task and direction, a copy of that side's tokenizer truncating at the task's
+        # limit; and untruncated ones, to count a refused input (and for /tokenize: the
+        # document side). A side may cut shorter than the server's limit (a SPLADE model's
+        # query_length, an inference-free table's model_max_length): encode_query cuts there.
+        self._tokenizers, self._untruncated, self._specials, self._limits = {}, {}, {}, {}
         for task in TASKS:
             side = model.sides[task]
             base = side.tokenizer if side.static else side.tokenizer.tokenizer
             self._specials[task] = not side.static  # a static table runs without them
+            own = side.max_length
+            limit = max_input_tokens if own is None else min(own, max_input_tokens)
+            self._limits[task] = limit
             for direction in DIRECTIONS:
                 tokenizer = _copy(base)
                 tokenizer.no_padding()
-                tokenizer.enable_truncation(max_length=max_input_tokens, direction=direction)
+                tokenizer.enable_truncation(max_length=limit, direction=direction)
                 self._tokenizers[task, direction] = tokenizer
             full = _copy(base)
             full.no_padding()
@@ -116,8 +121,9 @@ class SparseServedModel(ServedModel):
     def prepare_sparse(
         self, texts: list[str], *, task: str, truncate: bool = False, direction: str = "right"
     ) -> Prepared:
-        """Tokenize texts for ``task`` with its prompt, as ``encode`` does; an input over
-        :attr:`max_input_tokens` is cut when ``truncate``, else a 413 naming it."""
+        """Tokenize texts for ``task`` with its prompt, as ``encode`` does; an input over the
+        task's limit (:attr:`max_input_tokens`, or its side's own if shorter) is cut when
+        ``truncate``, else a 413 naming it."""
         _check_unicode(texts, "inputs")
         prompt = self.model.prompt_for(task)
         if prompt:
@@ -129,7 +135,10 @@ class SparseServedModel(ServedModel):
         full = self._untruncated[task]
         whole = lambda i: full.encode(texts[i], add_special_tokens=specials)  # noqa: E731
         if not truncate:
-            self._refuse_long(encodings, whole, "inputs")
+            for i, encoding in enumerate(encodings):
+                if encoding.overflowing:
+                    count = len(whole(i).ids)
+                    raise self._too_long(i, count, "inputs", limit=self._limits[task], task=task)
         elif prompt and direction == "left":
             keep = prompt_tokens(full, prompt, add_special_tokens=specials)
             encodings = keep_prompts(encodings, whole, keep)
