@@ -131,7 +131,8 @@ def test_each_side_keeps_its_own_length_limit(dirs, tmp_path):
     short_table = tmp_path / "short-table"
     shutil.copytree(dirs["free"], short_table)
     (config_file,) = short_table.glob("query_*/tokenizer_config.json")
-    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "model_max_length": 4}))
+    settings = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**settings, "model_max_length": 4}))
 
     text = "the quick brown fox jumps over the lazy dog and runs far far away"
     for path, limit in ((short_queries, 8), (short_table, 4)):

@@ -442,7 +442,8 @@ def test_prompts_follow_sentence_transformers_6(base, tmp_path, prompts, default
     path = make(base, tmp_path / kind)
     config_file = path / "config_sentence_transformers.json"
     config = json.loads(config_file.read_text())
-    config_file.write_text(json.dumps({**config, "prompts": prompts, "default_prompt_name": default}))
+    config = {**config, "prompts": prompts, "default_prompt_name": default}
+    config_file.write_text(json.dumps(config))
     encoder = SparseEncoder.from_pretrained(path)
     for task in ("query", "document"):
         assert encoder.prompt_for(task) == (prompts.get(task) or None)
