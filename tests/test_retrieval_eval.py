@@ -5,6 +5,7 @@ real BBC data with the bundled model, and every bad folder refused in one line."
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -393,6 +394,30 @@ BAD = {
         {"qrels": ["query-id\tcorpus-id\tscore", "q1\td1\thigh"]},
         "test.tsv, line 2: field 'score' must be an integer",
     ),
+    "null text": (
+        {"corpus": ['{"_id": "d1", "text": null}']},
+        "corpus.jsonl, line 1: field 'text' must be a string, got NoneType",
+    ),
+    "null id": (
+        {"queries": ['{"_id": null, "text": "w1"}']},
+        "queries.jsonl, line 1: field '_id' must be a string, got NoneType",
+    ),
+    "lone surrogate": (
+        {"corpus": ['{"_id": "d1", "text": "w1 \\ud800"}']},
+        "corpus.jsonl, line 1: field 'text' is not valid Unicode text",
+    ),
+    "id with outer spaces": (
+        {"corpus": ['{"_id": " d1 ", "text": "w1"}']},
+        "corpus.jsonl, line 1: field '_id' ' d1 ' begins or ends with whitespace",
+    ),
+    "score with an underscore": (
+        {"qrels": ["query-id\tcorpus-id\tscore", "q1\td1\t1_0"]},
+        "test.tsv, line 2: field 'score' must be an integer, got '1_0'",
+    ),
+    "a line separator inside an id": (
+        {"qrels": ["query-id\tcorpus-id\tscore", "q1\td\u20281\t1", "q1\td1\t1"]},
+        "test.tsv, line 2: field 'corpus-id' names 'd\\u20281'",  # as repr writes it
+    ),
     "empty split": ({"qrels": ["query-id\tcorpus-id\tscore"]}, "the split judges no query"),
     "no qrels file": ({"qrels": False}, "qrels/test.tsv: missing; split 'test' has no qrels"),
 }
@@ -410,6 +435,68 @@ def test_bad_folders_are_one_line_errors_naming_file_line_and_field(tmp_path, ca
     assert fragment in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     assert not out.exists() and done.stdout == ""
+
+
+def test_qrels_with_a_byte_order_mark_or_another_header_are_read(tmp_path):
+    folder = _folder(tmp_path, qrels=["qid\tdocid\trel", "q1\td1\t1", "q1\td2\t+2"])
+    assert load_beir(folder).qrels == {"q1": {"d1": 1, "d2": 2}}
+    qrels = folder / "qrels" / "test.tsv"
+    qrels.write_bytes(b"\xef\xbb\xbfquery-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    assert load_beir(folder).qrels == {"q1": {"d1": 1}}
+
+
+def test_outputs_ids_and_compared_results_are_checked_before_the_work(tiny, tmp_path):
+    """Each refusal comes before the data is counted (no "N queries, M documents" line),
+    and writes nothing."""
+    model, beir = tiny
+    out = tmp_path / "r.json"
+    (tmp_path / "folder").mkdir()
+    refusals = {
+        "--run-out: ": ["--out", str(out), "--run-out", str(tmp_path / "folder")],
+        "--out and --run-out name one file": ["--out", str(out), "--run-out", str(out)],
+        "measures must name at least one measure": ["--measures", ","],
+    }
+    for fragment, flags in refusals.items():
+        done = cli("eval", "--data", str(beir), "--model", str(model), *flags)
+        assert done.returncode == 2 and fragment in done.stderr, (flags, done.stderr)
+        assert not re.search(r"queries, [0-9,]+ documents", done.stderr)
+        assert "Traceback" not in done.stderr
+        assert not out.exists()
+    # An id with whitespace inside cannot be written as a run line.
+    spaced = _folder(tmp_path, corpus=['{"_id": "d 1", "text": "w1"}'], qrels=["q1\td 1\t1"])
+    done = cli("eval", "--data", str(spaced), "--run-out", str(tmp_path / "r.run"))
+    assert done.returncode == 2 and "document id 'd 1' holds whitespace" in done.stderr
+    # Results of another shape than `eval --out`'s, refused in one line.
+    base = tmp_path / "base.json"
+    ran = cli("eval", "--data", str(beir), "--model", str(model), "--out", str(base))
+    assert ran.returncode == 0, ran.stderr
+    result = json.loads(base.read_text())
+    first = next(iter(result["per_query"]))
+    shapes = {
+        "'data' is not an object": {**result, "data": []},
+        "'per_query' is not query -> measure -> number": {
+            **result,
+            "per_query": {**result["per_query"], first: {"ndcg@10": "high"}},
+        },
+        "it scores 1 queries": {**result, "per_query": {first: result["per_query"][first]}},
+    }
+    for fragment, shape in shapes.items():
+        other = tmp_path / "other.json"
+        other.write_text(json.dumps(shape))
+        done = cli("eval", "--data", str(beir), "--model", str(model), "--compare", str(other))
+        assert done.returncode == 2 and fragment in done.stderr, done.stderr
+        assert not re.search(r"queries, [0-9,]+ documents", done.stderr)
+        assert "Traceback" not in done.stderr
+    # A query without one measure: that measure is left out of the comparison, not a crash.
+    partial = {**result, "per_query": dict(result["per_query"])}
+    partial["per_query"][first] = {
+        k: v for k, v in partial["per_query"][first].items() if k != "ndcg@10"
+    }
+    other.write_text(json.dumps(partial))
+    done = cli("eval", "--data", str(beir), "--model", str(model), "--compare", str(other))
+    assert done.returncode == 0, done.stderr
+    compared = done.stdout.split("paired bootstrap")[-1]
+    assert "mrr@10" in compared and "ndcg@10" not in compared
 
 
 def test_a_wrong_measure_or_a_missing_output_folder_is_refused_before_the_work(tiny, tmp_path):

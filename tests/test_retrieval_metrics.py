@@ -4,6 +4,7 @@ negative levels, and qrels naming documents the run never retrieved."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -32,7 +33,18 @@ TREC_MEASURES = {"ndcg_cut.3,10", "recall.1,10,100", "map_cut.100", "P.5"}
 
 documents = st.sampled_from([f"d{i}" for i in range(40)])
 # Few distinct scores, so that ties are common: their order is the point.
-scores = st.one_of(st.sampled_from([0.0, 0.25, 0.5, 1.0]), st.floats(-5, 5, width=32))
+# float64 scores a few float64 steps from a float32 one are ties to trec_eval (it holds C
+# floats): reciprocal-rank fusion's sums give such scores.
+near_float32 = st.builds(
+    lambda base, steps: base + steps * abs(base) * 2.0**-50,  # a few float64 steps away
+    st.floats(-5, 5, width=32),
+    st.integers(-3, 3),
+)
+scores = st.one_of(
+    st.sampled_from([0.0, 0.25, 0.5, 1.0, 1.0 + 1e-12, 1.0 - 1e-12]),
+    st.floats(-5, 5, width=32),
+    near_float32,
+)
 runs = st.dictionaries(documents, scores, min_size=1, max_size=30)
 qrels = st.dictionaries(documents, st.sampled_from([-1, 0, 1, 1, 2, 3]), min_size=1, max_size=8)
 
@@ -74,6 +86,15 @@ def test_ties_are_broken_by_document_id_descending_as_trec_eval_does():
     assert query_measures({"d1": 1.0, "d5": 1.0, "d9": 1.0}, {"d1": 1}, ["mrr@10"])[
         "mrr@10"
     ] == pytest.approx(1 / 3)
+
+
+def test_scores_equal_in_float32_are_a_tie_as_in_trec_eval():
+    # 1 + 1e-9 is 1.0 as a C float: a tie, broken by id descending (b before a).
+    run = {"a": 1.0 + 1e-9, "b": 1.0}
+    assert ranked(run) == ["b", "a"]
+    ours = query_measures(run, {"a": 1}, ["ndcg@10", "mrr@10"])
+    assert ours["mrr@10"] == 0.5
+    assert abs(ours["ndcg@10"] - _trec(run, {"a": 1})["ndcg_cut_10"]) <= 1e-12
 
 
 def test_graded_relevance_and_unretrieved_judged_documents_count():

@@ -7,6 +7,7 @@ through the search path a user would run (exact, an index, int8/bf16, a reranker
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -154,30 +155,61 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_outputs(args) -> None:
+    """Before any work: each output can be written where asked (a file, in a writable
+    folder), and the two are not one file."""
     from ..cli import CliError
+    from .outputs import check_destination
 
     for flag, value in (("--out", args.out), ("--run-out", args.run_out)):
-        if value is not None and not Path(value).parent.is_dir():
-            raise CliError(f"{flag} {value}: the folder {Path(value).parent} does not exist")
+        if value is not None:
+            check_destination(flag, value)
+    if (
+        args.out is not None
+        and args.run_out is not None
+        and Path(args.out).resolve() == Path(args.run_out).resolve()
+    ):
+        raise CliError(f"--out and --run-out name one file ({args.out}); give two")
     if args.compare is not None and not Path(args.compare).is_file():
         raise CliError(f"--compare {args.compare}: no such file")
 
 
-def _read_compared(path: str, data) -> dict:
+def _read_compared(path: str, data, measures: tuple[str, ...]) -> dict:
+    """The per-query figures of an earlier ``--out``, checked before any work against this
+    evaluation: the same benchmark and split, the same queries, a measure in common."""
     from ..cli import CliError
+
+    def refuse(why: str) -> CliError:
+        return CliError(f"--compare {path}: not a result written by `clearformer eval --out` ({why})")
 
     try:
         other = json.loads(Path(path).read_text(encoding="utf-8"))
-        per_query, described = other["per_query"], other["data"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CliError(
-            f"--compare {path}: not a result written by `clearformer eval --out` "
-            f"({type(exc).__name__}: {exc})"
-        ) from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise refuse(f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(other, dict):
+        raise refuse(f"a JSON {type(other).__name__}, not an object")
+    per_query, described = other.get("per_query"), other.get("data")
+    if not isinstance(described, dict):
+        raise refuse("its 'data' is not an object")
+    if not isinstance(per_query, dict) or not all(
+        isinstance(figures, dict)
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in figures.values())
+        for figures in per_query.values()
+    ):
+        raise refuse("its 'per_query' is not query -> measure -> number")
     if described.get("sha256") != data.sha256 or described.get("split") != data.split:
         raise CliError(
             f"--compare {path}: scored another benchmark or split ({described.get('folder')}, "
             f"split {described.get('split')!r}); compare results of the same data"
+        )
+    if set(per_query) != set(data.query_ids):
+        raise refuse(
+            f"it scores {len(per_query)} queries where this split judges {len(data.query_ids)}"
+        )
+    shared = [m for m in measures if all(m in figures for figures in per_query.values())]
+    if not shared:
+        raise CliError(
+            f"--compare {path}: it has none of the measures asked for ({', '.join(measures)}) "
+            "for every query"
         )
     return per_query
 
@@ -217,7 +249,15 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     except ValueError as exc:
         raise CliError(str(exc).replace("rerank_top", "--rerank-top")) from None
-    other = _read_compared(args.compare, data) if args.compare else None
+    if args.run_out is not None:
+        from ..retrieval.trec import check_ids
+
+        try:  # before any work: a run line separates its fields by whitespace
+            check_ids(data.query_ids, "query")
+            check_ids(data.corpus_ids, "document")
+        except ValueError as exc:
+            raise CliError(f"--run-out {args.run_out}: {exc}") from None
+    other = _read_compared(args.compare, data, settings.measures) if args.compare else None
     if args.rerank is not None and not Path(args.rerank).is_dir():
         raise CliError(f"--rerank {args.rerank}: no such directory")
     if args.rerank is None and args.rerank_fusion != "none":
@@ -257,12 +297,15 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(result), flush=True)
     if other is not None:
         print(format_comparison(compare(result.per_query, other), args.compare), flush=True)
-    if args.out is not None:
-        with atomic_write(args.out) as f:
+    # Both files or neither: the run file is written inside the result's atomic write, so a
+    # failure in either leaves both as they were.
+    with contextlib.ExitStack() as stack:
+        if args.out is not None:
+            f = stack.enter_context(atomic_write(args.out))
             json.dump(result.to_json(), f, indent=1)
             f.write("\n")
-    if args.run_out is not None:
-        write_run(args.run_out, result.run, tag="clearformer")
+        if args.run_out is not None:
+            write_run(args.run_out, result.run, tag="clearformer")
     return 0
 
 

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+_LEVEL = re.compile(r"[+-]?[0-9]+")  # a relevance level, as trec_eval's atoi reads it
 
 
 class DataError(ValueError):
@@ -125,13 +128,27 @@ def _read_jsonl(path: Path, required: tuple, optional: tuple, digest) -> list[di
                 if name not in row:
                     raise DataError(f"{where}: field {name!r} is missing")
             for name in (*required, *optional):
-                if name in row and row[name] is not None and not isinstance(row[name], str):
+                value = row.get(name)
+                if value is None and name in optional:
+                    continue  # an optional field may be null
+                if not isinstance(value, str):
                     raise DataError(
                         f"{where}: field {name!r} must be a string, got "
-                        f"{type(row[name]).__name__} {row[name]!r:.40}"
+                        f"{type(value).__name__} {value!r:.40}"
                     )
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:  # a lone surrogate, written as a \ud800 escape
+                    raise DataError(
+                        f"{where}: field {name!r} is not valid Unicode text (a lone surrogate)"
+                    ) from None
             if not row["_id"].strip():
                 raise DataError(f"{where}: field '_id' is empty")
+            if row["_id"] != row["_id"].strip():
+                # qrels' fields are read stripped: such an id could never be judged.
+                raise DataError(
+                    f"{where}: field '_id' {row['_id']!r} begins or ends with whitespace"
+                )
             if not (row["text"].strip() or (row.get("title") or "").strip()):
                 raise DataError(f"{where}: field 'text' is empty")
             if row["_id"] in seen:
@@ -149,26 +166,32 @@ def _read_qrels(path: Path, documents: set[str], queries: dict, digest) -> dict:
         lines = f.read()
     digest.update(lines)
     try:
-        text = lines.decode("utf-8")
+        text = lines.decode("utf-8-sig")  # a byte order mark is not part of the header
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not UTF-8 text ({exc})") from None
-    for number, line in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" alone (str.splitlines would also cut at U+2028, form feeds and the
+    # like, inside an id, and number the lines after it wrongly).
+    for number, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         fields = line.split("\t")
         where = f"{path}, line {number}"
-        if number == 1 and fields[0].strip() == "query-id":
-            continue  # the header
+        # The header: BEIR's is "query-id corpus-id score"; any first line whose score is
+        # not a number is one (BEIR's loader skips the first line whatever it says).
+        if number == 1 and (
+            fields[0].strip() == "query-id" or not _LEVEL.fullmatch(fields[-1].strip())
+        ):
+            continue
         if len(fields) != 3:
             raise DataError(
                 f"{where}: expected 3 tab-separated fields (query-id, corpus-id, score), "
                 f"got {len(fields)}"
             )
         query, document, score = (f.strip() for f in fields)
-        try:
-            level = int(score)
-        except ValueError:
-            raise DataError(f"{where}: field 'score' must be an integer, got {score!r}") from None
+        if not _LEVEL.fullmatch(score):
+            raise DataError(f"{where}: field 'score' must be an integer, got {score!r}")
+        level = int(score)
         if query not in queries:
             raise DataError(f"{where}: field 'query-id' names {query!r}, not in queries.jsonl")
         if document not in documents:

@@ -53,7 +53,12 @@ def compare(
     if not this:
         raise ValueError("the results score no query")
     queries = sorted(this)
-    measures = [m for m in next(iter(this.values())) if m in next(iter(other.values()))]
+    # The measures both give for every query (in this result's order).
+    measures = [
+        m
+        for m in next(iter(this.values()))
+        if all(m in this[q] and m in other[q] for q in queries)
+    ]
     if not measures:
         raise ValueError("the two results share no measure")
     draws = np.random.default_rng(seed).integers(0, len(queries), (rounds, len(queries)))

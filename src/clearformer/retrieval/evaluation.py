@@ -67,6 +67,11 @@ class EvalSettings:
             self.storage is not None or self.ann is not None or self.dimensions is not None
         ):
             raise ValueError("storage, ann and dimensions describe a dense index: use mode dense")
+        if not self.measures:
+            raise ValueError(
+                "measures must name at least one measure (ndcg@K, mrr@K, recall@K, map@K or "
+                "precision@K), got none"
+            )
         for name in self.measures:
             parse_measure(name)
         deepest = max(parse_measure(name)[1] for name in self.measures)

@@ -5,8 +5,9 @@ judged document. trec_eval (and ``pytrec_eval``, its Python binding, which BEIR 
 sentence-transformers' tooling use) fixes three things that decide every figure, and this module
 follows them exactly so that its numbers and trec_eval's are the same:
 
-* **the order**: documents by score, highest first; equal scores by document id, *descending*
-  (trec_eval's ``comp_sim_docno``), never by the order they were written;
+* **the order**: documents by score, highest first, the scores as C floats (float32); equal
+  scores by document id, *descending* (trec_eval's ``comp_sim_docno``), never by the order
+  they were written;
 * **relevant** means a level of at least 1; ``num_rel``, the denominator of recall and MAP,
   counts every relevant judged document, retrieved or not (qrels naming documents absent
   from the run still count);
@@ -21,6 +22,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 Run = Mapping[str, Mapping[str, float]]  # query id -> document id -> score
 Qrels = Mapping[str, Mapping[str, int]]  # query id -> document id -> relevance level
 
@@ -30,10 +33,17 @@ KINDS = ("ndcg", "mrr", "recall", "map", "precision")
 
 
 def ranked(scores: Mapping[str, float]) -> list[str]:
-    """Document ids in trec_eval's order: score descending, then document id descending."""
-    # Two stable sorts: by id descending first, then by score descending (ties keep the first).
+    """Document ids in trec_eval's order: score descending, then document id descending.
+
+    trec_eval holds a score as a C ``float``: two scores equal once rounded to float32 are a
+    tie (reciprocal-rank fusion's sums of the same ranks in another order differ in
+    float64's last bit, for one)."""
+    # By id descending first, then a stable sort by the float32 score descending (ties keep
+    # the first).
     by_id = sorted(scores, reverse=True)
-    return sorted(by_id, key=lambda doc: scores[doc], reverse=True)
+    values = np.fromiter((scores[doc] for doc in by_id), dtype=np.float64, count=len(by_id))
+    order = np.argsort(-values.astype(np.float32), kind="stable")  # (documents,)
+    return [by_id[i] for i in order.tolist()]
 
 
 def parse_measure(name: str) -> tuple[str, int]:

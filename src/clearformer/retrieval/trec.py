@@ -13,14 +13,32 @@ from pathlib import Path
 from .metrics import ranked
 
 
+def check_ids(ids, what: str) -> None:
+    """ValueError if an id holds whitespace, which separates a run line's fields."""
+    for name in ids:
+        if any(character.isspace() for character in name):
+            raise ValueError(
+                f"{what} id {name!r} holds whitespace, which separates the fields of a TREC "
+                "run line; a run file cannot name it"
+            )
+
+
 def run_lines(run: Mapping[str, Mapping[str, float]], tag: str):
+    check_ids(run, "query")
+    for scores in run.values():
+        check_ids(scores, "document")
+    check_ids([tag], "tag")
     for query, scores in run.items():
         for rank, document in enumerate(ranked(scores), start=1):
             yield f"{query} Q0 {document} {rank} {scores[document]!r} {tag}\n"
 
 
 def write_run(path: str | Path, run: Mapping[str, Mapping[str, float]], tag: str) -> None:
-    """Write ``run`` to ``path`` atomically (a reader never sees half a file)."""
+    """Write ``run`` to ``path`` atomically (a reader never sees half a file).
+
+    Raises:
+        ValueError: an id holds whitespace (checked before anything is written).
+    """
     from ..io import atomic_write
 
     with atomic_write(Path(path), "w") as f:
