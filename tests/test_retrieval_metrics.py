@@ -4,7 +4,6 @@ negative levels, and qrels naming documents the run never retrieved."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -179,7 +179,9 @@ def _read_compared(path: str, data, measures: tuple[str, ...]) -> dict:
     from ..cli import CliError
 
     def refuse(why: str) -> CliError:
-        return CliError(f"--compare {path}: not a result written by `clearformer eval --out` ({why})")
+        return CliError(
+            f"--compare {path}: not a result written by `clearformer eval --out` ({why})"
+        )
 
     try:
         other = json.loads(Path(path).read_text(encoding="utf-8"))

@@ -55,9 +55,7 @@ def compare(
     queries = sorted(this)
     # The measures both give for every query (in this result's order).
     measures = [
-        m
-        for m in next(iter(this.values()))
-        if all(m in this[q] and m in other[q] for q in queries)
+        m for m in next(iter(this.values())) if all(m in this[q] and m in other[q] for q in queries)
     ]
     if not measures:
         raise ValueError("the two results share no measure")
