@@ -448,3 +448,18 @@ def test_prompts_follow_sentence_transformers_6(base, tmp_path, prompts, default
     for task in ("query", "document"):
         assert encoder.prompt_for(task) == (prompts.get(task) or None)
         assert_same_sparse(encoder.encode(TEXTS, task=task), st_encode(path, TEXTS, task))
+
+
+def test_auto_precision_is_decided_among_float32_and_bf16(splade, tmp_path):
+    from clearformer.cli import main
+    from clearformer.precision.auto import choose_precision
+
+    expected = choose_precision("auto", offered=("float32", "bf16")).choice
+    encoder = SparseEncoder.from_pretrained(splade, precision="auto")
+    assert encoder.precision == expected
+    want = SparseEncoder.from_pretrained(splade, precision=expected).encode_document(TEXTS)
+    assert_same_sparse(encoder.encode_document(TEXTS, precision="auto"), want, atol=0)
+    out = tmp_path / "auto.jsonl"
+    argv = ["encode", "--model", str(splade), "--precision", "auto", "-o", str(out), *TEXTS[:2]]
+    assert main(argv) == 0
+    assert len(out.read_text().splitlines()) == 2

@@ -51,14 +51,16 @@ def run_sparse(args: argparse.Namespace, texts: list[str], output: Path | None) 
     from .status_line import progress_for
 
     check_sparse_flags(args)
+    # auto: decided among float32 and bf16 by the encoder, as for a dense model.
     encoder = SparseEncoder.from_pretrained(
         args.model, backend=args.backend, precision=args.precision
     )
+    precision = encoder.precision
     vectors = encoder.encode_document(
         texts,
         batch_size=args.batch_size,
         progress=progress_for(args, len(texts)),
-        precision=args.precision,
+        precision=precision,
     ).coalesce()  # (n, V)
     if output is None:
         write_sparse_jsonl(sys.stdout, texts, vectors)

@@ -70,7 +70,8 @@ class SparseServedModel(ServedModel):
     """A :class:`~clearformer.SparseEncoder` with its served name and input limit.
 
     ``kind`` is ``"sparse"``; ``width`` the vocabulary size; ``precision`` ``"float32"`` or
-    ``"bf16"`` (``"int8"`` and ``"auto"`` run float32: the sparse encoder offers no int8).
+    ``"bf16"`` (``"int8"`` runs float32: the sparse encoder offers no int8; :func:`load_sparse`
+    decides ``"auto"`` among the two).
     """
 
     def __init__(
@@ -177,9 +178,11 @@ def load_sparse(spec, *, max_input_tokens: int | None, precision: str, backend: 
     """A :class:`SparseServedModel` of the SparseEncoder directory ``spec.path``."""
     from ..text.sparse_encoder import SparseEncoder
 
-    # The one precision the server runs it in, held alone (bf16: no float32 weights kept).
-    held = "bf16" if precision == "bf16" else "float32"
+    # The one precision the server runs it in, held alone (bf16: no float32 weights kept);
+    # auto decided by the encoder among the two it has, as encode decides it.
+    held = precision if precision in ("bf16", "auto") else "float32"
     model = SparseEncoder.from_pretrained(spec.path, backend=backend, precision=held)
+    precision = model.precision if precision == "auto" else precision
     name = spec.name or model.path.name
     limit = model.max_length
     if max_input_tokens is not None:

@@ -38,9 +38,16 @@ PRECISIONS = ("float32", "bf16")
 
 
 def _canonical(precision: object) -> str:
-    """``precision`` checked against :data:`PRECISIONS` (``"bfloat16"`` is ``"bf16"``)."""
+    """``precision`` checked against :data:`PRECISIONS` (``"bfloat16"`` is ``"bf16"``), and
+    ``"auto"`` decided among them as for a dense model on this CPU (no int8 route here)."""
     precision = "bf16" if precision == "bfloat16" else precision  # PyTorch's name too
-    check_choice(precision, PRECISIONS, "precision")
+    check_choice(precision, (*PRECISIONS, "auto"), "precision")
+    if precision == "auto":
+        from ..precision.auto import choose_precision
+
+        decision = choose_precision("auto", offered=PRECISIONS)
+        log.info("precision auto: %s (%s)", decision.choice, decision.reason)
+        return decision.choice
     return precision
 
 
@@ -144,7 +151,7 @@ class SparseEncoder:
 
     def _check_precision(self, precision: object) -> str:
         """A call's precision, canonical (None: the loaded one, else float32), or the error."""
-        if precision is None:
+        if precision is None or (precision == "auto" and self.precision is not None):
             return self.precision or "float32"
         precision = _canonical(precision)
         if self.precision is not None and precision != self.precision:
@@ -279,7 +286,9 @@ class SparseEncoder:
             chunk_tokens: tokens whose (chunk, V) logits exist at once: the memory peak of
                 the pooling (:func:`clearformer.heads.splade.splade_pool`).
             precision: ``"float32"``, or ``"bf16"`` (``"bfloat16"``): the encoder and head in
-                bfloat16 (norms, activation and pooling in float32); None = the precision
+                bfloat16 (norms, activation and pooling in float32); ``"auto"``: bf16 where
+                this CPU's bfloat16 products pay (as for a dense model), else float32 (the
+                loaded precision, if one was loaded); None = the precision
                 the encoder was loaded in, else float32.
             workers: forward passes run side by side, each on a share of the CPU's threads
                 (as :meth:`~clearformer.TextEncoder.encode`'s; None: two on a CPU with two
