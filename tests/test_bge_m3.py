@@ -247,3 +247,25 @@ def test_wrong_shapes_and_wrong_classes_are_refused(m3, tmp_path):
     (plain / "sparse_linear.pt").unlink()
     with pytest.raises(CheckpointError, match="TextEncoder"):
         BGEM3Encoder.from_pretrained(plain)
+
+
+def test_a_colbert_head_of_another_width_sets_the_multivector_width(m3, tmp_path):
+    """FlagEmbedding's colbert_dim may differ from D: the token vectors, the view's dim and
+    identity, and an index built on the view all take the head's width."""
+    from clearformer.index import build_index
+
+    path, _, _ = m3
+    narrow = tmp_path / "narrow"
+    shutil.copytree(path, narrow)
+    generator = torch.Generator().manual_seed(3)
+    head = {"weight": torch.randn(16, 32, generator=generator), "bias": torch.zeros(16)}
+    torch.save(head, narrow / "colbert_linear.pt")
+    ours = BGEM3Encoder.from_pretrained(narrow)
+    view = ours.as_multivector()
+    vectors = view.encode_document(TEXTS[:3])
+    assert {v.shape[1] for v in vectors} == {16}
+    assert (ours.colbert_dim, view.dim, view.identity.width, ours.dim) == (16, 16, 16, 32)
+    index = build_index(tmp_path / "index", TEXTS[:3], view, kind="multivector")
+    assert (index.rows, index.width) == (3, 16)
+    rows, _ = index.search_texts(["fox"], k=3)
+    assert sorted(rows[0].tolist()) == [0, 1, 2]

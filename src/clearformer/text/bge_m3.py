@@ -7,7 +7,8 @@ its last hidden states three ways (FlagEmbedding's ``BGEM3FlagModel``):
 * sparse: ``relu(sparse_linear(h_t))`` for every token t (``sparse_linear``: D -> 1); a token
   id's weight is the largest over that id's occurrences in the text; the special tokens (cls,
   eos, pad, unk) weigh nothing: ``(B, vocab)``, only the non-zero weights stored;
-* ColBERT: ``colbert_linear(h_t)`` (D -> D) for every real token after the first, each
+* ColBERT: ``colbert_linear(h_t)`` (D -> D, or another width FlagEmbedding's ``colbert_dim``
+  chose) for every real token after the first, each
   L2-normalised: ``(tokens_i, D)`` per text.
 
 The heads are ``sparse_linear.pt`` and ``colbert_linear.pt`` (a state dict ``weight``,
@@ -68,7 +69,7 @@ class BGEM3Output:
         dense: (B, D) float32, unit rows.
         sparse: coalesced ``torch.sparse_coo_tensor`` (B, vocab_size) float32, the non-zero
             weights only.
-        colbert: B float32 tensors (tokens_i, D), unit rows.
+        colbert: B float32 tensors (tokens_i, colbert_dim), unit rows.
     """
 
     dense: Tensor | None
@@ -139,7 +140,7 @@ class BGEM3Encoder:
             loaded with ``precision="bf16"``; the heads stay float32).
         precision: the precision it was loaded in (None: float32, bf16 on request).
         sparse_linear: the D -> 1 head of the token weights.
-        colbert_linear: the D -> D head of the token vectors.
+        colbert_linear: the head of the token vectors (D -> D in bge-m3).
         unused_ids: the token ids with no sparse weight (cls, eos, pad, unk).
         max_length: texts are cut to this many tokens, special tokens included.
         path: the directory.
@@ -224,6 +225,12 @@ class BGEM3Encoder:
     def dim(self) -> int:
         """Width D of the dense and ColBERT vectors."""
         return self.model.config.d_model
+
+    @property
+    def colbert_dim(self) -> int:
+        """Width of the ColBERT token vectors: ``colbert_linear``'s outputs (D in bge-m3;
+        FlagEmbedding's ``colbert_dim`` may choose another)."""
+        return self.colbert_linear.out_features
 
     @property
     def vocab_size(self) -> int:
@@ -469,11 +476,11 @@ class MultiVectorView(_View):
 
     @property
     def dim(self) -> int:
-        return self.model.dim
+        return self.model.colbert_dim
 
     @property
     def identity(self) -> ModelIdentity:
-        return self.model.identity_for("colbert", self.model.dim, True)
+        return self.model.identity_for("colbert", self.model.colbert_dim, True)
 
     def similarity(self, queries, documents) -> Tensor:
         """(Q, N) MaxSim scores over each query's token count, as FlagEmbedding's
