@@ -252,3 +252,37 @@ def test_name_tables_cover_the_model_exactly(model_type, cls, kwargs, fields):
     assert len(sources) == len(set(sources))  # each Hugging Face tensor feeds one parameter
     fused = [group for _, group in table if len(group) > 1]
     assert len(fused) == 2 * config.n_layers and all(len(g) == 3 for g in fused)  # q; k; v
+
+
+def test_roberta_positions_skip_a_pad_id_inside_a_text(tmp_path):
+    """transformers counts a RoBERTa token's position over the ids before it that are not the
+    pad id (a literal "<pad>" in a text): padded on either side and packed, clearformer
+    agrees; a text without one is untouched."""
+    source = tmp_path / "roberta"
+    source.mkdir()
+    make_checkpoint("roberta", source)
+    model = load_model(source).model.eval()
+    hf = transformers.AutoModel.from_pretrained(str(source)).eval()
+    pad = model.config.pad_token_id
+    texts = [[0, 5, pad, 6, pad, 7, 2], [0, pad, 9, 2], [0, 5, 6, 2]]
+    with torch.no_grad():
+        want = [hf(input_ids=torch.tensor([t])).last_hidden_state[0] for t in texts]
+        T = max(map(len, texts))
+        for side in ("right", "left"):
+            ids = torch.full((len(texts), T), pad)
+            mask = torch.zeros(len(texts), T, dtype=torch.bool)
+            for b, t in enumerate(texts):
+                at = slice(0, len(t)) if side == "right" else slice(T - len(t), T)
+                ids[b, at], mask[b, at] = torch.tensor(t), True
+            out = model(ids, mask)
+            for b in range(len(texts)):
+                torch.testing.assert_close(out[b][mask[b]], want[b], atol=1e-5, rtol=1e-5)
+        packed = torch.tensor([i for t in texts for i in t])
+        cu = torch.tensor([0, 7, 11, 15], dtype=torch.int32)
+        out = model(packed, cu_seqlens=cu)
+        for b in range(len(texts)):
+            torch.testing.assert_close(out[cu[b] : cu[b + 1]], want[b], atol=1e-5, rtol=1e-5)
+        # Negative control: positions 0 .. n-1 regardless of the pad ids are another answer.
+        plain = model.embeddings(torch.tensor([texts[0]]))
+        hf_embeddings = hf.embeddings(input_ids=torch.tensor([texts[0]]))
+        assert not torch.allclose(plain, hf_embeddings, atol=1e-3)

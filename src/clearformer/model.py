@@ -9,7 +9,7 @@ from .config import EncoderConfig
 from .embeddings import Embeddings
 from .encoder import Encoder, EncoderOutput
 from .masks import from_attention_mask
-from .positions import padded_positions
+from .positions import padded_positions, past_pad_ids
 
 
 class EncoderModel(nn.Module):
@@ -98,6 +98,10 @@ class EncoderModel(nn.Module):
         # tables: a text padded on the left gets the positions it has alone. Without a mask,
         # the plain 0 .. T-1.
         positions = None if plan.token_mask is None else padded_positions(plan.token_mask)
+        if self._counts_past_pads:
+            positions = past_pad_ids(
+                input_ids, positions, self.config.pad_token_id, real=plan.token_mask
+            )
         x = self.embeddings(input_ids, token_type_ids, positions)  # (B, T, D)
         return self.encoder.run(x, plan)
 
@@ -134,8 +138,23 @@ class EncoderModel(nn.Module):
             )
         if token_type_ids is not None:
             self._check_token_types(token_type_ids, N)
-        x = self.embeddings(input_ids, token_type_ids, plan.packing.positions)  # (N, D)
+        positions = plan.packing.positions  # (N,)
+        if self._counts_past_pads:
+            positions = past_pad_ids(
+                input_ids, positions, self.config.pad_token_id, cu_seqlens=cu_seqlens
+            )
+        x = self.embeddings(input_ids, token_type_ids, positions)  # (N, D)
         return self.encoder.run(x, plan)
+
+    @property
+    def _counts_past_pads(self) -> bool:
+        """RoBERTa's learned positions (offset pad_token_id + 1) skip pad ids in a text."""
+        config = self.config
+        return (
+            config.positions == "learned"
+            and config.pad_token_id is not None
+            and config.position_offset == config.pad_token_id + 1
+        )
 
     def _check_token_types(self, token_type_ids: Tensor, *shape: int) -> None:
         if not isinstance(token_type_ids, Tensor) or tuple(token_type_ids.shape) != shape:

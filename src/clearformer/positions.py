@@ -101,3 +101,42 @@ def head_rotary(
     cos, sin = rotary_tables(positions, head_dim, theta)  # P + (Dh,)
     axis = -2 if packed else 1
     return cos.unsqueeze(axis), sin.unsqueeze(axis)
+
+
+def past_pad_ids(
+    input_ids: Tensor,
+    positions: Tensor | None,
+    pad_id: int,
+    *,
+    real: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+) -> Tensor | None:
+    """RoBERTa's learned positions (transformers' ``create_position_ids_from_input_ids``): a
+    token counts only the tokens before it that are not the pad id, and a pad id among a
+    text's tokens (the text held a literal ``<pad>``) takes the padding position, -1 here
+    (``pad_token_id`` once the offset ``pad_token_id + 1`` is added).
+
+    ``positions`` is what the model computed, each token's index among its sequence's real
+    tokens: padded (B, T) (None: 0 .. T-1 in every row) with ``real`` (B, T) True at real
+    tokens (None: all), or packed (N,) with ``cu_seqlens`` (B + 1,). Returned as it came (the
+    same object) where no real token is the pad id, which is every text without a ``<pad>``.
+    """
+    pads = input_ids == pad_id  # (B, T) or (N,)
+    if real is not None:
+        pads = pads & real  # the batch's own padding is not counted: it has no position
+    if not bool(pads.any()):
+        return positions
+    counted = pads.long()
+    if cu_seqlens is None:
+        if positions is None:
+            positions = torch.arange(input_ids.shape[-1], device=input_ids.device)  # (T,)
+        before = counted.cumsum(dim=-1) - counted  # (B, T) pad ids before each token in its row
+    else:
+        exclusive = counted.cumsum(dim=0) - counted  # (N,) pad ids before each token, overall
+        lengths = cu_seqlens.diff().long()  # (B,)
+        starts = cu_seqlens[:-1].long().clamp(max=max(len(counted) - 1, 0))  # (B,)
+        numbers = torch.arange(len(lengths), device=lengths.device)  # (B,)
+        sequence = torch.repeat_interleave(numbers, lengths)  # (N,) each token's sequence
+        before = exclusive - exclusive[starts][sequence]  # (N,) within each token's sequence
+    shifted = positions - before
+    return torch.where(pads, torch.full_like(shifted, -1), shifted)
