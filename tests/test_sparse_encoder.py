@@ -463,3 +463,24 @@ def test_auto_precision_is_decided_among_float32_and_bf16(splade, tmp_path):
     argv = ["encode", "--model", str(splade), "--precision", "auto", "-o", str(out), *TEXTS[:2]]
     assert main(argv) == 0
     assert len(out.read_text().splitlines()) == 2
+
+
+def test_sides_of_other_lengths_share_one_model(base, tmp_path):
+    """query_length 8, document_length 32: each side cuts at its own length (as
+    sentence-transformers does) on one copy of the weights, float32 and bf16."""
+    from sentence_transformers import SparseEncoder as STSparseEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+
+    path = tmp_path / "lengths"
+    side = Transformer(str(base), transformer_task="fill-mask", query_length=8, document_length=32)
+    STSparseEncoder(modules=[side, SpladePooling("max")], device="cpu").save(str(path))
+    encoder = SparseEncoder.from_pretrained(path)
+    query, document = encoder.sides["query"], encoder.sides["document"]
+    assert (query.max_length, document.max_length) == (8, 32)
+    assert query.model is document.model
+    for task in ("query", "document"):
+        assert_same_sparse(encoder.encode(TEXTS, task=task), st_encode(path, TEXTS, task))
+    held = SparseEncoder.from_pretrained(path, precision="bf16")
+    assert held.sides["query"].loaded is held.sides["document"].loaded
+    assert held.sides["query"].loaded.loaded.model.embeddings.word.weight.dtype == torch.bfloat16

@@ -128,23 +128,34 @@ class SparseEncoder:
                 f"{root} encodes documents with a static table; clearformer's SparseEncoder "
                 "needs a masked-LM document side (it gives the vocabulary and the weights)"
             )
+        # One runner per side; sides on one checkpoint with one pooling share its weights
+        # (a query_length other than the document_length gives the query side its own
+        # tokenizer, not a second copy of the model).
         runners: dict[object, SpladeRunner] = {}
+        models: dict[tuple, SpladeRunner] = {}
         for side in layout.sides.values():
-            if isinstance(side, SpladeSide) and side not in runners:
-                runners[side] = SpladeRunner.load(
-                    side,
-                    max_length=max_length,
-                    backend=backend,
-                    strict=strict,
-                    padding_side=padding_side,
+            if not isinstance(side, SpladeSide) or side in runners:
+                continue
+            twin = models.get((side.folder, side.splade))
+            if twin is not None:
+                runners[side] = twin.for_length(
+                    side, max_length=max_length, padding_side=padding_side
                 )
+                continue
+            runners[side] = models[side.folder, side.splade] = SpladeRunner.load(
+                side,
+                max_length=max_length,
+                backend=backend,
+                strict=strict,
+                padding_side=padding_side,
+            )
         vocab_size = runners[layout.sides["document"]].vocab_size
         sides = {
             task: runners[side] if side in runners else StaticRunner.load(side, vocab_size)
             for task, side in layout.sides.items()
         }
         if precision == "bf16":
-            for runner in runners.values():
+            for runner in models.values():
                 runner.hold_bf16()
         log.info("loaded sparse encoder %s (query: %s)", root, type(sides["query"]).__name__)
         return cls(layout, sides, precision)

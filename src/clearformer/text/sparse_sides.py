@@ -51,24 +51,21 @@ class SpladeRunner:
         loaded: the encoder and its masked-LM head (:class:`LoadedMaskedLM`).
         splade: pooling and activation.
         tokenizer: the checkpoint's, truncating at ``max_length`` (special tokens added).
+
+    The weights (and their bfloat16 and reordered copies) live in a :class:`_SpladeModel`
+    that :meth:`for_length` shares: a model whose query and document sides cut at different
+    lengths holds them once.
     """
 
     static = False
 
-    def __init__(self, loaded: LoadedMaskedLM, splade: SpladeConfig, tokenizer: TextTokenizer):
-        self.loaded = loaded
+    def __init__(
+        self, model: _SpladeModel | LoadedMaskedLM, splade: SpladeConfig, tokenizer: TextTokenizer
+    ):
+        self.model = model if isinstance(model, _SpladeModel) else _SpladeModel(model)
         self.splade = splade
         self.tokenizer = tokenizer
-        self.path: Path = loaded.loaded.files.path
-        self._bf16: LoadedMaskedLM | None = None
-        self._bf16_lock = threading.Lock()  # server workers may ask for it at once
-        # The encoder's weights and the vocabulary table in oneDNN's layout, once calls have
-        # carried enough tokens to repay the copy: the table's product is the largest of a
-        # SPLADE pass after the encoder's (tokens x D x V), and oneDNN's kernel reads a
-        # reordered table faster than F.linear reads the plain one (docs/sparse.md).
-        self._reordering = _kept_reordering(loaded)
-        self._projection = TiedProjection(loaded.decoder_weight, loaded.head.bias)
-        self._bf16_projection: TiedProjection | None = None  # made with the bfloat16 copy
+        self.path: Path = self.model.loaded.loaded.files.path
 
     @classmethod
     def load(
@@ -84,19 +81,25 @@ class SpladeRunner:
         # SPLADE checkpoints tie the decoder to the word embeddings, as a rule; one with a
         # decoder of its own decodes with it.
         loaded = load_masked_lm(files, backend=backend, strict=strict, untied=True)
-        config = loaded.loaded.model.config
-        # The caller's length first; then sentence-transformers' order: the task's own
-        # (query_length / document_length), then the checkpoint's max_seq_length.
-        length = max_length or side.max_length or max_length_for(files, config.max_length)
-        pad_id = config.pad_token_id if config.pad_token_id is not None else 0
-        tokenizer = TextTokenizer.from_files(
-            files,
-            min(length, config.max_length),
-            pad_id,
-            vocab_size=config.vocab_size,
-            padding_side=padding_side,
-        )
+        tokenizer = _tokenizer(loaded, side, max_length, padding_side)
         return cls(loaded, side.splade, tokenizer)
+
+    def for_length(
+        self, side: SpladeSide, *, max_length: int | None, padding_side: str | None
+    ) -> SpladeRunner:
+        """A runner of ``side`` (this one's checkpoint and pooling, another length) on this
+        runner's weights: its own tokenizer, the same model and copies."""
+        return SpladeRunner(
+            self.model, self.splade, _tokenizer(self.loaded, side, max_length, padding_side)
+        )
+
+    @property
+    def loaded(self) -> LoadedMaskedLM:
+        return self.model.loaded
+
+    @property
+    def _reordering(self) -> KeptReordering:
+        return self.model.reordering
 
     @property
     def vocab_size(self) -> int:
@@ -119,14 +122,15 @@ class SpladeRunner:
         boundaries (``cu_seqlens``), so the encoder and the head see real tokens only, and a
         text's weights do not depend on its batch-mates.
         """
-        loaded, projection = self._bf16_copy() if bf16 else (self.loaded, self._projection)
+        state = self.model
+        loaded, projection = state.bf16_copy() if bf16 else (state.loaded, state.projection)
         model, head = loaded.loaded.model, loaded.head
         lengths = [len(e.ids) for e in encodings]
         ids = torch.tensor([i for e in encodings for i in e.ids], dtype=torch.long)  # (N,)
         types = torch.tensor([t for e in encodings for t in e.type_ids], dtype=torch.long)
         cu_seqlens = torch.zeros(len(encodings) + 1, dtype=torch.int32)  # (B + 1,)
         cu_seqlens[1:] = torch.cumsum(torch.tensor(lengths), dim=0)
-        packed = self._reordering.for_call(len(ids))
+        packed = state.reordering.for_call(len(ids))
 
         def logits(chunk: Tensor) -> Tensor:  # (n, D) -> (n, V)
             h = head.transform(chunk)  # (n, D)
@@ -146,12 +150,32 @@ class SpladeRunner:
     def hold_bf16(self) -> None:
         """Keep the bfloat16 encoder and head alone: the float32 ones go (an encoder loaded
         with ``precision="bf16"``); every later call runs bfloat16, whatever it asks."""
+        self.model.hold_bf16()
+
+
+class _SpladeModel:
+    """A SPLADE side's weights, shared by the runners of one checkpoint: the encoder and its
+    head, their bfloat16 copy (made once, on the first bf16 call) and the reordered copy."""
+
+    def __init__(self, loaded: LoadedMaskedLM) -> None:
+        self.loaded = loaded
+        self._bf16: LoadedMaskedLM | None = None
+        self._bf16_lock = threading.Lock()  # server workers may ask for it at once
+        # The encoder's weights and the vocabulary table in oneDNN's layout, once calls have
+        # carried enough tokens to repay the copy: the table's product is the largest of a
+        # SPLADE pass after the encoder's (tokens x D x V), and oneDNN's kernel reads a
+        # reordered table faster than F.linear reads the plain one (docs/sparse.md).
+        self.reordering = _kept_reordering(loaded)
+        self.projection = TiedProjection(loaded.decoder_weight, loaded.head.bias)
+        self._bf16_projection: TiedProjection | None = None  # made with the bfloat16 copy
+
+    def hold_bf16(self) -> None:
         with self._bf16_lock:
             bf16 = self._make_bf16()
-        self.loaded, self._projection = bf16, self._bf16_projection
-        self._reordering = _kept_reordering(bf16)
+        self.loaded, self.projection = bf16, self._bf16_projection
+        self.reordering = _kept_reordering(bf16)
 
-    def _bf16_copy(self) -> tuple[LoadedMaskedLM, TiedProjection]:
+    def bf16_copy(self) -> tuple[LoadedMaskedLM, TiedProjection]:
         """Encoder and head in bfloat16 (norms in float32), and their vocabulary projection,
         built once."""
         with self._bf16_lock:
@@ -170,6 +194,24 @@ class SpladeRunner:
             self._bf16_projection = TiedProjection(bf16.decoder_weight, bf16.head.bias)
             self._bf16 = bf16
         return self._bf16
+
+
+def _tokenizer(
+    loaded: LoadedMaskedLM, side: SpladeSide, max_length: int | None, padding_side: str | None
+) -> TextTokenizer:
+    """``side``'s tokenizer: the caller's length first; then sentence-transformers' order,
+    the task's own (query_length / document_length), then the checkpoint's max_seq_length."""
+    files = loaded.loaded.files
+    config = loaded.loaded.model.config
+    length = max_length or side.max_length or max_length_for(files, config.max_length)
+    pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+    return TextTokenizer.from_files(
+        files,
+        min(length, config.max_length),
+        pad_id,
+        vocab_size=config.vocab_size,
+        padding_side=padding_side,
+    )
 
 
 def _kept_reordering(loaded: LoadedMaskedLM) -> KeptReordering:
