@@ -176,6 +176,8 @@ def test_views_behave_as_their_kinds(m3):
     vectors = multi.encode_document(TEXTS[:3])
     for a, b in zip(vectors, out.colbert, strict=True):
         torch.testing.assert_close(a, b)
+    half = ours.encode(TEXTS[:3], precision="bf16")
+    torch.testing.assert_close(dense.encode_document(TEXTS[:3], precision="bf16"), half.dense)
     scores = multi.similarity(multi.encode_query(TEXTS[:2]), vectors)
     assert scores.shape == (2, 3)
     identities = [v.identity for v in (dense, sparse, multi)]

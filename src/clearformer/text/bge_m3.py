@@ -425,17 +425,20 @@ class _View:
         self.path = model.path
         self.max_length = model.max_length
 
-    def _encode(self, texts, batch_size, progress):
+    def _encode(self, texts, batch_size, progress, precision):
         asked = {name: name == self.output for name in ("dense", "sparse", "colbert")}
-        return getattr(
-            self.model.encode(texts, batch_size=batch_size, progress=progress, **asked), self.output
+        out = self.model.encode(
+            texts, batch_size=batch_size, progress=progress, precision=precision, **asked
         )
+        return getattr(out, self.output)
 
-    def encode_query(self, texts: list[str], *, batch_size=None, progress=None):
-        return self._encode(texts, batch_size, progress)
+    def encode_query(self, texts: list[str], *, batch_size=None, progress=None, precision=None):
+        """The view's output for queries; ``precision`` as :meth:`BGEM3Encoder.encode`'s."""
+        return self._encode(texts, batch_size, progress, precision)
 
-    def encode_document(self, texts: list[str], *, batch_size=None, progress=None):
-        return self._encode(texts, batch_size, progress)
+    def encode_document(self, texts: list[str], *, batch_size=None, progress=None, precision=None):
+        """The view's output for documents (bge-m3 encodes both alike)."""
+        return self._encode(texts, batch_size, progress, precision)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.model!r})"
