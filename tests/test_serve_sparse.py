@@ -84,8 +84,9 @@ def test_embed_sparse_equals_encode(dirs):
         assert refused.status_code == 422
         message = refused.json()["error"]
         assert "embedding model" in message and "/embed_sparse" in message
-        bad = post("/embed_sparse", {"inputs": ["hello"], "task": "passage"})
-        assert bad.status_code == 422 and "task" in bad.json()["error"]
+        for task in ("passage", ""):
+            bad = post("/embed_sparse", {"inputs": ["hello"], "task": task})
+            assert bad.status_code == 422 and "task" in bad.json()["error"], task
 
         info = httpx.get(server.url + "/info", timeout=30).json()
         assert info["model_type"] == {"embedding": {"pooling": "splade-max"}}

@@ -52,7 +52,8 @@ class EmbedSparseRequest:
 
 def parse_embed_sparse(body) -> EmbedSparseRequest:
     body = _object(body)
-    task = _optional(body, "task", str, "a string") or "document"
+    task = _optional(body, "task", str, "a string")
+    task = "document" if task is None else task  # an empty string is not a task
     if task not in TASKS:
         raise ApiError(
             "Validation", f"task must be one of {list(TASKS)}, got {task!r}", param="task"
