@@ -236,3 +236,12 @@ def test_bad_configs_name_the_file_and_field(st_dirs, tmp_path, file, change, me
     with pytest.raises(CheckpointError, match=message) as caught:
         MultiVectorEncoder.from_pretrained(path)
     assert "\n" not in str(caught.value) and str(path) in str(caught.value)
+
+
+def test_maxsim_refuses_what_is_not_a_matrix_of_the_same_dtype():
+    query, document = torch.ones(2, 4), torch.ones(3, 4)
+    with pytest.raises(TypeError, match=r"each document must be a \(tokens, dim\) tensor, got"):
+        maxsim_scores([query], [[1.0, 2.0]])
+    with pytest.raises(TypeError, match="dtypes differ: torch.float32 vs torch.bfloat16"):
+        maxsim_scores([query], [document.bfloat16()])
+    assert maxsim_scores([query], [document]).tolist() == [[8.0]]

@@ -63,6 +63,11 @@ def maxsim_scores(queries: Sequence[Tensor], documents: Sequence[Tensor]) -> Ten
 
 
 def _check_pair(query: Tensor, document: Tensor) -> None:
+    for name, value in (("query", query), ("document", document)):
+        if not isinstance(value, Tensor):
+            raise TypeError(
+                f"maxsim: each {name} must be a (tokens, dim) tensor, got {type(value).__name__}"
+            )
     if query.dim() != 2 or document.dim() != 2:
         raise ValueError(
             f"maxsim: expected (tokens, dim) matrices, got query {tuple(query.shape)} "
@@ -71,4 +76,9 @@ def _check_pair(query: Tensor, document: Tensor) -> None:
     if query.shape[1] != document.shape[1]:
         raise ValueError(
             f"maxsim: query and document widths differ: {query.shape[1]} vs {document.shape[1]}"
+        )
+    if query.dtype != document.dtype:
+        raise TypeError(
+            f"maxsim: query and document dtypes differ: {query.dtype} vs {document.dtype}; "
+            "cast one (the scores are in the queries' dtype)"
         )
