@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from clearformer.io import write_text_atomically
+
 WORKER = r"""
 import json, statistics, sys, time
 import torch
@@ -168,7 +170,7 @@ def main() -> int:
         from clearformer.cpu import cpu_description
 
         record = {"load": load.to_dict(), "cpu": cpu_description(), "rows": rows, "runs": runs}
-        args.out.write_text(json.dumps(record, indent=1))
+        write_text_atomically(args.out, json.dumps(record, indent=1))
     return 0
 
 

@@ -21,6 +21,8 @@ import statistics
 import time
 from pathlib import Path
 
+from clearformer.io import write_text_atomically
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -201,7 +203,7 @@ def main() -> None:
         result = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
         result["load"] = load.to_dict()
         result["cpu"] = cpu_description()
-        args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+        write_text_atomically(args.out.with_suffix(".json"), json.dumps(result, indent=2) + "\n")
         lines = [
             "| L | beams | cache | clearformer tok/s | transformers tok/s | ratio |",
             "| ---: | ---: | --- | ---: | ---: | ---: |",
@@ -218,7 +220,7 @@ def main() -> None:
             + load.describe()
             + (" (LOADED: not a quiet-machine figure)" if load.loaded else "")
         )
-        args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        write_text_atomically(args.out.with_suffix(".md"), "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

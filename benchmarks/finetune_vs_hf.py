@@ -24,6 +24,8 @@ import statistics
 import time
 from pathlib import Path
 
+from clearformer.io import write_text_atomically
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -185,8 +187,8 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         record = {"args": {k: str(v) for k, v in vars(args).items()}, "load": load.to_dict()}
         record |= {"rows": rows, "real_tokens": real, "padded_tokens": padded}
-        args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-        args.out.with_suffix(".md").write_text(text + "\n")
+        write_text_atomically(args.out.with_suffix(".json"), json.dumps(record, indent=2) + "\n")
+        write_text_atomically(args.out.with_suffix(".md"), text + "\n")
 
 
 if __name__ == "__main__":

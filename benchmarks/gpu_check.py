@@ -43,6 +43,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 # The working tree as it is, installed or not (the device machine runs a copy of it).
 sys.path[:0] = [str(ROOT / "src"), str(HERE)]
+
+from clearformer.io import write_text_atomically  # noqa: E402
+
 PEAKS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0}  # dense bf16 TFLOP/s
 
 
@@ -332,8 +335,8 @@ def main() -> int:
                     report[section] += result if isinstance(result, list) else [result]
                 except Exception:
                     report["errors"][f"{section} {model}"] = traceback.format_exc()
-                (out / "gpu-check.json").write_text(json.dumps(report, indent=1) + "\n")
-                (out / "gpu-check.md").write_text(markdown(report))
+                write_text_atomically((out / "gpu-check.json"), json.dumps(report, indent=1) + "\n")
+                write_text_atomically((out / "gpu-check.md"), markdown(report))
     print(markdown(report))
     return 0 if not report["errors"] and report["tests"]["returncode"] == 0 else 1
 

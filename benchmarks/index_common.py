@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from clearformer.bench.load import LoadMeter  # noqa: E402
 from clearformer.index.quantize import truncate  # noqa: E402
+from clearformer.io import write_text_atomically  # noqa: E402
 
 
 def embeddings(path: Path, texts: Path | None) -> np.ndarray:
@@ -141,8 +142,8 @@ def write_report(
     print(text)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-        out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        write_text_atomically(out, text)
+        write_text_atomically(out.with_suffix(".json"), json.dumps(record, indent=1) + "\n")
 
 
 def _version(name: str) -> str:

@@ -16,6 +16,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+from clearformer.io import write_text_atomically
+
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'])")
 
 
@@ -83,7 +85,7 @@ def main() -> None:
     args = parser.parse_args()
     texts = paragraphs() if args.paragraphs else spans(args.limit)
     texts = texts if args.limit is None else texts[: args.limit]
-    Path(args.out).write_text("\n".join(texts) + "\n", encoding="utf-8")
+    write_text_atomically(Path(args.out), "\n".join(texts) + "\n")
     print(f"wrote {len(texts):,} texts to {args.out}")
 
 

@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from clearformer.io import write_text_atomically
+
 LOADS = ("float32", "int8-whole", "int8")
 NAMES = {
     "float32": "float32",
@@ -116,7 +118,7 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        write_text_atomically(args.out, text)
 
 
 if __name__ == "__main__":

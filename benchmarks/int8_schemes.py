@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from clearformer.io import write_text_atomically
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # (label, activation rounding, weight rounding): "row" / "channel" one scale per row / output
@@ -124,7 +126,7 @@ def main(argv=None) -> int:
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     if args.out is not None:
-        args.out.with_suffix(".md").write_text(text)
+        write_text_atomically(args.out.with_suffix(".md"), text)
     return 0
 
 

@@ -43,6 +43,8 @@ import sys
 import time
 from pathlib import Path
 
+from clearformer.io import write_text_atomically
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -354,8 +356,8 @@ def main() -> int:
     print(markdown)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-        args.out.with_suffix(".md").write_text(markdown)
+        write_text_atomically(args.out.with_suffix(".json"), json.dumps(report, indent=1) + "\n")
+        write_text_atomically(args.out.with_suffix(".md"), markdown)
     return 0
 
 

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from clearformer.io import write_text_atomically
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -138,7 +140,7 @@ def main() -> None:
         results["sentence-transformers"]["seconds"] / results["clearformer"]["seconds"]
     )
     if args.out:
-        Path(args.out + ".json").write_text(json.dumps(results, indent=1) + "\n")
+        write_text_atomically(Path(args.out + ".json"), json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from clearformer.io import write_text_atomically
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
@@ -92,7 +94,7 @@ def main(argv=None) -> int:
     ]
     text = "\n".join(lines) + "\n"
     if args.out is not None:
-        args.out.with_suffix(".md").write_text(text)
+        write_text_atomically(args.out.with_suffix(".md"), text)
     return 0
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from clearformer.io import write_text_atomically
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PRECISIONS = ("float32", "bf16", "int8-blocks")
@@ -82,7 +84,7 @@ def main(argv=None) -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:
-        args.out.with_suffix(".md").write_text(text)
+        write_text_atomically(args.out.with_suffix(".md"), text)
     return 0
 
 

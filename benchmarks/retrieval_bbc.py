@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from clearformer.io import write_text_atomically
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 VARIANTS = {
@@ -132,8 +134,8 @@ def main() -> None:
     }
     print(json.dumps({k: v for k, v in report.items() if k != "rows"}, indent=1))
     if args.out:
-        Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
-        Path(args.out + ".md").write_text(markdown(report) + "\n")
+        write_text_atomically(Path(args.out + ".json"), json.dumps(report, indent=1) + "\n")
+        write_text_atomically(Path(args.out + ".md"), markdown(report) + "\n")
 
 
 def markdown(report: dict) -> str:

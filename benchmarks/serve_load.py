@@ -53,6 +53,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from clearformer.io import write_text_atomically
+
 WORKLOADS = {"online": 1, "bulk": 32}  # texts per request
 SERVER_START_TIMEOUT = 300.0  # seconds for a server to load and warm up
 NEIGHBOUR_PIDS: set[int] = set()  # --busy-neighbour's processes: their CPU is others'
@@ -585,8 +587,8 @@ def main() -> None:
     print(markdown)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-        args.out.with_suffix(".md").write_text(markdown)
+        write_text_atomically(args.out.with_suffix(".json"), json.dumps(report, indent=1) + "\n")
+        write_text_atomically(args.out.with_suffix(".md"), markdown)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,13 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
         raise
 
 
+def write_text_atomically(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through :func:`atomic_write`: a reader (or a run
+    stopped halfway) sees the old file or the new one, never half of one."""
+    with atomic_write(path) as handle:
+        handle.write(text)
+
+
 def _decode(data: bytes, source: str) -> str:
     try:
         return data.decode("utf-8")
