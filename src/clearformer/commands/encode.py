@@ -16,7 +16,7 @@ from ..options import BACKENDS
 from ..precision import ALIASES, PRECISION_NAMES
 from ..precision.names import is_int8
 from ..text.batching import DEFAULT_MAX_TOKENS, INT_MM_MAX_TOKENS
-from .status_line import progress_for
+from .status_line import PROGRESS_MIN_TEXTS
 
 SIMILARITY_MAX = 32  # texts; a larger matrix does not fit a terminal
 ENCODE_PRECISIONS = ("float32", "bf16", "int8", "int8-blocks")
@@ -113,7 +113,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="progress bar on stderr (default: when stderr is a terminal)",
+        help="progress bar on stderr, with the rate and the time left (default: when stderr "
+        f"is a terminal and there are {PROGRESS_MIN_TEXTS} texts or more)",
     )
 
 
@@ -137,7 +138,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--output",
         metavar="FILE",
         help="write embeddings to FILE.npy or FILE.jsonl, or to a directory of shards and a "
-        "manifest (resumable; one shard per process under torchrun)",
+        "manifest (DIR/, an existing directory, or a path without a suffix; made if missing; "
+        "resumable; one shard per process under torchrun)",
     )
     p.add_argument("--similarity", action="store_true", help="print the cosine similarity matrix")
     p.add_argument(
@@ -168,7 +170,6 @@ def read_input(texts: list[str], input_path: str | None, field: str | None) -> l
     """Texts from the arguments, ``--input`` or stdin (exactly one source)."""
     from ..checks import check_unicode
     from ..cli import CliError
-    from ..io import read_texts
 
     if texts and input_path is not None:
         raise CliError("give texts as arguments or with --input, not both")
@@ -178,21 +179,32 @@ def read_input(texts: list[str], input_path: str | None, field: str | None) -> l
         for i, text in enumerate(texts):
             check_unicode(text, f"TEXT {i + 1}")
         return texts
-    if input_path is None or input_path == "-":
-        if sys.stdin is None:
-            raise CliError(
-                "no input texts: stdin is closed; pass texts as arguments or --input FILE"
-            )
-        if input_path is None and sys.stdin.isatty():
-            raise CliError("no input texts: pass texts as arguments, --input FILE, or pipe stdin")
-        data, source = sys.stdin.buffer.read(), "stdin"
-    else:
-        from .inputs import require_input_file
+    if input_path is not None and input_path != "-":
+        return read_input_file(input_path, field)[0]
+    if sys.stdin is None:
+        raise CliError("no input texts: stdin is closed; pass texts as arguments or --input FILE")
+    if input_path is None and sys.stdin.isatty():
+        raise CliError("no input texts: pass texts as arguments, --input FILE, or pipe stdin")
+    return texts_of(sys.stdin.buffer.read(), "stdin", field)
 
-        path = require_input_file(input_path, "--input")
-        data, source = path.read_bytes(), str(path)
-        if field is None and path.suffix == ".jsonl":
-            field = "text"
+
+def read_input_file(input_path: str, field: str | None) -> tuple[list[str], bytes]:
+    """The texts of ``--input FILE`` and the file's bytes, read once: a named pipe or a
+    process substitution (``-i <(...)``) gives its bytes once."""
+    from .inputs import require_input_file
+
+    path = require_input_file(input_path, "--input")
+    data = path.read_bytes()
+    if field is None and path.suffix == ".jsonl":
+        field = "text"
+    return texts_of(data, str(path), field), data
+
+
+def texts_of(data: bytes, source: str, field: str | None) -> list[str]:
+    """The texts in ``data`` (lines, or a JSONL ``field``); CliError if it holds none."""
+    from ..cli import CliError
+    from ..io import read_texts
+
     result = read_texts(data, source, field=field)
     if not result:
         raise CliError(f"empty input: {source} holds no texts")
@@ -209,8 +221,8 @@ def check_output(output: str | None) -> Path | None:
     path = Path(output)
     if path.suffix not in OUTPUT_SUFFIXES:
         raise CliError(
-            f"--output must end in .npy or .jsonl, or name a directory of shards (an existing "
-            f"one, or a new path without a suffix), got {output!r}"
+            f"--output must end in .npy or .jsonl, or name a directory of shards (DIR/, an "
+            f"existing directory, or a new path without a suffix), got {output!r}"
         )
     if not path.parent.is_dir():
         raise CliError(f"--output directory does not exist: {path.parent}")
@@ -270,6 +282,7 @@ def run(args: argparse.Namespace) -> int:
     from ..cli import CliError
     from ..io import atomic_write
     from .outputs import check_finite
+    from .status_line import encode_progress
 
     output = check_output(args.output)
     device_flag(args)  # before any input is read
@@ -285,16 +298,17 @@ def run(args: argparse.Namespace) -> int:
         return run_sparse(args, texts, output)
     encoder = load_encoder(args, hold_precision=True)
     check_dimensions_flag(encoder, args)  # a width the model cannot give: before any work
-    embeddings = encoder.encode(
-        texts,
-        batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
-        workers=args.workers,
-        normalize=args.normalize,
-        progress=progress_for(args, len(texts)),
-        precision=args.precision,
-        dimensions=args.dimensions,
-    )  # (n, dimensions or width) float32
+    with encode_progress(args, len(texts)) as progress:  # its line ended before any message
+        embeddings = encoder.encode(
+            texts,
+            batch_size=args.batch_size,
+            max_tokens=args.max_tokens,
+            workers=args.workers,
+            normalize=args.normalize,
+            progress=progress,
+            precision=args.precision,
+            dimensions=args.dimensions,
+        )  # (n, dimensions or width) float32
     ran = encoder.precision_for(args.precision)
     if is_int8(args.precision) and ran.choice != args.precision:  # no int8 products here
         print(f"note: encoded in {ran.choice}, not {args.precision}: {ran.reason}", file=sys.stderr)

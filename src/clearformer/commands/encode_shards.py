@@ -5,61 +5,105 @@ writes its own (:mod:`clearformer.sharded.shards`). Either way the run is resuma
 command again after a kill and only the chunks that were not committed are encoded.
 
 This module adds no command: it extends ``encode``'s parser with the shard options and sends
-an ``--output`` directory here, so ``encode`` itself knows nothing of shards.
+an ``--output`` directory here, so ``encode`` itself knows nothing of shards. An ``--output``
+names a directory of shards when it ends in a path separator (``corpus.emb/``), names an
+existing directory, or has no suffix; the directory is made if missing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from pathlib import Path
 
-from .encode import OUTPUT_SUFFIXES, positive_int
+from .encode import positive_int
+
+SHARD_FORMAT = "npy"  # --shard-format's default
+CHUNK_ROWS = 4096  # --chunk-rows'
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.choices["encode"]
+    # Both default to None, so that one given without --output DIR is refused, not ignored.
     p.add_argument(
         "--shard-format",
         choices=("npy", "parquet"),
-        default="npy",
+        default=None,
         help="with --output DIR: shard files as .npy arrays or Parquet tables with the texts "
-        "(default npy)",
+        f"(default {SHARD_FORMAT})",
     )
     p.add_argument(
         "--chunk-rows",
         type=positive_int,
-        default=4096,
+        default=None,
         metavar="N",
         help="with --output DIR: texts per committed chunk, what a killed run resumes from "
-        "(default 4096)",
+        f"(default {CHUNK_ROWS})",
     )
     to_file = p.get_default("func")
 
     def run(args: argparse.Namespace) -> int:
-        return run_sharded(args) if is_shard_directory(args.output) else to_file(args)
+        if is_shard_directory(args.output):
+            return run_sharded(args)
+        refuse_shard_options(args)
+        return to_file(args)
 
     p.set_defaults(func=run)
 
 
 def is_shard_directory(output: str | None) -> bool:
-    """--output names a directory: an existing one, or a new path without a file suffix."""
+    """--output names a directory: one written as such (a trailing separator), an existing
+    one, or a path without a suffix (``corpus.emb`` is refused as a file name with an unknown
+    suffix: write ``corpus.emb/``)."""
     if output is None:
         return False
+    if output.endswith(os.sep) or (os.altsep is not None and output.endswith(os.altsep)):
+        return True
     path = Path(output)
-    return path.is_dir() or (path.suffix not in OUTPUT_SUFFIXES and not path.suffix)
+    return path.is_dir() or not path.suffix
+
+
+def refuse_shard_options(args: argparse.Namespace) -> None:
+    """The shard options go with --output DIR alone: elsewhere they would be ignored."""
+    from ..cli import CliError
+
+    where = f"--output {args.output}" if args.output is not None else "stdout"
+    for flag, value in (("--shard-format", args.shard_format), ("--chunk-rows", args.chunk_rows)):
+        if value is not None:
+            raise CliError(
+                f"{flag} applies to --output DIR (a directory of shards, e.g. corpus.emb/); "
+                f"got {where}"
+            )
+
+
+def check_shard_directory(output: str) -> Path:
+    """--output DIR as a Path, checked before any work: not a file, its parent a directory,
+    and writable there."""
+    from ..cli import CliError
+    from .outputs import check_destination
+
+    out = Path(output)
+    if out.exists() and not out.is_dir():
+        raise CliError(
+            f"--output: {out} is a file; expected a directory of shards, or FILE.npy / FILE.jsonl"
+        )
+    if not out.parent.is_dir():
+        raise CliError(f"--output: directory {out.parent} does not exist")
+    check_destination("--output", out / "manifest.json" if out.is_dir() else out)
+    return out
 
 
 def run_sharded(args: argparse.Namespace) -> int:
     from ..cli import CliError
-    from ..sharded.shards import encode_shard, launch_rank, read_manifest
-    from .encode import load_encoder, read_input
-    from .outputs import check_destination
-    from .status_line import progress_for
+    from ..sharded.shards import corpus_sha256, encode_shard, launch_rank, read_manifest
+    from .encode import load_encoder, read_input_file
+    from .status_line import encode_progress
 
     if args.similarity:
         raise CliError("--similarity prints to the terminal; it does not go with --output DIR")
-    if args.input is None or args.input == "-":
+    if args.input is None or args.input == "-" or args.texts:
         raise CliError("--output DIR needs --input FILE: every process reads the same corpus")
     if getattr(args, "dimensions", None) is not None:
         raise CliError(
@@ -67,38 +111,37 @@ def run_sharded(args: argparse.Namespace) -> int:
             "width (cut them when reading)"
         )
     rank, world = launch_rank()
-    out = Path(args.output)
-    if not out.parent.is_dir():
-        raise CliError(f"--output: directory {out.parent} does not exist")
-    check_destination("--output", out / "manifest.json" if out.is_dir() else out)
-    if args.shard_format == "parquet":
+    out = check_shard_directory(args.output)
+    fmt = args.shard_format or SHARD_FORMAT
+    if fmt == "parquet":
         try:
             import pyarrow.parquet  # noqa: F401
         except ImportError:
             raise CliError(
                 "--shard-format parquet needs pyarrow: pip install 'clearformer[index]'"
             ) from None
-    texts = read_input([], args.input, args.field)
-    from ..sharded.shards import corpus_sha256
-
-    source = {"file": str(Path(args.input)), "sha256": corpus_sha256(Path(args.input).read_bytes())}
+    texts, data = read_input_file(args.input, args.field)  # read once: -i may be a pipe
+    source = {"file": str(Path(args.input)), "sha256": corpus_sha256(data)}
     encoder = load_encoder(args, hold_precision=True)
-    result = encode_shard(
-        texts,
-        out,
-        encoder,
-        rank=rank,
-        world=world,
-        chunk_rows=args.chunk_rows,
-        fmt=args.shard_format,
-        normalize=args.normalize,
-        precision=args.precision,
-        source=source,
-        batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
-        workers=args.workers,
-        progress=progress_for(args, len(texts)) if world == 1 else False,
-    )
+    # Only a lone process shows a bar: several would draw over each other's line.
+    progress = encode_progress(args, len(texts)) if world == 1 else contextlib.nullcontext(False)
+    with progress as shown:  # its line ended before the messages below
+        result = encode_shard(
+            texts,
+            out,
+            encoder,
+            rank=rank,
+            world=world,
+            chunk_rows=args.chunk_rows or CHUNK_ROWS,
+            fmt=fmt,
+            normalize=args.normalize,
+            precision=args.precision,
+            source=source,
+            batch_size=args.batch_size,
+            max_tokens=args.max_tokens,
+            workers=args.workers,
+            progress=shown,
+        )
     who = f"rank {rank}/{world}: " if world > 1 else ""
     if result.file is None:
         cleaned = (

@@ -6,13 +6,17 @@ from pathlib import Path
 
 
 def require_input_file(value: str | Path, flag: str) -> Path:
-    """``value`` as a path to an existing regular file, else a :class:`~clearformer.cli.CliError`
-    that names ``flag`` and says what the path is instead (missing, or a directory)."""
+    """``value`` as a path to read, else a :class:`~clearformer.cli.CliError` that names
+    ``flag`` and says what the path is instead (missing, or a directory).
+
+    Any existing path that is not a directory is read: a regular file, and also a named pipe,
+    ``/dev/stdin`` or a shell's process substitution (``-i <(head corpus.txt)``, a
+    ``/dev/fd/N`` path), which are no regular files. A command reads it once."""
     from ..cli import CliError
 
     path = Path(value)
     if path.is_dir():
         raise CliError(f"{flag}: {path} is a directory, expected a file")
-    if not path.is_file():
+    if not path.exists():
         raise CliError(f"{flag} file not found: {path}")
     return path

@@ -21,6 +21,7 @@ from ..text.progress import Throughput, describe_progress
 REDRAW_EVERY = 0.1  # seconds between two redraws of a terminal's line
 LINE_EVERY = 5.0  # seconds between two progress lines elsewhere
 BAR_WIDTH = 24
+PROGRESS_MIN_TEXTS = 256  # texts; below this, an encode's progress is not shown by default
 
 
 class StatusLine:
@@ -140,16 +141,36 @@ def _stderr_is_terminal() -> bool:
 
 
 def progress_for(args, total: int):
-    """A stderr progress line for long runs (a terminal, or --progress), else None."""
-    show = args.progress if args.progress is not None else sys.stderr.isatty() and total >= 256
+    """The ``progress`` an ``encode`` call of ``total`` texts takes from a command with
+    ``--progress``: a line on stderr with the texts done, their rate and the time left
+    (:meth:`StatusLine.progress`), or False. Shown with ``--progress``, and by default when
+    stderr is a terminal and the run has :data:`PROGRESS_MIN_TEXTS` texts or more (a bar for a
+    run of a second is noise). The line ends when the work reaches ``total``; work that may stop
+    short of it takes :func:`encode_progress`."""
+    status = _encode_status(args, total)
+    return False if status is None else status.progress("embedding", "texts")
+
+
+@contextlib.contextmanager
+def encode_progress(args, total: int) -> Iterator[Callable[[int, int], None] | bool]:
+    """:func:`progress_for`'s ``progress`` for the block, its line ended when the block ends
+    however it ends (an error, a resumed run that reuses its last chunks): the next message
+    starts a line of its own."""
+    status = _encode_status(args, total)
+    if status is None:
+        yield False
+        return
+    try:
+        yield status.progress("embedding", "texts") or False
+    finally:
+        status.close()
+
+
+def _encode_status(args, total: int) -> StatusLine | None:
+    show = args.progress
+    if show is None:
+        show = _stderr_is_terminal() and total >= PROGRESS_MIN_TEXTS
     if not show:
-        return False
-
-    def update(done: int, total: int) -> None:
-        width = 30
-        filled = int(width * done / max(total, 1))
-        bar = "#" * filled + "-" * (width - filled)
-        end = "\n" if done >= total else ""
-        print(f"\rencode [{bar}] {done}/{total} texts", end=end, file=sys.stderr, flush=True)
-
-    return update
+        return None
+    # Redrawn in place, also off a terminal when --progress asks for it (as index's bar is).
+    return StatusLine(getattr(args, "command", None) or "encode", redraw=True)

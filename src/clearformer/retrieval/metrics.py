@@ -22,8 +22,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-import numpy as np
-
 Run = Mapping[str, Mapping[str, float]]  # query id -> document id -> score
 Qrels = Mapping[str, Mapping[str, int]]  # query id -> document id -> relevance level
 
@@ -38,6 +36,8 @@ def ranked(scores: Mapping[str, float]) -> list[str]:
     trec_eval holds a score as a C ``float``: two scores equal once rounded to float32 are a
     tie (reciprocal-rank fusion's sums of the same ranks in another order differ in
     float64's last bit, for one)."""
+    import numpy as np  # here: the CLI's parser reads this module's names, numpy unloaded
+
     # By id descending first, then a stable sort by the float32 score descending (ties keep
     # the first).
     by_id = sorted(scores, reverse=True)

@@ -5,5 +5,5 @@
 * :mod:`.ray_adapter` and :mod:`.spark_adapter` -- the model loaded once per worker inside a
   Ray Data or Spark pipeline (the ``ray`` and ``spark`` extras).
 
-See docs/index.md ("Sharded encoding").
+See docs/index.md ("Sharded embedding of a large corpus").
 """

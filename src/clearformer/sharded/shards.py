@@ -20,10 +20,17 @@ describes this job is left as it is.
 
 A row's embedding does not depend on the rank that computes it, nor on what that process
 computed before: each chunk is one ``encode`` call of its own rows (its batches cut from those
-rows alone), and every rank keeps its weights reordered from the first chunk on
-(:meth:`~clearformer.TextEncoder.keep_weights_reordered`), so every chunk takes the same products.
-The shards of N processes are therefore the bytes of a one-process run's, at the same thread
-count per process (see docs/index.md for the thread count).
+rows alone), and every rank reorders its weights as one ``encode`` call of the whole corpus
+would (:func:`_reorder_as_one_call`): kept reordered from the first chunk on
+(:meth:`~clearformer.TextEncoder.keep_weights_reordered`) when the corpus carries
+``REORDER_MIN_TOKENS`` tokens, plain for every chunk when it does not; so every chunk takes the
+same products. The shards of N processes are therefore the bytes of a one-process run's, and
+of a one-process ``clearformer encode --output FILE.npy``, at the same thread count per process
+(see docs/index.md for the thread count).
+
+Each chunk's embeddings are checked to be finite before the chunk is committed, so no run
+writes or reuses a NaN row. A directory whose manifest names a shard that is missing or
+damaged is refused: its chunks were removed once the manifest was written.
 """
 
 from __future__ import annotations
@@ -50,6 +57,11 @@ log = logging.getLogger(__name__)
 SHARD_FORMATS = ("npy", "parquet")
 MANIFEST = "manifest.json"
 CHUNKS = ".chunks"
+# What the manifest keeps of each shard's record; "bytes" lets a rerun check a shard's size
+# before its checksum.
+SHARD_ENTRY = ("file", "rank", "rows", "count", "bytes", "sha256")
+NAMED_TEXTS = 5  # texts listed by name in an error; the count says how many more
+JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
 @dataclass(frozen=True)
@@ -116,8 +128,15 @@ def encode_shard(
         fmt: ``"npy"`` (the (n, D) float32 array) or ``"parquet"`` (columns ``row``,
             ``text``, ``embedding``; needs pyarrow).
         normalize, precision: as ``encoder.encode``; they are part of the job, the precision
-            as this machine resolves it (``"auto"`` is recorded as what it chose).
-        encode_options: ``batch_size``, ``max_tokens``, ``workers``, ``progress``.
+            as this machine resolves it (``"auto"`` is recorded as what it chose), and so are
+            the encoder's attention backend and device type.
+        encode_options: ``batch_size``, ``max_tokens``, ``workers``, ``progress`` (a callable
+            is told the rows of the corpus done, reused chunks included).
+
+    Raises:
+        ValueError: a chunk's embeddings hold NaN or infinity (nothing of that chunk is
+            committed); ``out`` holds another job, or a manifest that names a missing or
+            damaged shard, or a record or manifest that is not a JSON object.
     """
     if fmt not in SHARD_FORMATS:
         raise ValueError(f"shard format must be one of {SHARD_FORMATS}, got {fmt!r}")
@@ -139,6 +158,11 @@ def encode_shard(
         "normalize": normalize,
         "precision": precision,
         "chunk_rows": chunk_rows,
+        # Another attention backend or device may round otherwise: a run resumed with them
+        # must not mix its rows with these (auto is recorded as auto: it decides per batch
+        # shape and device, both of which the job fixes).
+        "backend": encoder.config.backend,
+        "device": encoder.device.type,
     }
     out.mkdir(parents=True, exist_ok=True)
     done = _complete_manifest(out, job, fmt)
@@ -149,7 +173,7 @@ def encode_shard(
         # A run killed between its manifest and the clean-up left its chunks (a second copy
         # of every embedding) and perhaps temporary files: once the manifest is written no
         # rank of any run reads them, so they go now.
-        cleaned = _remove_leftovers(out, read_json(out / MANIFEST))
+        cleaned = _remove_leftovers(out, _read_object(out / MANIFEST, "manifest"))
         return ShardResult(rank, world, None, (first, stop), 0, 0, False, cleaned=cleaned)
     name = shard_name(rank, world, fmt)
     if _recorded(out, rank, world, job, fmt):
@@ -161,32 +185,32 @@ def encode_shard(
     store = ChunkStore(out / CHUNKS, job)
     started = time.perf_counter()
     progress = encode_options.pop("progress", None)
-    if precision == "float32":
-        # From the first chunk on, whatever this rank computed before: reordered weights may take
-        # other products than plain ones (clearformer's AVX-512 linear kernel, where loaded),
-        # and a one-process run packs once its first chunks have carried REORDER_MIN_TOKENS.
-        encoder.keep_weights_reordered()
+    _reorder_as_one_call(encoder, texts, precision)
     reused_chunks: list[int] = []
 
     def chunk_done(index: int, reused: bool) -> None:
         if reused:
             reused_chunks.append(index)
+            if callable(progress):  # else a resumed run's progress stops short of its end
+                progress(min((index + 1) * chunk_rows, len(texts)), len(texts))
         if on_chunk is not None:
             on_chunk(index, reused)
 
-    encoded, reused = embed_chunks(
-        lambda chunk, start: encoder.encode(
+    def encode_chunk(chunk: list[str], start: int) -> np.ndarray:
+        vectors = encoder.encode(
             chunk,
             normalize=normalize,
             precision=precision,
             progress=chunk_progress(progress, start, len(texts)),
             **encode_options,
-        ),
-        texts,
-        store,
-        chunk_rows,
-        chunks=chunks,
-        on_chunk=chunk_done,
+        )
+        # Before the chunk is committed: a committed chunk is reused by every later run, and
+        # a NaN row poisons every similarity computed from the shards.
+        check_finite_rows(vectors, chunk, start, len(texts))
+        return vectors
+
+    encoded, reused = embed_chunks(
+        encode_chunk, texts, store, chunk_rows, chunks=chunks, on_chunk=chunk_done
     )
     log.info(
         "rank %d/%d: rows %d-%d, %d chunks encoded, %d reused, in %.1fs",
@@ -215,6 +239,7 @@ def encode_shard(
         "rows": [first, stop],
         "count": stop - first,
         "dimensions": int(dimensions),
+        "bytes": (out / name).stat().st_size,
         "sha256": file_sha256(out / name),
     }
     write_json(_record_path(out, rank, world), record)
@@ -224,46 +249,145 @@ def encode_shard(
     )
 
 
+def check_finite_rows(vectors: np.ndarray, texts: Sequence[str], start: int, rows: int) -> None:
+    """Raise ValueError naming the texts (by their row in the corpus of ``rows``) whose
+    embedding in ``vectors``, the chunk of ``texts`` from row ``start``, holds a NaN or an
+    infinity. Worded as ``clearformer encode --output FILE``'s error
+    (:func:`clearformer.commands.outputs.check_finite`), with the chunk's rows where it is
+    not the whole corpus."""
+    bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1))
+    if not len(bad):
+        return
+    named = ", ".join(f"{start + int(i)} ({_short(texts[int(i)])!r})" for i in bad[:NAMED_TEXTS])
+    more = f" and {len(bad) - NAMED_TEXTS} more" if len(bad) > NAMED_TEXTS else ""
+    where = "" if len(texts) == rows else f" in rows {start}-{start + len(texts)}"
+    raise ValueError(
+        f"the embeddings of {len(bad)} of {len(texts)} texts{where} are not finite (NaN or "
+        f"infinity; the checkpoint's weights may be damaged): texts {named}{more}; that chunk "
+        "was not committed and no shard was written"
+    )
+
+
+def _short(text: str, width: int = 40) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _reorder_as_one_call(encoder, texts: Sequence[str], precision: str) -> None:
+    """Reorder the weights for every chunk as one ``encode`` call of the whole corpus does
+    (``clearformer encode --output FILE.npy``): that call packs them when it carries
+    ``REORDER_MIN_TOKENS`` tokens, and runs plain weights when it does not. Reordered and plain
+    weights may round otherwise (clearformer's AVX-512 linear kernel, where loaded), and a
+    one-process run's chunks would otherwise pack part-way, once they had carried that many."""
+    from ..fast.reordered_weights import REORDER_MIN_TOKENS
+    from ..precision.names import is_int8
+
+    if is_int8(precision):
+        return  # int8 products read no reordered weights
+    if _carries(encoder, texts, REORDER_MIN_TOKENS):
+        encoder.keep_weights_reordered()
+    else:
+        # A copy this encoder's earlier calls made would pack these chunks; they carry too
+        # few tokens in all to make one again.
+        encoder.drop_reordered_weights()
+
+
+def _carries(encoder, texts: Sequence[str], tokens: int, step: int = 256) -> bool:
+    """Whether ``texts`` hold ``tokens`` tokens or more, as ``encode`` counts them (tokenized
+    ``step`` texts at a time, and no further than the count needs)."""
+    counted = 0
+    for start in range(0, len(texts), step):
+        encodings = encoder.tokenizer.encode(list(texts[start : start + step]))
+        counted += sum(len(e.ids) for e in encodings)
+        if counted >= tokens:
+            return True
+    return False
+
+
 def read_manifest(out: str | os.PathLike) -> dict[str, Any]:
     path = Path(out) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{out} holds no {MANIFEST}: the run has not finished")
-    return read_json(path)
+    return _read_object(path, "manifest")
 
 
 def read_shards(out: str | os.PathLike, verify: bool = True) -> np.ndarray:
     """Every shard's embeddings in row order, (rows, D) float32; with ``verify``, each
-    shard's SHA-256 and row count are checked against the manifest first."""
+    shard's size and SHA-256, and its row count, are checked against the manifest first."""
     out = Path(out)
     manifest = read_manifest(out)
     parts = []
     for shard in manifest["shards"]:
         path = out / shard["file"]
-        if verify and file_sha256(path) != shard["sha256"]:
-            raise ValueError(f"{path} does not match its checksum in {out / MANIFEST}")
+        problem = _shard_problem(path, shard) if verify else None
+        if problem is not None:
+            raise ValueError(f"{path} {problem} ({out / MANIFEST})")
         if manifest["format"] == "npy":
             part = np.load(path)
         else:
             table = _pyarrow().parquet.read_table(path, columns=["embedding"])
             column = table.column("embedding").combine_chunks()
-            part = column.values.to_numpy().reshape(len(table), -1).astype(np.float32)
+            # The manifest's width, not -1: a shard of no rows (more ranks than chunks) has
+            # no width of its own to infer.
+            values = column.values.to_numpy()
+            part = values.reshape(len(table), manifest["dimensions"]).astype(np.float32)
         if len(part) != shard["count"]:
             raise ValueError(f"{path} holds {len(part)} rows, its manifest says {shard['count']}")
         parts.append(part)
     return np.concatenate(parts)
 
 
+def _read_object(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object in ``path`` (a record or the manifest); ValueError naming the file if
+    it holds other JSON (a list, a number): only a damaged or foreign file does."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        held = JSON_TYPES.get(type(data), type(data).__name__)
+        raise ValueError(
+            f"{path} holds a JSON {held}, not the object a {what} is: remove it and run again"
+        )
+    return data
+
+
 def _complete_manifest(out: Path, job: dict, fmt: str) -> bool:
+    """Whether ``out`` holds this job's manifest, every shard it lists there and whole;
+    ValueError for another job's, or for a shard missing or damaged."""
     path = out / MANIFEST
     if not path.is_file():
         return False
-    manifest = read_json(path)
-    if manifest.get("job") == job and manifest.get("format") == fmt:
-        return True
-    raise ValueError(
-        f"{out} already holds the shards of another run (its {MANIFEST} differs in input, "
-        "model, options or format); use another --output directory or remove that one"
+    manifest = _read_object(path, "manifest")
+    if manifest.get("job") != job or manifest.get("format") != fmt:
+        raise ValueError(
+            f"{out} already holds the shards of another run (its {MANIFEST} differs in input, "
+            "model, options or format); use another --output directory or remove that one"
+        )
+    shards = manifest.get("shards")
+    listed = isinstance(shards, list) and all(
+        isinstance(s, dict) and isinstance(s.get("file"), str) for s in shards
     )
+    if not listed or not isinstance(manifest.get("world"), int):
+        raise ValueError(f"{path} is damaged (no list of shards): remove {out} and run again")
+    for shard in shards:
+        problem = _shard_problem(out / shard["file"], shard)
+        if problem is not None:
+            # The chunks went when the manifest was written: nothing is left to rebuild it from.
+            raise ValueError(
+                f"{out / shard['file']} {problem} (listed in {path}); the chunks it was made "
+                f"from are gone: remove {out} and run again to encode the corpus anew"
+            )
+    return True
+
+
+def _shard_problem(path: Path, entry: dict[str, Any]) -> str | None:
+    """What is wrong with the shard file ``path`` against its record or manifest entry
+    (its size first, which costs no read, then its SHA-256); None if nothing."""
+    if not path.is_file():
+        return "is missing"
+    size, recorded = path.stat().st_size, entry.get("bytes")
+    if recorded is not None and size != recorded:
+        return f"holds {size} bytes, where {recorded} were written"
+    if file_sha256(path) != entry.get("sha256"):
+        return "does not match its recorded SHA-256"
+    return None
 
 
 def _record_path(out: Path, rank: int, world: int) -> Path:
@@ -272,17 +396,16 @@ def _record_path(out: Path, rank: int, world: int) -> Path:
 
 def _recorded(out: Path, rank: int, world: int, job: dict, fmt: str) -> bool:
     """Whether rank ``rank``'s shard of this job is written and recorded (by a run killed
-    after it), its file whole: its checksum is the record's."""
+    after it), its file whole: its size and checksum are the record's."""
     path = _record_path(out, rank, world)
     if not path.is_file():
         return False
-    record = read_json(path)
-    shard = out / str(record.get("file", ""))
+    record = _read_object(path, "shard record")
     return (
         record.get("job") == job
         and record.get("format") == fmt
-        and shard.is_file()
-        and file_sha256(shard) == record.get("sha256")
+        and isinstance(record.get("file"), str)
+        and _shard_problem(out / record["file"], record) is None
     )
 
 
@@ -298,7 +421,7 @@ def _finish(out: Path, job: dict, fmt: str, world: int, identity, source) -> boo
         path = _record_path(out, rank, world)
         if not path.is_file():
             return False
-        record = read_json(path)
+        record = _read_object(path, "shard record")
         if record.get("job") != job or record.get("format") != fmt:
             return False  # left by an earlier run; this run's rank has not written it yet
         records.append(record)
@@ -310,19 +433,38 @@ def _finish(out: Path, job: dict, fmt: str, world: int, identity, source) -> boo
         "model": identity.to_dict(),
         "input": source or {},
         "world": world,
-        "shards": [{k: r[k] for k in ("file", "rank", "rows", "count", "sha256")} for r in records],
+        "shards": [
+            {k: r[k] for k in SHARD_ENTRY if k in r}  # "bytes" is missing from older records
+            for r in records
+        ],
     }
-    write_json(out / MANIFEST, manifest)
+    _write_manifest(out, manifest)
     _remove_leftovers(out, manifest)
     log.info("wrote %s: %d rows in %d shards", out / MANIFEST, job["rows"], world)
     return True
 
 
+def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    try:
+        write_json(out / MANIFEST, manifest)
+    except FileNotFoundError:
+        # Its temporary file removed under it: another rank found every shard recorded at the
+        # same moment, published the same manifest first and removed the manifest's
+        # temporary files as a killed write's (_remove_leftovers). Its manifest is this one.
+        path = out / MANIFEST
+        if not path.is_file():
+            raise
+        found = _read_object(path, "manifest")
+        if (found.get("job"), found.get("shards")) != (manifest["job"], manifest["shards"]):
+            raise
+
+
 def _remove_leftovers(out: Path, manifest: dict[str, Any]) -> list[str]:
     """Remove what the manifest's run no longer needs: the chunks, shards of an earlier,
-    killed run with another world size, and temporary files of killed shard writes; the
-    names of what was removed. The writer of the manifest calls it, and so does every later
-    run that finds the manifest complete (the writer may have been killed before it)."""
+    killed run with another world size, and temporary files of killed shard, record and
+    manifest writes; the names of what was removed. The writer of the manifest calls it, and
+    so does every later run that finds the manifest complete (the writer may have been killed
+    before it)."""
     world = manifest["world"]
     kept = {s["file"] for s in manifest["shards"]} | {
         f"shard-{r:05d}-of-{world:05d}.json" for r in range(world)
@@ -332,12 +474,14 @@ def _remove_leftovers(out: Path, manifest: dict[str, Any]) -> list[str]:
         if path.name not in kept:  # shards of an earlier, killed run with another world size
             path.unlink(missing_ok=True)
             removed.append(path.name)
-    # A shard's temporary file (io.atomic_write's ".NAME.*.tmp") left by a process killed
-    # while writing it: every shard is written now, so none is being written. (A manifest's
-    # may be: another rank can be writing the same manifest.)
-    for path in sorted(out.glob(".shard-*.tmp")):
-        path.unlink(missing_ok=True)
-        removed.append(path.name)
+    # The temporary files (io.atomic_write's ".NAME.*.tmp") of a shard, a record or the
+    # manifest, left by a process killed while writing it: every shard is written now, so
+    # none is being written. Another rank may be writing this same manifest at this moment:
+    # it finds its temporary file gone and this manifest in place (_write_manifest).
+    for pattern in (".shard-*.tmp", f".{MANIFEST}.*.tmp"):
+        for path in sorted(out.glob(pattern)):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
     if (out / CHUNKS).exists():
         shutil.rmtree(out / CHUNKS, ignore_errors=True)
         removed.append(CHUNKS)
