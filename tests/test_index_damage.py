@@ -289,15 +289,16 @@ def test_a_damaged_job_record_of_a_stopped_build_is_one_error_line_naming_it(tmp
     root = tmp_path / "idx"
     stopped_build(root, setup, word_texts(300), IndexOptions(ann="exact", chunk_rows=64))
     (staging,) = (root / "staging").iterdir()
-    (staging / "job.json").write_bytes(b"\xff{")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(word_texts(300)) + "\n", encoding="utf-8")
-    result = cli("index", "build", "--corpus", str(corpus), "--out", str(root), "--ann", "exact",
-                 "--chunk-rows", "64", "--model", str(setup["model"]))  # fmt: skip
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert str(staging / "job.json") in lines[-1] and "Traceback" not in result.stderr
-    assert f"remove {staging}" in lines[-1]
+    for damage in (b"\xff{", b"[1]"):  # not JSON; JSON but no object
+        (staging / "job.json").write_bytes(damage)
+        result = cli("index", "build", "--corpus", str(corpus), "--out", str(root), "--ann",
+                     "exact", "--chunk-rows", "64", "--model", str(setup["model"]))  # fmt: skip
+        assert result.returncode == 2, damage
+        lines = result.stderr.strip().splitlines()
+        assert str(staging / "job.json") in lines[-1] and "Traceback" not in result.stderr
+        assert f"remove {staging}" in lines[-1]
 
 
 def _bad_storage(meta):

@@ -106,3 +106,15 @@ def test_the_test_extra_installs_what_these_tests_need():
     test = {Requirement(r).name: Requirement(r) for r in extras["test"]}
     assert {"ray", "pandas", "pyspark"} <= set(test)
     assert "data" in test["ray"].extras  # Ray Data's map_batches
+
+
+def test_the_spark_udf_refuses_a_text_that_is_no_string():
+    """The pandas UDF's texts (Spark sends a pandas Series per batch): a null or a NaN is an
+    error naming its row, not the embedding of "None" or "nan"."""
+    pd = pytest.importorskip("pandas")
+    from clearformer.sharded.spark_adapter import _strings
+
+    assert _strings(pd.Series(["a", "b"])) == ["a", "b"]
+    for bad in (None, float("nan"), 3):
+        with pytest.raises(TypeError, match="row 1 of this batch is"):
+            _strings(pd.Series(["a", bad], dtype=object))

@@ -78,6 +78,12 @@ class ChunkStore:
                     f"{record} is damaged ({exc.reason}): the chunks beside it cannot be told "
                     f"to be this job's; remove {directory} and run again to embed them anew"
                 ) from None
+            if not isinstance(found, dict):
+                raise ChunkJobMismatch(
+                    f"{record} holds a JSON {type(found).__name__}, not a job's object: the "
+                    f"chunks beside it cannot be told to be this job's; remove {directory} and "
+                    "run again to embed them anew"
+                )
             if found != job:
                 differ = sorted(k for k in set(found) | set(job) if found.get(k) != job.get(k))
                 raise ChunkJobMismatch(
