@@ -132,6 +132,34 @@ def test_onnx_axes_are_dynamic(encoder, session, texts):
     np.testing.assert_allclose(pooled, want_pooled, atol=TOLERANCE, rtol=0)
 
 
+def left_padded(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The same batch with every row's padding moved to its left."""
+    out = {name: value.copy() for name, value in feed.items()}
+    for row, mask in enumerate(feed["attention_mask"]):
+        shift = int((mask == 0).sum())
+        for name in out:
+            out[name][row] = np.roll(feed[name][row], shift)
+    return out
+
+
+def test_onnx_and_program_match_clearformer_on_a_left_padded_batch(encoder, session):
+    """Positions count each row's real tokens: a row padded on the left gets the outputs it
+    has padded on the right (tokenizers pad either way)."""
+    right = feed_for(encoder, TEXTS)
+    left = left_padded(right)
+    assert not (left["attention_mask"][:, 0] == 1).all()  # some rows start with padding
+    want_hidden, want_pooled, real = clearformer_outputs(encoder, right)
+    hidden, pooled = session.run(["last_hidden_state", "sentence_embedding"], left)
+    real_left = left["attention_mask"].astype(bool)
+    np.testing.assert_allclose(hidden[real_left], want_hidden[real], atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(pooled, want_pooled, atol=TOLERANCE, rtol=0)
+    program = export_program(encoder.model, pooling="mean", normalize=True)
+    args = [torch.from_numpy(left[n]) for n in ("input_ids", "attention_mask", "token_type_ids")]
+    with torch.no_grad():
+        _, vectors = program.module()(*args)
+    np.testing.assert_allclose(vectors.numpy(), want_pooled, atol=TOLERANCE, rtol=0)
+
+
 def test_onnx_fully_padded_row_gives_zeros(encoder, session):
     feed = feed_for(encoder, ["A cat sits on the mat.", "hi"])
     feed["attention_mask"][1] = 0  # a row with no real token at all
@@ -215,10 +243,10 @@ def test_a_graph_with_static_axes_is_refused_and_nothing_is_written(
     ort, tiny_encoder, tmp_path, monkeypatch
 ):
     # Traced without dynamic shapes, the graph takes only 2 x 8 batches: the check on the
-    # 3 x 26 batch must catch it before the directory appears.
+    # 4 x 26 batch must catch it before the directory appears.
     monkeypatch.setattr(export_module, "dynamic_shapes_for", lambda module: None)
     target = tmp_path / "static"
-    with pytest.raises(ExportError, match="fails under onnxruntime on a 3 x 26 batch"):
+    with pytest.raises(ExportError, match="fails under onnxruntime on a 4 x 26 batch"):
         export_onnx(tiny_encoder, target)
     assert list(tmp_path.iterdir()) == []
 
@@ -371,10 +399,15 @@ def test_mpnet_relative_bias_exports_on_math(ort, tmp_path):
     mask = torch.arange(200)[None] < lengths[:, None]
     ids = torch.randint(3, 120, (3, 200), generator=torch.Generator().manual_seed(1))
     ids = ids.masked_fill(~mask, 1)
+    ids[1, 4] = ids[2, 2] = 1  # a pad id inside a text: MPNet's positions skip it
     (hidden,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.long().numpy()})
     with torch.inference_mode():
         want = model(ids, mask)
+        # transformers' own MPNet, for the positions past the pad ids
+        reference = transformers.MPNetModel.from_pretrained(tmp_path / "mpnet").eval()
+        theirs = reference(input_ids=ids, attention_mask=mask.long()).last_hidden_state
     np.testing.assert_allclose(hidden[mask.numpy()], want[mask].numpy(), atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(hidden[mask.numpy()], theirs[mask].numpy(), atol=TOLERANCE, rtol=0)
 
 
 # --- the command line -----------------------------------------------------------------------

@@ -98,7 +98,7 @@ class EncoderModel(nn.Module):
         # tables: a text padded on the left gets the positions it has alone. Without a mask,
         # the plain 0 .. T-1.
         positions = None if plan.token_mask is None else padded_positions(plan.token_mask)
-        if self._counts_past_pads:
+        if self.counts_past_pads:
             positions = past_pad_ids(
                 input_ids, positions, self.config.pad_token_id, real=plan.token_mask
             )
@@ -139,7 +139,7 @@ class EncoderModel(nn.Module):
         if token_type_ids is not None:
             self._check_token_types(token_type_ids, N)
         positions = plan.packing.positions  # (N,)
-        if self._counts_past_pads:
+        if self.counts_past_pads:
             positions = past_pad_ids(
                 input_ids, positions, self.config.pad_token_id, cu_seqlens=cu_seqlens
             )
@@ -147,7 +147,7 @@ class EncoderModel(nn.Module):
         return self.encoder.run(x, plan)
 
     @property
-    def _counts_past_pads(self) -> bool:
+    def counts_past_pads(self) -> bool:
         """RoBERTa's learned positions (offset pad_token_id + 1) skip pad ids in a text."""
         config = self.config
         return (

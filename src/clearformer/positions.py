@@ -126,17 +126,27 @@ def past_pad_ids(
         pads = pads & real  # the batch's own padding is not counted: it has no position
     if not bool(pads.any()):
         return positions
-    counted = pads.long()
     if cu_seqlens is None:
         if positions is None:
             positions = torch.arange(input_ids.shape[-1], device=input_ids.device)  # (T,)
-        before = counted.cumsum(dim=-1) - counted  # (B, T) pad ids before each token in its row
-    else:
-        exclusive = counted.cumsum(dim=0) - counted  # (N,) pad ids before each token, overall
-        lengths = cu_seqlens.diff().long()  # (B,)
-        starts = cu_seqlens[:-1].long().clamp(max=max(len(counted) - 1, 0))  # (B,)
-        numbers = torch.arange(len(lengths), device=lengths.device)  # (B,)
-        sequence = torch.repeat_interleave(numbers, lengths)  # (N,) each token's sequence
-        before = exclusive - exclusive[starts][sequence]  # (N,) within each token's sequence
+        return padded_past_pads(positions, pads)
+    # Packed: the counts restart at each sequence.
+    counted = pads.long()
+    exclusive = counted.cumsum(dim=0) - counted  # (N,) pad ids before each token, overall
+    lengths = cu_seqlens.diff().long()  # (B,)
+    starts = cu_seqlens[:-1].long().clamp(max=max(len(counted) - 1, 0))  # (B,)
+    numbers = torch.arange(len(lengths), device=lengths.device)  # (B,)
+    sequence = torch.repeat_interleave(numbers, lengths)  # (N,) each token's sequence
+    before = exclusive - exclusive[starts][sequence]  # (N,) within each token's sequence
+    shifted = positions - before
+    return torch.where(pads, torch.full_like(shifted, -1), shifted)
+
+
+def padded_past_pads(positions: Tensor, pads: Tensor) -> Tensor:
+    """:func:`past_pad_ids` on a padded batch, computed whatever ``pads`` holds (no branch on
+    the values, so that an exported graph keeps it): ``positions`` (B, T) or (T,), ``pads``
+    (B, T) True at a real token that is the pad id."""
+    counted = pads.long()
+    before = counted.cumsum(dim=-1) - counted  # (B, T) pad ids before each token in its row
     shifted = positions - before
     return torch.where(pads, torch.full_like(shifted, -1), shifted)

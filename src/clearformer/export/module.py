@@ -32,6 +32,7 @@ from ..config import EncoderConfig
 from ..fast.local import BANDED_MIN_LENGTH, use_banded
 from ..heads import POOLING_MODES, pool
 from ..model import EncoderModel
+from ..positions import padded_past_pads, padded_positions
 
 __all__ = [
     "EXPORT_BACKENDS",
@@ -111,6 +112,7 @@ class ExportableEncoder(nn.Module):
         self.pooling = pooling
         self.normalize = bool(normalize)
         self.config = model.config
+        self.counts_past_pads = model.counts_past_pads  # RoBERTa's positions skip pad ids
         self.train(model.training)  # a new module trains by default; follow the model's mode
         self.embeddings = model.embeddings
         self.encoder = model.encoder
@@ -151,7 +153,14 @@ class ExportableEncoder(nn.Module):
             dtype=self.embeddings.word.weight.dtype,
             mask_name="attention_mask",
         )
-        x = self.embeddings(input_ids, token_type_ids)  # (B, T, D)
+        # Each token's index among its row's real tokens, as EncoderModel counts them: a row
+        # padded on the left gets the positions it has alone. RoBERTa's also skip a pad id in
+        # the text (computed whatever the ids hold: the graph must not branch on them).
+        positions = padded_positions(mask)  # (B, T)
+        if self.counts_past_pads:
+            pads = (input_ids == self.config.pad_token_id) & mask  # (B, T)
+            positions = padded_past_pads(positions, pads)
+        x = self.embeddings(input_ids, token_type_ids, positions)  # (B, T, D)
         hidden = self.encoder.run(x, plan)  # (B, T, D)
         if self.pooling is None:
             return (hidden,)

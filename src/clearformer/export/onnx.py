@@ -375,16 +375,25 @@ def _check_batch(module: ExportableEncoder, text) -> tuple[Tensor, ...]:
     if text is not None:
         batch = text.tokenize(list(CHECK_TEXTS))
         mask = batch.attention_mask.long()
-        inputs = (batch.input_ids, mask)
+        ids = batch.input_ids
+        tt = batch.token_type_ids
+        tt = torch.zeros_like(ids) if tt is None else tt
+        # And the shortest text again, padded on the left, as some tokenizers pad.
+        short = int(mask.sum(dim=1).argmin())
+        shift = int((mask[short] == 0).sum())
+        ids = torch.cat([ids, ids[short].roll(shift)[None]])
+        mask = torch.cat([mask, mask[short].roll(shift)[None]])
+        tt = torch.cat([tt, tt[short].roll(shift)[None]])
+        inputs = (ids, mask)
         if "token_type_ids" in module.input_names:
-            tt = batch.token_type_ids
-            inputs += (torch.zeros_like(batch.input_ids) if tt is None else tt,)
+            inputs += (tt,)
         return inputs
     config = module.config
     generator = torch.Generator().manual_seed(0)
     T = min(13, config.max_length)
-    ids = torch.randint(0, config.vocab_size, (3, T), generator=generator)
-    mask = (torch.arange(T) < torch.tensor([[T], [T // 2], [2]])).long()
+    ids = torch.randint(0, config.vocab_size, (4, T), generator=generator)
+    mask = (torch.arange(T) < torch.tensor([[T], [T // 2], [2], [T]])).long()
+    mask[3] = mask[1].flip(0)  # the last row padded on the left, as some tokenizers pad
     inputs = (ids, mask)
     if "token_type_ids" in module.input_names:
         inputs += (torch.zeros_like(ids),)
