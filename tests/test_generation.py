@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -179,6 +181,9 @@ def test_min_length_forbids_an_early_end(model):
         (dict(max_new_tokens=0), "max_new_tokens must be a positive int"),
         (dict(max_new_tokens=4, num_beams=0), "num_beams must be a positive int"),
         (dict(max_new_tokens=4, early_stopping="sometimes"), "early_stopping must be"),
+        (dict(max_new_tokens=4, early_stopping=1.0), "early_stopping must be"),
+        (dict(max_new_tokens=4, early_stopping=0.0), "early_stopping must be"),
+        (dict(max_new_tokens=4, early_stopping=np.bool_(True)), "early_stopping must be"),
         (dict(max_new_tokens=4, length_penalty=math.nan), "length_penalty must be"),
         (dict(max_new_tokens=4, eos_id=99), "eos_id"),
         (dict(max_new_tokens=4, min_length=9), "min_length"),

@@ -81,6 +81,15 @@ def test_generate_command_decodes_a_run_and_names_bad_input(tmp_path, capsys):
     assert main(["generate", "--run", str(run), "3 4 5", "6"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and all("\t" in line for line in lines)
+    # A sequence's output does not depend on the other sequences of the call: each runs to
+    # its own length + 1, not to the longest's.
+    long = " ".join(["4"] * 5)
+    for argv in (["6"], ["6", long], [long, "6"]):
+        assert main(["generate", "--run", str(run), *argv]) == 0
+        out = capsys.readouterr().out.strip().splitlines()
+        assert out[argv.index("6")] == lines[1], argv
+        ids = out[argv.index("6")].split("\t")[0].split()
+        assert len(ids) <= 2  # at most its length + 1 (the end token not printed)
     for argv, said in (
         (["generate", "--run", str(run), "3 x"], "space-separated token ids"),
         (["generate", "--run", str(tmp_path / "none"), "3"], "config.toml is missing"),

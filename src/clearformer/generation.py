@@ -104,11 +104,9 @@ def generate(
     check_int(min_length, "min_length", high=max_new_tokens + 1, high_name="max_new_tokens + 1")
     for value, name in ((bos, "bos_id"), (eos, "eos_id"), (pad, "pad_id")):
         check_int(value, name, high=cfg.target_vocab, high_name="the target vocabulary size")
-    if (
-        early_stopping not in EARLY_STOPPING
-        or isinstance(early_stopping, int)
-        and not isinstance(early_stopping, bool)
-    ):
+    # By identity: 1, 1.0 and numpy's True equal True (and 0.0 equals False), yet the beam
+    # search tests `is True` / `is False`, so they would run as "never".
+    if not (early_stopping is True or early_stopping is False or early_stopping == "never"):
         raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
     if (
         not isinstance(length_penalty, (int, float))

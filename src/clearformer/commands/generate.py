@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--max-new-tokens",
         type=int,
         default=None,
-        help="default: source length + 1 (at most the run's positions - 1)",
+        help="default: each SEQUENCE's own length + 1 (at most the run's positions - 1)",
     )
     add_precision_argument(
         p,
@@ -100,22 +100,33 @@ def run(args: argparse.Namespace) -> int:
     # The ids are checked against the built model's sizes before its weights are read.
     load_weights(folder, model, "its config.toml")
     seq2seq.eval()
-    wanted = longest + 1 if args.max_new_tokens is None else args.max_new_tokens
-    src = torch.full((len(sources), longest), PAD, dtype=torch.long)
+    # Without --max-new-tokens each sequence may run to its own length + 1: the sequences of
+    # one length are decoded together, so that an output never depends on the other
+    # sequences of the call (a batch's limit would be its longest's).
+    groups: dict[int, list[int]] = {}
     for row, s in enumerate(sources):
-        src[row, : len(s)] = torch.tensor(s)
-    out = generate(
-        seq2seq,
-        src,
-        src != PAD,
-        max_new_tokens=min(wanted, limit),
-        num_beams=args.num_beams,
-        length_penalty=args.length_penalty,
-        precision=args.precision,
-    )
+        groups.setdefault(len(s) if args.max_new_tokens is None else 0, []).append(row)
     eos = seq2seq.config.eos_id
-    for row, n in enumerate(out.lengths.tolist()):
-        ids = out.sequences[row, :n].tolist()
-        ids = ids[:-1] if ids and ids[-1] == eos else ids
-        print(f"{' '.join(map(str, ids))}\t{out.scores[row].item():.4f}")
+    lines: list[str] = [""] * len(sources)
+    for length, rows in groups.items():
+        wanted = length + 1 if args.max_new_tokens is None else args.max_new_tokens
+        width = max(len(sources[row]) for row in rows)
+        src = torch.full((len(rows), width), PAD, dtype=torch.long)  # (B, T)
+        for i, row in enumerate(rows):
+            src[i, : len(sources[row])] = torch.tensor(sources[row])
+        out = generate(
+            seq2seq,
+            src,
+            src != PAD,
+            max_new_tokens=min(wanted, limit),
+            num_beams=args.num_beams,
+            length_penalty=args.length_penalty,
+            precision=args.precision,
+        )
+        for i, (row, n) in enumerate(zip(rows, out.lengths.tolist(), strict=True)):
+            ids = out.sequences[i, :n].tolist()
+            ids = ids[:-1] if ids and ids[-1] == eos else ids
+            lines[row] = f"{' '.join(map(str, ids))}\t{out.scores[i].item():.4f}"
+    for line in lines:
+        print(line)
     return 0
