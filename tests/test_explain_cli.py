@@ -148,3 +148,45 @@ def test_output_path_under_a_file_is_refused(capsys, tmp_path):
     code, _, err = run(capsys, "The cat.", "--png", str(blocker / "a.png"))
     assert code == 2 and "--png" in err and "does not exist" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
+
+
+def test_dollar_signs_are_drawn_as_text_and_outputs_come_together(capsys, tmp_path):
+    """matplotlib reads "$...$" as mathematics: a text with dollar signs (one it could not
+    parse, too) is drawn as written, and the HTML beside it is written with it."""
+    pytest.importorskip("matplotlib")
+    html, png = tmp_path / "r.html", tmp_path / "a.png"
+    code, _, err = run(capsys, "Price is $x^{$ today", "--html", str(html), "--png", str(png))
+    assert code == 0, err
+    assert png.read_bytes().startswith(b"\x89PNG") and html.is_file()
+
+
+def test_an_output_that_fails_to_render_leaves_none_written(capsys, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import importlib
+
+    render_png = importlib.import_module("clearformer.explainer.render_png")
+
+    def fail(*args, **kwargs):
+        raise ValueError("cannot draw this")
+
+    monkeypatch.setattr(render_png, "render_png", fail)
+    html, png = tmp_path / "r.html", tmp_path / "a.png"
+    code, _, err = run(capsys, "The cat sat.", "--html", str(html), "--png", str(png))
+    assert code == 2 and "cannot draw this" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--d-model", "1000000000", "--n-heads", "1"], "parameters; a random model has at most"),
+        (["--max-length", "1000000000000"], "parameters; a random model has at most"),
+        (["--seed", "99999999999999999999"], "--seed must be an int in"),
+        (["--max-length", "0"], "--max-length must be positive, got 0"),
+    ],
+)
+def test_random_sizes_and_seed_are_bounded_before_the_model_is_built(capsys, args, fragment):
+    code = main(["explain", "a b", "--random", *args])
+    _, err = capsys.readouterr()
+    assert code == 2 and fragment in err, err
+    assert len(err.strip().splitlines()) == 1

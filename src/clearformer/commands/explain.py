@@ -111,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--png needs matplotlib: pip install 'clearformer[plot]'")
     filters = Filters(args.layer, args.head, args.step, args.sequence)
 
+    if args.random:
+        _check_random(args)
     encoder = _load(args)
     config = encoder.model.config
     check_filters(filters, n_layers=config.n_layers, n_heads=config.n_heads, batch=len(args.texts))
@@ -123,20 +125,26 @@ def run(args: argparse.Namespace) -> int:
         for note in trace.notes:
             print(f"clearformer explain: note: {note}", file=sys.stderr)
 
+    # Every output rendered before any is written: one that fails to render (a PNG, say)
+    # leaves none of the others behind.
+    rendered: list[tuple[str, str | bytes]] = []
+    json_text = None
     if args.json is not None:
-        text = trace.to_json(indent=1)
-        if args.json == "-":
-            sys.stdout.write(text + "\n")
-        else:
-            _write_text(args.json, text + "\n")
+        json_text = trace.to_json(indent=1) + "\n"
+        if args.json != "-":
+            rendered.append((args.json, json_text))
     if args.html is not None:
-        from ..explainer.render_html import write_html
+        from ..explainer.render_html import render_html
 
-        write_html(trace, args.html)
+        rendered.append((args.html, render_html(trace)))
     if args.png is not None:
-        from ..explainer.render_png import write_png
+        from ..explainer.render_png import render_png
 
-        write_png(trace, args.png, filters)
+        rendered.append((args.png, render_png(trace, filters)))
+    for path, content in rendered:
+        _write(path, content)
+    if args.json == "-":
+        sys.stdout.write(json_text)
     if listing:
         from ..explainer.render_text import render_text
 
@@ -170,10 +178,6 @@ def _load(args: argparse.Namespace):
     if args.random:
         from ..explainer.toy import ToyTextEncoder
 
-        for flag in ("--d-model", "--n-heads", "--n-layers", "--max-length"):
-            value = getattr(args, _dest(flag))
-            if value <= 0:
-                raise ValueError(f"{flag} must be positive, got {value}")
         return ToyTextEncoder(
             args.d_model,
             args.n_heads,
@@ -188,14 +192,37 @@ def _load(args: argparse.Namespace):
     return TextEncoder.from_pretrained(args.model, backend=args.backend)
 
 
+def _check_random(args: argparse.Namespace) -> None:
+    """A random model's sizes and seed, before it is built: as ``demo`` bounds its own, plus
+    the toy's tables (a 4,096-word vocabulary and max_length positions, each D wide)."""
+    from ..cli import CliError
+    from ..explainer.toy import VOCAB_SIZE
+    from .demo import MAX_PARAMETERS, SEED_RANGE
+
+    low, high = SEED_RANGE
+    if not low <= args.seed <= high:
+        raise CliError(f"--seed must be an int in [{low}, {high}], got {args.seed}")
+    for flag in ("--d-model", "--n-heads", "--n-layers", "--max-length"):
+        value = getattr(args, _dest(flag))
+        if value <= 0:
+            raise CliError(f"{flag} must be positive, got {value}")
+    parameters = (12 * args.n_layers * args.d_model + VOCAB_SIZE + args.max_length) * args.d_model
+    if parameters > MAX_PARAMETERS:
+        raise CliError(
+            f"--d-model {args.d_model}, --n-layers {args.n_layers} and --max-length "
+            f"{args.max_length} make about {parameters:,} parameters; a random model has at "
+            f"most {MAX_PARAMETERS:,}"
+        )
+
+
 def _check_writable(flag: str, path: str) -> None:
     from .outputs import check_destination
 
     check_destination(flag, path)
 
 
-def _write_text(path: str, text: str) -> None:
+def _write(path: str, content: str | bytes) -> None:
     from ..io import atomic_write
 
-    with atomic_write(path, "w") as handle:
-        handle.write(text)
+    with atomic_write(path, "wb" if isinstance(content, bytes) else "w") as handle:
+        handle.write(content)

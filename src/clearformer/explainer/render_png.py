@@ -75,15 +75,16 @@ def render_png(trace: Trace, filters: Filters | None = None, *, dpi: int = 110) 
                     )
             ax.set_title(f"layer {attention.layer}, head {h}", fontsize=9 if labelled else 7)
             if labelled:
-                ax.set_xticks(range(T), labels, rotation=90, fontsize=8)
-                ax.set_yticks(range(T), labels, fontsize=8)
+                shown_labels = [_literal(label) for label in labels]
+                ax.set_xticks(range(T), shown_labels, rotation=90, fontsize=8)
+                ax.set_yticks(range(T), shown_labels, fontsize=8)
                 ax.set_xlabel("key", fontsize=8)
                 ax.set_ylabel("query", fontsize=8)
             else:
                 ax.set_xticks([])
                 ax.set_yticks([])
     text = trace.texts[b] if trace.texts else f"sequence {b}"
-    fig.suptitle(f"attention weights: {text[:90]}", fontsize=10)
+    fig.suptitle(f"attention weights: {_literal(text[:90])}", fontsize=10)
     if image is not None:
         fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="weight")
     buffer = io.BytesIO()
@@ -107,3 +108,9 @@ def _cmap():
     from matplotlib import colormaps
 
     return colormaps["viridis"].with_extremes(bad="#e4e6eb")
+
+
+def _literal(text: str) -> str:
+    """``text`` drawn as it is: matplotlib reads a pair of ``$`` as mathematics (and fails on
+    one it cannot parse), so each is escaped."""
+    return text.replace("$", r"\$")

@@ -32,6 +32,9 @@ class ToyBatch:
     truncated: list[bool]
 
 
+VOCAB_SIZE = 4096  # words are hashed into this many ids
+
+
 class ToyTextEncoder:
     """A random encoder with a word tokenizer.
 
@@ -57,7 +60,7 @@ class ToyTextEncoder:
         activation: str = "gelu",
         backend: str = "auto",
         max_length: int = 64,
-        vocab_size: int = 4096,
+        vocab_size: int = VOCAB_SIZE,
         seed: int = 0,
     ) -> None:
         config = EncoderConfig(
