@@ -77,6 +77,64 @@ def test_lasttoken_takes_the_last_real_token_on_either_side():
     torch.testing.assert_close(pool(hidden, left, "lasttoken")[1], hidden[1, 4])
 
 
+@pytest.mark.parametrize("mode", MODES + ["weightedmean"])
+@pytest.mark.parametrize("skip", [0, 2])
+def test_every_mode_pools_a_left_padded_row_as_the_right_padded_one(mode, skip):
+    """The padding side changes nothing: cls is the first real token and a prompt left out is
+    the first `skip` real tokens, on either side (sentence-transformers' rules)."""
+    hidden = torch.randn(3, 6, 4)
+    right = lengths_mask([6, 4, 3], 6)
+    left = right.flip(1)
+    shifted = torch.stack([hidden[b].roll(int((~right[b]).sum()), 0) for b in range(3)])
+    want = pool(hidden, right, mode, skip=skip)
+    torch.testing.assert_close(pool(shifted, left, mode, skip=skip), want)
+    if mode == "cls":
+        torch.testing.assert_close(want[1], hidden[1, skip])  # the first token after the prompt
+
+
+def test_max_over_no_position_is_minus_infinity_whatever_the_batch():
+    got = pool(torch.randn(2, 0, 3), torch.zeros(2, 0, dtype=torch.bool), "max")
+    assert got.shape == (2, 3) and bool((got == float("-inf")).all())
+
+
+@pytest.mark.parametrize("prompt_name", [None, "document"])
+def test_an_empty_prompt_leaves_nothing_out_of_the_pooling(tmp_path, prompt_name):
+    """sentence-transformers 6 saves empty "query" and "document" prompts: an empty prompt is
+    no prompt, and a pooling without the prompt keeps the opening token."""
+    path = _sentence_dir(tmp_path, "mean", include_prompt=False)
+    config_file = path / "config_sentence_transformers.json"
+    config = json.loads(config_file.read_text())
+    config["prompts"] = {"query": "", "document": ""}
+    config_file.write_text(json.dumps(config))
+    ours = TextEncoder.from_pretrained(path)
+    reference = st.SentenceTransformer(str(path), device="cpu")
+    kwargs = {"prompt_name": prompt_name} if prompt_name else {"prompt": ""}
+    assert ours.resolve_prompt(**kwargs) == (None, 0)
+    np.testing.assert_allclose(
+        ours.encode(TEXTS, **kwargs), reference.encode(TEXTS, **kwargs), atol=1e-5, rtol=0
+    )
+
+
+def test_do_lower_case_lowercases_before_a_cased_tokenizer(tmp_path):
+    """sentence_bert_config.json's do_lower_case: sentence-transformers lowercases the texts
+    whatever the tokenizer's own casing."""
+    path = _sentence_dir(tmp_path, "mean")
+    tokenizer_file = path / "tokenizer.json"
+    tokenizer = json.loads(tokenizer_file.read_text())
+    tokenizer["normalizer"]["lowercase"] = False  # a cased tokenizer
+    tokenizer_file.write_text(json.dumps(tokenizer))
+    texts = ["The CAT sat", "HELLO there"]
+    cased = TextEncoder.from_pretrained(path).encode(texts)
+    config_file = path / "sentence_bert_config.json"
+    config_file.write_text(
+        json.dumps({**json.loads(config_file.read_text()), "do_lower_case": True})
+    )
+    ours = TextEncoder.from_pretrained(path).encode(texts)
+    want = st.SentenceTransformer(str(path), device="cpu").encode(texts)
+    np.testing.assert_allclose(ours, want, atol=1e-5, rtol=0)
+    assert np.abs(ours - cased).max() > 1e-3  # negative control: the casing mattered
+
+
 def test_mean_sqrt_len_is_the_sum_over_the_root_of_the_count():
     hidden = torch.randn(2, 6, 3)
     mask = lengths_mask([6, 4], 6)

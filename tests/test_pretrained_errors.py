@@ -281,3 +281,31 @@ def test_hub_name_goes_through_huggingface_hub_only_when_not_local(monkeypatch, 
     with pytest.raises(FileNotFoundError, match="checkpoint directory not found"):
         resolve_path(str(tmp_path / "org" / "missing"))  # absolute paths never reach the hub
     assert asked == ["sentence-transformers/all-MiniLM-L6-v2"]
+
+
+def test_a_hub_download_asks_for_every_file_the_loaders_read(monkeypatch):
+    """The download's patterns keep every file a loader reads (an older Dense module's
+    pytorch_model.bin, bge-m3's head files) and leave out other runtimes' copies."""
+    hub = pytest.importorskip("huggingface_hub")
+    from huggingface_hub.utils import filter_repo_objects
+
+    from clearformer.interop.hf.files import resolve_path
+
+    seen = {}
+
+    def fake_download(repo_id, **kwargs):
+        seen.update(kwargs)
+        raise OSError("offline")
+
+    monkeypatch.setattr(hub, "snapshot_download", fake_download)
+    with pytest.raises(FileNotFoundError):
+        resolve_path("org/model")
+    files = [
+        "config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "modules.json",
+        "1_Pooling/config.json", "2_Dense/config.json", "2_Dense/pytorch_model.bin",
+        "2_Dense/model.safetensors", "sparse_linear.pt", "colbert_linear.pt",
+        "query_0_SparseStaticEmbedding/tokenizer.json", "onnx/model.onnx",
+        "openvino/openvino_model.bin", "rust_model.ot",
+    ]  # fmt: skip
+    kept = set(filter_repo_objects(files, allow_patterns=seen["allow_patterns"]))
+    assert kept == set(files) - {"onnx/model.onnx", "openvino/openvino_model.bin", "rust_model.ot"}

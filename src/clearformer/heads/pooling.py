@@ -23,14 +23,15 @@ def pool(hidden: Tensor, attention_mask: Tensor, mode: str = "mean", *, skip: in
             by position from the row's first real token: in a decoder, later tokens have seen
             more of the text), ``lasttoken`` (the last real token: decoder-style embedders,
             whose last token has seen the whole text).
-        skip: leading tokens to leave out (a prompt's, for a pooling with
-            ``include_prompt: false``); ``cls`` then takes the first token after them, as
+        skip: leading tokens of each row's real ones to leave out (a prompt's, for a pooling
+            with ``include_prompt: false``), counted from the row's first real token whatever
+            the padding side; ``cls`` then takes the first token after them, as
             sentence-transformers does.
 
     Returns:
         (B, D); a row without tokens pools to zeros (``max``: -inf). What a padded position
-        holds (NaN included) never reaches the result: ``cls`` on a padded first position
-        gives zeros too.
+        holds (NaN included) never reaches the result. ``cls`` is the row's first real token,
+        on either padding side.
     """
     if mode not in POOLING_MODES:
         raise ValueError(f"mode must be one of {POOLING_MODES}, got {mode!r}")
@@ -45,21 +46,26 @@ def pool(hidden: Tensor, attention_mask: Tensor, mode: str = "mean", *, skip: in
         raise TypeError(f"attention_mask must be a bool tensor, got dtype {attention_mask.dtype}")
     if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
         raise ValueError(f"skip must be an int >= 0, got {skip!r}")
-    B, T, _ = hidden.shape
+    B, T, D = hidden.shape
     given = attention_mask  # before a prompt is left out: weightedmean counts from here
-    if skip:
-        positions = torch.arange(T, device=hidden.device)
-        attention_mask = attention_mask & (positions >= skip)  # (B, T)
+    if skip and T:
+        # The prompt is the first `skip` of each row's real tokens: after its left padding.
+        first = attention_mask.int().argmax(dim=1, keepdim=True)  # (B, 1)
+        positions = torch.arange(T, device=hidden.device)  # (T,)
+        attention_mask = attention_mask & (positions >= first + skip)  # (B, T)
     keep = attention_mask.unsqueeze(-1)  # (B, T, 1)
     if mode == "max":
+        if T == 0:  # no position to reduce over: every row is one without tokens
+            return hidden.new_full((B, D), float("-inf"))
         return hidden.masked_fill(~keep, float("-inf")).amax(dim=1)
     rows = torch.arange(B, device=hidden.device)
     if mode in ("cls", "lasttoken"):
         if T == 0:
-            return hidden.new_zeros(B, hidden.shape[-1])
+            return hidden.new_zeros(B, D)
         if mode == "cls":
-            # The first position (sentence-transformers'), or the first kept one after a prompt.
-            at = attention_mask.int().argmax(dim=1) if skip else torch.zeros_like(rows)  # (B,)
+            # The first kept position: the row's first real token (after a left padding and a
+            # prompt left out), as sentence-transformers takes it.
+            at = attention_mask.int().argmax(dim=1)  # (B,)
         else:
             # The last True of each row, found from the right so left padding works too.
             at = T - 1 - attention_mask.flip(1).int().argmax(dim=1)  # (B,)

@@ -21,7 +21,10 @@ log = logging.getLogger(__name__)
 
 def choose_prompt(prompts: Prompts, prompt: str | None, prompt_name: str | None) -> str | None:
     """The prompt text for a call: ``prompt`` if given, else the one ``prompt_name`` names,
-    else the checkpoint's default (None: no prompt).
+    else the checkpoint's default (None: no prompt). An empty prompt is none, as
+    sentence-transformers applies a prompt only when it has text (its version 6 saves an empty
+    ``"query"`` and ``"document"`` prompt in every model): a pooling that leaves the prompt out
+    then leaves nothing out, not the opening token.
 
     Raises:
         TypeError: a ``prompt`` or ``prompt_name`` that is not a str.
@@ -41,9 +44,9 @@ def choose_prompt(prompts: Prompts, prompt: str | None, prompt_name: str | None)
         check_unicode(prompt, "prompt")
         if prompt_name is not None:
             log.warning("both prompt and prompt_name given: prompt_name is ignored")
-        return prompt
+        return prompt or None
     name = prompt_name if prompt_name is not None else prompts.default
-    return None if name is None else named[name]
+    return None if name is None else named[name] or None
 
 
 def prompt_length(tokenizer, prompt: str) -> int:

@@ -107,6 +107,9 @@ def _from_hub(repo_id: str) -> Path:
         "1_Pooling/*",
         "pytorch_model.bin",
         "pytorch_model-*-of-*.bin",
+        "*/pytorch_model.bin",  # an older sentence-transformers Dense module's weights
+        "sparse_linear.pt",  # bge-m3's heads
+        "colbert_linear.pt",
     ]
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns))

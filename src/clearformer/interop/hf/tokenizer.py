@@ -123,6 +123,25 @@ def check_vocab_size(tokenizer, files: CheckpointFiles, vocab_size: int) -> None
         )
 
 
+def lowercase_first(tokenizer) -> None:
+    """Lowercase every text before ``tokenizer`` normalizes it, unless it lowercases already:
+    sentence-transformers' ``do_lower_case`` (``sentence_bert_config.json``), which its
+    Transformer module applies so, whatever the tokenizer's own casing."""
+    from tokenizers import normalizers
+
+    normalizer = tokenizer.normalizer
+    steps = list(normalizer) if isinstance(normalizer, normalizers.Sequence) else [normalizer]
+    if any(
+        isinstance(step, normalizers.Lowercase) or getattr(step, "lowercase", False) is True
+        for step in steps
+        if step is not None
+    ):
+        return
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.Lowercase(), *(step for step in steps if step is not None)]
+    )
+
+
 PADDING_SIDES = ("right", "left")
 
 
@@ -173,6 +192,8 @@ class TextTokenizer:
             raise CheckpointError(f"cannot read tokenizer {files.tokenizer}: {exc}") from None
         if vocab_size is not None:
             check_vocab_size(tokenizer, files, vocab_size)
+        if files.sentence_config.get("do_lower_case") is True:
+            lowercase_first(tokenizer)
         side = padding_side_for(files, padding_side)
         if side == "left":
             pad_id = left_pad_id(tokenizer, files)
