@@ -309,3 +309,20 @@ def test_a_hub_download_asks_for_every_file_the_loaders_read(monkeypatch):
     ]  # fmt: skip
     kept = set(filter_repo_objects(files, allow_patterns=seen["allow_patterns"]))
     assert kept == set(files) - {"onnx/model.onnx", "openvino/openvino_model.bin", "rust_model.ot"}
+
+
+def test_load_arguments_are_named_not_blamed_on_the_checkpoint():
+    from clearformer import TextEncoder
+
+    with pytest.raises(ValueError, match=r"^backend must be one of .*got 'nope'$"):
+        TextEncoder.from_pretrained(backend="nope")
+    with pytest.raises(TypeError, match="strict must be True or False, got 'yes'"):
+        TextEncoder.from_pretrained(strict="yes")
+
+
+@pytest.mark.parametrize("texts", [{"a": 1}, {"a", "b"}])
+def test_a_mapping_or_a_set_of_texts_is_refused(texts):
+    from clearformer.interop.hf.tokenizer import check_texts
+
+    with pytest.raises(TypeError, match="texts must be a list of str, got"):
+        check_texts(texts)

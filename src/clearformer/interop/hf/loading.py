@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from ...checks import check_choice
 from ...config import EncoderConfig
 from ...io import atomic_write
 from ...model import EncoderModel
+from ...options import BACKENDS
 from .families import Family, family_for, family_named
 from .files import CheckpointError, CheckpointFiles, find_checkpoint
 from .mapping import LoadReport, export_state, load_state, plan_state
@@ -70,6 +72,11 @@ def load_model(
         FileNotFoundError: no such directory.
         CheckpointError: incomplete, unsupported, corrupt or mismatched checkpoint.
     """
+    # The arguments before the files: a bad backend would otherwise read as a fault of the
+    # checkpoint's config.json.
+    check_choice(backend, BACKENDS, "backend")
+    if not isinstance(strict, bool):
+        raise TypeError(f"strict must be True or False, got {strict!r}")
     files = path if isinstance(path, CheckpointFiles) else find_checkpoint(path)
     family, config = read_family(files, backend)  # validated before any weight
     # Safetensors are read a tensor at a time as the model is filled (headers are checked
@@ -84,6 +91,7 @@ def load_model(
 
 def read_family(files: CheckpointFiles, backend: str) -> tuple[Family, EncoderConfig]:
     """The checkpoint's family and :class:`EncoderConfig`, from config.json alone."""
+    check_choice(backend, BACKENDS, "backend")  # the caller's, not a fault of config.json
     source = str(files.path / "config.json")
     family = family_for(files.config, source)
     return family, config_of(family, files.config, source, backend)

@@ -10,6 +10,7 @@ and one with only a byte-level BPE ``vocab.json`` + ``merges.txt`` gets RoBERTa'
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,10 @@ def check_texts(texts: Any, name: str = "texts") -> list[str]:
     a str that is not valid Unicode)."""
     if isinstance(texts, str):
         raise TypeError(f"{name} must be a list of str, got a single str; wrap it: [{name}]")
+    if isinstance(texts, Mapping | set | frozenset):
+        # A dict would give its keys, a set an order of its own: neither is a list of texts
+        # whose rows line up with the results.
+        raise TypeError(f"{name} must be a list of str, got {type(texts).__name__}")
     try:
         items = list(texts)
     except TypeError:
