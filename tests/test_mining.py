@@ -255,6 +255,15 @@ def test_cli_precisions_for_the_encoder_and_the_cross_encoder(setup, reranker, t
         (["--range-min", "9", "--range-max", "5"], "--range-min must be below"),
         (["--absolute-margin", "-1"], "expected a number >= 0"),
         (["--split", "nope"], "split 'nope' has no qrels"),
+        # A NaN bound compares false with every score: it would filter nothing.
+        (["--max-score", "nan"], "--max-score must be a number, got nan"),
+        (["--min-score", "nan"], "--min-score must be a number, got nan"),
+        (["--min-score", "0.5", "--max-score", "0.2"], "--min-score must be at most --max-score"),
+        # Ranks 48 and 49 are the only candidates: five negatives could never be found.
+        (
+            ["-n", "5", "--range-min", "48"],
+            "--negatives must be at most --range-max - --range-min = 2, got 5",
+        ),
     ],
 )
 def test_bad_settings_are_one_line_errors_before_any_work(setup, tmp_path, flags, fragment):
@@ -264,3 +273,79 @@ def test_bad_settings_are_one_line_errors_before_any_work(setup, tmp_path, flags
     assert done.returncode == 2 and fragment in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not out.exists() and not (tmp_path / "mined.jsonl.index").exists()
+
+
+def test_an_anchor_in_the_corpus_is_never_its_own_negative(setup, tmp_path):
+    from clearformer.train.pairs import read_pairs
+
+    encoder, pairs, *_ = setup
+    anchors = list(dict.fromkeys(a for a, _ in pairs))
+    # Every anchor's text is a corpus text too: the nearest of all to it (score 1).
+    rows, report = mine_hard_negatives(
+        pairs,
+        encoder,
+        tmp_path / "idx",
+        corpus=anchors,
+        settings=MiningSettings(negatives=3, range_max=10),
+    )
+    assert all(r["anchor"] not in r["negative"] for r in rows)
+    assert all(len(r["negative"]) == 3 for r in rows)  # the range is still filled
+    assert report.dropped["anchor"] == len(anchors)
+    # ... and train reads the rows (it refuses one whose anchor is among its negatives).
+    path = tmp_path / "mined.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert len(read_pairs(path)) == len(rows)
+
+
+@pytest.mark.parametrize(
+    ("positive", "close"),
+    [
+        # A cross-encoder's logit: 5 % of |-2.0| below it is -2.1; -1.95 is above the positive
+        # (positive x 0.95 = -1.9 would have kept it).
+        (-2.0, -1.95),
+        (0.8, 0.78),  # a positive score: 0.76, as before
+    ],
+)
+def test_relative_margin_keeps_only_candidates_below_the_positive(positive, close):
+    import random
+
+    from clearformer.retrieval.mining import MiningReport, _filter
+
+    settings = MiningSettings(negatives=3, relative_margin=0.05)
+    report = MiningReport()
+    kept = [(0, close), (1, -5.0)]
+    chosen = _filter(kept, positive, ["close", "far"], settings, random.Random(0), report)
+    assert chosen == ["far"] and report.dropped["margin"] == 1
+
+
+def test_corpus_bytes_that_are_not_utf8_are_named_by_file_and_line(setup, tmp_path):
+    _, pairs, _, model, _ = setup
+    rows = tmp_path / "pairs.jsonl"
+    rows.write_text("".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in pairs))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"w40 w41\nw42 \xff w43\n")
+    out = tmp_path / "mined.jsonl"
+    argv = ["mine", "--pairs", str(rows), "--corpus", str(corpus), "--model", str(model)]
+    done = cli(*argv, "--out", str(out), "--no-progress")
+    assert done.returncode == 2, done.stderr
+    assert f"--corpus {corpus}, line 2: not UTF-8 text (byte 0xff)" in done.stderr
+    assert not out.exists() and not (tmp_path / "mined.jsonl.index").exists()
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_corpus_text(tmp_path):
+    from clearformer.commands.mine import _corpus
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"\xef\xbb\xbfw40 w41\n\nw42 w43\n")
+    assert _corpus(corpus) == ["w40 w41", "w42 w43"]
+
+
+def test_an_out_that_is_a_folder_is_refused_before_the_index_is_built(setup, tmp_path):
+    _, _, _, model, beir = setup
+    out = tmp_path / "mined"
+    out.mkdir()
+    argv = ["mine", "--data", str(beir), "--split", "dev", "--model", str(model)]
+    done = cli(*argv, "--out", str(out), "--no-progress")
+    assert done.returncode == 2, done.stderr
+    assert f"--out {out}: is a folder" in done.stderr
+    assert not (tmp_path / "mined.index").exists()

@@ -101,11 +101,23 @@ def test_a_harmless_change_is_a_warning(tmp_path, caplog):
     assert "resuming with eval_every=5 (the checkpoint's run had 10)" in caplog.text
     assert "steps=20" in caplog.text  # a change that alters the schedule is named too
     assert "measured with the old value" not in caplog.text
+    # A change of how the metric is measured says what it does to the comparison: a rerank
+    # run's checkpoint (its config only: check_resume reads no weights) with rerank_top moved.
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from clearformer.train import TrainConfig
+    from clearformer.train.resume import check_resume
+
+    rerank = TrainConfig(task="rerank", train_file="rows.jsonl", eval_data="beir")
+    then = SimpleNamespace(
+        meta={"config": rerank.to_dict()}, path=tmp_path / "r" / "checkpoints" / "s", weights={}
+    )
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        train(tiny(steps=30, eval_every=5, rerank_top=10), tmp_path / "run")
+        check_resume(then, replace(rerank, rerank_top=10))
     said = "resuming with rerank_top=10 (the checkpoint's run had 50): the best score so far"
-    assert said in caplog.text  # a change of the metric says what it does to the comparison
+    assert said in caplog.text
 
 
 def test_rerunning_a_finished_run_changes_nothing(tmp_path):

@@ -36,6 +36,7 @@ from .train_helpers import run_train, tiny_flags
         ({"train_file": "x.csv"}, "train_file is for task='classify', 'mlm' or 'translate'"),
         ({"task": "reverse", "eval_file": "x.tsv"}, "task='reverse' uses generated sequences"),
         ({"warmup_steps": -1}, "warmup_steps must be an int >= 0, got -1"),
+        # The learning rate would never reach lr.
     ],
 )
 def test_impossible_values_name_the_field(changes, message):
@@ -56,8 +57,11 @@ def test_unknown_keys_are_named_with_a_suggestion():
 
 def test_toml_round_trip(tmp_path):
     config = TrainConfig(
+        task="classify",
+        train_file="x.csv",
         lr=3e-5,
         steps=7,
+        warmup_steps=2,
         decay="linear",
         checkpointing=True,
         metric="",
@@ -158,9 +162,10 @@ def test_cli_refuses_a_folder_of_other_files(tmp_path):
 def test_a_field_added_since_a_checkpoint_counts_as_its_default():
     from clearformer.train.config import changed_fields
 
-    old = TrainConfig().to_dict()
+    mlm = {"task": "mlm", "train_file": "texts.txt"}
+    old = TrainConfig(**mlm).to_dict()
     del old["text_unit"]  # a run written before the field existed
-    assert changed_fields(old, TrainConfig()) == {}
-    assert changed_fields(old, TrainConfig(text_unit="paragraph")) == {
+    assert changed_fields(old, TrainConfig(**mlm)) == {}
+    assert changed_fields(old, TrainConfig(**mlm, text_unit="paragraph")) == {
         "text_unit": ("line", "paragraph")
     }

@@ -140,7 +140,7 @@ def test_masks_are_a_function_of_seed_step_and_example(checkpoint, text_file):
 
 
 def test_the_head_decodes_masked_rows_only_with_the_tied_embeddings(checkpoint, text_file):
-    task = build_task(config(checkpoint, text_file, dropout=0.0))
+    task = build_task(config(checkpoint, text_file))
     torch.manual_seed(0)
     model = task.build_model()
     V, D = len(VOCAB), 16

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -80,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--relative-margin",
         type=_non_negative_float,
         default=None,
-        help="a negative scores at most positive x (1 - this)",
+        help="a negative scores at most positive - |positive| x this",
     )
     p.add_argument("--max-score", type=float, default=None, help="a negative scores at most this")
     p.add_argument("--min-score", type=float, default=None, help="a negative scores at least this")
@@ -134,14 +135,33 @@ def _pairs(args) -> tuple[list[tuple[str, str]], list[str]]:
         ]
         return pairs, data.corpus_texts
     rows = read_pairs(args.pairs)
-    corpus: list[str] = []
-    if args.corpus is not None:
-        path = Path(args.corpus)
-        if not path.is_file():
-            raise CliError(f"--corpus {path}: no such file")
-        corpus = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-        corpus = [line for line in corpus if line]
+    corpus = [] if args.corpus is None else _corpus(Path(args.corpus))
     return [(r.anchor, r.positive) for r in rows], corpus
+
+
+def _corpus(path: Path) -> list[str]:
+    """``--corpus``: its non-blank lines, stripped; a byte-order mark is not text, and bytes
+    that are not UTF-8 are named by file and line."""
+    from ..cli import CliError
+    from ..train.pairs import utf8_text
+
+    if not path.is_file():
+        raise CliError(f"--corpus {path}: no such file")
+    try:
+        text = utf8_text(path)
+    except ValueError as exc:
+        raise CliError(f"--corpus {exc}") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+# MiningSettings names its fields; the command's errors name the flags.
+_FLAGS = re.compile(
+    r"\b(negatives|range_min|range_max|absolute_margin|relative_margin|max_score|min_score)\b"
+)
+
+
+def _in_flags(message: str) -> str:
+    return _FLAGS.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -155,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if not out.parent.is_dir():
         raise CliError(f"--out {out}: the folder {out.parent} does not exist")
+    if out.is_dir():  # refused now, not after the corpus is embedded
+        raise CliError(f"--out {out}: is a folder; give the JSONL file to write")
     try:
         settings = MiningSettings(
             negatives=args.negatives,
@@ -168,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
     except ValueError as exc:
-        raise CliError(str(exc).replace("range_", "--range-")) from None
+        raise CliError(_in_flags(str(exc))) from None
     if args.cross_encoder is None and args.cross_encoder_precision != "float32":
         raise CliError("--cross-encoder-precision applies with --cross-encoder DIR")
     pairs, corpus = _pairs(args)

@@ -8,13 +8,17 @@ build resumes); the anchors are then embedded and searched a block at a time, so
 bounded by the index and one block of results, never by anchors x corpus.
 
 For each anchor, the candidates are its ``range_max`` nearest texts, without its own positives
-(an anchor with several rows has several) and the first ``range_min`` ranks; then, as
-sentence-transformers' ``mine_hard_negatives`` does:
+(an anchor with several rows has several), without the anchor's own text where the corpus
+holds it (as sentence-transformers leaves the query out: a text is no negative of itself, and
+``train`` refuses a row whose anchor is among its negatives) and the first ``range_min`` ranks;
+then, as sentence-transformers' ``mine_hard_negatives`` does:
 
 * ``absolute_margin``: keep a candidate only if its score is at least this much below the
   positive's (``score <= positive - margin``), and ``relative_margin``: at most
-  ``positive * (1 - margin)``: a candidate nearly as close as the positive is likely a false
-  negative (a relevant text nobody labelled);
+  ``positive - abs(positive) * margin`` (sentence-transformers' form since its fix #3819:
+  ``positive * (1 - margin)`` would be *above* a negative positive score, a cross-encoder's
+  logit say): a candidate nearly as close as the positive is likely a false negative (a
+  relevant text nobody labelled);
 * ``max_score`` / ``min_score``: bounds on a candidate's own score;
 * with a cross-encoder, the candidates and the positive are scored by it instead, which judges
   relevance better than the embeddings (the usual guard against false negatives);
@@ -27,6 +31,7 @@ Anchors with no surviving candidate keep their row with no negatives (and are co
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,12 +68,33 @@ class MiningSettings:
             raise ValueError(
                 f"range_min must be below range_max={self.range_max}, got {self.range_min}"
             )
+        # The ranks range_min .. range_max are all the candidates an anchor has: more
+        # negatives than that could never be found (sentence-transformers refuses it too).
+        if self.negatives > self.range_max - self.range_min:
+            raise ValueError(
+                f"negatives must be at most range_max - range_min = "
+                f"{self.range_max - self.range_min}, got {self.negatives}"
+            )
         if self.sampling not in ("top", "random"):
             raise ValueError(f"sampling must be 'top' or 'random', got {self.sampling!r}")
         for name in ("absolute_margin", "relative_margin"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value!r}")
+        for name in ("max_score", "min_score"):
+            value = getattr(self, name)
+            # A NaN bound compares false with every score: it would keep every candidate.
+            if value is not None and math.isnan(value):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+        if (
+            self.max_score is not None
+            and self.min_score is not None
+            and self.min_score > self.max_score
+        ):
+            raise ValueError(
+                f"min_score must be at most max_score={self.max_score}, got {self.min_score} "
+                "(no score could lie between them)"
+            )
 
 
 @dataclass
@@ -79,7 +105,13 @@ class MiningReport:
     without_negatives: int = 0
     corpus: int = 0
     dropped: dict[str, int] = field(
-        default_factory=lambda: {"positive": 0, "range": 0, "margin": 0, "score": 0}
+        default_factory=lambda: {
+            "positive": 0,
+            "anchor": 0,
+            "range": 0,
+            "margin": 0,
+            "score": 0,
+        }
     )
 
 
@@ -147,7 +179,8 @@ def mine_hard_negatives(
         progress=lambda done, total: report_progress("corpus", done, total),
         **encode_options,
     ).with_encoder(encoder)
-    depth = min(settings.range_max + max(len(r) for r in positives.values()), index.rows)
+    # Deep enough for range_max candidates once the positives and the anchor's own text are out.
+    depth = min(settings.range_max + max(len(r) for r in positives.values()) + 1, index.rows)
     chosen: dict[str, list[str]] = {}
     rng = random.Random(settings.seed)
     report_progress("anchors", 0, len(anchors))
@@ -166,6 +199,10 @@ def mine_hard_negatives(
             found = [(int(r), float(s)) for r, s in zip(rows[i], scores[i], strict=True) if r >= 0]
             candidates = [(r, s) for r, s in found if r not in own]
             report.dropped["positive"] += len(found) - len(candidates)
+            itself = row_of.get(anchor)  # the anchor's own text, where the corpus holds it
+            others = [(r, s) for r, s in candidates if r != itself]
+            report.dropped["anchor"] += len(candidates) - len(others)
+            candidates = others
             kept = candidates[settings.range_min : settings.range_max]
             report.dropped["range"] += len(candidates) - len(kept)
             looked_at.append((kept, positive_score))
@@ -229,12 +266,11 @@ def _filter(kept, positive_score, texts, settings, rng, report):
     survivors = []
     for row, score in kept:
         if (
-            (
-                settings.absolute_margin is not None
-                and score > positive_score - settings.absolute_margin
-            )
-            or settings.relative_margin is not None
-            and score > positive_score * (1 - settings.relative_margin)
+            settings.absolute_margin is not None
+            and score > positive_score - settings.absolute_margin
+        ) or (
+            settings.relative_margin is not None
+            and score > _relative_ceiling(positive_score, settings.relative_margin)
         ):
             report.dropped["margin"] += 1
         elif (settings.max_score is not None and score > settings.max_score) or (
@@ -246,3 +282,10 @@ def _filter(kept, positive_score, texts, settings, rng, report):
     if settings.sampling == "random" and len(survivors) > settings.negatives:
         survivors = rng.sample(survivors, settings.negatives)
     return [texts[r] for r in survivors[: settings.negatives]]
+
+
+def _relative_ceiling(positive_score: float, margin: float) -> float:
+    """The highest score a candidate may have under ``relative_margin``: ``margin`` of the
+    positive's magnitude below it. ``positive * (1 - margin)`` is that only for a positive
+    score; for a negative one (a cross-encoder's logit) it lies above the positive."""
+    return positive_score - abs(positive_score) * margin

@@ -47,6 +47,54 @@ CHOICES = {
     "rerank_fusion": RERANK_FUSIONS,
 }
 
+# The fields only some tasks read (every other field, every task reads), and the tasks that
+# do: TrainConfig refuses another value than the default for any other task.
+TASK_FIELDS = {
+    "train_file": ("classify", "mlm", "translate", "contrastive", "rerank"),
+    "eval_file": ("classify", "mlm", "translate"),
+    "model": ("classify", "mlm", "contrastive", "rerank"),
+    "from_scratch": ("classify", "mlm"),
+    "max_length": ("classify", "mlm", "contrastive", "rerank"),
+    "batching": ("classify", "mlm"),
+    "text_field": ("classify", "mlm"),
+    "label_field": ("classify",),
+    "d_model": ("digits", "reverse", "translate"),
+    "n_heads": ("digits", "reverse", "translate"),
+    "n_layers": ("digits", "reverse", "translate"),
+    "dim_mlp": ("digits", "reverse", "translate"),
+    "dropout": ("digits", "classify", "reverse", "translate"),
+    "pooling": ("digits", "classify"),
+    "patch": ("digits",),
+    "eval_fraction": ("digits", "classify", "mlm", "translate", "contrastive", "rerank"),
+    "text_unit": ("mlm",),
+    "source_field": ("translate",),
+    "target_field": ("translate",),
+    "vocab_min_count": ("translate",),
+    "vocab_max_size": ("translate",),
+    "translate_max_length": ("translate",),
+    "reverse_vocab": ("reverse",),
+    "reverse_min_length": ("reverse",),
+    "reverse_max_length": ("reverse",),
+    "reverse_examples": ("reverse",),
+    "eval_data": ("contrastive", "rerank"),
+    "eval_split": ("contrastive", "rerank"),
+    "negatives": ("contrastive", "rerank"),
+    "mini_batch_size": ("contrastive",),
+    "scale": ("contrastive",),
+    "symmetric": ("contrastive",),
+    "matryoshka_dims": ("contrastive",),
+    "query_prompt": ("contrastive",),
+    "document_prompt": ("contrastive",),
+    "rerank_loss": ("rerank",),
+    "retriever": ("rerank",),
+    "rerank_top": ("rerank",),
+    "rerank_fusion": ("rerank",),
+}
+# contrastive and rerank: what they read only with eval_data (its split; rerank's first stage),
+# and only without it (the rows held out in its place).
+WITH_EVAL_DATA = ("eval_split", "retriever", "rerank_top", "rerank_fusion")
+WITHOUT_EVAL_DATA = ("eval_fraction", "split_seed")
+
 # Fields that decide the parameters' shapes: a resume that changes one is refused, since the
 # checkpoint's tensors cannot be loaded into a model of another shape.
 SHAPE_FIELDS = (
@@ -130,8 +178,11 @@ class TrainConfig:
     eps: float = 1e-8
     clip_norm: float = 1.0  # gradient clipping by global L2 norm; 0: no clipping
 
-    # Learning-rate schedule: linear warm-up, then decay to min_lr_ratio * lr at the last step.
-    warmup_steps: int = 100  # steps of linear warm-up from 0
+    # Learning-rate schedule (schedule.py): linear warm-up, then decay toward min_lr_ratio * lr,
+    # which the step after the last would reach (the last step is one decay step above it).
+    # Warm-up step i at lr * (i + 1) / warmup_steps: the last reaches lr (a run shorter than its
+    # warm-up ends before the peak, as a short trial run may).
+    warmup_steps: int = 100
     decay: str = "cosine"  # cosine | linear | constant
     min_lr_ratio: float = 0.0  # final lr as a fraction of lr
 
@@ -313,6 +364,32 @@ class TrainConfig:
                 )
         if self.task == "mlm" and not self.train_file:
             raise ValueError("train_file must name a .txt or JSONL file for task='mlm', got ''")
+        self._refuse_unread_fields()
+
+    def _refuse_unread_fields(self) -> None:
+        """A field the task does not read, given another value than its default, is refused:
+        it would be ignored in silence (a query_prompt for a reranker, an eval_file for
+        contrastive rows). Defaults pass, so a config written by --print-config loads back."""
+        defaults = {f.name: f.default for f in fields(self)}
+        for name, tasks in TASK_FIELDS.items():
+            value = getattr(self, name)
+            if self.task not in tasks and value != defaults[name]:
+                raise ValueError(
+                    f"{name} is for task={_either(tasks)}; task={self.task!r} does not read "
+                    f"it, got {name}={value!r}"
+                )
+        if self.task not in ("contrastive", "rerank"):
+            return
+        # Evaluated on eval_data's queries, or on held-out rows: each reads its own fields.
+        unread = WITHOUT_EVAL_DATA if self.eval_data else WITH_EVAL_DATA
+        for name in unread:
+            value = getattr(self, name)
+            if value != defaults[name]:
+                with_data = "without" if self.eval_data else "with"
+                raise ValueError(
+                    f"{name} applies to task={self.task!r} only {with_data} eval_data, got "
+                    f"{name}={value!r} and eval_data={self.eval_data!r}"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -329,6 +406,12 @@ class TrainConfig:
                     f"{source}: unknown field {key!r}{hint}; known fields: {', '.join(known)}"
                 )
         return cls(**data)
+
+
+def _either(tasks: tuple[str, ...]) -> str:
+    """('a', 'b', 'c') -> "'a', 'b' or 'c'"."""
+    names = [repr(t) for t in tasks]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def _check_type(name: str, value: Any, annotation: str) -> None:

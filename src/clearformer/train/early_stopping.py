@@ -42,5 +42,11 @@ class EarlyStopping:
         return asdict(self)
 
     def load_state_dict(self, state: dict) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
+        """The progress of a checkpoint's run: its best and the evaluations since. The rule is
+        this one's: a resume with another ``patience`` or ``min_delta`` applies it from here,
+        and ``stopped`` is decided again by it (a run stopped at patience 2 goes on under
+        patience 5; 0 never stops). A resume with another mode is refused before this
+        (:func:`~.resume.check_early_stopping`): the best so far would compare the wrong way."""
+        self.best, self.best_step = state["best"], state["best_step"]
+        self.bad_evaluations = state["bad_evaluations"]
+        self.stopped = bool(self.patience) and self.bad_evaluations >= self.patience

@@ -27,13 +27,13 @@ from .config import TrainConfig, check_against_data, resolve_mode
 from .early_stopping import EarlyStopping
 from .plots import write_loss_plot
 from .precision import Precision, resolve_device
-from .resume import check_resume, restore, train_file_digest
+from .resume import check_early_stopping, check_resume, restore, train_file_digest
 from .rng import rng_state, seed_everything, set_rng_state
 from .run_folder import MetricsLog, RunFolder
 from .sampler import BucketSampler
 from .schedule import learning_rate
 from .step import build_optimizer, evaluate, train_step
-from .tasks import build_task
+from .tasks import build_task, reported_metrics
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +85,10 @@ def train(
     # Before the process group exists: under torchrun, rank 0 (as the launcher numbers it)
     # speaks for all.
     launched_main = os.environ.get("RANK", "0") == "0"
+    metric = _check_metric(config)  # before the data is read
     _phase(progress, f"loading the {config.task} task's data", main=launched_main)
     task = build_task(config)
     check_against_data(config, len(task.train_lengths))
-    metric = config.metric or task.metric
-    if metric != "loss" and metric not in task.metrics:
-        raise ValueError(f"metric must be one of {('loss', *task.metrics)}, got {metric!r}")
     context = distributed.setup(config.distributed, device)
     try:
         distributed.check_split(config.batch_size, config.accumulation, context.world)
@@ -112,6 +110,21 @@ def train(
             )
     finally:
         context.close()
+
+
+def _check_metric(config: TrainConfig) -> str:
+    """The metric that picks the best checkpoint (the config's, else the task's), refused
+    unless the task's evaluations report it in this configuration: ``metric="loss"`` with
+    ``eval_data`` would otherwise fail at the first evaluation, with the run folder begun."""
+    default, reported = reported_metrics(config)
+    metric = config.metric or default
+    if metric not in reported:
+        where = " with eval_data" if config.eval_data else ""
+        raise ValueError(
+            f"metric must be one of {reported}, got {metric!r} (what task={config.task!r}"
+            f"{where} reports)"
+        )
+    return metric
 
 
 def _dropout_masks(device, context) -> Decision:
@@ -154,6 +167,8 @@ def _train(
     resume = ckpt.load_newest(run.checkpoints)
     if resume is not None:
         check_resume(resume, config, digest)  # a model of another shape is refused here
+        # ... and another metric or mode than the one the best checkpoint was chosen by.
+        check_early_stopping(resume, metric, resolve_mode(config.mode, metric), task.metric)
     # What a task keeps beside the weights (translate: its vocabularies), which decoding needs
     # exactly as trained: a resume that would build other ones is refused.
     task_files = task.run_files() if hasattr(task, "run_files") else {}

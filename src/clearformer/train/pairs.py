@@ -61,7 +61,7 @@ def _jsonl_rows(path: Path):
 
 
 def _table_rows(path: Path, delimiter: str):
-    text = _utf8(path)
+    text = utf8_text(path)
     # TSV has no quoting: a quote is part of its text. CSV quotes as RFC 4180 says, strictly,
     # so that a quote left open is an error rather than the rest of the file in one field.
     dialect = {"quoting": csv.QUOTE_NONE} if delimiter == "\t" else {"strict": True}
@@ -98,10 +98,14 @@ def _table_rows(path: Path, delimiter: str):
         csv.field_size_limit(limit)
 
 
-def _utf8(path: Path) -> str:
+def utf8_text(path: Path) -> str:
+    """The file's text; a byte-order mark (as spreadsheets write) is not text. Bytes that are
+    not UTF-8: a ValueError naming the file, the line and the byte."""
     data = path.read_bytes()
+    # The mark is cut here rather than by "utf-8-sig", whose error positions do not count it.
+    data = data.removeprefix(b"\xef\xbb\xbf")
     try:
-        return data.decode("utf-8-sig")  # a byte-order mark (as spreadsheets write) is not text
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ValueError(

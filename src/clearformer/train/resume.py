@@ -88,6 +88,17 @@ def check_resume(checkpoint: Checkpoint, config: TrainConfig, digest: str | None
         )
         log.warning("resuming with %s=%r (the checkpoint's run had %r)%s", name, new, old, effect)
     for name, (old, new) in other.items():
+        if name in ("metric", "mode"):
+            continue  # check_early_stopping refuses a change of either that means one
+        if name in ("patience", "min_delta"):
+            log.warning(
+                "resuming with %s=%r (the checkpoint's run had %r): early stopping goes on "
+                "under it, the evaluations since the best so far counted",
+                name,
+                new,
+                old,
+            )
+            continue
         log.warning(
             "resuming with %s=%r (the checkpoint's run had %r): the steps from here differ "
             "from an uninterrupted run of either config",
@@ -95,6 +106,30 @@ def check_resume(checkpoint: Checkpoint, config: TrainConfig, digest: str | None
             new,
             old,
         )
+
+
+def check_early_stopping(checkpoint: Checkpoint, metric: str, mode: str, default: str) -> None:
+    """Refuse a resume that changes what the best checkpoint is chosen by: the metric (the
+    config's, else the task's ``default``) or its direction. The best so far is a value of
+    the old metric, compared the old way: early stopping and the ``best`` pointer would go on
+    comparing it with values of another kind (``patience`` and ``min_delta`` may change: they
+    apply from the resume on).
+
+    Raises:
+        CheckpointError: naming the checkpoint's metric and mode and this config's.
+    """
+    then_config = checkpoint.meta.get("config", {})
+    # The task's default is the same then and now: task and eval_data cannot change on resume.
+    then_metric = then_config.get("metric", "") or default
+    then_mode = checkpoint.state["early_stopping"]["mode"]
+    if (then_metric, then_mode) == (metric, mode):
+        return
+    where = checkpoint.path.parent.parent
+    raise CheckpointError(
+        f"cannot resume {where}: its best checkpoint was chosen by metric={then_metric!r}, "
+        f"mode={then_mode!r}, got metric={metric!r}, mode={mode!r}: the best so far would be "
+        f"compared with values of another kind; use the run's metric and mode, or another --out"
+    )
 
 
 def restore(

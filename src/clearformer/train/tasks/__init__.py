@@ -6,6 +6,35 @@ from ..config import TASKS, TrainConfig
 from .base import Task
 
 
+def reported_metrics(config: TrainConfig) -> tuple[str, tuple[str, ...]]:
+    """(the task's default metric, every metric its evaluations report) for ``config``, known
+    before any data is read: a ``metric`` the evaluations will not report is refused before
+    any work rather than at the first evaluation. Most tasks report their ``metrics`` and the
+    held-out loss; contrastive and rerank say which in this configuration (with ``eval_data``:
+    retrieval measures and no loss)."""
+    if config.task == "contrastive":
+        from .contrastive import ContrastiveTask
+
+        return ContrastiveTask.reported_metrics(config)
+    if config.task == "rerank":
+        from .rerank import RerankTask
+
+        return RerankTask.reported_metrics(config)
+    if config.task == "classify":
+        from .classify import ClassifyTask as task
+    elif config.task == "digits":
+        from .digits import DigitsTask as task
+    elif config.task == "mlm":
+        from .mlm import MlmTask as task
+    elif config.task == "reverse":
+        from .reverse import ReverseTask as task
+    elif config.task == "translate":
+        from .translate import TranslateTask as task
+    else:
+        raise ValueError(f"task must be one of {TASKS}, got {config.task!r}")
+    return task.metric, ("loss", *task.metrics)
+
+
 def build_task(config: TrainConfig) -> Task:
     """The task ``config.task`` names, its data loaded and checked."""
     if config.task == "digits":
@@ -39,4 +68,4 @@ def build_task(config: TrainConfig) -> Task:
     raise ValueError(f"task must be one of {TASKS}, got {config.task!r}")
 
 
-__all__ = ["Task", "build_task"]
+__all__ = ["Task", "build_task", "reported_metrics"]

@@ -62,6 +62,13 @@ class ClassifyTask:
         else:
             ids = [self.labels.index(r.label) for r in rows]
             train, held = stratified_split(ids, config.eval_fraction, config.split_seed)
+            if not held:  # a label's only example is never held out: there would be no score
+                raise ValueError(
+                    f"{config.train_file}: no example to hold out for evaluation: each of the "
+                    f"{len(self.labels)} labels has one example (eval_fraction holds out part "
+                    "of a label's examples when it has two or more); give more examples or "
+                    "an eval_file"
+                )
             train_rows, eval_rows = [rows[i] for i in train], [rows[i] for i in held]
 
         self.files = find_checkpoint(None if config.model == "bundled" else config.model)

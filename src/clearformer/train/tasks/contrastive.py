@@ -71,16 +71,16 @@ class ContrastiveTask:
         self.tokenizer = TextTokenizer.from_files(
             self.parts.loaded.files, max_length, pad_id, vocab_size=model_config.vocab_size
         )
+        self.metric, reported = self.reported_metrics(config)
+        self.metrics = tuple(m for m in reported if m != "loss")  # measures beside the loss
         if config.eval_data:
             from ...retrieval import load_beir
 
             self.eval_data = load_beir(config.eval_data, config.eval_split)
-            self.metric, self.metrics = "ndcg@10", RETRIEVAL_METRICS
             self.train_pairs, self.eval_pairs = pairs, []
             self.evaluate_before_training = True
         else:
             self.eval_data = None
-            self.metric, self.metrics = "loss", ()
             self.train_pairs, self.eval_pairs = _split(
                 pairs, config.eval_fraction, config.split_seed
             )
@@ -92,6 +92,14 @@ class ContrastiveTask:
             len(self._ids[self._query(p.anchor)]) + len(self._ids[self._document(p.positive)])
             for p in self.train_pairs
         ]
+
+    @staticmethod
+    def reported_metrics(config: TrainConfig) -> tuple[str, tuple[str, ...]]:
+        """(the default metric, what an evaluation reports): with ``eval_data`` the retrieval
+        measures of its queries (no loss: nothing is held out), else the held-out rows' loss."""
+        if config.eval_data:
+            return "ndcg@10", RETRIEVAL_METRICS
+        return "loss", ("loss",)
 
     # -- texts -------------------------------------------------------------------------------
 
@@ -170,11 +178,13 @@ class ContrastiveTask:
             return {"loss": self._held_out_loss(model, batch_size, precision, device)}
         from ...retrieval import EvalSettings, evaluate
 
-        result = evaluate(
-            self.eval_data,
-            self.text_encoder(model.state_dict()),
-            EvalSettings(measures=self.metrics),
+        # Queries and documents embedded as in training: with its prompts, where it had any.
+        settings = EvalSettings(
+            measures=self.metrics,
+            query_prompt_name="query" if self.config.query_prompt else None,
+            document_prompt_name="document" if self.config.document_prompt else None,
         )
+        result = evaluate(self.eval_data, self.text_encoder(model.state_dict()), settings)
         return dict(result.metrics)
 
     def _held_out_loss(self, model, batch_size, precision, device) -> float:
@@ -193,14 +203,25 @@ class ContrastiveTask:
         return total / max(count, 1)
 
     def text_encoder(self, weights: dict):
-        """A :class:`~clearformer.TextEncoder` holding ``weights`` (a SentenceEmbedder's)."""
+        """A :class:`~clearformer.TextEncoder` holding ``weights`` (a SentenceEmbedder's) that
+        embeds texts as the training did: cut to its ``max_length``, its prompts named
+        ``query`` and ``document``, and no default prompt (the training put none before its
+        texts)."""
+        from ...interop.hf.sentence_transformers import Prompts
         from ...text import TextEncoder
 
         parts = copy.deepcopy(self.parts)
         embedder = SentenceEmbedder(parts.loaded.model, parts.head)
         embedder.load_state_dict({k: v.detach().cpu() for k, v in weights.items()})
         embedder.eval()  # the weights loaded in place: parts now hold the trained model and head
+        parts.tokenizer = self.tokenizer  # the checkpoint's, cut at the training's max_length
+        parts.prompts = Prompts(self._prompts())
         return TextEncoder.from_parts(parts)
+
+    def _prompts(self) -> dict[str, str]:
+        """The training's prompts under the names sentence-transformers' ``encode_query`` and
+        ``encode_document`` look for ("": none, which it applies as none)."""
+        return {"query": self.config.query_prompt, "document": self.config.document_prompt}
 
     def export(self, weights: dict, run_dir: Path) -> None:
         """``RUN/model/``: the best checkpoint's weights (else the final ones) as a
@@ -215,7 +236,20 @@ class ContrastiveTask:
             if loaded.weights is not None:
                 chosen, source = loaded.weights, best
         out = self.text_encoder(chosen).save_pretrained(run_dir / "model")
+        self._record_settings(out)
         write_model_card(out, self, run_dir, source)
+
+    def _record_settings(self, out: Path) -> None:
+        """What the training did to texts, in the files every loader reads: the length they
+        were cut to, and its prompts as the query and document prompts (so that
+        ``encode_query`` / ``encode_document`` add them; the base's other prompts are kept)."""
+        from ...interop.hf.sentence_transformers import prompts_from_files
+        from .model_files import record_max_length, update_json
+
+        record_max_length(out, self.tokenizer.max_length)
+        path = out / "config_sentence_transformers.json"
+        prompts = prompts_from_files(out).prompts if path.is_file() else {}
+        update_json(path, {"prompts": {**prompts, **self._prompts()}})
 
     def describe(self) -> dict:
         negatives = sum(len(self._negatives(p)) for p in self.train_pairs)

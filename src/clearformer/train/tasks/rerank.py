@@ -35,9 +35,12 @@ from torch import Tensor, nn
 from ..config import TrainConfig
 from ..pairs import read_pairs
 from .contrastive import _split
+from .model_files import update_json
 
 log = logging.getLogger(__name__)
 
+
+RERANK_METRICS = ("ndcg@10", "mrr@10", "recall@10")  # of the reranked run, with eval_data
 
 # sentence-transformers' cross-encoder MultipleNegativesRankingLoss defaults: the logits go
 # through a sigmoid and are multiplied by 10 before the softmax.
@@ -128,22 +131,26 @@ class RerankTask:
             self.files, max_length, pad_id, vocab_size=encoder_config.vocab_size
         )
         self.pad_id = pad_id
+        self.metric, reported = self.reported_metrics(config)
+        self.metrics = tuple(m for m in reported if m != "loss")  # measures beside the loss
         if config.eval_data:
             from ...retrieval import load_beir
 
             self.eval_data = load_beir(config.eval_data, config.eval_split)
-            self.metric, self.metrics = "ndcg@10", ("ndcg@10", "mrr@10", "recall@10")
             train_rows, eval_rows = pairs, []
             self.evaluate_before_training = True
             self._first_stage = None
         else:
             self.eval_data = None
-            self.metric, self.metrics = "loss", ("accuracy",)
             train_rows, eval_rows = _split(pairs, config.eval_fraction, config.split_seed)
             self.evaluate_before_training = False
         self.listwise = config.rerank_loss == "listwise"
-        self.train_examples = self._examples(train_rows)
-        self.eval_examples = self._examples(eval_rows)
+        self.train_examples = self._examples(train_rows, f"train_file {config.train_file}")
+        self.eval_examples = self._examples(
+            eval_rows,
+            f"the rows of train_file {config.train_file} held out for evaluation "
+            f"(eval_fraction={config.eval_fraction}, split_seed={config.split_seed})",
+        )
         labels = [label for _, _, row_labels in self.train_examples for label in row_labels]
         positives = sum(labels)
         self.pos_weight = (len(labels) - positives) / max(positives, 1)
@@ -153,6 +160,15 @@ class RerankTask:
         self.train_lengths = [
             max(len(self._ids[(q, d)][0]) for d in docs) for q, docs, _ in self.train_examples
         ]
+
+    @staticmethod
+    def reported_metrics(config: TrainConfig) -> tuple[str, tuple[str, ...]]:
+        """(the default metric, what an evaluation reports): with ``eval_data`` the reranked
+        run's retrieval measures (no loss: nothing is held out), else the held-out rows' loss
+        and accuracy."""
+        if config.eval_data:
+            return "ndcg@10", RERANK_METRICS
+        return "loss", ("loss", "accuracy")
 
     def _load_base(self, load_model) -> None:
         """The encoder and its head: the checkpoint's own, or a new one-label head."""
@@ -175,7 +191,9 @@ class RerankTask:
         self.base_model = loaded.model
         self.base_head = new_head(self.family, self.hf_config, loaded.kept, self.config.seed)
 
-    def _examples(self, rows) -> list[Example]:
+    def _examples(self, rows, source: str) -> list[Example]:
+        """The examples of ``rows``; ``source`` names them (the training file, or its held-out
+        rows) where listwise finds none to rank."""
         out: list[Example] = []
         limit = self.config.negatives
         dropped = 0
@@ -193,8 +211,8 @@ class RerankTask:
             log.info("rerank: %d row(s) without a negative left out of the listwise loss", dropped)
         if self.listwise and rows and not out:
             raise ValueError(
-                f"train_file {self.config.train_file}: rerank_loss='listwise' needs rows with "
-                "hard negatives; no row has one"
+                f"{source}: rerank_loss='listwise' needs rows with hard negatives; none of "
+                f"these {len(rows)} has one"
             )
         return out
 
@@ -333,22 +351,10 @@ class RerankTask:
         out = save_classifier(
             scorer.model, scorer.head, directory, self.family, self.hf_config, self.files.path
         )
-        self._record_max_length(out)
+        # The pairs were cut to the tokenizer's max length in training: the directory says so,
+        # so that every library that loads it cuts them the same way.
+        update_json(out / "tokenizer_config.json", {"model_max_length": self.tokenizer.max_length})
         return out
-
-    def _record_max_length(self, out: Path) -> None:
-        """The pairs were cut to the tokenizer's max length in training: the directory says so
-        (``model_max_length``), so that every library that loads it cuts them the same way."""
-        import json
-
-        from ...io import atomic_write
-
-        path = out / "tokenizer_config.json"
-        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        config["model_max_length"] = self.tokenizer.max_length
-        with atomic_write(path) as f:
-            json.dump(config, f, indent=2)
-            f.write("\n")
 
     def export(self, weights: dict, run_dir: Path) -> None:
         """``RUN/model/``: the best checkpoint's weights (else the final ones)."""
