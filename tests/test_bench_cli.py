@@ -22,6 +22,8 @@ from clearformer.cli import main
         (["--min-length", "300", "--max-length", "200"], "min_length must be <= max_length"),
         (["--long-seqlens", "512,0"], "long_seqlens must be positive ints"),
         (["--sections", "inference,speed"], "sections must be among"),
+        (["--sections", ","], "sections must name at least one of"),
+        (["--sections", "long", "--long-seqlens", ","], "long_seqlens must name at least one"),
         (["--quick", "--repeats", "0"], "repeats must be a positive int"),
     ],
 )

@@ -22,3 +22,9 @@ def test_bad_option_is_one_line_without_traceback(capsys):
     assert main(["demo", "--n-heads", "5", "--d-model", "32"]) == 2
     err = capsys.readouterr().err
     assert "divisible" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_layer_count_that_would_take_minutes_is_refused(capsys):
+    assert main(["demo", "--n-layers", "2000", "--d-model", "8", "--n-heads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "clearformer demo: error: --n-layers must be at most 256, got 2000"

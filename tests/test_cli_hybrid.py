@@ -179,3 +179,53 @@ def test_a_build_without_kind_on_a_folder_of_kinds_adds_its_dense_kind(setup, tm
         "dense",
         "texts",
     ]
+
+
+def test_flags_that_do_not_apply_are_refused_and_a_large_k_is_the_whole_index(setup, tmp_path):
+    out, corpus = str(setup["out"]), str(setup["corpus"])
+    for flags, said in (
+        (("--corpus", corpus, "--rrf-k", "-9"), "--rrf-k applies to --index, not a --corpus"),
+        (("--corpus", corpus, "--depth", "5"), "--depth applies to --index, not a --corpus"),
+        (("--corpus", corpus, "--weights", "x"), "--weights applies to --index"),
+        (("--index", out, "--mode", "bm25", "--rrf-k", "-5"), "--rrf-k applies to --mode hybrid"),
+        (("--index", out, "--mode", "bm25", "--depth", "5"), "--depth applies to --mode hybrid"),
+    ):
+        line = refused(setup, "search", QUERY, *flags)
+        assert said in line, line
+    # -k far above the rows: every row once, not an allocation of -k rows.
+    for mode in ("bm25", "hybrid", "dense"):
+        result = cli("search", QUERY, "--index", out, "--mode", mode, "-k", "100000000000",
+                     "--json")  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        ids = [json.loads(line)["id"] for line in result.stdout.splitlines()]
+        assert len(ids) == len(set(ids)) <= 120 and len(ids) > 0
+
+
+def test_jsonl_corpus_results_name_their_file_line(setup, tmp_path):
+    corpus = tmp_path / "blank-lines.jsonl"
+    corpus.write_text('{"text": "w1 w2"}\n\n{"text": ""}\n{"text": "w3 w4"}\n', encoding="utf-8")
+    result = cli("search", "w3", "--corpus", str(corpus), "--model", str(setup["model"]),
+                 "--json")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = {json.loads(x)["text"]: json.loads(x)["line"] for x in result.stdout.splitlines()}
+    assert lines == {"w1 w2": 1, "w3 w4": 4}
+
+
+def test_a_missing_optional_package_is_one_error_line(setup, monkeypatch):
+    from clearformer.cli import main
+    from clearformer.commands import search_kinds
+
+    def missing(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'bm25s'", name="bm25s")
+
+    monkeypatch.setattr(search_kinds, "run_kind_search", missing)
+    import io
+    from contextlib import redirect_stderr
+
+    err = io.StringIO()
+    with redirect_stderr(err):
+        code = main(["search", QUERY, "--index", str(setup["out"]), "--mode", "bm25"])
+    assert code == 2
+    assert err.getvalue().strip() == (
+        "clearformer search: error: No module named 'bm25s' (pip install bm25s)"
+    )

@@ -232,6 +232,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_SIGPIPE
     except (CliError, ValueError, TypeError, OSError, UnicodeDecodeError) as exc:
         return _report(args, exc)
+    except ImportError as exc:
+        # An optional package this command needs (bm25s, usearch, pyarrow, ...) is missing or
+        # broken: one line naming it, as for any other fault of the setup.
+        name = getattr(exc, "name", None)
+        hint = f" (pip install {name})" if name and "pip install" not in str(exc) else ""
+        return _report(args, CliError(f"{exc}{hint}"))
     finally:
         _hide_progress(progress)
         if in_main_thread:

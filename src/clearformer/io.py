@@ -112,6 +112,16 @@ def parse_json_object(line: str, where: str) -> dict:
 
 def read_jsonl_field(data: bytes, source: str, field: str) -> list[str]:
     """The string ``field`` of each JSON object, one object per non-blank line."""
+    return [text for _, text in read_numbered_texts(data, source, field=field)]
+
+
+def read_numbered_texts(
+    data: bytes, source: str, *, field: str | None = None
+) -> list[tuple[int, str]]:
+    """:func:`read_texts` with each text's line number in the file (1-based): the lines of a
+    JSONL file's blank lines are skipped, so its texts' places are not their line numbers."""
+    if field is None:
+        return list(enumerate(read_lines(data, source), start=1))
     texts = []
     for number, line in enumerate(read_lines(data, source), start=1):
         if not line.strip():
@@ -133,7 +143,7 @@ def read_jsonl_field(data: bytes, source: str, field: str) -> list[str]:
                 f"got {type(value).__name__}"
             )
         check_unicode(value, f"{source} line {number}: field {field!r}")
-        texts.append(value)
+        texts.append((number, value))
     return texts
 
 

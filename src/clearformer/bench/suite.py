@@ -96,6 +96,11 @@ class BenchOptions:
         for name in self.sections:
             if name not in SECTIONS:
                 raise ValueError(f"sections must be among {SECTIONS}, got {name!r}")
+        # An empty list would run nothing and write an empty report, exit status 0.
+        if not self.sections:
+            raise ValueError(f"sections must name at least one of {SECTIONS}")
+        if "long" in self.sections and not self.long_seqlens:
+            raise ValueError("long_seqlens must name at least one length for section 'long'")
 
     @classmethod
     def quick(cls, **overrides) -> BenchOptions:

@@ -7,6 +7,7 @@ import argparse
 # The demo is a tour of a few seconds, not a benchmark: its encoder is built in memory, so a
 # size that cannot be allocated (or takes minutes to build) is refused before torch loads.
 MAX_PARAMETERS = 2**28  # 1 GiB of float32
+MAX_LAYERS = 256  # each layer is a few Python objects and calls: thousands take minutes
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.manual_seed accepts
 
 
@@ -19,6 +20,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
     # Per layer: 4 D^2 in attention and 8 D^2 in the MLP (dim_mlp = 4 D). A size below 1 is
     # left to EncoderConfig, whose message names it.
     parameters = 12 * max(args.n_layers, 0) * max(args.d_model, 0) ** 2
+    if args.n_layers > MAX_LAYERS:  # thin layers are cheap in parameters, not in time
+        raise CliError(f"--n-layers must be at most {MAX_LAYERS}, got {args.n_layers}")
     if parameters > MAX_PARAMETERS:
         raise CliError(
             f"--d-model {args.d_model} and --n-layers {args.n_layers} make about "

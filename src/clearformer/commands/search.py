@@ -78,7 +78,7 @@ def read_corpus(args: argparse.Namespace) -> list[tuple[int, str]]:
     """
     from ..checks import check_unicode
     from ..cli import CliError
-    from ..io import read_texts
+    from ..io import read_numbered_texts
     from .inputs import require_input_file
 
     path = require_input_file(args.corpus, "--corpus")
@@ -86,9 +86,10 @@ def read_corpus(args: argparse.Namespace) -> list[tuple[int, str]]:
         raise CliError("QUERY is empty")
     check_unicode(args.query, "QUERY")
     field = args.field if args.field is not None or path.suffix != ".jsonl" else "text"
-    texts = read_texts(path.read_bytes(), str(path), field=field)
-    # Blank lines carry no meaning to rank; keep each text's line number for the output.
-    entries = [(number, text) for number, text in enumerate(texts, start=1) if text.strip()]
+    texts = read_numbered_texts(path.read_bytes(), str(path), field=field)
+    # Blank lines carry no meaning to rank; keep each text's line number for the output (a
+    # JSONL file's, not its place among the texts: an index names the same line).
+    entries = [(number, text) for number, text in texts if text.strip()]
     if not entries:
         raise CliError(f"empty input: {path} holds no non-blank texts")
     return entries

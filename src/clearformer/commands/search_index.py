@@ -29,10 +29,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     over_corpus = p.get_default("func")
 
     def run(args: argparse.Namespace) -> int:
-        if args.index is None and args.mode is not None:
+        if args.index is None:
             from ..cli import CliError
+            from .search_kinds import refuse_kind_flags
 
-            raise CliError("--mode applies to --index; a --corpus search is dense")
+            if args.mode is not None:
+                raise CliError("--mode applies to --index; a --corpus search is dense")
+            refuse_kind_flags(args, corpus=True)
         return run_index_search(args) if args.index is not None else over_corpus(args)
 
     p.set_defaults(func=run)
@@ -67,7 +70,9 @@ def run_index_search(args: argparse.Namespace) -> int:
     index = VectorIndex.open(path)
     encoder = index_encoder(args, path)
     index = index.with_encoder(encoder)
-    hits = index.search(args.query, k=args.top_k, precision=args.precision)
+    # No more hits than rows: a -k far above them would only size empty result arrays.
+    k = min(args.top_k, max(index.rows, 1))
+    hits = index.search(args.query, k=k, precision=args.precision)
     for rank, hit in enumerate(hits, start=1):
         if args.json:
             item = {"rank": rank, "score": round(hit.score, 6), "id": hit.id, "text": hit.text}

@@ -16,6 +16,8 @@ from pathlib import Path
 MODES = ("dense", "sparse", "multivector", "bm25", "hybrid")
 FUSIONS = ("rrf", "weighted")
 NORMALIZATIONS = ("minmax", "zscore")
+DEPTH_DEFAULT = 100  # --depth: texts each kind retrieves before fusion
+RRF_K_DEFAULT = 60  # --rrf-k: reciprocal rank fusion's constant
 
 
 def add_kind_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,9 +32,9 @@ def add_kind_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--depth",
         type=int,
-        default=100,
+        default=DEPTH_DEFAULT,
         metavar="N",
-        help="--mode hybrid: texts each kind retrieves before fusion (default 100)",
+        help="--mode hybrid: texts each kind retrieves before fusion, at least -k (default 100)",
     )
     p.add_argument(
         "--candidates",
@@ -70,7 +72,7 @@ def add_fusion_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rrf-k",
         type=int,
-        default=60,
+        default=RRF_K_DEFAULT,
         metavar="K",
         help="--fusion rrf: the constant in 1 / (K + rank) (default 60)",
     )
@@ -88,22 +90,32 @@ def add_fusion_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def refuse_kind_flags(args: argparse.Namespace) -> None:
-    """A plain dense index takes none of the hybrid flags."""
+def refuse_kind_flags(args: argparse.Namespace, *, corpus: bool = False) -> None:
+    """A plain dense index (or, with ``corpus``, a ``--corpus`` search) takes none of the
+    hybrid flags: each would be unused in silence. ``--depth`` and ``--rrf-k`` count as given
+    when they differ from their defaults."""
     from ..cli import CliError
 
     for flag, given in (
         ("--candidates", getattr(args, "candidates", None) is not None),
         ("--kinds", args.kinds is not None),
         ("--fusion", args.fusion is not None),
+        ("--rrf-k", args.rrf_k != RRF_K_DEFAULT),
         ("--weights", args.weights is not None),
         ("--normalization", args.normalization is not None),
+        ("--depth", getattr(args, "depth", DEPTH_DEFAULT) != DEPTH_DEFAULT),
         ("--sparse-model", args.sparse_model is not None),
         ("--multivector-model", args.multivector_model is not None),
     ):
         if given:
-            fusing = flag in ("--kinds", "--fusion", "--weights", "--normalization")
-            where = "--mode hybrid" if fusing else "an index folder of several kinds"
+            if corpus:
+                raise CliError(f"{flag} applies to --index, not a --corpus search")
+            fusing = flag in ("--kinds", "--fusion", "--rrf-k", "--weights", "--normalization")
+            where = (
+                "--mode hybrid"
+                if fusing or flag == "--depth"
+                else ("an index folder of several kinds")
+            )
             raise CliError(f"{flag} applies to {where}, not this search")
 
 

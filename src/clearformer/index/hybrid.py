@@ -189,6 +189,11 @@ class HybridIndex:
     def kinds(self) -> list[str]:
         return list(self.indexes)
 
+    @property
+    def rows(self) -> int:
+        """The texts every kind holds (one count: ``open`` checks they agree)."""
+        return next(iter(self.indexes.values())).rows
+
     def search(
         self,
         queries: str | Sequence[str],
@@ -215,6 +220,10 @@ class HybridIndex:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         k = _check_k(k)  # as each kind checks it, before any kind searches
+        # No more hits than texts: a k far above the rows would only size empty arrays (a k of
+        # 10^11 asked for hundreds of GiB).
+        k = min(k, max(self.rows, 1))
+        depth = min(depth, max(self.rows, 1))
         single = isinstance(queries, str)
         batch = [queries] if single else list(queries)
         if mode != "hybrid":
