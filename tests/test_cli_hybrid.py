@@ -229,3 +229,10 @@ def test_a_missing_optional_package_is_one_error_line(setup, monkeypatch):
     assert err.getvalue().strip() == (
         "clearformer search: error: No module named 'bm25s' (pip install bm25s)"
     )
+
+
+def test_an_index_path_that_is_a_file_is_named_so(setup):
+    line = refused(setup, "search", QUERY, "--index", str(setup["corpus"]), "--mode", "bm25")
+    assert line.endswith("is a file, not an index folder (`clearformer index build`)")
+    line = refused(setup, "search", QUERY, "--index", str(setup["corpus"]))
+    assert "is a file, not an index folder" in line

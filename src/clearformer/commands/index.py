@@ -365,6 +365,8 @@ def _require_index(path: Path) -> None:
     from ..cli import CliError
     from ..index import layout
 
+    if path.exists() and not path.is_dir():
+        raise CliError(f"INDEX {path} is a file, not an index folder (`clearformer index build`)")
     if not path.is_dir():
         raise CliError(f"INDEX {path} does not exist: build it with `clearformer index build`")
     if layout.current_generation(path) is None:

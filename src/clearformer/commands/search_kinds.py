@@ -175,6 +175,8 @@ def run_kind_search(args: argparse.Namespace, path: Path) -> int:
     from ..index.collection import kinds_present
     from .search import shorten
 
+    if path.exists() and not path.is_dir():
+        raise CliError(f"INDEX {path} is a file, not an index folder (`clearformer index build`)")
     if not path.is_dir():
         raise CliError(f"INDEX {path} does not exist: build it with `clearformer index build`")
     present = kinds_present(path)
