@@ -236,3 +236,12 @@ def test_an_index_path_that_is_a_file_is_named_so(setup):
     assert line.endswith("is a file, not an index folder (`clearformer index build`)")
     line = refused(setup, "search", QUERY, "--index", str(setup["corpus"]))
     assert "is a file, not an index folder" in line
+
+
+def test_a_query_that_matches_nothing_says_so_on_stderr(setup):
+    result = cli("search", "the of and", "--index", str(setup["out"]), "--mode", "bm25")
+    assert result.returncode == 0 and result.stdout == ""
+    assert result.stderr.strip() == (
+        "clearformer search: no text matches the query (BM25 finds texts sharing a word with "
+        "it, stop words aside)"
+    )

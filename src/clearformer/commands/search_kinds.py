@@ -224,6 +224,11 @@ def run_kind_search(args: argparse.Namespace, path: Path) -> int:
         args.query, k=args.top_k, mode=mode, kinds=kinds, fusion=fusion, depth=args.depth,
         settings=settings,
     )  # fmt: skip
+    if not hits:  # on stderr: stdout stays the (empty) list of results
+        why = ""
+        if "bm25" in kinds:
+            why = " (BM25 finds texts sharing a word with it, stop words aside)"
+        print(f"clearformer search: no text matches the query{why}", file=sys.stderr)
     for rank, hit in enumerate(hits, start=1):
         if args.json:
             item = {"rank": rank, "score": round(hit.score, 6), "id": hit.id, "text": hit.text}
