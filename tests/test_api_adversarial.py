@@ -31,7 +31,8 @@ def reference_pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str, skip: in
     B, T, _ = hidden.shape
     out = []
     for b in range(B):
-        kept = [t for t in range(T) if mask[b, t] and t >= skip]
+        # The prompt left out is the row's first `skip` real tokens, whatever the padding side.
+        kept = [t for t in range(T) if mask[b, t]][skip:]
         states = hidden[b, kept]  # (n, D)
         if mode == "max":
             out.append(states.amax(0) if kept else hidden.new_full((D,), -float("inf")))
@@ -42,10 +43,9 @@ def reference_pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str, skip: in
         elif mode == "mean_sqrt_len_tokens":
             out.append(states.sum(0) / len(kept) ** 0.5)
         elif mode == "cls":
-            # The first position without a prompt (sentence-transformers' rule), else the first
-            # kept one; a left-out first position counts as padding: zeros.
-            first = 0 if not skip else kept[0]
-            out.append(hidden[b, first] if mask[b, first] else hidden.new_zeros(D))
+            # The first kept token: the row's first real one after any prompt (sentence-
+            # transformers' rule, on either padding side).
+            out.append(hidden[b, kept[0]])
         elif mode == "lasttoken":
             out.append(hidden[b, kept[-1]])
         else:  # weightedmean: weight t + 1 - (the row's first real token)
