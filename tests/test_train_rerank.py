@@ -100,10 +100,16 @@ def test_a_run_killed_before_its_first_evaluation_resumes_bitwise(tmp_path):
 
 
 def test_a_cross_encoder_goes_on_training_and_its_weights_move(data, tmp_path):
+    from sentence_transformers import CrossEncoder as Reference
+
     from .test_sequence_classification import make_classifier
 
+    plain = tmp_path / "plain"
+    make_classifier("bert", plain, num_labels=1)
+    # A cross-encoder that scores with raw logits (as ms-marco's do), saved by
+    # sentence-transformers: the trained one keeps that activation.
     base = tmp_path / "base"
-    make_classifier("bert", base, num_labels=1)
+    Reference(str(plain), device="cpu", activation_fn=torch.nn.Identity()).save(str(base))
     # The tiny classifier's vocabulary has 60 pieces: rows of word ids below it.
     rows = [
         {
@@ -123,6 +129,9 @@ def test_a_cross_encoder_goes_on_training_and_its_weights_move(data, tmp_path):
     before = _same_scores(base)
     after = _same_scores(run / "model")
     assert np.abs(before - after).max() > 1e-4
+    from clearformer import CrossEncoder
+
+    assert CrossEncoder.from_pretrained(run / "model").activation == "identity"
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert all("eval_loss" in r and "eval_accuracy" in r for r in records if "best" in r)
 

@@ -35,12 +35,18 @@ from torch import Tensor, nn
 from ..config import TrainConfig
 from ..pairs import read_pairs
 from .contrastive import _split
-from .model_files import update_json
+from .model_files import record_max_length
 
 log = logging.getLogger(__name__)
 
 
 RERANK_METRICS = ("ndcg@10", "mrr@10", "recall@10")  # of the reranked run, with eval_data
+# sentence-transformers' own files of a cross-encoder it saved: kept in RUN/model.
+ST_CROSS_ENCODER_FILES = (
+    "config_sentence_transformers.json",
+    "modules.json",
+    "sentence_bert_config.json",
+)
 
 # sentence-transformers' cross-encoder MultipleNegativesRankingLoss defaults: the logits go
 # through a sigmoid and are multiplied by 10 before the softmax.
@@ -306,9 +312,10 @@ class RerankTask:
             # depend on which.
             state = rng_state()
             try:
-                result = evaluate(
-                    self.eval_data, TextEncoder.from_pretrained(retriever), EvalSettings()
-                )
+                # As deep as the reranker reaches: a first stage of 100 would cap a
+                # --rerank-top above it without a word.
+                settings = EvalSettings(depth=max(EvalSettings().depth, self.config.rerank_top))
+                result = evaluate(self.eval_data, TextEncoder.from_pretrained(retriever), settings)
             finally:
                 set_rng_state(state)
             self._first_stage = result.run
@@ -351,9 +358,17 @@ class RerankTask:
         out = save_classifier(
             scorer.model, scorer.head, directory, self.family, self.hf_config, self.files.path
         )
+        # The base cross-encoder's sentence-transformers files, where it has them: its score
+        # activation (an identity one would otherwise become a plain classifier's sigmoid),
+        # which sentence-transformers reads only beside its modules.json.
+        if _saved_as_cross_encoder(self.files.path):  # not an embedding model's modules
+            for name in ST_CROSS_ENCODER_FILES:
+                source = self.files.path / name
+                if source.is_file() and not (out / name).exists():
+                    (out / name).write_bytes(source.read_bytes())
         # The pairs were cut to the tokenizer's max length in training: the directory says so,
         # so that every library that loads it cuts them the same way.
-        update_json(out / "tokenizer_config.json", {"model_max_length": self.tokenizer.max_length})
+        record_max_length(out, self.tokenizer.max_length)
         return out
 
     def export(self, weights: dict, run_dir: Path) -> None:
@@ -380,3 +395,15 @@ class RerankTask:
             "model": str(self.files.path),
             "max_length": self.tokenizer.max_length,
         }
+
+
+def _saved_as_cross_encoder(path: Path) -> bool:
+    """Whether sentence-transformers saved ``path`` as a CrossEncoder (its config says so)."""
+    import json
+
+    config = path / "config_sentence_transformers.json"
+    try:
+        settings = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+    except (OSError, ValueError):
+        return False
+    return isinstance(settings, dict) and settings.get("model_type") == "CrossEncoder"
