@@ -260,3 +260,29 @@ def test_a_listwise_reranker_trains_and_both_libraries_load_it(data, tmp_path):
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     evaluated = [r for r in records if "eval_accuracy" in r]
     assert evaluated and all(0.0 <= r["eval_accuracy"] <= 1.0 for r in evaluated)
+
+
+def test_the_first_stage_reaches_a_rerank_top_above_its_default_depth(data, monkeypatch):
+    """--rerank-top 150 reranks 150 texts: the first stage retrieves at least that many."""
+    from clearformer import retrieval
+    from clearformer.train import TrainConfig
+    from clearformer.train.tasks import build_task
+
+    asked = []
+
+    class Result:
+        run: dict = {}
+        metrics = {"ndcg@10": 0.0}
+
+    def evaluate(data_, encoder, settings, **kwargs):
+        asked.append(settings.depth)
+        return Result()
+
+    monkeypatch.setattr(retrieval, "evaluate", evaluate)
+    for top, depth in ((150, 150), (50, 100)):
+        config = TrainConfig(
+            task="rerank", train_file=str(data["pairs"]), model=str(data["model"]),
+            eval_data=str(data["beir"]), rerank_top=top, retriever=str(data["model"]),
+        )  # fmt: skip
+        build_task(config)._first_stage_run()
+        assert asked[-1] == depth
