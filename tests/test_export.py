@@ -490,3 +490,14 @@ def test_cli_requires_the_onnx_directory(capsys):
         main(["export"])
     assert exit_info.value.code == 2
     assert "--onnx" in capsys.readouterr().err
+
+
+def test_the_python_api_refuses_to_export_over_its_own_checkpoint(ort, tiny_encoder):
+    """overwrite=True on the checkpoint's own folder (or one holding it) would replace the
+    weights being exported: refused before anything is written, as the CLI refuses it."""
+    source = tiny_encoder.path
+    before = sorted(p.name for p in source.iterdir())
+    for out in (source, source.parent):
+        with pytest.raises(ValueError, match="holds the checkpoint it exports"):
+            export_onnx(tiny_encoder, out, overwrite=True)
+    assert sorted(p.name for p in source.iterdir()) == before

@@ -185,6 +185,15 @@ def export_onnx(
     require_packages(verify)
     target = _check_target(Path(out_dir), overwrite)
     model, text = _resolve(model_or_dir, pooling, say)
+    if text is not None and text.path is not None:
+        # An export replaces out_dir (with overwrite) and copies the checkpoint's configs but
+        # not its weights: out_dir must neither be the checkpoint nor hold it.
+        where, source = target.resolve(), Path(text.path).resolve()
+        if where == source or where in source.parents:
+            raise ValueError(
+                f"out_dir {out_dir} holds the checkpoint it exports ({text.path}), which the "
+                "export would replace; give another directory"
+            )
     mode = text.pooling if (pooling and text is not None) else None
     if mode is not None and text.head.config.steps:
         raise ValueError(
