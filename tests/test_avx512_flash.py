@@ -303,14 +303,17 @@ def grouped_encoder(seed=0, **overrides) -> Encoder:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("ragged", [True, False])
-def test_local_and_global_layers_of_a_bidirectional_encoder_run_on_it(monkeypatch, ragged, dtype):
+@pytest.mark.parametrize("causal", [False, True])
+def test_local_and_global_layers_run_on_it(monkeypatch, ragged, dtype, causal):
     # EmbeddingGemma's pattern: a local layer (|i - j| <= 8 here) and a global one, grouped
-    # keys, rotary, bidirectional; ragged rows packed, rows of one length padded.
+    # keys, rotary, bidirectional (and a decoder's, causal); ragged rows packed, rows of one
+    # length padded. The padded plan folds a short local layer's causal triangle into a mask
+    # the flash kernel does not read: the kernel must still apply it.
     encoder = grouped_encoder(
         1,
         n_heads=2,
         n_kv_heads=1,
-        causal=False,
+        causal=causal,
         local_window=16,
         layer_pattern=("local", "global"),
     )
@@ -327,7 +330,8 @@ def test_local_and_global_layers_of_a_bidirectional_encoder_run_on_it(monkeypatc
         pytorch = model(x.to(dtype), mask)
         monkeypatch.setenv("CLEARFORMER_AVX512", "on")
         got = model(x.to(dtype), mask)
-    assert calls == [8, None]  # the local layer's window, then the global layer
+    # The local layer's window (8 each side; a causal one looks back 15), then the global one.
+    assert calls == [15 if causal else 8, None]
     assert_as_close_as_pytorch(got[mask], pytorch[mask], want[mask])
 
 

@@ -92,6 +92,9 @@ class LayerPlan(_Layout):
         packing: packed layout: where each sequence's rows are (``cu_seqlens``, offsets).
         is_causal: the kernel still has to apply the causal constraint itself (packed rows,
             or a padded call whose causal triangle was not folded into ``mask``).
+        causal: the layer attends causally, whether or not the constraint is folded into
+            ``mask``: a kernel that reads no mask (the flash kernel of a local layer's
+            unpadded rows) applies it from here.
         need_weights: return attention probabilities (``math`` only).
         window: local attention: query i sees keys j of its sequence with |i - j| <= window;
             None = global attention.
@@ -126,6 +129,7 @@ class LayerPlan(_Layout):
     key_runs: tuple[Tensor, Tensor] | None = None
     packing: PackedLayout | None = None
     is_causal: bool = False
+    causal: bool = False
     need_weights: bool = False
     window: int | None = None
     band_in_mask: bool = False

@@ -305,7 +305,9 @@ def plan_stack(
         route = dict(attention[window, theta])
         slab = route.pop("slab", False)
         meaning = masks.layer_masks(token_mask, length, device, config.causal, window, slab, padded)
-        built[window, theta] = LayerPlan(**common, **route, **meaning, window=window, rotary=rotary)
+        built[window, theta] = LayerPlan(
+            **common, **route, **meaning, causal=config.causal, window=window, rotary=rotary
+        )
     return CallPlan(
         layout,
         kernel,

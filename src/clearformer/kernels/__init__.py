@@ -76,8 +76,10 @@ def _padded_bias(plan: LayerPlan, bias: Tensor | None) -> Tensor | None:
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, plan: LayerPlan, dropout_p: float, scale, bias):
     flash = plan.padded_route is not None and plan.padded_route.choice == "avx512"
     if plan.window is not None and flash and bias is None and dropout_p == 0.0:
-        # Unmasked rows of a local layer: the flash kernel reads the window itself.
-        out = local_flash_attention(q, k, v, plan.window, is_causal=plan.is_causal, scale=scale)
+        # Unmasked rows of a local layer: the flash kernel reads the window itself, and the
+        # causal constraint from the layer (the plan folded it into a mask this kernel skips).
+        causal = plan.causal or plan.is_causal
+        out = local_flash_attention(q, k, v, plan.window, is_causal=causal, scale=scale)
         if out is not None:
             note("attention", "avx512")
             return out, None
