@@ -343,3 +343,29 @@ def test_two_explains_of_one_training_model_keep_dropout_off():
     for out in outputs:  # dropout 0.5 on would change every output
         torch.testing.assert_close(out, want)
     assert all(m.training for m in encoder.modules())
+
+
+@pytest.mark.parametrize("kernels", ["on", "off"])
+def test_a_plan_reused_in_another_mode_is_made_again(monkeypatch, kernels):
+    """A plan made for inference (no gradients, eval mode) reused in a training call: the
+    call gets its own routes, dropout and gradients included, whatever the inference plan
+    chose (clearformer's inference kernels where built); a hook keeps the linear layers eager,
+    so the linear route alone would not tell."""
+    monkeypatch.setenv("CLEARFORMER_AVX512", kernels)
+    torch.manual_seed(0)
+    config = EncoderConfig(d_model=64, n_heads=2, n_layers=1, dim_mlp=64, attn_dropout=0.5)
+    model = Encoder(config).eval()
+    model.layers[0].mlp.register_forward_hook(lambda module, args, out: None)
+    x = torch.randn(2, 8, 64)
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    mask[1, 4:] = False
+    with torch.no_grad():
+        plan = model.plan_for(mask)
+        same = model(x, plan=plan)
+        assert torch.equal(same, model(x, plan=plan))  # inference: the plan as it is
+        model.train()
+        first, second = model(x, plan=plan), model(x, plan=plan)
+    assert not torch.equal(first, second)  # attention dropout drew its masks
+    out = model(x, plan=plan)  # gradients: trained through, not refused by an inference kernel
+    out[mask].sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

@@ -187,6 +187,9 @@ class CallPlan(_Layout):
             L the padded length or the longest packed sequence, and hands it to every layer.
         linear: how the linear layers run (every layer's; see :class:`LayerPlan`).
         layers: the plan of each layer; layers of one kind (window, rotary base) share one.
+        mode: (gradients enabled, training mode) when the plan was made: its routes hold for
+            that mode only (an inference kernel, no dropout), so a call in another mode is
+            planned again.
     """
 
     layout: Decision
@@ -203,6 +206,7 @@ class CallPlan(_Layout):
     score_bias: bool = False
     linear: Decision | None = None
     layers: tuple[LayerPlan, ...] = ()
+    mode: tuple[bool, bool] | None = None
 
     def layer(self, index: int) -> LayerPlan:
         """The plan layer ``index`` of the stack runs."""

@@ -145,10 +145,11 @@ def plan_stack(
     token); ``ask``, what the call asks for.
 
     ``given``: a plan made earlier by ``plan_for`` for these rows (then ``ask`` is None): it is
-    checked against them and returned as it is; where it fuses the linear layers and this call
-    needs the eager ones (gradients, training mode, forward hooks added since), the call gets a
-    new plan for the same rows, layout and kernel, whose linear route is its own. A plan is
-    never changed after it is made.
+    checked against them and returned as it is; where this call runs in another mode than the
+    plan was made in (gradients, training mode: the plan's routes may be inference-only or skip
+    dropout), or the plan fuses the linear layers and this call needs the eager ones (forward
+    hooks added since), the call gets a new plan for the same rows, layout and kernel, whose
+    routes are its own. A plan is never changed after it is made.
 
     Raises:
         TypeError, ValueError: bad rows, a bad mask or backend, or a backend that cannot serve
@@ -184,7 +185,8 @@ def plan_stack(
                 f"plan was made for a batch of (B, T) = ({given.batch}, {given.tq}) on "
                 f"{given.device}, got x of shape {tuple(rows.shape)} on {rows.device}"
             )
-        if not given.fused_linear or linear is None or linear.choice == "fused":
+        same_mode = given.mode is None or given.mode == _mode(encoder)
+        if same_mode and (not given.fused_linear or linear is None or linear.choice == "fused"):
             return given
         # Planned again for this call: the same rows, layout and kernel, its own linear route.
         ask = Ask(
@@ -323,7 +325,13 @@ def plan_stack(
         score_bias=call.bias,
         linear=linear,
         layers=tuple(built[kind] for kind in kinds),
+        mode=_mode(encoder),
     )
+
+
+def _mode(encoder: nn.Module) -> tuple[bool, bool]:
+    """What a plan's routes depend on beyond the rows: gradients enabled, training mode."""
+    return (torch.is_grad_enabled(), encoder.training)
 
 
 def _attention_route(
