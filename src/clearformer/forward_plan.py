@@ -231,13 +231,17 @@ class CallPlan(_Layout):
 
     def __str__(self) -> str:
         lines = [str(self.route)]
-        if any(p.window is not None or p.rotary is not None for p in self.layers):
-            kinds: dict[str, list[int]] = {}
-            for i, plan in enumerate(self.layers):
-                what = "global" if plan.window is None else f"local |i - j| <= {plan.window}"
-                if plan.rotary is not None:
-                    what += ", rotary"
-                kinds.setdefault(what, []).append(i)
+        kinds: dict[str, list[int]] = {}
+        for i, plan in enumerate(self.layers):
+            what = "global" if plan.window is None else f"local |i - j| <= {plan.window}"
+            if plan.rotary is not None:
+                what += ", rotary"
+            if plan.padded_route is not None:
+                # What each kind of layer's padded rows run on: the kernel line speaks for
+                # the call as a whole, and a kind with rotary, a window or a mask may differ.
+                what += f"; attention: {plan.padded_route}"
+            kinds.setdefault(what, []).append(i)
+        if len(kinds) > 1 or any(";" in what or what != "global" for what in kinds):
             for what, layers in kinds.items():
                 lines.append(f"layers {layers}: {what}")
         return "\n".join(lines)

@@ -276,6 +276,16 @@ def plan_stack(
         linear = None
     products_rows = packing.num_tokens if packing is not None else batch * length
     avx512_linear = routes.epilogue_route(linear, dtype, products_rows)
+    if linear is not None and linear.choice == "fused" and "AVX-512 linear" in linear.reason:
+        # The kernels' verdicts above hold for float32 products with an epilogue; say what
+        # this call's products take.
+        took = (
+            "products with an exact GELU or a LayerNorm epilogue (where the model has them) on "
+            "clearformer's AVX-512 kernel, the others on oneDNN"
+            if avx512_linear
+            else "every product on oneDNN"
+        )
+        linear = Decision(linear.choice, f"{linear.reason}; this call: {took}", impl=linear.impl)
 
     # 5. What each kind of layer means: its mask (causal fold, band), its rotary tables.
     windowed = any(window is not None for window, _ in kinds)
