@@ -109,7 +109,8 @@ def test_generate_refuses_more_new_tokens_than_the_run_has_positions(reverse_run
     from clearformer.train.tasks.reverse import build_model
     from clearformer.train.tomlfile import load_config
 
-    limit = build_model(load_config(reverse_run / "config.toml")).model.config.max_positions - 1
+    # The start token and all but the last new token take the decoder's positions.
+    limit = build_model(load_config(reverse_run / "config.toml")).model.config.max_positions
     _one_line_error(
         capsys,
         ["generate", "--run", str(reverse_run), "--max-new-tokens", str(limit + 1), "3 4"],

@@ -174,6 +174,21 @@ def test_min_length_forbids_an_early_end(model):
     assert held.lengths.min() >= shortest + 2  # its end token comes after min_length tokens
 
 
+def test_as_many_new_tokens_as_positions_fit(model):
+    """The last new token is never fed back: max_positions new tokens use max_positions
+    target positions (start token included), and decode as without the cache."""
+    limit = model.config.max_positions
+    with torch.no_grad():
+        cached = model.generate(SRC, MASK, max_new_tokens=limit, min_length=limit - 1)
+        plain = model.generate(
+            SRC, MASK, max_new_tokens=limit, min_length=limit - 1, use_cache=False
+        )
+    assert int(cached.lengths.max()) == limit
+    torch.testing.assert_close(cached.sequences, plain.sequences)
+    with pytest.raises(ValueError, match=f"above max_positions={limit}"):
+        model.generate(SRC, MASK, max_new_tokens=limit + 1)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [

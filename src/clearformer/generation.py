@@ -116,10 +116,13 @@ def generate(
         raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
     check_bool(use_cache, "use_cache")
     precision = check_precision(precision, "precision", GENERATE_PRECISIONS)
-    if max_new_tokens + 1 > cfg.max_positions:
+    # The start token and every generated token but the last are fed back: max_new_tokens
+    # target positions in all.
+    if max_new_tokens > cfg.max_positions:
         raise ValueError(
-            f"max_new_tokens={max_new_tokens} needs {max_new_tokens + 1} target positions "
-            f"(the start token too), above max_positions={cfg.max_positions}"
+            f"max_new_tokens={max_new_tokens} needs {max_new_tokens} target positions (the "
+            f"start token and all but the last new token), above max_positions="
+            f"{cfg.max_positions}"
         )
     _check_not_empty(src, src_mask)
     model = _in_precision(model, precision)

@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--max-new-tokens",
         type=int,
         default=None,
-        help="default: each SEQUENCE's own length + 1 (at most the run's positions - 1)",
+        help="default: each SEQUENCE's own length + 1 (at most the run's positions)",
     )
     add_precision_argument(
         p,
@@ -92,9 +92,12 @@ def run(args: argparse.Namespace) -> int:
     if longest > limit:
         raise CliError(f"a SEQUENCE has {longest} tokens; this run takes at most {limit}")
     # A larger request is refused, not clamped: the output would be cut short without a word.
-    if args.max_new_tokens is not None and args.max_new_tokens > limit:
+    # The decoder feeds back the start token and all but the last new token: up to
+    # max_positions new tokens (so a SEQUENCE's own length + 1 always fits).
+    new_limit = seq2seq.config.max_positions
+    if args.max_new_tokens is not None and args.max_new_tokens > new_limit:
         raise CliError(
-            f"--max-new-tokens must be at most {limit} for this run (its positions), "
+            f"--max-new-tokens must be at most {new_limit} for this run (its positions), "
             f"got {args.max_new_tokens}"
         )
     # The ids are checked against the built model's sizes before its weights are read.
@@ -118,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
             seq2seq,
             src,
             src != PAD,
-            max_new_tokens=min(wanted, limit),
+            max_new_tokens=wanted,
             num_beams=args.num_beams,
             length_penalty=args.length_penalty,
             precision=args.precision,
