@@ -199,6 +199,8 @@ def test_as_many_new_tokens_as_positions_fit(model):
         (dict(max_new_tokens=4, early_stopping=0.0), "early_stopping must be"),
         (dict(max_new_tokens=4, early_stopping=np.bool_(True)), "early_stopping must be"),
         (dict(max_new_tokens=4, length_penalty=math.nan), "length_penalty must be"),
+        (dict(max_new_tokens=12, length_penalty=300.0), "length_penalty must be within"),
+        (dict(max_new_tokens=12, length_penalty=-300.0), "length_penalty must be within"),
         (dict(max_new_tokens=4, eos_id=99), "eos_id"),
         (dict(max_new_tokens=4, min_length=9), "min_length"),
         (dict(max_new_tokens=60), "max_positions=40"),

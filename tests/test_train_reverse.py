@@ -4,6 +4,7 @@ origin project's reversal model scored 1.000 batched and 0.16 alone)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from clearformer.train import TrainConfig, train
@@ -37,6 +38,14 @@ def test_held_out_sequences_never_occur_in_training():
     task = ReverseTask(_config())
     seen = {tuple(s) for s in task.train_sources}
     assert task.eval_sources and not any(tuple(s) in seen for s in task.eval_sources)
+
+
+def test_a_held_out_set_with_nothing_left_is_refused_at_once():
+    # Two symbols, lengths 1-3: 14 distinct sequences, all drawn by 200 training examples.
+    config = _config(reverse_vocab=2, reverse_min_length=1, reverse_max_length=3,
+                     reverse_examples=200)  # fmt: skip
+    with pytest.raises(ValueError, match="no held-out sequence is left"):
+        ReverseTask(config)
 
 
 def test_teacher_forcing_scores_real_target_positions_only():

@@ -234,7 +234,9 @@ def test_a_tiny_run_keeps_its_vocabularies(trained):
 
 def test_translate_decodes_sentences_and_files(trained, tmp_path, capsys):
     run, _ = trained
-    assert main(["translate", "--run", str(run), "Ich sehe Brot.", "Wir sehen Xylophone"]) == 0
+    # "sehen" twice within one sentence: counted once.
+    argv = ["translate", "--run", str(run), "Ich sehe Brot.", "Wir sehen Xylophone sehen"]
+    assert main(argv) == 0
     captured = capsys.readouterr()
     assert len(captured.out.splitlines()) == 2
     assert "2 word(s) not in the run's vocabulary, read as <unk>: 'sehen', 'xylophone'" in (

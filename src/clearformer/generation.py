@@ -114,6 +114,14 @@ def generate(
         or not math.isfinite(length_penalty)
     ):
         raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
+    # A score divides by length ** length_penalty, a float that must not overflow at the
+    # longest hypothesis (10 ** 308).
+    bound = 700 / math.log(max(max_new_tokens, 2) + 1)
+    if abs(length_penalty) > bound:
+        raise ValueError(
+            f"length_penalty must be within +-{bound:.0f} for max_new_tokens={max_new_tokens} "
+            f"(length ** length_penalty overflows beyond), got {length_penalty!r}"
+        )
     check_bool(use_cache, "use_cache")
     precision = check_precision(precision, "precision", GENERATE_PRECISIONS)
     # The start token and every generated token but the last are fed back: max_new_tokens

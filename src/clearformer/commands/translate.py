@@ -140,9 +140,11 @@ def run(args: argparse.Namespace) -> int:
     if args.bleu:
         texts = _bleu(args, config, source, target, model, held_out_bleu)
     else:
-        unknown = []
+        unknown: list[str] = []
         for words in sentences:
-            unknown += [w for w in source.unknown(words) if w not in unknown]
+            for word in source.unknown(words):
+                if word not in unknown:  # each word once, across and within the sentences
+                    unknown.append(word)
         if unknown:
             shown = ", ".join(repr(w) for w in unknown[:10])
             more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""

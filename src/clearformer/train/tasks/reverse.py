@@ -66,6 +66,15 @@ class ReverseTask:
         )
         self.train_sources = train
         self.eval_sources = [s for s in held if tuple(s) not in seen]
+        if not self.eval_sources:
+            # Every held-out draw is a training sequence too: nothing would measure how the
+            # model does on sequences it never saw (and the first evaluation had no batch).
+            raise ValueError(
+                f"no held-out sequence is left: every one of reverse_vocab={c.reverse_vocab}, "
+                f"reverse_min_length={c.reverse_min_length} .. reverse_max_length="
+                f"{c.reverse_max_length} is among the reverse_examples={c.reverse_examples} "
+                "training sequences; raise reverse_vocab or the lengths"
+            )
         self.labels = tuple(str(t) for t in range(FIRST + c.reverse_vocab))
         self.train_lengths = [2 * len(s) + 1 for s in train]
 
