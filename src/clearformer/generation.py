@@ -14,9 +14,12 @@ The returned ``token_logprobs`` rebuild every score.
 ``early_stopping`` (beam search), by name:
 
 * ``True``: a source is done as soon as ``num_beams`` hypotheses have ended.
-* ``False``: done when ``num_beams`` have ended and the best running beam, scored as if it ended
-  now (its sum over the tokens so far), cannot beat the worst ended one (Hugging Face's
-  heuristic; a later, better hypothesis can be missed).
+* ``False``: done when ``num_beams`` have ended and the best candidate of this step (among
+  all ``2 num_beams``, those that just ended included), scored as if it ended now (its sum over
+  the tokens so far), cannot beat the worst ended one (the rule of Hugging Face's
+  ``BeamSearchScorer`` up to transformers 4; transformers 5 takes the best running beam, and
+  differs in rare cases, where this rule keeps the better hypothesis; a later, better
+  hypothesis can still be missed).
 * ``"never"``: done only when no running beam can beat the worst ended one whatever it does
   next: its sum can only fall, so its best score is its sum over ``max_new_tokens ** lp`` when
   ``lp > 0`` and over the current length otherwise. Exact within the beam.
