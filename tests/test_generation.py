@@ -211,6 +211,11 @@ def test_bad_options_are_named(model, kwargs, words):
         model.generate(SRC, MASK, **kwargs)
 
 
+def test_a_source_mask_that_is_no_tensor_is_named(model):
+    with pytest.raises(TypeError, match="src_mask must be a torch.Tensor of 0/1 or bools, got"):
+        model.generate(SRC, MASK.tolist(), max_new_tokens=4)
+
+
 def test_the_padding_id_is_never_generated():
     model = _model(seed=5)
     with torch.no_grad():  # make padding the likeliest token everywhere

@@ -184,18 +184,23 @@ def from_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
     return key_padding_mask == 0
 
 
-def from_attention_mask(attention_mask: Tensor) -> Tensor:
-    """Hugging Face's ``attention_mask`` (1 = keep, 0 = pad; any integer or bool dtype) -> bool."""
+def from_attention_mask(attention_mask: Tensor, name: str = "attention_mask") -> Tensor:
+    """Hugging Face's ``attention_mask`` (1 = keep, 0 = pad; any integer or bool dtype) -> bool.
+    ``name``: the caller's argument, for the errors."""
+    if not isinstance(attention_mask, Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor of 0/1 or bools, got {type(attention_mask).__name__}"
+        )
     if attention_mask.dtype == torch.bool:
         return attention_mask
     if attention_mask.is_floating_point():
         raise TypeError(
-            "attention_mask must hold 0/1 integers or bools (1 = keep, 0 = pad), got a float "
+            f"{name} must hold 0/1 integers or bools (1 = keep, 0 = pad), got a float "
             f"tensor of dtype {attention_mask.dtype}"
         )
     values = torch.unique(attention_mask)
     if not bool(((values == 0) | (values == 1)).all()):
-        raise ValueError(f"attention_mask must hold only 0 and 1, got values {values.tolist()[:8]}")
+        raise ValueError(f"{name} must hold only 0 and 1, got values {values.tolist()[:8]}")
     return attention_mask.bool()
 
 

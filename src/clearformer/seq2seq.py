@@ -148,7 +148,7 @@ class Seq2SeqTransformer(nn.Module):
     ) -> Tensor:
         """(B, S) source ids and (B, S) mask (True/1 = real) -> (B, S, D) memory, zero at pads.
         ``checkpointing``: the encoder's call recomputes its activations in backward."""
-        mask = None if src_mask is None else from_attention_mask(src_mask)
+        mask = None if src_mask is None else from_attention_mask(src_mask, "src_mask")
         return self.encoder(src, mask, checkpointing=checkpointing)
 
     def logits(self, hidden: Tensor) -> Tensor:
@@ -184,8 +184,8 @@ class Seq2SeqTransformer(nn.Module):
             )
         positions = torch.arange(past, past + tgt.shape[1], device=tgt.device)  # (T,)
         x = self.target_embeddings(tgt, positions=positions)  # (B, T, D)
-        mask = None if tgt_mask is None else from_attention_mask(tgt_mask)
-        mmask = None if memory_mask is None else from_attention_mask(memory_mask)
+        mask = None if tgt_mask is None else from_attention_mask(tgt_mask, "tgt_mask")
+        mmask = None if memory_mask is None else from_attention_mask(memory_mask, "memory_mask")
         out = self.decoder(x, memory, mask, mmask, cache=cache)
         if cache is None:
             return self.logits(out)
