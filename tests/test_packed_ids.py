@@ -118,6 +118,8 @@ def test_packed_vectors_equal_each_sequence_alone(lengths):
     [
         (dict(cu_seqlens=[0, 3]), TypeError, "cu_seqlens must be a (B + 1,) integer tensor"),
         (dict(cu_seqlens=torch.tensor([0.0, 3.0])), TypeError, "integers"),
+        (dict(cu_seqlens=torch.tensor([0, 6], dtype=torch.complex128)), TypeError, "integers"),
+        (dict(cu_seqlens=torch.tensor([False, True])), TypeError, "integers"),
         (dict(cu_seqlens=torch.tensor([0])), ValueError, "shape (B + 1,)"),
         (dict(cu_seqlens=torch.tensor([1, 6])), ValueError, "start at 0"),
         (dict(cu_seqlens=torch.tensor([0, 4, 2, 6])), ValueError, "never decrease"),

@@ -111,7 +111,11 @@ def layout_from_cu_seqlens(cu_seqlens: Tensor, name: str = "cu_seqlens") -> Pack
         raise TypeError(
             f"{name} must be a (B + 1,) integer tensor, got {type(cu_seqlens).__name__}"
         )
-    if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype in (torch.bool, torch.complex64):
+    if (
+        cu_seqlens.dtype.is_floating_point
+        or cu_seqlens.dtype.is_complex
+        or cu_seqlens.dtype == torch.bool
+    ):
         raise TypeError(f"{name} must hold integers, got dtype {cu_seqlens.dtype}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(
