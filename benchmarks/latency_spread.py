@@ -11,7 +11,7 @@ in this process, at each ``--threads`` count, first with nothing else running an
 p50, p90 and p99 of the call times and p99 / p50 for each.
 
 Run: ``python benchmarks/latency_spread.py [--texts 600] [--threads 1,2] [--busy-neighbour 1]
-[--precision bf16]``
+[--precision bf16] [--by-tokens]``
 on a quiet machine (the load average is printed with the figures).
 """
 
@@ -44,12 +44,29 @@ def time_each(encoder, encodings: list) -> list[float]:
     return times
 
 
+def by_tokens(encodings: list, times_ms: list[float], band: int = 10) -> str:
+    """The median call time of each ``band``-token band, with its text count: a pass grows
+    with its tokens, which sets how far the p99 text's time is from the median's."""
+    bands: dict[int, list[float]] = {}
+    for encoding, ms in zip(encodings, times_ms, strict=True):
+        bands.setdefault(len(encoding.ids) // band * band, []).append(ms)
+    return ", ".join(
+        f"{low}-{low + band - 1}: {sorted(v)[len(v) // 2]:.1f} ms ({len(v)})"
+        for low, v in sorted(bands.items())
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--texts", type=int, default=600, help="texts timed per setting (600)")
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts (1,2)")
     parser.add_argument(
         "--busy-neighbour", type=int, default=1, help="CPUs kept busy in the second pass (1)"
+    )
+    parser.add_argument(
+        "--by-tokens",
+        action="store_true",
+        help="also print the median call time of each 10-token band of the texts",
     )
     parser.add_argument(
         "--precision",
@@ -89,11 +106,14 @@ def main() -> int:
             for threads in counts:
                 torch.set_num_threads(threads)
                 time_each(encoder, encodings[:50])  # warm at this count
-                p = percentiles(time_each(encoder, encodings))
+                times = time_each(encoder, encodings)
+                p = percentiles(times)
                 print(
                     f"| {threads} | {neighbours} | {p['p50']:.2f} | {p['p90']:.2f} | "
                     f"{p['p99']:.2f} | {p['p99'] / p['p50']:.2f} |"
                 )
+                if args.by_tokens:
+                    print(f"|   by tokens: {by_tokens(encodings, times)} |")
         finally:
             for spinner in spinners:
                 spinner.kill()
