@@ -112,9 +112,9 @@ def test_the_spark_udf_refuses_a_text_that_is_no_string():
     """The pandas UDF's texts (Spark sends a pandas Series per batch): a null or a NaN is an
     error naming its row, not the embedding of "None" or "nan"."""
     pd = pytest.importorskip("pandas")
-    from clearformer.sharded.spark_adapter import _strings
+    from clearformer.sharded.batch_texts import batch_texts
 
-    assert _strings(pd.Series(["a", "b"])) == ["a", "b"]
+    assert batch_texts(pd.Series(["a", "b"])) == ["a", "b"]
     for bad in (None, float("nan"), 3):
         with pytest.raises(TypeError, match="row 1 of this batch is"):
-            _strings(pd.Series(["a", bad], dtype=object))
+            batch_texts(pd.Series(["a", bad], dtype=object))

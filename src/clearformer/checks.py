@@ -13,7 +13,7 @@ Whatever the class that takes an argument, the same bad value gets the same erro
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 
@@ -135,3 +135,38 @@ def check_unicode(text: str, name: str) -> None:
         raise ValueError(
             f"{name} is not valid Unicode text: {why} at character {exc.start}; fix or drop it"
         ) from None
+
+
+NAMED_TEXTS = 5  # texts listed by name in an error; the count says how many more
+
+
+def check_finite_rows(
+    embeddings: Any,
+    texts: Sequence[str],
+    *,
+    start: int = 0,
+    total: int | None = None,
+    consequence: str = "nothing was written",
+) -> None:
+    """Raise ValueError naming the texts whose embedding row holds a NaN or an infinity
+    (which JSON cannot express and no similarity survives). ``texts`` are the rows' texts, the
+    part of a corpus of ``total`` texts (None: the whole) from row ``start``; ``consequence``
+    says what the caller left undone."""
+    import numpy as np
+
+    bad = np.flatnonzero(~np.isfinite(embeddings).all(axis=1))
+    if not len(bad):
+        return
+    named = ", ".join(f"{start + int(i)} ({_short(texts[int(i)])!r})" for i in bad[:NAMED_TEXTS])
+    more = f" and {len(bad) - NAMED_TEXTS} more" if len(bad) > NAMED_TEXTS else ""
+    part = total is not None and len(texts) != total
+    where = f" in rows {start}-{start + len(texts)}" if part else ""
+    raise ValueError(
+        f"the embeddings of {len(bad)} of {len(texts)} texts{where} are not finite (NaN or "
+        f"infinity; the checkpoint's weights may be damaged): texts {named}{more}; "
+        f"{consequence}"
+    )
+
+
+def _short(text: str, width: int = 40) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -14,8 +14,6 @@ import os
 import tempfile
 from pathlib import Path
 
-NAMED_TEXTS = 5  # texts listed by name in an error; the count says how many more
-
 
 def check_destination(flag: str, path: str | os.PathLike) -> Path:
     """``path`` as a Path, after checking a file can be written there (CliError if not)."""
@@ -41,18 +39,6 @@ def check_destination(flag: str, path: str | os.PathLike) -> Path:
 
 def check_finite(embeddings, texts: list[str]) -> None:
     """Raise ValueError naming the texts whose embedding holds a NaN or an infinity."""
-    import numpy as np
+    from ..checks import check_finite_rows
 
-    bad = np.flatnonzero(~np.isfinite(embeddings).all(axis=1))
-    if not len(bad):
-        return
-    named = ", ".join(f"{int(i)} ({_short(texts[int(i)])!r})" for i in bad[:NAMED_TEXTS])
-    more = f" and {len(bad) - NAMED_TEXTS} more" if len(bad) > NAMED_TEXTS else ""
-    raise ValueError(
-        f"the embeddings of {len(bad)} of {len(texts)} texts are not finite (NaN or infinity; "
-        f"the checkpoint's weights may be damaged): texts {named}{more}; nothing was written"
-    )
-
-
-def _short(text: str, width: int = 40) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
+    check_finite_rows(embeddings, texts)

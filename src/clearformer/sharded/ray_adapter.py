@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from .batch_texts import batch_texts
+
 
 class TextEmbedder:
     """Adds an embedding column to each batch (a dict of numpy arrays, or a pandas DataFrame).
@@ -61,24 +63,10 @@ class TextEmbedder:
     def __call__(self, batch):
         if self.column not in batch:
             raise KeyError(f"the batch has no column {self.column!r}; it has {list(batch)}")
-        texts = self._texts(batch[self.column])
+        texts = batch_texts(batch[self.column], self.column)
         vectors = self.encoder.encode(texts, progress=False, **self.options)  # (B, D)
         if isinstance(batch, dict):
             return {**batch, self.output_column: vectors}
         batch = batch.copy()  # a pandas DataFrame: one array per row
         batch[self.output_column] = list(np.asarray(vectors))
         return batch
-
-    def _texts(self, column) -> list[str]:
-        """The column's texts as str; TypeError naming the row for anything else: ``str()``
-        would embed a null as "None" and a pandas NaN as "nan", a result with no error."""
-        texts = []
-        for row, text in enumerate(column):
-            if not isinstance(text, str):  # numpy's str_ is a str
-                raise TypeError(
-                    f"column {self.column!r}: row {row} of this batch is {text!r} "
-                    f"({type(text).__name__}), expected a string; drop or fill the rows "
-                    "without text before embedding"
-                )
-            texts.append(str(text))
-        return texts

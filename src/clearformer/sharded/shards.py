@@ -21,7 +21,7 @@ describes this job is left as it is.
 A row's embedding does not depend on the rank that computes it, nor on what that process
 computed before: each chunk is one ``encode`` call of its own rows (its batches cut from those
 rows alone), and every rank reorders its weights as one ``encode`` call of the whole corpus
-would (:func:`_reorder_as_one_call`): kept reordered from the first chunk on
+would (:func:`~.reordering.reorder_as_one_call`): kept reordered from the first chunk on
 (:meth:`~clearformer.TextEncoder.keep_weights_reordered`) when the corpus carries
 ``REORDER_MIN_TOKENS`` tokens, plain for every chunk when it does not; so every chunk takes the
 same products. The shards of N processes are therefore the bytes of a one-process run's, and
@@ -47,10 +47,12 @@ from typing import Any
 
 import numpy as np
 
+from ..checks import check_finite_rows
 from ..index.chunks import ChunkStore, chunk_count, chunk_progress, embed_chunks, texts_sha256
 from ..index.identity import ModelIdentity, file_sha256
 from ..index.layout import read_json, write_json
 from ..io import atomic_write
+from .reordering import reorder_as_one_call
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,6 @@ CHUNKS = ".chunks"
 # What the manifest keeps of each shard's record; "bytes" lets a rerun check a shard's size
 # before its checksum.
 SHARD_ENTRY = ("file", "rank", "rows", "count", "bytes", "sha256")
-NAMED_TEXTS = 5  # texts listed by name in an error; the count says how many more
 JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
@@ -185,7 +186,7 @@ def encode_shard(
     store = ChunkStore(out / CHUNKS, job)
     started = time.perf_counter()
     progress = encode_options.pop("progress", None)
-    _reorder_as_one_call(encoder, texts, precision)
+    reorder_as_one_call(encoder, texts, precision)
     reused_chunks: list[int] = []
 
     def chunk_done(index: int, reused: bool) -> None:
@@ -206,7 +207,13 @@ def encode_shard(
         )
         # Before the chunk is committed: a committed chunk is reused by every later run, and
         # a NaN row poisons every similarity computed from the shards.
-        check_finite_rows(vectors, chunk, start, len(texts))
+        check_finite_rows(
+            vectors,
+            chunk,
+            start=start,
+            total=len(texts),
+            consequence="that chunk was not committed and no shard was written",
+        )
         return vectors
 
     encoded, reused = embed_chunks(
@@ -247,60 +254,6 @@ def encode_shard(
     return ShardResult(
         rank, world, name, (first, stop), encoded, reused, wrote, tuple(reused_chunks)
     )
-
-
-def check_finite_rows(vectors: np.ndarray, texts: Sequence[str], start: int, rows: int) -> None:
-    """Raise ValueError naming the texts (by their row in the corpus of ``rows``) whose
-    embedding in ``vectors``, the chunk of ``texts`` from row ``start``, holds a NaN or an
-    infinity. Worded as ``clearformer encode --output FILE``'s error
-    (:func:`clearformer.commands.outputs.check_finite`), with the chunk's rows where it is
-    not the whole corpus."""
-    bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1))
-    if not len(bad):
-        return
-    named = ", ".join(f"{start + int(i)} ({_short(texts[int(i)])!r})" for i in bad[:NAMED_TEXTS])
-    more = f" and {len(bad) - NAMED_TEXTS} more" if len(bad) > NAMED_TEXTS else ""
-    where = "" if len(texts) == rows else f" in rows {start}-{start + len(texts)}"
-    raise ValueError(
-        f"the embeddings of {len(bad)} of {len(texts)} texts{where} are not finite (NaN or "
-        f"infinity; the checkpoint's weights may be damaged): texts {named}{more}; that chunk "
-        "was not committed and no shard was written"
-    )
-
-
-def _short(text: str, width: int = 40) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def _reorder_as_one_call(encoder, texts: Sequence[str], precision: str) -> None:
-    """Reorder the weights for every chunk as one ``encode`` call of the whole corpus does
-    (``clearformer encode --output FILE.npy``): that call packs them when it carries
-    ``REORDER_MIN_TOKENS`` tokens, and runs plain weights when it does not. Reordered and plain
-    weights may round otherwise (clearformer's AVX-512 linear kernel, where loaded), and a
-    one-process run's chunks would otherwise pack part-way, once they had carried that many."""
-    from ..fast.reordered_weights import REORDER_MIN_TOKENS
-    from ..precision.names import is_int8
-
-    if is_int8(precision):
-        return  # int8 products read no reordered weights
-    if _carries(encoder, texts, REORDER_MIN_TOKENS):
-        encoder.keep_weights_reordered()
-    else:
-        # A copy this encoder's earlier calls made would pack these chunks; they carry too
-        # few tokens in all to make one again.
-        encoder.drop_reordered_weights()
-
-
-def _carries(encoder, texts: Sequence[str], tokens: int, step: int = 256) -> bool:
-    """Whether ``texts`` hold ``tokens`` tokens or more, as ``encode`` counts them (tokenized
-    ``step`` texts at a time, and no further than the count needs)."""
-    counted = 0
-    for start in range(0, len(texts), step):
-        encodings = encoder.tokenizer.encode(list(texts[start : start + step]))
-        counted += sum(len(e.ids) for e in encodings)
-        if counted >= tokens:
-            return True
-    return False
 
 
 def read_manifest(out: str | os.PathLike) -> dict[str, Any]:

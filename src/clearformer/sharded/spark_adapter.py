@@ -21,6 +21,8 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+from .batch_texts import batch_texts
+
 
 @functools.lru_cache(maxsize=4)
 def _encoder(model: str | None):
@@ -53,20 +55,7 @@ def embedding_udf(
     def embed(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
         encoder = _encoder(model)  # once per worker process, before the first batch
         for texts in batches:
-            vectors = encoder.encode(_strings(texts), progress=False, **options)
+            vectors = encoder.encode(batch_texts(texts.tolist()), progress=False, **options)
             yield pd.Series(list(vectors))
 
     return embed
-
-
-def _strings(texts) -> list:
-    """A batch's texts as a list of str; TypeError naming the row for a null or a non-string
-    value: ``astype(str)`` would embed a null as "None" and a NaN as "nan", with no error."""
-    out = texts.tolist()
-    for row, text in enumerate(out):
-        if not isinstance(text, str):
-            raise TypeError(
-                f"row {row} of this batch is {text!r} ({type(text).__name__}), expected a "
-                "string; drop or fill the rows without text before embedding"
-            )
-    return out
