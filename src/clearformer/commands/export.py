@@ -93,19 +93,18 @@ def check_apart(target: Path, model: str | None) -> None:
     """--force replaces the --onnx directory, and the export copies the checkpoint's configs
     but not its weights: the directory must neither be the checkpoint nor hold it."""
     from ..cli import CliError
+    from ..export.targets import check_apart
     from ..interop.hf.bundled import bundled_model_dir
 
     try:
         checkpoint = Path(model).expanduser() if model else bundled_model_dir()
     except FileNotFoundError:
         return  # no bundled model to replace; loading it reports the missing package
-    where, source = target.resolve(), checkpoint.resolve()
-    if where == source or where in source.parents:
-        named = f"--model {model}" if model else "the bundled model"
-        raise CliError(
-            f"--onnx: {target} holds the checkpoint it exports ({named}), which the export "
-            "would replace; give another directory"
-        )
+    named = f"--model {model}" if model else "the bundled model"
+    try:
+        check_apart(target, checkpoint, flag="--onnx:", named=named)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:

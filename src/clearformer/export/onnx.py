@@ -33,6 +33,7 @@ from torch import Tensor
 from ..heads import pool
 from ..model import EncoderModel
 from .module import ExportableEncoder, eval_mode, export_program
+from .targets import check_apart, check_target
 
 __all__ = [
     "DEFAULT_OPSET",
@@ -183,17 +184,10 @@ def export_onnx(
     if not isinstance(opset, int) or isinstance(opset, bool) or opset < MIN_OPSET:
         raise ValueError(f"opset must be an int >= {MIN_OPSET}, got {opset!r}")
     require_packages(verify)
-    target = _check_target(Path(out_dir), overwrite)
+    target = check_target(Path(out_dir), overwrite)
     model, text = _resolve(model_or_dir, pooling, say)
     if text is not None and text.path is not None:
-        # An export replaces out_dir (with overwrite) and copies the checkpoint's configs but
-        # not its weights: out_dir must neither be the checkpoint nor hold it.
-        where, source = target.resolve(), Path(text.path).resolve()
-        if where == source or where in source.parents:
-            raise ValueError(
-                f"out_dir {out_dir} holds the checkpoint it exports ({text.path}), which the "
-                "export would replace; give another directory"
-            )
+        check_apart(target, text.path, flag="out_dir", named=str(text.path))
     mode = text.pooling if (pooling and text is not None) else None
     if mode is not None and text.head.config.steps:
         raise ValueError(
@@ -265,21 +259,6 @@ def _reporter(progress: Progress | None) -> Progress:
             progress(message)
 
     return say
-
-
-def _check_target(target: Path, overwrite: bool) -> Path:
-    """The export directory, checked before any work: its parent exists, and it is new, empty
-    or may be replaced."""
-    target = target.expanduser()
-    if target.exists() and not target.is_dir():
-        raise FileExistsError(f"{target} exists and is not a directory")
-    if target.is_dir() and any(target.iterdir()) and not overwrite:
-        raise FileExistsError(
-            f"{target} exists and is not empty; choose a new directory or overwrite it"
-        )
-    if not target.parent.is_dir():
-        raise FileNotFoundError(f"cannot write {target}: directory {target.parent} does not exist")
-    return target.absolute()
 
 
 def _resolve(model_or_dir: object, pooling: bool, say: Progress):
