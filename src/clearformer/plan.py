@@ -37,6 +37,7 @@ from . import dtypes, masks, routes
 from .checks import check_bool, check_choice
 from .dtypes import compute_dtype
 from .forward_plan import CallPlan, ForwardPlan, LayerPlan
+from .machine import machine
 from .options import BACKENDS, Decision
 from .padded_keys import key_runs, padded_route
 from .padding import PackedLayout, layout_from_cu_seqlens, pack_layout
@@ -276,8 +277,9 @@ def plan_stack(
         linear = None
     products_rows = packing.num_tokens if packing is not None else batch * length
     avx512_linear = routes.epilogue_route(linear, dtype, products_rows)
-    if linear is not None and linear.choice == "fused" and "AVX-512 linear" in linear.reason:
-        # The kernels' verdicts above hold for float32 products with an epilogue; say what
+    if linear is not None and linear.choice == "fused" and machine().avx512_available:
+        # A fused route's reason carries the linear kernel's verdicts on such a CPU
+        # (routes.linear_route); they hold for float32 products with an epilogue: say what
         # this call's products take.
         took = (
             "products with an exact GELU or a LayerNorm epilogue (where the model has them) on "
