@@ -11,22 +11,37 @@ MAX_LAYERS = 256  # each layer is a few Python objects and calls: thousands take
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.manual_seed accepts
 
 
-def _check_arguments(args: argparse.Namespace) -> None:
+def check_seed(seed: int) -> None:
+    """--seed within what torch.manual_seed accepts (explain --random's too)."""
     from ..cli import CliError
 
     low, high = SEED_RANGE
-    if not low <= args.seed <= high:
-        raise CliError(f"--seed must be an int in [{low}, {high}], got {args.seed}")
+    if not low <= seed <= high:
+        raise CliError(f"--seed must be an int in [{low}, {high}], got {seed}")
+
+
+def check_parameters(parameters: int, sizes: str, bound: str) -> None:
+    """A random model of about ``parameters`` (from the flags ``sizes`` names) is at most
+    MAX_PARAMETERS; ``bound`` says whose limit it is (explain --random's too)."""
+    from ..cli import CliError
+
+    if parameters > MAX_PARAMETERS:
+        raise CliError(
+            f"{sizes} make about {parameters:,} parameters; {bound} at most {MAX_PARAMETERS:,}"
+        )
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    from ..cli import CliError
+
+    check_seed(args.seed)
     # Per layer: 4 D^2 in attention and 8 D^2 in the MLP (dim_mlp = 4 D). A size below 1 is
     # left to EncoderConfig, whose message names it.
     parameters = 12 * max(args.n_layers, 0) * max(args.d_model, 0) ** 2
     if args.n_layers > MAX_LAYERS:  # thin layers are cheap in parameters, not in time
         raise CliError(f"--n-layers must be at most {MAX_LAYERS}, got {args.n_layers}")
-    if parameters > MAX_PARAMETERS:
-        raise CliError(
-            f"--d-model {args.d_model} and --n-layers {args.n_layers} make about "
-            f"{parameters:,} parameters; the demo builds at most {MAX_PARAMETERS:,}"
-        )
+    sizes = f"--d-model {args.d_model} and --n-layers {args.n_layers}"
+    check_parameters(parameters, sizes, "the demo builds")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

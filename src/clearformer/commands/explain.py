@@ -197,22 +197,18 @@ def _check_random(args: argparse.Namespace) -> None:
     the toy's tables (a 4,096-word vocabulary and max_length positions, each D wide)."""
     from ..cli import CliError
     from ..explainer.toy import VOCAB_SIZE
-    from .demo import MAX_PARAMETERS, SEED_RANGE
+    from .demo import check_parameters, check_seed
 
-    low, high = SEED_RANGE
-    if not low <= args.seed <= high:
-        raise CliError(f"--seed must be an int in [{low}, {high}], got {args.seed}")
+    check_seed(args.seed)
     for flag in ("--d-model", "--n-heads", "--n-layers", "--max-length"):
         value = getattr(args, _dest(flag))
         if value <= 0:
             raise CliError(f"{flag} must be positive, got {value}")
     parameters = (12 * args.n_layers * args.d_model + VOCAB_SIZE + args.max_length) * args.d_model
-    if parameters > MAX_PARAMETERS:
-        raise CliError(
-            f"--d-model {args.d_model}, --n-layers {args.n_layers} and --max-length "
-            f"{args.max_length} make about {parameters:,} parameters; a random model has at "
-            f"most {MAX_PARAMETERS:,}"
-        )
+    sizes = (
+        f"--d-model {args.d_model}, --n-layers {args.n_layers} and --max-length {args.max_length}"
+    )
+    check_parameters(parameters, sizes, "a random model has")
 
 
 def _check_writable(flag: str, path: str) -> None:
