@@ -110,12 +110,8 @@ def refuse_kind_flags(args: argparse.Namespace, *, corpus: bool = False) -> None
         if given:
             if corpus:
                 raise CliError(f"{flag} applies to --index, not a --corpus search")
-            fusing = flag in ("--kinds", "--fusion", "--rrf-k", "--weights", "--normalization")
-            where = (
-                "--mode hybrid"
-                if fusing or flag == "--depth"
-                else ("an index folder of several kinds")
-            )
+            hybrid = ("--kinds", "--fusion", "--rrf-k", "--weights", "--normalization", "--depth")
+            where = "--mode hybrid" if flag in hybrid else "an index folder of several kinds"
             raise CliError(f"{flag} applies to {where}, not this search")
 
 

@@ -285,10 +285,21 @@ class ServedModel:
             "dimensions": self.width if self.kind == "embed" else None,
         }
 
-    def _refuse_long(self, encodings: list, full_encoding, field: str) -> None:
+    def _refuse_long(
+        self,
+        encodings: list,
+        full_encoding,
+        field: str,
+        *,
+        limit: int | None = None,
+        task: str | None = None,
+    ) -> None:
+        """A 413 for the first input cut short; ``limit`` and ``task`` as :meth:`_too_long`'s
+        (a side's own limit, where it is shorter than the model's)."""
         for i, enc in enumerate(encodings):
             if enc.overflowing:
-                raise self._too_long(i, len(full_encoding(i).ids), field)
+                count = len(full_encoding(i).ids)
+                raise self._too_long(i, count, field, limit=limit, task=task)
 
     def _too_long(
         self, i: int, count: int, field: str, *, limit: int | None = None, task: str | None = None

@@ -137,10 +137,7 @@ class SparseServedModel(ServedModel):
         full = self._untruncated[task]
         whole = lambda i: full.encode(texts[i], add_special_tokens=specials)  # noqa: E731
         if not truncate:
-            for i, encoding in enumerate(encodings):
-                if encoding.overflowing:
-                    count = len(whole(i).ids)
-                    raise self._too_long(i, count, "inputs", limit=self._limits[task], task=task)
+            self._refuse_long(encodings, whole, "inputs", limit=self._limits[task], task=task)
         elif prompt and direction == "left":
             keep = prompt_tokens(full, prompt, add_special_tokens=specials)
             encodings = keep_prompts(encodings, whole, keep)
