@@ -340,3 +340,33 @@ def test_logits_under_reordered_weights_read_the_reordered_table(tie_output):
     with use_reordered_weights(packing):  # gradients on: the plain product
         route = projection_route(hidden, projection)
         assert route.choice == "eager" and "gradients" in route.reason
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_a_model_in_training_mode_decodes_without_dropout_and_keeps_its_modes(num_beams):
+    # A freshly built model is in training mode; with dropout 0.5 every decoding step would
+    # drop activations at random. The call decodes as in eval mode, and each module's own
+    # mode comes back after it (a frozen part left in eval stays in eval).
+    torch.manual_seed(3)
+    config = Seq2SeqConfig(
+        src_vocab_size=12,
+        d_model=32,
+        n_heads=4,
+        encoder_layers=2,
+        decoder_layers=2,
+        dim_mlp=64,
+        dropout=0.5,
+        max_positions=40,
+    )
+    model = Seq2SeqTransformer(config)
+    frozen = next(iter(model.children()))
+    frozen.eval()
+    modes = {name: m.training for name, m in model.named_modules()}
+    assert any(modes.values()) and not all(modes.values())
+    first = model.generate(SRC, MASK, max_new_tokens=10, num_beams=num_beams)
+    second = model.generate(SRC, MASK, max_new_tokens=10, num_beams=num_beams)
+    assert {name: m.training for name, m in model.named_modules()} == modes
+    reference = model.eval().generate(SRC, MASK, max_new_tokens=10, num_beams=num_beams)
+    for out in (first, second):
+        assert torch.equal(out.sequences, reference.sequences)
+        torch.testing.assert_close(out.scores, reference.scores, rtol=0, atol=0)

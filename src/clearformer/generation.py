@@ -30,6 +30,7 @@ id is never generated: its probability is removed and the rest renormalised.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from dataclasses import dataclass
@@ -86,6 +87,8 @@ def generate(
 
     ``num_beams`` 1 is greedy search. ``use_cache=False`` recomputes every step from the whole
     prefix (the reference the cache is tested against). Ids default to the model's config.
+    Decoding runs without dropout: a model in training mode is put in eval mode for the call,
+    and each of its modules gets its own mode back after it.
     On a CPU in float32 the call holds a copy of every linear weight in oneDNN's layout
     (:mod:`clearformer.fast.reordered_weights`) until it returns.
 
@@ -136,21 +139,43 @@ def generate(
             f"{cfg.max_positions}"
         )
     _check_not_empty(src, src_mask)
-    model = _in_precision(model, precision)
-    search = _Search(model, bos, eos, pad, max_new_tokens, min_length, float(length_penalty))
-    # Every decoding step is a forward pass with few rows, whose fused linear calls would each
-    # reorder their weight into oneDNN's layout: reorder each once for the whole call.
-    # The linear route (and its walk over the modules for hooks) is decided once for all steps.
-    with torch.no_grad(), use_reordered_weights(ReorderedWeights()), routes_fixed_for_call():
-        memory = model.encode(src, src_mask)  # (B, S, D), validates src and its mask
-        mask = None if src_mask is None else src_mask.bool()
-        if mask is not None and bool(mask.all()):
-            # No padding: every step's cross-attention runs unmasked (a mask of all True
-            # changes nothing but costs each step a masked kernel and its checks).
-            mask = None
-        if num_beams == 1:
-            return search.greedy(memory, mask, use_cache)
-        return search.beam(memory, mask, num_beams, early_stopping, use_cache)
+    with _without_dropout(model):
+        model = _in_precision(model, precision)
+        search = _Search(model, bos, eos, pad, max_new_tokens, min_length, float(length_penalty))
+        # Every decoding step is a forward pass with few rows, whose fused linear calls would
+        # each reorder their weight into oneDNN's layout: reorder each once for the whole call.
+        # The linear route (and its walk over the modules for hooks) is decided once for all
+        # steps.
+        with torch.no_grad(), use_reordered_weights(ReorderedWeights()), routes_fixed_for_call():
+            memory = model.encode(src, src_mask)  # (B, S, D), validates src and its mask
+            mask = None if src_mask is None else src_mask.bool()
+            if mask is not None and bool(mask.all()):
+                # No padding: every step's cross-attention runs unmasked (a mask of all True
+                # changes nothing but costs each step a masked kernel and its checks).
+                mask = None
+            if num_beams == 1:
+                return search.greedy(memory, mask, use_cache)
+            return search.beam(memory, mask, num_beams, early_stopping, use_cache)
+
+
+@contextlib.contextmanager
+def _without_dropout(model):
+    """Every module of ``model`` in eval mode for the call, each one's own mode restored after.
+
+    Decoding is inference: a model left in training mode (as a freshly built one is) would
+    drop activations at random and decode differently on every call. Each module's mode is
+    restored as it was, so a caller's mix (say, a frozen encoder in eval) survives the call.
+    """
+    if not isinstance(model, torch.nn.Module):
+        yield  # a stand-in with encode / decode only: no modes to switch
+        return
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 def _in_precision(model, precision: str):

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from .. import reference
 from ..model import EncoderModel
+from ..positions import past_pad_ids
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,12 @@ def token_states(model: EncoderModel, batch: PaddedRows) -> Tensor:
         mask = batch.tokens
         return model(batch.input_ids, mask, batch.token_type_ids, rows_alone=True)
     # Positions 0 .. T-1: every row starts at 0 and its appended tokens follow its text, as
-    # ColBERT places them; padding after them is computed and dropped.
-    x = model.embeddings(batch.input_ids, batch.token_type_ids)  # (B, T, D)
+    # ColBERT places them; padding after them is computed and dropped. RoBERTa's positions
+    # skip a literal pad id among a row's tokens, as on the packed route.
+    positions = None
+    if model.counts_past_pads:
+        pad_id = model.config.pad_token_id
+        positions = past_pad_ids(batch.input_ids, None, pad_id, real=batch.tokens)  # (B, T)
+    x = model.embeddings(batch.input_ids, batch.token_type_ids, positions)  # (B, T, D)
     hidden, _, _ = reference.encoder(model.encoder, x, None, keys=batch.attended)
     return hidden  # (B, T, D)
