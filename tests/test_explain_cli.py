@@ -183,6 +183,7 @@ def test_an_output_that_fails_to_render_leaves_none_written(capsys, tmp_path, mo
         (["--max-length", "1000000000000"], "parameters; a random model has at most"),
         (["--seed", "99999999999999999999"], "--seed must be an int in"),
         (["--max-length", "0"], "--max-length must be positive, got 0"),
+        (["--n-layers", "100000", "--d-model", "4"], "--n-layers must be at most 256, got 100000"),
     ],
 )
 def test_random_sizes_and_seed_are_bounded_before_the_model_is_built(capsys, args, fragment):

@@ -197,13 +197,15 @@ def _check_random(args: argparse.Namespace) -> None:
     the toy's tables (a 4,096-word vocabulary and max_length positions, each D wide)."""
     from ..cli import CliError
     from ..explainer.toy import VOCAB_SIZE
-    from .demo import check_parameters, check_seed
+    from .demo import MAX_LAYERS, check_parameters, check_seed
 
     check_seed(args.seed)
     for flag in ("--d-model", "--n-heads", "--n-layers", "--max-length"):
         value = getattr(args, _dest(flag))
         if value <= 0:
             raise CliError(f"{flag} must be positive, got {value}")
+    if args.n_layers > MAX_LAYERS:  # thin layers are cheap in parameters, not in time
+        raise CliError(f"--n-layers must be at most {MAX_LAYERS}, got {args.n_layers}")
     parameters = (12 * args.n_layers * args.d_model + VOCAB_SIZE + args.max_length) * args.d_model
     sizes = (
         f"--d-model {args.d_model}, --n-layers {args.n_layers} and --max-length {args.max_length}"
