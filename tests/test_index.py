@@ -16,6 +16,7 @@ import pytest
 from clearformer.cli import main
 from clearformer.index import (
     IndexOptions,
+    ModelIdentity,
     ModelMismatchError,
     VectorIndex,
     add_to_index,
@@ -180,6 +181,29 @@ def test_another_model_is_refused(tmp_path, tiny, texts):
     for f in tiny.path.iterdir():
         (copy / f.name).write_bytes(f.read_bytes())
     assert TextEncoder.from_pretrained(copy).open_index(index_path).rows == 50
+
+
+def test_a_dense_module_of_other_weights_is_another_model(tmp_path, tiny, texts):
+    # Two sentence-transformers directories alike but for their Dense layer's weights give
+    # unrelated vectors: the revision covers each module's weights, not only its config.
+    pytest.importorskip("sentence_transformers")
+    import shutil
+
+    from .family_helpers import sentence_dir
+
+    def with_dense(name, seed):
+        return sentence_dir(tiny.path, tmp_path / name, dense=[(16, 16, True, None)], seed=seed)
+
+    first, drawn_again = with_dense("first", 0), with_dense("drawn-again", 1)
+    second = shutil.copytree(first, tmp_path / "second")
+    dense_weights = "2_Dense/model.safetensors"
+    shutil.copyfile(drawn_again / dense_weights, second / dense_weights)
+    first, second = TextEncoder.from_pretrained(first), TextEncoder.from_pretrained(second)
+    assert not np.allclose(first.encode(texts[:3]), second.encode(texts[:3]), atol=1e-3)
+    assert ModelIdentity.of(first).revision != ModelIdentity.of(second).revision
+    first.build_index(tmp_path / "idx", texts[:20])
+    with pytest.raises(ModelMismatchError, match="differs in revision"):
+        second.open_index(tmp_path / "idx")
 
 
 @pytest.mark.parametrize("storage", ["float32", "binary"])

@@ -27,6 +27,7 @@ from ..interop.hf.files import CHECKPOINT_FILES
 # Top-level files of a checkpoint that change what a text embeds to. The weights, the
 # modules' own configs and the shards of a sharded checkpoint are added per directory.
 _REVISION_FILES = ("config.json", *CHECKPOINT_FILES)
+_MODULE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # a sentence-transformers module's
 _BLOCK = 1 << 20  # bytes read at a time while hashing
 _hashes: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256, per process
 
@@ -157,7 +158,12 @@ def _revision_files(root: Path) -> list[str]:
     if (root / "modules.json").is_file():
         modules = json.loads((root / "modules.json").read_text(encoding="utf-8"))
         for module in modules if isinstance(modules, list) else []:
-            config = Path(str(module.get("path", ""))) / "config.json"
-            if str(module.get("path", "")) and (root / config).is_file():
-                names.add(config.as_posix())
+            folder = Path(str(module.get("path", "")))
+            if not str(module.get("path", "")):
+                continue  # the checkpoint's own files, above
+            # A module's weights decide the embedding as its config does (a Dense layer's
+            # matrix: two Dense files of one shape give unrelated vectors).
+            for name in ("config.json", *_MODULE_WEIGHTS):
+                if (root / folder / name).is_file():
+                    names.add((folder / name).as_posix())
     return sorted(names)
