@@ -501,3 +501,44 @@ def test_default_ids_of_an_add_follow_an_add_that_committed_while_it_planned(tmp
     index = VectorIndex.open(index_path)
     hits = index.hits(np.array([[5]]), np.zeros((1, 1), dtype=np.float32))[0]
     assert index.rows == 6 and (hits[0].id, hits[0].text) == ("5", "w6 w7")
+
+
+@pytest.mark.parametrize("rebuilt_with", ["another model", "int8 storage"])
+def test_an_add_checks_again_a_rebuild_that_committed_before_it_took_the_lock(
+    tmp_path, tiny, texts, monkeypatch, rebuilt_with
+):
+    # The add's checks ran on the index as it was; a rebuild with another model or storage
+    # committed before the add took the writer lock. The add must not join its vectors to
+    # the rebuilt index (mixing two models, or float32 rows into an int8 segment list).
+    from clearformer.index import build, build_index
+
+    root = tmp_path / "idx"
+    build_index(root, texts[:30], tiny)
+    other = TextEncoder.from_pretrained(write_tiny_bert(tmp_path / "other", WORDS, n_layers=2))
+    rebuild = (
+        (lambda: build_index(root, texts[:30], other))
+        if rebuilt_with == "another model"
+        else (lambda: build_index(root, texts[:30], tiny, options=IndexOptions(storage="int8")))
+    )
+    checked = build._plan
+
+    rebuilt = []
+
+    def plan_then_rebuild(*args, **kwargs):
+        plan = checked(*args, **kwargs)
+        if not rebuilt:  # the add's plan (the rebuild plans through here too)
+            rebuilt.append(True)
+            rebuild()  # commits while the add has not taken the lock yet
+        return plan
+
+    monkeypatch.setattr(build, "_plan", plan_then_rebuild)
+    error = ModelMismatchError if rebuilt_with == "another model" else ValueError
+    with pytest.raises(error, match="add"):
+        add_to_index(root, texts[30:40], tiny)
+    monkeypatch.undo()
+    after = VectorIndex.open(root)
+    assert after.rows == 30 and after.generation == layout.current_generation(root)
+    owner = other if rebuilt_with == "another model" else tiny
+    np.testing.assert_allclose(
+        after.vectors(np.arange(30)), owner.encode(texts[:30], normalize=True), atol=2e-2
+    )

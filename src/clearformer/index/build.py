@@ -211,13 +211,7 @@ def _plan(
     identity = ModelIdentity.of(encoder)
     precision = _chunk_precision(encoder, encode_options.get("precision"))
     if base is not None:
-        base.identity.check_same(identity, f"index {root}", purpose="add")
-        held = index_precision(base.meta)
-        if held != precision:  # one index, one precision: its vectors compare alike
-            raise ValueError(
-                f"precision must be {held!r} for an add to index {root}: it holds embeddings "
-                f"computed in {held} (build it again to change that), got {precision!r}"
-            )
+        _check_adds_alike(root, base, identity, precision)
     dimensions = options.dimensions or identity.width
     if dimensions > identity.width:
         raise ValueError(
@@ -240,6 +234,17 @@ def _plan(
     }
     key = _sha256_json(job)[:16]
     return _Plan(texts, ids, content, identity, dimensions, job, key, default_ids=named is None)
+
+
+def _check_adds_alike(root: Path, base: VectorIndex, identity, precision: str) -> None:
+    """An add's vectors must compare with the index's: the same model, the same precision."""
+    base.identity.check_same(identity, f"index {root}", purpose="add")
+    held = index_precision(base.meta)
+    if held != precision:  # one index, one precision: its vectors compare alike
+        raise ValueError(
+            f"precision must be {held!r} for an add to index {root}: it holds embeddings "
+            f"computed in {held} (build it again to change that), got {precision!r}"
+        )
 
 
 def index_precision(meta: dict) -> str:
@@ -271,8 +276,16 @@ def _stage(
     texts, ids, dimensions = plan.texts, plan.ids, plan.dimensions
     current, committed = _committed(root, building=base is None)
     if base is not None and committed is not None and committed["generation"] != base.generation:
-        base = VectorIndex.open(root)  # another add committed since we looked: add to it
+        base = VectorIndex.open(root)  # another write committed since we looked: add to it
         committed = base.meta
+        # The checks before the lock saw the index as it was: a rebuild since may hold another
+        # model, precision or storage, which this add's vectors must not join.
+        _check_adds_alike(root, base, plan.identity, plan.job["precision"])
+        if base.options != options:
+            raise ValueError(
+                f"index {root} was built again with other options while this add waited for "
+                f"it ({base.options.to_dict()}, not {options.to_dict()}): run the add again"
+            )
         if plan.default_ids:  # row numbers, which that add moved on
             ids = [str(base.rows + i) for i in range(len(texts))]
     if committed is not None and _already_holds(
