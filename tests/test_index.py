@@ -542,3 +542,32 @@ def test_an_add_checks_again_a_rebuild_that_committed_before_it_took_the_lock(
     np.testing.assert_allclose(
         after.vectors(np.arange(30)), owner.encode(texts[:30], normalize=True), atol=2e-2
     )
+
+
+def test_the_prompt_before_each_text_is_part_of_what_an_index_holds(tmp_path, tiny, texts):
+    # A prompt changes every vector: a build without it after one with it embeds again (it
+    # is not "already held"), and an add with another prompt than the index's is refused.
+    pytest.importorskip("sentence_transformers")
+    from clearformer.index import build_index
+
+    from .family_helpers import sentence_dir
+
+    prompted = TextEncoder.from_pretrained(
+        sentence_dir(tiny.path, tmp_path / "st", prompts={"query": "w1 w2 ", "document": "w3 "})
+    )
+    root = tmp_path / "idx"
+    with_prompt = build_index(root, texts[:20], prompted, prompt_name="document")
+    np.testing.assert_allclose(
+        with_prompt.vectors(np.arange(20)),
+        prompted.encode(texts[:20], normalize=True, prompt_name="document"),
+        atol=1e-6,
+    )
+    with pytest.raises(ValueError, match=r"the prompt must be 'w3 ' for an add .* got None"):
+        add_to_index(root, texts[20:25], prompted)
+    without = build_index(root, texts[:20], prompted)
+    assert without.generation != with_prompt.generation
+    np.testing.assert_allclose(
+        without.vectors(np.arange(20)), prompted.encode(texts[:20], normalize=True), atol=1e-6
+    )
+    added = add_to_index(root, texts[20:25], prompted)
+    assert added.rows == 25

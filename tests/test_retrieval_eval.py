@@ -126,8 +126,11 @@ def test_an_exact_index_scores_as_exact_search_and_int8_is_measured(tiny, tmp_pa
     assert again.metrics == indexed.metrics and "corpus" not in again.seconds
     int8 = evaluate(data, encoder, EvalSettings(index=str(tmp_path / "i.idx"), storage="int8"))
     assert set(int8.metrics) == set(exact.metrics)
-    with pytest.raises(ValueError, match="built with storage='float32'"):
+    with pytest.raises(ValueError, match="built with storage 'float32', not the 'int8'"):
         evaluate(data, encoder, EvalSettings(index=str(tmp_path / "f.idx"), storage="int8"))
+    # The corpus embedded in another precision is another setup than the one asked for.
+    with pytest.raises(ValueError, match="built with precision 'float32', not the 'int8'"):
+        evaluate(data, encoder, EvalSettings(index=str(tmp_path / "f.idx"), precision="int8"))
 
 
 def test_an_index_of_other_texts_is_refused(tiny, tmp_path):

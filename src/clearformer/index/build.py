@@ -209,9 +209,10 @@ def _plan(
     first = 0 if base is None else base.rows
     ids = [str(first + i) for i in range(len(texts))] if given is None else given
     identity = ModelIdentity.of(encoder)
-    precision = _chunk_precision(encoder, encode_options.get("precision"))
+    precision = computed_precision(encoder, encode_options.get("precision"))
+    prompt = computed_prompt(encoder, encode_options)
     if base is not None:
-        _check_adds_alike(root, base, identity, precision)
+        _check_adds_alike(root, base, identity, precision, prompt)
     dimensions = options.dimensions or identity.width
     if dimensions > identity.width:
         raise ValueError(
@@ -231,13 +232,19 @@ def _plan(
         # default): chunks of one precision are never resumed into a write of another.
         "precision": precision,
         "chunk_rows": options.chunk_rows,
+        # The text put before each one changes every vector (recorded only where there is
+        # one, so that the chunks of a build without a prompt keep their key).
+        **({} if prompt is None else {"prompt": prompt}),
     }
     key = _sha256_json(job)[:16]
     return _Plan(texts, ids, content, identity, dimensions, job, key, default_ids=named is None)
 
 
-def _check_adds_alike(root: Path, base: VectorIndex, identity, precision: str) -> None:
-    """An add's vectors must compare with the index's: the same model, the same precision."""
+def _check_adds_alike(
+    root: Path, base: VectorIndex, identity, precision: str, prompt: str | None
+) -> None:
+    """An add's vectors must compare with the index's: the same model, the same precision,
+    the same prompt before each text."""
     base.identity.check_same(identity, f"index {root}", purpose="add")
     held = index_precision(base.meta)
     if held != precision:  # one index, one precision: its vectors compare alike
@@ -245,6 +252,28 @@ def _check_adds_alike(root: Path, base: VectorIndex, identity, precision: str) -
             f"precision must be {held!r} for an add to index {root}: it holds embeddings "
             f"computed in {held} (build it again to change that), got {precision!r}"
         )
+    held_prompt = index_prompt(base.meta)
+    if held_prompt != prompt:
+        raise ValueError(
+            f"the prompt must be {held_prompt!r} for an add to index {root}: its texts were "
+            f"embedded with it (build it again to change that), got {prompt!r}"
+        )
+
+
+def index_prompt(meta: dict) -> str | None:
+    """The prompt put before each text of a committed index (None: none; its segments record
+    it where there was one), or "mixed"."""
+    found = {s.get("prompt") for s in meta["segments"]}
+    return found.pop() if len(found) == 1 else "mixed"
+
+
+def computed_prompt(encoder, encode_options: dict[str, Any]) -> str | None:
+    """The prompt ``encoder.encode(**encode_options)`` puts before every text (an encoder
+    without prompts: None)."""
+    resolve = getattr(encoder, "resolve_prompt", None)
+    if resolve is None:
+        return None
+    return resolve(encode_options.get("prompt"), encode_options.get("prompt_name"))[0]
 
 
 def index_precision(meta: dict) -> str:
@@ -254,7 +283,7 @@ def index_precision(meta: dict) -> str:
     return found.pop() if len(found) == 1 else "mixed"
 
 
-def _chunk_precision(encoder, asked: str | None) -> str:
+def computed_precision(encoder, asked: str | None) -> str:
     """The precision ``encoder.encode(precision=asked)`` computes in (float32 for encoders
     that offer no choice)."""
     decide = getattr(encoder, "precision_for", None)
@@ -280,7 +309,7 @@ def _stage(
         committed = base.meta
         # The checks before the lock saw the index as it was: a rebuild since may hold another
         # model, precision or storage, which this add's vectors must not join.
-        _check_adds_alike(root, base, plan.identity, plan.job["precision"])
+        _check_adds_alike(root, base, plan.identity, plan.job["precision"], plan.job.get("prompt"))
         if base.options != options:
             raise ValueError(
                 f"index {root} was built again with other options while this add waited for "
@@ -289,7 +318,7 @@ def _stage(
         if plan.default_ids:  # row numbers, which that add moved on
             ids = [str(base.rows + i) for i in range(len(texts))]
     if committed is not None and _already_holds(
-        committed, plan.content, options, plan.identity, base, plan.job["precision"]
+        committed, plan.content, options, plan.identity, base, plan.job
     ):
         held = _whole(root)
         if held is not None:
@@ -382,12 +411,13 @@ def _whole(root: Path) -> VectorIndex | None:
 
 
 def _already_holds(
-    meta: dict, content: str, options: IndexOptions, identity, base, precision: str
+    meta: dict, content: str, options: IndexOptions, identity, base, job: dict[str, Any]
 ) -> bool:
     if base is None:  # a build: the current generation is exactly this build
         same = IndexOptions.from_dict(meta["options"]) == options
         same = same and meta["model"]["revision"] == identity.revision
-        same = same and index_precision(meta) == precision
+        same = same and index_precision(meta) == job["precision"]
+        same = same and index_prompt(meta) == job.get("prompt")
         return same and [s["content"] for s in meta["segments"]] == [content]
     return any(s["content"] == content for s in meta["segments"])
 
@@ -395,6 +425,8 @@ def _already_holds(
 def _write_segment(root, vectors, texts, ids, options, ranges, plan: _Plan, source):
     content, precision = plan.content, plan.job["precision"]
     other = {} if precision == "float32" else {"precision": precision}
+    if "prompt" in plan.job:
+        other["prompt"] = plan.job["prompt"]
     # The name is the hash of everything the segment's files hold, so that a folder of that
     # name left by an earlier write is this write's: the model (``job_key``: its revision,
     # pooling, length and precision), and the ids as written (default ids are row numbers,

@@ -79,9 +79,9 @@ def check_add_precision(root: Path, state: KindState, model: Any) -> str:
     if state.kind == "bm25":
         return "float32"
     if state.kind == "dense":
-        from .build import _chunk_precision, index_precision
+        from .build import computed_precision, index_precision
 
-        held, precision = index_precision(state.meta), _chunk_precision(model, None)
+        held, precision = index_precision(state.meta), computed_precision(model, None)
     else:
         held, precision = state.meta.get("precision", "float32"), model_precision(model)
     if precision != held:

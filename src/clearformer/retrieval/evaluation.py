@@ -279,7 +279,7 @@ def _prepared_index(data, encoder, settings: EvalSettings, report, encode_option
     path = Path(settings.index)
     if path.exists() and current_generation(path) is not None:
         index = VectorIndex.open(path, encoder)
-        _check_index_matches(index, data, settings)
+        _check_index_matches(index, data, settings, encoder)
         log.info("eval: searching the existing index %s (%d rows)", path, index.rows)
         return index
     options = IndexOptions(
@@ -305,14 +305,25 @@ def _prepared_index(data, encoder, settings: EvalSettings, report, encode_option
     return index.with_encoder(encoder)
 
 
-def _check_index_matches(index, data: RetrievalData, settings: EvalSettings) -> None:
+def _check_index_matches(index, data: RetrievalData, settings: EvalSettings, encoder) -> None:
+    from ..index.build import computed_precision, computed_prompt, index_precision, index_prompt
+
     asked = {"storage": settings.storage, "ann": settings.ann, "dimensions": settings.dimensions}
+    held_by = {name: getattr(index.options, name) for name in asked}
+    # The corpus as this run would embed it: an index embedded otherwise measures another
+    # setup than the one the output records.
+    asked["precision"] = computed_precision(encoder, settings.precision)
+    held_by["precision"] = index_precision(index.meta)
+    asked["document prompt"] = computed_prompt(
+        encoder, {"prompt_name": settings.document_prompt_name}
+    )
+    held_by["document prompt"] = index_prompt(index.meta)
     for name, value in asked.items():
-        held = getattr(index.options, name)
-        if value is not None and value != held:
+        held = held_by[name]
+        if (value is not None or name == "document prompt") and value != held:
             raise ValueError(
-                f"index {index.root} was built with {name}={held!r}, not the {value!r} asked "
-                "for; give another --index path to build one"
+                f"index {index.root} was built with {name} {held!r}, not the {value!r} this "
+                "run asks for; give another --index path to build one"
             )
     if index.rows != len(data.corpus_ids):
         raise ValueError(
