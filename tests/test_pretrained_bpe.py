@@ -255,6 +255,25 @@ def test_add_prefix_space_comes_from_the_tokenizer_config(tmp_path, bpe_files):
     assert ours[0][1] == json.loads((tmp_path / "vocab.json").read_text())["Ġthe"]
 
 
+@pytest.mark.parametrize("config_prefix_space", [True, False])
+def test_tokenizer_json_follows_the_configs_add_prefix_space(
+    tmp_path, bpe_files, config_prefix_space
+):
+    """tokenizer.json written with the other add_prefix_space: transformers (and so
+    sentence-transformers) rebuilds the pre-tokenizer and the post-processor from the config."""
+    make_bpe_checkpoint(
+        tmp_path, bpe_files, _v4_tokenizer_config(add_prefix_space=config_prefix_space)
+    )
+    written = transformers.RobertaTokenizer.from_pretrained(
+        str(tmp_path), add_prefix_space=not config_prefix_space
+    )
+    written.backend_tokenizer.save(str(tmp_path / "tokenizer.json"))
+    texts = [t for t in TEXTS if "<" not in t]
+    expected = transformers.AutoTokenizer.from_pretrained(str(tmp_path))(texts)["input_ids"]
+    assert _rows(TextEncoder.from_pretrained(tmp_path).tokenize(texts)) == expected
+    assert expected == [SlowRoberta(tmp_path, config_prefix_space).ids(t) for t in texts]
+
+
 def test_without_tokenizer_config_the_slow_defaults_apply(tmp_path, bpe_files):
     """No tokenizer_config.json: RobertaTokenizer's defaults, ``<mask>`` stripping left."""
     from tokenizers import AddedToken

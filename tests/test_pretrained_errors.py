@@ -100,6 +100,7 @@ def test_unsupported_architecture(copy):
     ("changes", "match"),
     [
         ({"hidden_act": "swish"}, "unsupported activation hidden_act='swish'"),
+        ({"hidden_act": ["gelu"]}, r"unsupported activation hidden_act=\['gelu'\]"),
         ({"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
         ({"is_decoder": True}, "decoder"),
     ],
@@ -108,6 +109,41 @@ def test_unsupported_numerics(copy, changes, match):
     _edit_config(copy, **changes)
     with pytest.raises(CheckpointError, match=match):
         TextEncoder.from_pretrained(copy)
+
+
+def test_gated_activation_must_be_a_name(copy):
+    config = transformers.GteConfig(
+        vocab_size=16,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+    ).to_dict()
+    config["hidden_act"] = ["gelu"]
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"'hidden_act'=\['gelu'\] for a gated feed-forward"):
+        TextEncoder.from_pretrained(copy)
+
+
+@pytest.mark.parametrize(
+    ("config_class", "key", "read"),
+    [
+        ("BertConfig", "hidden_act", "masked_lm"),
+        ("ModernBertConfig", "classifier_activation", "masked_lm"),
+        ("ModernBertConfig", "classifier_activation", "classifier"),
+    ],
+)
+def test_head_activation_must_be_a_name(config_class, key, read):
+    from clearformer.interop.hf.families import family_for
+
+    hf = getattr(transformers, config_class)(
+        vocab_size=16, hidden_size=16, num_attention_heads=2, intermediate_size=32
+    ).to_dict()
+    hf[key] = ["gelu"]
+    layout = getattr(family_for(hf, "config.json"), read)
+    with pytest.raises(CheckpointError, match=rf"'{key}'=\['gelu'\]"):
+        layout(hf)
 
 
 def test_malformed_config_json(copy):
@@ -193,6 +229,16 @@ def test_bin_with_arbitrary_pickle_is_refused(copy):
             r"unsupported pooling \['max', 'weightedmean'\]",
         ),
         (["Transformer", "Pooling"], {"pooling_mode": ["mean", "max"]}, "unsupported pooling"),
+        (
+            ["Transformer", "Pooling"],
+            {"pooling_mode": 5},
+            r"1_Pooling/config.json 'pooling_mode' must be a str or a list of str, got 5",
+        ),
+        (
+            ["Transformer", "Pooling"],
+            {"pooling_mode": ["mean", 5]},
+            r"'pooling_mode' must be a str or a list of str, got \['mean', 5\]",
+        ),
     ],
 )
 def test_unsupported_sentence_transformers_modules(copy, modules, pooling, match):

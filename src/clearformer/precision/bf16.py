@@ -7,9 +7,13 @@ kernels) and run several times faster on CPUs with bfloat16 dot-product instruct
 the memory traffic. :func:`bf16_copy` makes the copy the ``"bf16"`` precision runs:
 
 * linear layers, embeddings and the rows between layers in bfloat16;
-* the norms' parameters stay in float32 (a LayerNorm on bfloat16 rows computes its mean,
-  variance and affine in float32 and rounds only its output); the attention softmax runs in
-  float32 in every kernel (the reference's and SDPA's CPU kernels accumulate in float32);
+* LayerNorm parameters stay in float32 (a LayerNorm on bfloat16 rows computes its mean,
+  variance and affine in float32 and rounds only its output); RMSNorm weights (Qwen3, Gemma3)
+  become bfloat16, as transformers runs those models in bfloat16: the norm is computed in
+  float32 and the weight scales its output rounded to bfloat16 (Gemma's ``1 + weight`` scales
+  in float32, before the rounding), so the rows stay bfloat16 for the next linear layer;
+* the attention softmax runs in float32 in every kernel (the reference's and SDPA's CPU
+  kernels accumulate in float32);
   pooling and the final normalisation run in float32 (``TextEncoder``); logits leave in
   float32 (``CrossEncoder``, ``generate``).
 
@@ -70,7 +74,7 @@ def bf16_copy(model: nn.Module) -> nn.Module:
     """A copy of ``model`` for bfloat16 inference, in eval mode, without gradients.
 
     Floating-point parameters become bfloat16, except those of :data:`FLOAT32_MODULES`
-    (norms), which are copied in their dtype (float32); buffers are copied as they are.
+    (LayerNorm), which are copied in their dtype (float32); buffers are copied as they are.
     ``model`` is not changed and shares no tensor with the copy. The copy is built tensor by
     tensor, so memory peaks at the float32 model plus its bfloat16 copy.
     """
@@ -95,7 +99,7 @@ def bf16_copy(model: nn.Module) -> nn.Module:
 
 
 def bf16_dtype(tensor: torch.Tensor, in_float32_module: bool) -> torch.dtype:
-    """The dtype a parameter has in the bfloat16 model: bfloat16, except in the norms
+    """The dtype a parameter has in the bfloat16 model: bfloat16, except in LayerNorms
     (:data:`FLOAT32_MODULES`) and for integer tensors, which keep theirs."""
     if in_float32_module or not tensor.is_floating_point():
         return tensor.dtype

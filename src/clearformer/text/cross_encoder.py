@@ -31,7 +31,7 @@ from ..fast.reordered_weights import (
 )
 from ..heads import SequenceClassifier
 from ..interop.hf import LoadReport, TextTokenizer, find_checkpoint
-from ..interop.hf.heads import LoadedClassifier, load_classifier
+from ..interop.hf.heads import LoadedClassifier, load_classifier, read_classifier
 from ..interop.hf.sentence_transformers import Prompts, prompts_from_files, score_activation
 from ..interop.hf.tokenizer import check_pairs, check_texts, max_length_for
 from ..model import EncoderModel
@@ -170,13 +170,15 @@ class CrossEncoder:
             loaded, tokenizer, activation = load_llm_reranker(files, backend=backend, strict=strict)
             log.info("loaded LLM reranker %s in %.2fs", files.path, time.perf_counter() - started)
             return cls(loaded, tokenizer, activation, prompts, held, held_as, device)
-        loaded = load_classifier(files, backend=backend, strict=strict)
-        config = loaded.loaded.model.config
+        # The tokenizer and the score activation from the config files alone: a refusal comes
+        # before the weights are read, which can take minutes.
+        _, config, layout = read_classifier(files, backend)
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         tokenizer = TextTokenizer.from_files(
             files, max_length_for(files, config.max_length), pad_id, vocab_size=config.vocab_size
         )
-        activation = score_activation(files, loaded.head.config.num_labels)
+        activation = score_activation(files, layout.config.num_labels)
+        loaded = load_classifier(files, backend=backend, strict=strict)
         log.info("loaded cross-encoder %s in %.2fs", files.path, time.perf_counter() - started)
         return cls(loaded, tokenizer, activation, prompts, held, held_as, device)
 

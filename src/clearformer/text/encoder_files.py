@@ -1,7 +1,7 @@
 """What ``TextEncoder.from_pretrained`` reads from a checkpoint directory, in the order that
-finds a mistake before the weights are read (the family's config, the sentence-transformers
-modules after the pooling (:mod:`clearformer.interop.hf.st_modules`), a default Matryoshka cut,
-then the weights and the tokenizer), and what ``save_pretrained`` writes back."""
+finds a mistake before the weights are read (the family's config, the tokenizer, the
+sentence-transformers modules after the pooling (:mod:`clearformer.interop.hf.st_modules`),
+a default Matryoshka cut, then the weights), and what ``save_pretrained`` writes back."""
 
 from __future__ import annotations
 
@@ -63,15 +63,8 @@ def read_encoder_parts(
     files = find_checkpoint(path)
     pooling = pooling_from_config(files.pooling_config, files.pooling_path)
     _, config = read_family(files, backend)  # the width the head needs, before any weight
-    head_config, dense = read_head(files, config.d_model)
-    head = build_head(head_config, dense)
-    if truncate_dim is None:
-        truncate_dim = truncate_dim_from_files(files)
-    head.check_dimensions(truncate_dim, "truncate_dim")
-    loaded = load_model(
-        files, backend=backend, strict=strict, precision=precision, defer_layers=defer_layers
-    )
-    config = loaded.model.config
+    # The tokenizer (and the caller's padding_side) from config.json alone: a refusal comes
+    # before the weights are read, which can take minutes.
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
     tokenizer = TextTokenizer.from_files(
         files,
@@ -79,6 +72,14 @@ def read_encoder_parts(
         pad_id,
         vocab_size=config.vocab_size,
         padding_side=padding_side,
+    )
+    head_config, dense = read_head(files, config.d_model)
+    head = build_head(head_config, dense)
+    if truncate_dim is None:
+        truncate_dim = truncate_dim_from_files(files)
+    head.check_dimensions(truncate_dim, "truncate_dim")
+    loaded = load_model(
+        files, backend=backend, strict=strict, precision=precision, defer_layers=defer_layers
     )
     log.info("loaded %s in %.2fs", files.path, time.perf_counter() - started)
     architectures = files.config.get("architectures") or []

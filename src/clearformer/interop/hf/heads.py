@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ...config import EncoderConfig
 from ...heads import SequenceClassifier
 from .families import Family, HeadLayout
 from .files import CheckpointError, CheckpointFiles, find_checkpoint
@@ -51,14 +52,22 @@ def load_classifier(
             match config.json.
     """
     files = path if isinstance(path, CheckpointFiles) else find_checkpoint(path)
-    family, config = read_family(files, backend)
-    layout = _layout(family, files)  # config.json checked before any weight is read
+    family, config, layout = read_classifier(files, backend)
     tensors = open_tensors(files.weights)  # each tensor read when it is copied
     _check_has_head(layout, tensors, files)
     loaded = build_model(files, family, config, tensors, strict=strict)
     head = SequenceClassifier(layout.config)
     load_head(head, layout, tensors, loaded.report, strict=strict, source=str(files.weights))
     return LoadedClassifier(loaded, head.eval())
+
+
+def read_classifier(
+    files: CheckpointFiles, backend: str
+) -> tuple[Family, EncoderConfig, HeadLayout]:
+    """The family, :class:`EncoderConfig` and head layout of a ``*ForSequenceClassification``
+    checkpoint, from config.json alone (before any weight is read)."""
+    family, config = read_family(files, backend)
+    return family, config, _layout(family, files)
 
 
 def _layout(family: Family, files: CheckpointFiles) -> HeadLayout:

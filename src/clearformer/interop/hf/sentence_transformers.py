@@ -92,7 +92,13 @@ def pooling_mode_from_config(
         keys = [key for key, name in _LEGACY_KEYS.items() if name in modes]
         where = f"its keys {', '.join(keys)} ask for"
     else:
-        modes = [mode] if isinstance(mode, str) else list(mode)
+        if not isinstance(mode, str) and not (
+            isinstance(mode, list) and all(isinstance(m, str) for m in mode)
+        ):
+            raise CheckpointError(
+                f"{_where(source)} 'pooling_mode' must be a str or a list of str, got {mode!r}"
+            )
+        modes = [mode] if isinstance(mode, str) else mode
         where = "its 'pooling_mode' asks for"
     if len(modes) != 1 or modes[0] not in POOLING_MODES:
         what = "several modes at once" if len(modes) > 1 else "a mode clearformer lacks"

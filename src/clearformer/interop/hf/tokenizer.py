@@ -2,7 +2,9 @@
 
 ``tokenizer.json`` is used as it is, except for its padding and truncation settings, which
 follow the model: truncation at the model's maximum length (all-MiniLM-L6-v2: 256 pieces,
-special tokens included) and padding done here, to the longest text of each batch.
+special tokens included) and padding done here, to the longest text of each batch; and, for
+BERT, DistilBERT, MPNet, RoBERTa and XLM-RoBERTa tokenizer classes, the casing, accent and
+prefix-space fields of ``tokenizer_config.json``, which transformers applies over it.
 A checkpoint with only a WordPiece ``vocab.txt`` gets BERT's tokenizer pipeline built from it,
 and one with only a byte-level BPE ``vocab.json`` + ``merges.txt`` gets RoBERTa's.
 """
@@ -187,6 +189,7 @@ class TextTokenizer:
         try:
             if files.tokenizer.name == "tokenizer.json":
                 tokenizer = Tokenizer.from_file(str(files.tokenizer))
+                follow_tokenizer_class(tokenizer, files.tokenizer_config, files.tokenizer)
             elif files.merges is not None:
                 tokenizer = _bpe_from_vocab(files.tokenizer, files.merges, files.tokenizer_config)
             else:
@@ -293,12 +296,66 @@ def left_pad_id(tokenizer, files: CheckpointFiles) -> int:
     )
 
 
+# tokenizer_config.json 'tokenizer_class' values (without "Fast") whose transformers class builds
+# a BertNormalizer from the config's fields, whatever normalizer tokenizer.json holds.
+_BERT_CLASSES = ("BertTokenizer", "DistilBertTokenizer", "MPNetTokenizer")
+
+
+def follow_tokenizer_class(tokenizer, config: dict[str, Any], path: Path) -> None:
+    """Apply tokenizer_config.json's ``do_lower_case``, ``strip_accents``,
+    ``tokenize_chinese_chars``, ``add_prefix_space`` and ``trim_offsets`` to a tokenizer read
+    from ``tokenizer.json``, for the classes whose transformers tokenizer (and so
+    sentence-transformers) rebuilds those steps from them, with that class's defaults where a
+    field is absent: the config wins where the two files disagree. Other classes
+    (``PreTrainedTokenizerFast``, ...) use tokenizer.json as it is."""
+    from tokenizers import normalizers, pre_tokenizers, processors
+
+    name = config.get("tokenizer_class")
+    name = name.removesuffix("Fast") if isinstance(name, str) else None
+    if name in _BERT_CLASSES:
+        tokenizer.normalizer = normalizers.BertNormalizer(
+            clean_text=True,
+            handle_chinese_chars=bool(config.get("tokenize_chinese_chars", True)),
+            strip_accents=config.get("strip_accents"),
+            lowercase=bool(config.get("do_lower_case", True)),
+        )
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    elif name == "RobertaTokenizer":
+        add_prefix_space = bool(config.get("add_prefix_space", False))
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+        ends = {
+            key: _token_text(config.get(key), _ROBERTA_SPECIALS[key])
+            for key in ("sep_token", "cls_token")
+        }
+        ids = {key: tokenizer.token_to_id(text) for key, text in ends.items()}
+        if None in ids.values():
+            raise CheckpointError(
+                f"{path} lacks the special tokens cls_token={ends['cls_token']!r} and "
+                f"sep_token={ends['sep_token']!r} that every sequence starts and ends with"
+            )
+        tokenizer.post_processor = processors.RobertaProcessing(  # positional: (sep, cls, ...)
+            (ends["sep_token"], ids["sep_token"]),
+            (ends["cls_token"], ids["cls_token"]),
+            trim_offsets=bool(config.get("trim_offsets", True)),
+            add_prefix_space=add_prefix_space,
+        )
+    elif name == "XLMRobertaTokenizer":
+        scheme = "always" if config.get("add_prefix_space", True) else "never"
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.WhitespaceSplit(),
+                pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme),
+            ]
+        )
+
+
 def _wordpiece_from_vocab(vocab: Path, config: dict[str, Any]):
     """BERT's tokenizer pipeline built from a ``vocab.txt`` (as transformers' BertTokenizer)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
-    unk = str(config.get("unk_token", "[UNK]"))
-    cls_token, sep = str(config.get("cls_token", "[CLS]")), str(config.get("sep_token", "[SEP]"))
+    unk = _token_text(config.get("unk_token"), "[UNK]")
+    cls_token = _token_text(config.get("cls_token"), "[CLS]")
+    sep = _token_text(config.get("sep_token"), "[SEP]")
     tokenizer = Tokenizer(models.WordPiece.from_file(str(vocab), unk_token=unk))
     tokenizer.normalizer = normalizers.BertNormalizer(
         clean_text=True,
@@ -311,7 +368,7 @@ def _wordpiece_from_vocab(vocab: Path, config: dict[str, Any]):
     if None in ids.values():
         raise CheckpointError(f"{vocab} lacks the special tokens {cls_token} and {sep}")
     specials = [
-        str(config.get(k, d)) for k, d in (("pad_token", "[PAD]"), ("mask_token", "[MASK]"))
+        _token_text(config.get(k), d) for k, d in (("pad_token", "[PAD]"), ("mask_token", "[MASK]"))
     ]
     tokenizer.add_special_tokens([unk, cls_token, sep, *specials])
     tokenizer.post_processor = processors.TemplateProcessing(

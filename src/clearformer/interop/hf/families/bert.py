@@ -151,7 +151,7 @@ class MaskedLMLayout(HeadLayout):
 def head_activation(hf: dict[str, Any], key: str, default: str) -> str:
     """The activation of a masked-LM head, read from config.json ``key``."""
     act = hf.get(key, default)
-    if act not in CLASSIFIER_ACTIVATIONS:
+    if not isinstance(act, str) or act not in CLASSIFIER_ACTIVATIONS:
         raise CheckpointError(
             f"unsupported config.json {key!r}={act!r} for the masked-LM head; supported: "
             f"{', '.join(CLASSIFIER_ACTIVATIONS)}"

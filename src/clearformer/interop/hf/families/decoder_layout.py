@@ -14,7 +14,7 @@ from typing import Any
 
 from ..files import CheckpointError
 from .family import ZEROS, NameTable
-from .fields import check_size, integer
+from .fields import check_rope_scaling, check_size, integer
 
 
 def attention_sizes(hf: dict[str, Any], head_dim_default: int) -> dict[str, int]:
@@ -117,11 +117,7 @@ def rope(hf: dict[str, Any], kind: str | None, default: float, legacy: str) -> f
             f"config.json {where}['rope_type'] must be 'default' (scaled rotary positions such "
             f"as YaRN are not supported), got {rope_type!r}"
         )
-    if hf.get("rope_scaling") is not None:
-        raise CheckpointError(
-            f"config.json 'rope_scaling' must be null (scaled rotary positions are not "
-            f"supported), got {hf['rope_scaling']!r}"
-        )
+    check_rope_scaling(hf)
     source = f"{where}['rope_theta']" if "rope_theta" in entry else legacy
     value = entry.get("rope_theta", hf.get(legacy, default))
     if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:

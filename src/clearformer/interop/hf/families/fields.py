@@ -126,9 +126,24 @@ def check_size(
         )
 
 
+def check_rope_scaling(hf: dict[str, Any]) -> None:
+    """Refuse a legacy ``rope_scaling`` that scales the rotary positions. One of type
+    ``"default"`` (``rope_type`` or the older ``type``) is plain rotary positions, as
+    transformers 5 reads it, and so is an empty one: both are as if absent."""
+    scaling = hf.get("rope_scaling")
+    if not scaling:
+        return
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "default":
+        return
+    raise CheckpointError(
+        f"config.json 'rope_scaling' must be null or of type 'default' (scaled rotary positions "
+        f"are not supported), got {scaling!r}"
+    )
+
+
 def activation(name: Any, key: str) -> str:
     """clearformer's name for the Hugging Face activation ``name`` read from ``key``."""
-    if name not in FROM_HF_ACTIVATIONS:
+    if not isinstance(name, str) or name not in FROM_HF_ACTIVATIONS:
         raise CheckpointError(
             f"unsupported activation {key}={name!r} in config.json; supported: "
             f"{', '.join(FROM_HF_ACTIVATIONS)}"

@@ -32,7 +32,7 @@ from ....config import EncoderConfig
 from ....heads import CLASSIFIER_ACTIVATIONS, ClassifierConfig, MaskedLMConfig
 from ..files import CheckpointError
 from .family import Family, HeadLayout, NameTable
-from .fields import check_heads, flag, integer, labels, number, token_id
+from .fields import check_heads, check_rope_scaling, flag, integer, labels, number, token_id
 from .tables import head_names
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"
@@ -94,11 +94,7 @@ def read_config(hf: dict[str, Any], backend: str) -> EncoderConfig:
             f"config.json 'hidden_activation' must be 'gelu' (GeGLU with exact GELU), got {act!r}"
         )
     window = integer(hf, "local_attention", "positions", 128)  # odd: // 2, as transformers
-    if hf.get("rope_scaling") is not None:
-        raise CheckpointError(
-            f"config.json 'rope_scaling' must be null (scaled rotary positions are not "
-            f"supported), got {hf['rope_scaling']!r}"
-        )
+    check_rope_scaling(hf)
     if (width // heads) % 2:
         raise CheckpointError(
             f"config.json 'hidden_size' / 'num_attention_heads' = {width // heads} must be even "
@@ -205,7 +201,7 @@ def classifier(hf: dict[str, Any]) -> HeadLayout:
             f"config.json 'classifier_pooling' must be 'cls' or 'mean', got {pooling!r}"
         )
     act = hf.get("classifier_activation", "gelu")
-    if act not in CLASSIFIER_ACTIVATIONS:
+    if not isinstance(act, str) or act not in CLASSIFIER_ACTIVATIONS:
         raise CheckpointError(
             f"unsupported config.json 'classifier_activation'={act!r}; supported: "
             f"{', '.join(CLASSIFIER_ACTIVATIONS)}"
@@ -232,7 +228,7 @@ def masked_lm(hf: dict[str, Any]) -> HeadLayout:
     """``ModernBertForMaskedLM``: ``head`` (dense -> activation -> LayerNorm), then a decoder
     tied to the token embeddings (its weight is not stored apart) with its own bias."""
     act = hf.get("classifier_activation", "gelu")
-    if act not in CLASSIFIER_ACTIVATIONS:
+    if not isinstance(act, str) or act not in CLASSIFIER_ACTIVATIONS:
         raise CheckpointError(
             f"unsupported config.json 'classifier_activation'={act!r}; supported: "
             f"{', '.join(CLASSIFIER_ACTIVATIONS)}"

@@ -39,7 +39,15 @@ from typing import Any
 from ....config import EncoderConfig
 from ..files import CheckpointError
 from .family import ZEROS, NameTable
-from .fields import attn_dropout, check_heads, check_size, integer, number, token_id
+from .fields import (
+    attn_dropout,
+    check_heads,
+    check_rope_scaling,
+    check_size,
+    integer,
+    number,
+    token_id,
+)
 from .tables import linear
 
 # transformers' hidden_act of the gate -> clearformer's gated activation.
@@ -49,7 +57,8 @@ SAVED_GATED = {"geglu": "gelu", "swiglu": "silu"}
 
 def rope_theta(hf: dict[str, Any], default: float) -> float:
     """The rotary base: ``rope_parameters['rope_theta']`` (transformers 5) or ``rope_theta``;
-    only plain rotary positions (``rope_type`` "default", no ``rope_scaling``)."""
+    only plain rotary positions (``rope_type`` "default", and a ``rope_scaling``, if any, of
+    type "default")."""
     params = hf.get("rope_parameters") or {}
     if not isinstance(params, dict):
         raise CheckpointError(f"config.json 'rope_parameters' must be an object, got {params!r}")
@@ -59,11 +68,7 @@ def rope_theta(hf: dict[str, Any], default: float) -> float:
             f"config.json rope_parameters['rope_type'] must be 'default' (scaled rotary "
             f"positions such as NTK are not supported), got {kind!r}"
         )
-    if hf.get("rope_scaling") is not None:
-        raise CheckpointError(
-            f"config.json 'rope_scaling' must be null (scaled rotary positions are not "
-            f"supported), got {hf['rope_scaling']!r}"
-        )
+    check_rope_scaling(hf)
     source = "rope_parameters['rope_theta']" if "rope_theta" in params else "rope_theta"
     value = params.get("rope_theta", hf.get("rope_theta", default))
     if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
@@ -107,7 +112,7 @@ def read_config(
             "must be even for rotary positions"
         )
     name = hf.get("hidden_act", act)
-    if name not in GATED:
+    if not isinstance(name, str) or name not in GATED:
         raise CheckpointError(
             f"unsupported config.json 'hidden_act'={name!r} for a gated feed-forward; "
             f"supported: {', '.join(GATED)}"
