@@ -269,6 +269,20 @@ def test_a_second_writer_is_refused_while_one_holds_the_lock(tmp_path, tiny, tex
         add_to_index(path, texts[20:40], tiny)
 
 
+def test_a_lock_file_removed_while_a_writer_holds_it_still_excludes_a_second(tmp_path):
+    # docs/index.md: ".lock holds nothing: it may be removed". A lock belongs to a file, not
+    # to its name: a second writer would make and lock a new .lock, and two writers would
+    # clear each other's staging and segments.
+    path = tmp_path / "idx"
+    with layout.writer_lock(path):
+        (path / ".lock").unlink()
+        busy = pytest.raises(layout.IndexBusyError, match="another build")
+        with busy, layout.writer_lock(path):
+            pass
+    with layout.writer_lock(path):  # released with the first writer
+        pass
+
+
 def test_bad_arguments_fail_before_any_work(tmp_path, tiny):
     with pytest.raises(ValueError, match="storage must be one of"):
         IndexOptions(storage="int4")

@@ -132,3 +132,26 @@ def test_a_damaged_seismic_file_is_named(tmp_path):
             open_kind_index(root, "sparse", FakeSparseEncoder())
         path.write_bytes(backup)
     assert open_kind_index(root, "sparse", FakeSparseEncoder()).rows == len(TEXTS)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [{}, {"shape": 17, "dtype": "<f4"}, {"shape": [3, -1], "dtype": "<f4"}, {"shape": [3]},
+     {"bytes": "12"}, {"bytes": 12, "sha256": "no"}],
+)  # fmt: skip
+def test_a_file_record_of_the_wrong_form_names_meta_json(pristine, tmp_path, record):
+    # Valid JSON that lists a file with a record of the wrong form: meta.json is named, in
+    # one line, for every kind (it was a KeyError or a TypeError naming nothing).
+    import json
+
+    for kind in ENCODERS:
+        root = tmp_path / kind
+        shutil.copytree(pristine, root)
+        meta_path = kind_files(root, kind)[1]
+        meta = json.loads(meta_path.read_text())
+        meta["files"][sorted(meta["files"])[0]] = record
+        meta_path.write_text(json.dumps(meta))
+        with pytest.raises(IndexDamagedError, match="records file") as caught:
+            open_kind_index(root, kind, ENCODERS[kind])
+        assert str(meta_path) in str(caught.value)
+        shutil.rmtree(root)

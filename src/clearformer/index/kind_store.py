@@ -261,7 +261,33 @@ def read_kind_meta(sub: Path, generation: str) -> dict[str, Any]:
     for name, record in meta["files"].items():
         if "/" in name or name.startswith(".") or not isinstance(record, dict):
             raise layout.IndexDamagedError(path, f"lists a file {name!r:.60} it cannot hold")
+        if not _file_record_is_whole(record):
+            raise layout.IndexDamagedError(
+                path,
+                f"records file {name!r:.60} as {record!r:.80}, not an array's shape and dtype "
+                "or a file's bytes (and SHA-256)",
+            )
     return meta
+
+
+def _file_record_is_whole(record: dict[str, Any]) -> bool:
+    """A listed file's record: ``{"shape": [ints >= 0], "dtype": str}`` for an array, else
+    ``{"bytes": int >= 0}`` with an optional 64-hex ``"sha256"``."""
+
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if "shape" in record:
+        shape = record["shape"]
+        return (
+            isinstance(shape, list)
+            and all(count(n) for n in shape)
+            and isinstance(record.get("dtype"), str)
+        )
+    digest = record.get("sha256")
+    hex_digest = isinstance(digest, str) and len(digest) == 64
+    hex_digest = hex_digest and all(c in "0123456789abcdef" for c in digest)
+    return count(record.get("bytes")) and (digest is None or hex_digest)
 
 
 def open_kind(root: Path, kind: str) -> tuple[Path, dict[str, Any]]:

@@ -162,21 +162,35 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def writer_lock(root: Path) -> Iterator[None]:
-    """Hold ``INDEX/.lock`` for one build or add; IndexBusyError if another process has it."""
+    """Hold ``INDEX``'s writer lock for one build or add; IndexBusyError if another process
+    has it.
+
+    The lock is taken on the index's directory itself, which cannot be removed while it holds
+    the index, and on ``INDEX/.lock`` (what earlier versions lock, so that they and this one
+    exclude each other). A lock is held on a file, not on its name: a ``.lock`` removed while
+    a writer holds it would be made again, and a second writer would lock the new file; the
+    directory's lock still excludes it.
+    """
     root.mkdir(parents=True, exist_ok=True)
-    handle = open(root / ".lock", "a+")  # noqa: SIM115 -- held for the block
+    directory = os.open(root, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EAGAIN, errno.EACCES):
-                raise IndexBusyError(
-                    f"{root} is being written by another build or add; wait for it to finish"
-                ) from None
-            raise
-        yield
+        _lock(directory, root)
+        with open(root / ".lock", "a+") as handle:
+            _lock(handle.fileno(), root)
+            yield
     finally:
-        handle.close()  # closing the descriptor releases the lock
+        os.close(directory)  # closing the descriptors releases the locks
+
+
+def _lock(descriptor: int, root: Path) -> None:
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            raise IndexBusyError(
+                f"{root} is being written by another build or add; wait for it to finish"
+            ) from None
+        raise
 
 
 @contextlib.contextmanager
