@@ -241,6 +241,7 @@ def test_a_reader_keeps_its_generation_while_a_writer_commits(tmp_path, tiny, te
     reader = VectorIndex.open(path, tiny)
     queries = reader.embed_queries(texts[:20])
     before = reader.search_vectors(queries, k=5)
+    hits_before = reader.search(texts[:20], k=5)
     failures = []
 
     def search_repeatedly():
@@ -259,7 +260,20 @@ def test_a_reader_keeps_its_generation_while_a_writer_commits(tmp_path, tiny, te
     assert not failures
     after = reader.search_vectors(queries, k=5)  # the old object still reads its generation
     np.testing.assert_array_equal(before[0], after[0])
+    assert reader.search(texts[:20], k=5) == hits_before
     assert sorted(p.name for p in (path / "generations").iterdir()) == ["gen-000003", "gen-000004"]
+
+
+def test_a_reader_keeps_its_texts_after_rebuilds_remove_their_files(tmp_path, tiny, texts):
+    # Two rebuilds of other texts: the reader's segment (and its texts database) is no longer
+    # in any kept generation and is removed; the reader still answers with its own texts.
+    path = tmp_path / "idx"
+    reader = tiny.build_index(path, texts[:30])
+    hits_before = reader.search(texts[:5], k=3)
+    for n in (31, 32):
+        tiny.build_index(path, texts[:n])
+    assert not (path / "segments" / reader.meta["segments"][0]["name"]).exists()
+    assert reader.search(texts[:5], k=3) == hits_before
 
 
 def test_a_second_writer_is_refused_while_one_holds_the_lock(tmp_path, tiny, texts):

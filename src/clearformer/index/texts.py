@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,12 +62,35 @@ def _write_rows(
 
 
 class TextStore:
-    """A segment's texts, read-only."""
+    """A segment's texts, read-only.
+
+    The database is opened once, when the store is made (as the index is opened), and kept
+    open: a reader keeps reading the rows it opened after later commits remove the file (an
+    open file outlives its name, as the memory-mapped vectors do). One connection serves
+    every thread, one query at a time.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        # Opened per call: a search may run in any thread, and a connection belongs to one.
-        self._uri = f"{path.resolve().as_uri()}?mode=ro&immutable=1"
+        uri = f"{path.resolve().as_uri()}?mode=ro&immutable=1"
+        self._lock = threading.Lock()
+        try:
+            self._connection = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            # SQLite opens a file lazily: read its schema now, while the name still holds it.
+            self._connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.Error as exc:
+            raise self._damaged(exc) from None
+
+    def _damaged(self, exc: sqlite3.Error) -> IndexDamagedError:
+        reason = str(exc).strip() or type(exc).__name__
+        return IndexDamagedError(self.path, f"cannot be read by SQLite ({reason})")
+
+    def _query(self, sql: str, parameters: Sequence) -> list:
+        try:
+            with self._lock:
+                return self._connection.execute(sql, parameters).fetchall()
+        except sqlite3.Error as exc:
+            raise self._damaged(exc) from None
 
     def get(self, rows: Sequence[int]) -> dict[int, tuple[str, str]]:
         """Row number -> (id, text) for ``rows``.
@@ -77,33 +101,15 @@ class TextStore:
         """
         if not len(rows):
             return {}
-        try:
-            connection = sqlite3.connect(self._uri, uri=True, check_same_thread=False)
-            try:
-                marks = ",".join("?" * len(rows))
-                found = connection.execute(
-                    f"SELECT row, id, text FROM texts WHERE row IN ({marks})",  # noqa: S608
-                    [int(r) for r in rows],
-                ).fetchall()
-            finally:
-                connection.close()
-        except sqlite3.Error as exc:
-            reason = str(exc).strip() or type(exc).__name__
-            raise IndexDamagedError(self.path, f"cannot be read by SQLite ({reason})") from None
+        marks = ",".join("?" * len(rows))
+        found = self._query(
+            f"SELECT row, id, text FROM texts WHERE row IN ({marks})",  # noqa: S608
+            [int(r) for r in rows],
+        )
         return {row: (ident, text) for row, ident, text in found}
 
     def all(self, rows: int | None = None) -> tuple[list[str], list[str]]:
         """(ids, texts) of rows 0 .. ``rows`` - 1 (default: every row), in row order."""
         limit = -1 if rows is None else int(rows)
-        try:
-            connection = sqlite3.connect(self._uri, uri=True, check_same_thread=False)
-            try:
-                found = connection.execute(
-                    "SELECT id, text FROM texts ORDER BY row LIMIT ?", (limit,)
-                ).fetchall()
-            finally:
-                connection.close()
-        except sqlite3.Error as exc:
-            reason = str(exc).strip() or type(exc).__name__
-            raise IndexDamagedError(self.path, f"cannot be read by SQLite ({reason})") from None
+        found = self._query("SELECT id, text FROM texts ORDER BY row LIMIT ?", (limit,))
         return [ident for ident, _ in found], [text for _, text in found]
