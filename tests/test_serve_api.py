@@ -352,7 +352,10 @@ def test_a_long_input_is_413_naming_the_limit_unless_truncated(server, encoder):
     )
     np.testing.assert_array_equal(left, encoder.encode([long], normalize=True))  # start cut
     ranked = post(server.url, "/rerank", {"query": long * 2, "texts": ["w1"] * 2})
-    assert ranked.status_code == 413 and "texts[0] has" in ranked.json()["error"]
+    assert ranked.status_code == 413 and ranked.json()["error"].startswith("query has ")
+    pair = post(server.url, "/rerank", {"query": "w1", "texts": ["w1", long * 2]})
+    assert pair.status_code == 413
+    assert pair.json()["error"].startswith("the pair (query, texts[1]) has ")
 
 
 def test_an_input_over_the_batch_budget_runs_alone(tiny, encoder):

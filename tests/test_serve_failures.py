@@ -21,7 +21,7 @@ pytest.importorskip("starlette")
 from clearformer.serve.batcher import Batcher, Job  # noqa: E402
 from clearformer.serve.errors import ApiError  # noqa: E402
 from clearformer.serve.models import Prepared  # noqa: E402
-from clearformer.serve.schemas import parse_openai_embeddings  # noqa: E402
+from clearformer.serve.schemas import parse_embed, parse_openai_embeddings  # noqa: E402
 from clearformer.serve.sparse import sparse_rows_body  # noqa: E402
 from clearformer.serve.waiting import wait_for_rows  # noqa: E402
 
@@ -35,6 +35,36 @@ def test_a_boolean_input_is_named_as_a_boolean_not_a_token_id():
     assert caught.value.status == 422 and caught.value.param == "input"
     with pytest.raises(ApiError, match="token-id arrays are not accepted"):
         parse_openai_embeddings({"input": ["a", 3]})  # a real token id still is one
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"inputs": "a", "normalize": "yes"}, "normalize must be true or false, got 'yes'"),
+        ({"inputs": "a", "truncate": 3}, "truncate must be true or false, got 3"),
+        (
+            {"inputs": "a", "truncate": "y" * 5_000},
+            "truncate must be true or false, got a string of 5,000 characters",
+        ),
+        (
+            {"inputs": "a", "truncate": -(10**3_999)},
+            "truncate must be true or false, got an integer of 4,000 digits",
+        ),
+        (
+            {"inputs": 10**3_999},
+            "inputs must be a string or a list of strings, got an integer of 4,000 digits",
+        ),
+        (
+            {"inputs": "a", "dimensions": -(10**50)},
+            "dimensions must be a positive integer, got an integer of 51 digits",
+        ),
+        ({"inputs": 3}, "inputs must be a string or a list of strings, got a number (3)"),
+    ],
+)
+def test_a_wrong_value_is_shown_in_its_message_but_never_at_length(body, message):
+    with pytest.raises(ApiError) as caught:
+        parse_embed(body)
+    assert caught.value.message == message and caught.value.status == 422
 
 
 def test_a_sparse_weight_json_cannot_write_is_a_500():

@@ -193,7 +193,17 @@ MALFORMED = {
     "not JSON": body("/embed", b"{", "embed", 400, "not valid JSON"),
     "empty": body("/embed", b"", "embed", 400, "not valid JSON"),
     "data after the value": body("/embed", b'{"inputs": "a"} x', "embed", 400, "not valid JSON"),
-    "not UTF-8": body("/embed", b'{"inputs": "\xff\xfe"}', "embed", 400, "not valid JSON"),
+    "not UTF-8": body("/embed", b'{"inputs": "\xff\xfe"}', "embed", 400, "it is not UTF-8"),
+    # json.loads alone would guess these encodings from the first bytes, and read them.
+    "UTF-16": body("/embed", '{"inputs": "a"}'.encode("utf-16"), "embed", 400, "not UTF-8"),
+    "UTF-16 without a BOM": body(
+        "/embed", '{"inputs": "a"}'.encode("utf-16-le"), "embed", 400, "not valid JSON"
+    ),
+    "UTF-32": body("/embed", '{"inputs": "a"}'.encode("utf-32"), "embed", 400, "not valid JSON"),
+    # Python's json reads these; JSON has no such values.
+    "NaN": body("/embed", b'{"inputs": "a", "dimensions": NaN}', "embed", 400, "NaN is not"),
+    "Infinity": body("/rerank", b'{"query": "a", "texts": ["b"], "x": Infinity}', "rerank", 400),
+    "-Infinity": body("/tokenize", b'{"inputs": "a", "x": [-Infinity]}', "tokenize", 400),
     "a number of 5,000 digits": body(
         "/embed", b'{"inputs": "a", "dimensions": ' + b"9" * 5_000 + b"}", "embed", 400
     ),
@@ -233,10 +243,10 @@ FIELDS = {
     "a lone surrogate": body("/embed", b'{"inputs": "\\ud800"}', "embed", 422, "U+D800"),
     "a body that is a list": fields([1, 2], 422, "must be a JSON object"),
     "normalize a string": fields({"inputs": "a", "normalize": "yes"}, 422, "true or false"),
-    "dimensions NaN": body(
-        "/embed", b'{"inputs": "a", "dimensions": NaN}', "embed", 422, "dimensions"
-    ),
     "dimensions too wide": fields({"inputs": "a", "dimensions": 17}, 422, "width of 16"),
+    "dimensions of 4,000 digits": fields(
+        {"inputs": "a", "dimensions": 10**3_999}, 422, "width of 16, got an integer of 4,000 digits"
+    ),
     "a direction nested deep": fields(
         {"inputs": "a", "truncation_direction": [[[[[]]]]]}, 422, "got a list"
     ),

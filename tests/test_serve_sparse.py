@@ -152,3 +152,25 @@ def test_each_side_keeps_its_own_length_limit(dirs, tmp_path):
         # Documents keep the server's (the document side's) longer limit.
         document = served.prepare_sparse([text], task="document", truncate=False)
         assert len(document.encodings[0].ids) > limit
+
+
+def test_prompt_name_is_refused_where_no_named_prompt_applies(dirs):
+    """The task picks a sparse model's prompt: a prompt_name on /embed_sparse, or on /tokenize
+    for a sparse model, would be taken and not applied."""
+    config = ServeConfig(port=0, workers=1)
+    with running_server(config, [ModelSpec(str(dirs["splade"]), "splade")]) as server:
+        post = lambda path, body: httpx.post(server.url + path, json=body, timeout=30)  # noqa: E731
+        sparse = post("/embed_sparse", {"inputs": ["a"], "prompt_name": "query"})
+        assert sparse.status_code == 422
+        assert sparse.json()["error"] == (
+            "prompt_name must be left out on /embed_sparse, where task ('query' or 'document') "
+            "picks the model's prompt, got 'query'"
+        )
+        tokens = post("/tokenize", {"inputs": ["a"], "prompt_name": "query"})
+        assert tokens.status_code == 422
+        assert tokens.json()["error"] == (
+            "prompt_name must be left out for model 'splade', a sparse model: it names an "
+            "embedding model's prompt, got 'query'"
+        )
+        assert post("/embed_sparse", {"inputs": ["a"], "task": "query"}).status_code == 200
+        assert post("/tokenize", {"inputs": ["a"]}).status_code == 200

@@ -9,6 +9,7 @@ flags are :class:`clearformer.serve.ServeConfig`'s fields; docs/serving.md descr
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -27,8 +28,9 @@ def positive_float(value: str) -> float:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}") from None
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    # inf and nan parse as floats, but a timeout of either breaks the waits built on it.
+    if not (number > 0 and math.isfinite(number)):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {value}")
     return number
 
 
@@ -189,11 +191,10 @@ def run(args: argparse.Namespace) -> int:
                     f"--model {spec.path}: a {kind} model runs on the CPU here; --device "
                     f"{args.device} places embedding and reranking models only"
                 )
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE)
     config = ServeConfig(
         host=args.host,
         port=args.port,
-        api_key=api_key or None,
+        api_key=_api_key(args.api_key),
         max_batch_tokens=args.max_batch_tokens,
         max_concurrent_requests=args.max_concurrent_requests,
         max_client_batch_size=args.max_client_batch_size,
@@ -214,6 +215,36 @@ def run(args: argparse.Namespace) -> int:
     # A forward pass left running by a forced stop cannot outlive a normal interpreter exit
     # (run_server's _leave): the command ends the process there instead.
     return run_server(config, specs, report=_report, exit_when_busy=True)
+
+
+def _api_key(flag: str | None) -> str | None:
+    """The key from ``--api-key``, else from the environment, else None (no key). An empty
+    one is refused: taken as "no key", a key meant to be set (``--api-key "$KEY"`` with
+    ``KEY`` unset) would leave the server open without a word."""
+    from ..cli import CliError
+    from ..serve.config import check_api_key
+
+    if flag is not None:
+        if not flag:
+            raise CliError(
+                "--api-key: expected a key, got an empty value (leave the flag out to serve "
+                "without a key)"
+            )
+        key, source = flag, "--api-key"
+    else:
+        key, source = os.environ.get(API_KEY_VARIABLE), API_KEY_VARIABLE
+        if key is None:
+            return None
+        if not key:
+            raise CliError(
+                f"{API_KEY_VARIABLE} is set but empty: set it to the key, or unset it to serve "
+                "without a key"
+            )
+    try:
+        check_api_key(key, source)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return key
 
 
 def _report(message: str) -> None:

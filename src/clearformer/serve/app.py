@@ -103,6 +103,9 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={404: _counted(state, _not_found), 405: _counted(state, _not_allowed)},
     )
+    # Starlette answers "/embed/" with a 307 to "/embed" of its own, before the key is checked
+    # and past the metrics: every path no route has is a counted 404 here.
+    app.router.redirect_slashes = False
     app.state.serve = state
     return app
 
@@ -193,7 +196,16 @@ async def _not_found(request: Request, exc) -> Response:
 
 async def _not_allowed(request: Request, exc) -> Response:
     api = "openai" if request.url.path.startswith("/v1/") else "tei"
-    error = ApiError("NotFound", f"{request.method} is not allowed on {request.url.path}")
+    # The route's methods, which a 405 must name in Allow (RFC 9110, 15.5.6); Starlette
+    # lists them from a set, in an order that changes from one process to the next.
+    headers = dict(getattr(exc, "headers", None) or {})
+    takes = ""
+    if headers.get("Allow"):
+        headers["Allow"] = ", ".join(sorted(m.strip() for m in headers["Allow"].split(",")))
+        takes = f": it takes {headers['Allow']}"
+    error = ApiError(
+        "NotFound", f"{request.method} is not allowed on {request.url.path}{takes}", headers=headers
+    )
     response = _error(error, api)
     response.status_code = 405
     return response

@@ -8,6 +8,7 @@ deployment moved from one to the other behaves alike at its edges.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..checks import check_bool, check_choice, check_int, check_positive_float, check_positive_int
@@ -57,16 +58,20 @@ class ServeConfig:
         if not isinstance(self.host, str) or not self.host:
             raise ValueError(f"host must be a non-empty str, got {self.host!r}")
         check_int(self.port, "port", low=0, high=65536)
-        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
-            # The key itself is never repeated in a message.
-            raise ValueError("api_key must be a non-empty str or None")
+        if self.api_key is not None:
+            check_api_key(self.api_key, "api_key")
         check_positive_int(self.max_batch_tokens, "max_batch_tokens")
         check_positive_int(self.max_concurrent_requests, "max_concurrent_requests")
         check_positive_int(self.max_client_batch_size, "max_client_batch_size")
         check_positive_int(self.max_input_tokens, "max_input_tokens", optional=True)
         check_positive_int(self.payload_limit, "payload_limit")
-        check_positive_float(self.request_timeout, "request_timeout")
-        check_positive_float(self.graceful_timeout, "graceful_timeout")
+        for name in ("request_timeout", "graceful_timeout"):
+            value = getattr(self, name)
+            check_positive_float(value, name)
+            # A timeout of inf passes that check but not the waits it bounds (a thread's
+            # join, the drain's), which fail with OverflowError at shutdown.
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
         check_positive_int(self.workers, "workers", optional=True)
         check_bool(self.fixed_threads, "fixed_threads")
         check_precision(self.precision)
@@ -80,3 +85,25 @@ class ServeConfig:
                 f"precision={self.precision!r} runs on CPUs only; with device={self.device!r} "
                 f"use 'bf16' or 'float32'"
             )
+
+
+def check_api_key(key, name: str) -> None:
+    """ValueError (TypeError for a non-str) unless ``key`` is a key a client can send: a
+    non-empty str of printable ASCII, without spaces at its ends. A Bearer token is ASCII
+    (RFC 6750), and the server reads the header as the bytes sent and strips its ends: any
+    other key could never match, and would lock every client out. The key itself is never
+    repeated in a message."""
+    if not isinstance(key, str):
+        raise TypeError(f"{name} must be a str, got {type(key).__name__}")
+    if not key:
+        raise ValueError(f"{name} must be a non-empty str, got an empty one")
+    if not (key.isascii() and key.isprintable()):
+        raise ValueError(
+            f"{name} must be printable ASCII, as a Bearer token is (RFC 6750), got a key with "
+            "another character, which no client could send"
+        )
+    if key != key.strip():
+        raise ValueError(
+            f"{name} must not start or end with a space, which the server strips from the "
+            "header it compares, got a key that does"
+        )

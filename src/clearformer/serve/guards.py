@@ -60,8 +60,18 @@ async def read_json(request: Request, config: ServeConfig):
     except ClientDisconnect:
         raise ClientGone from None
     try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        # JSON between systems is UTF-8 (RFC 8259, 8.1); json.loads would guess UTF-16 or
+        # UTF-32 from a body's first bytes and read what no client meant to send.
+        text = bytes(body).decode("utf-8-sig")  # a BOM ignored, as RFC 8259 allows
+    except UnicodeDecodeError as exc:
+        raise ApiError(
+            "Malformed",
+            f"the body is not valid JSON: it is not UTF-8 (byte 0x{body[exc.start]:02x} at "
+            f"offset {exc.start:,})",
+        ) from None
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:
         raise ApiError("Malformed", f"the body is not valid JSON: {exc}") from None
     except RecursionError:
         # Arrays or objects nested about a thousand deep (a kilobyte of "[") exhaust the
@@ -70,6 +80,11 @@ async def read_json(request: Request, config: ServeConfig):
             "Malformed",
             "the body is not valid JSON here: its arrays or objects nest too deeply to be read",
         ) from None
+
+
+def _no_constant(name: str):
+    # Python's json reads NaN and Infinity, which JSON does not have (RFC 8259, 6).
+    raise ValueError(f"{name} is not a JSON value (JSON has no NaN or infinity)")
 
 
 async def _read(request: Request, body: bytearray, limit: int) -> None:

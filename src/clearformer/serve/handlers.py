@@ -18,10 +18,16 @@ from starlette.responses import Response
 from .errors import ApiError
 from .guards import check_count, read_json
 from .render import check_finite, embed_body, json_body, openai_embeddings_body
-from .schemas import parse_embed, parse_openai_embeddings, parse_rerank, parse_tokenize
+from .schemas import (
+    _shown,
+    parse_embed,
+    parse_openai_embeddings,
+    parse_rerank,
+    parse_tokenize,
+)
 from .sparse import parse_embed_sparse, sparse_rows_body
 from .state import ServerState
-from .waiting import wait_for_rows
+from .waiting import deadline_of, timed_out, wait_for_rows
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -113,7 +119,7 @@ async def _embeddings(state: ServerState, request: Request, parsed, *, field: st
         raise ApiError(
             "Validation",
             f"dimensions must be at most model {model.name!r}'s width of {model.width}, got "
-            f"{parsed.dimensions}",
+            f"{_shown(parsed.dimensions)}",
             param="dimensions",
         )
     if parsed.dimensions is not None:
@@ -217,13 +223,22 @@ def tokenize(state: ServerState) -> Handler:
         parsed = parse_tokenize(await read_json(request, state.config))
         model = state.any_model(parsed.model)
         check_count(len(parsed.inputs), state.config, "inputs")
-        tokens = await asyncio.to_thread(
+        deadline = deadline_of(state, request)
+        # The answer is written on the worker thread too: for a body near the size limit it
+        # is tens of megabytes of JSON, seconds of work that would hold every other request.
+        work = asyncio.to_thread(
             model.tokenize,
             parsed.inputs,
             add_special_tokens=parsed.add_special_tokens,
             prompt_name=parsed.prompt_name,
+            deadline=deadline,
         )
-        return _json(tokens)
+        try:
+            body = await asyncio.wait_for(work, max(0.0, deadline - time.monotonic()))
+        except (asyncio.TimeoutError, TimeoutError):
+            # Answered at the deadline; the thread stops at its next look at the deadline.
+            raise timed_out(state) from None
+        return Response(body, media_type="application/json")
 
     return tokenize
 

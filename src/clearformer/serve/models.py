@@ -25,8 +25,9 @@ from ..interop.hf.bundled import BUNDLED_NAME
 from ..interop.hf.tokenizer import check_texts
 from ..text.prompts import choose_prompt
 from .errors import ApiError
-from .prompt_cut import keep_prompts, prompt_tokens
-from .schemas import DIRECTIONS
+from .prompt_cut import input_head, keep_prompts, prompt_tokens
+from .render import tokens_body
+from .schemas import DIRECTIONS, _shown
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +163,13 @@ class ServedModel:
             texts = [prompt + text for text in texts]
         encodings = self._tokenizers[direction].encode(texts)
         if not truncate:
-            self._refuse_long(encodings, lambda i: self._full.encode(texts[i]), field)
+            self._refuse_long(encodings, lambda i: count_tokens(self._full, texts[i]), field)
         elif prompt is not None and direction == "left":
-            keep = prompt_tokens(self._full, prompt)
-            encodings = keep_prompts(encodings, lambda i: self._full.encode(texts[i]), keep)
+            encodings = keep_prompts(
+                encodings,
+                lambda i: self._full.encode(input_head(prompt, texts[i])),
+                prompt_tokens(self._full, prompt),
+            )
         return Prepared(encodings, EmbedOptions(normalize=normalize, skip=skip))
 
     def prepare_pairs(
@@ -187,10 +191,15 @@ class ServedModel:
         pairs = [(first, text) for text in texts]
         encodings = self._tokenizers[direction].encode_pairs(pairs)
         if not truncate:
-            self._refuse_long(encodings, lambda i: self._full.encode(*pairs[i]), "texts")
+            self._refuse_long_pair(encodings, pairs, prompt is not None)
         elif prompt is not None and direction == "left":
-            keep = prompt_tokens(self._full, prompt)
-            encodings = keep_prompts(encodings, lambda i: self._full.encode(*pairs[i]), keep)
+            encodings = keep_prompts(
+                encodings,
+                lambda i: self._full.encode(
+                    input_head(prompt, pairs[i][0]), input_head("", pairs[i][1])
+                ),
+                prompt_tokens(self._full, prompt),
+            )
         return Prepared(encodings, activation)
 
     def run(self, encodings: list, options: Any) -> np.ndarray:
@@ -221,12 +230,23 @@ class ServedModel:
         self.run(prepared.encodings, prepared.options)
 
     def tokenize(
-        self, texts: list[str], *, add_special_tokens: bool, prompt_name: str | None
-    ) -> list[list[dict]]:
-        """TEI's ``/tokenize`` answer: per text, its tokens as ``{id, text, special, start,
-        stop}``, untruncated; ``start``/``stop`` are character offsets into the text (with the
-        prompt, if any), ``text`` the characters a token covers (a special token's own
-        string, with null offsets)."""
+        self,
+        texts: list[str],
+        *,
+        add_special_tokens: bool,
+        prompt_name: str | None,
+        deadline: float | None = None,
+    ) -> bytes:
+        """TEI's ``/tokenize`` answer, as JSON: per text, its tokens as ``{id, text, special,
+        start, stop}``, untruncated; ``start``/``stop`` are character offsets into the text
+        (with the prompt, if any), ``text`` the characters a token covers (a special token's
+        own string, with null offsets). ``prompt_name`` is an embedding model's alone: any
+        other model refuses it (422).
+
+        Raises:
+            TimeoutError: ``deadline`` (``time.monotonic()``) passed: nobody waits for the
+                answer any more, and the work stops.
+        """
         _check_unicode(texts, "inputs")
         if self.kind == "embed":
             try:
@@ -235,35 +255,15 @@ class ServedModel:
                 raise ApiError("Validation", str(exc), param="prompt_name") from None
             if prompt is not None:
                 texts = [prompt + text for text in texts]
+        elif prompt_name is not None:
+            raise ApiError(
+                "Validation",
+                f"prompt_name must be left out for model {self.name!r}, a {self.kind} model: "
+                f"it names an embedding model's prompt, got {_shown(prompt_name)}",
+                param="prompt_name",
+            )
         encodings = self._full.encode_batch(texts, add_special_tokens=add_special_tokens)
-        out = []
-        for text, enc in zip(texts, encodings, strict=True):
-            tokens = []
-            for token_id, token, special, (start, stop) in zip(
-                enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True
-            ):
-                if special:
-                    tokens.append(
-                        {
-                            "id": token_id,
-                            "text": token,
-                            "special": True,
-                            "start": None,
-                            "stop": None,
-                        }
-                    )
-                else:
-                    tokens.append(
-                        {
-                            "id": token_id,
-                            "text": text[start:stop],
-                            "special": False,
-                            "start": start,
-                            "stop": stop,
-                        }
-                    )
-            out.append(tokens)
-        return out
+        return tokens_body(texts, encodings, deadline)
 
     def info(self) -> dict:
         """What ``/info`` says of this model (TEI's ``model_type`` shape)."""
@@ -288,18 +288,43 @@ class ServedModel:
     def _refuse_long(
         self,
         encodings: list,
-        full_encoding,
+        count,
         field: str,
         *,
         limit: int | None = None,
         task: str | None = None,
     ) -> None:
-        """A 413 for the first input cut short; ``limit`` and ``task`` as :meth:`_too_long`'s
-        (a side's own limit, where it is shorter than the model's)."""
+        """A 413 for the first input cut short, with its whole length (``count(i)``);
+        ``limit`` and ``task`` as :meth:`_too_long`'s (a side's own limit, where it is shorter
+        than the model's)."""
         for i, enc in enumerate(encodings):
             if enc.overflowing:
-                count = len(full_encoding(i).ids)
-                raise self._too_long(i, count, field, limit=limit, task=task)
+                raise self._too_long(i, count(i), field, limit=limit, task=task)
+
+    def _refuse_long_pair(self, encodings: list, pairs: list, prompted: bool) -> None:
+        """A 413 for the first pair cut short, naming the query where it alone is over the
+        limit (no text would fit beside it), else the pair."""
+        for i, enc in enumerate(encodings):
+            if not enc.overflowing:
+                continue
+            limit = self.max_input_tokens
+            send = f'send "truncate": true to cut the pair to {limit}'
+            query = count_tokens(self._full, pairs[i][0])
+            if query > limit:
+                prompt = " with the model's prompt" if prompted else ""
+                raise ApiError(
+                    "TooLarge",
+                    f"query has {query} tokens{prompt}, over the limit of {limit} tokens per "
+                    f"(query, text) pair of model {self.name!r}, whatever the text; {send}",
+                    param="query",
+                )
+            count = count_tokens(self._full, pairs[i])
+            raise ApiError(
+                "TooLarge",
+                f"the pair (query, texts[{i}]) has {count} tokens, over the limit of {limit} "
+                f"tokens per (query, text) pair of model {self.name!r}; {send}",
+                param="texts",
+            )
 
     def _too_long(
         self, i: int, count: int, field: str, *, limit: int | None = None, task: str | None = None
@@ -362,6 +387,16 @@ def load_model(
     return ServedModel(
         name, model, kind, max_input_tokens=limit, precision=precision, aliases=aliases
     )
+
+
+def count_tokens(tokenizer, item, *, add_special_tokens: bool = True) -> int:
+    """Tokens of one input (a text, or a (first, second) pair), untruncated by ``tokenizer``
+    (a ``tokenizers.Tokenizer``). Through a batch call: tokenizers' single-input ``encode``
+    holds the GIL for the whole text, about a second for a body near the size limit, which
+    would stop every other request and ``/health`` meanwhile; its batch calls release it."""
+    batch = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
+    (encoding,) = batch([item], add_special_tokens=add_special_tokens)
+    return len(encoding.ids)
 
 
 def _copy(tokenizer):

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import numpy as np
 
 from .errors import ApiError
 
 _ROW_FORMATS: dict[int, str] = {}  # width -> "[%.9g,%.9g,...]"
+# Tokens written per json.dumps call in a /tokenize answer. json.dumps holds the GIL for the
+# whole of a call (half a second for the 27 MB answer to a body near the size limit), and the
+# event loop runs only between calls.
+TOKENS_PER_PIECE = 4096
 
 
 def json_body(payload) -> bytes:
@@ -68,6 +73,51 @@ def openai_embeddings_body(rows: np.ndarray, encoding: str, model: str, tokens: 
     usage = f'{{"prompt_tokens":{tokens},"total_tokens":{tokens}}}'
     name = json.dumps(model, ensure_ascii=False)
     return f'{{"object":"list","data":[{data}],"model":{name},"usage":{usage}}}'.encode()
+
+
+def tokens_body(texts: list[str], encodings: list, deadline: float | None = None) -> bytes:
+    """TEI's ``/tokenize`` answer for ``texts`` and their ``tokenizers.Encoding`` s: per text,
+    its tokens as ``{id, text, special, start, stop}`` (a special token: its own string and
+    null offsets).
+
+    Raises:
+        TimeoutError: ``deadline`` (``time.monotonic()``) passed before the answer was written.
+    """
+    answers = []
+    for text, encoding in zip(texts, encodings, strict=True):
+        # Each of an Encoding's attributes is a new list on every read: read once.
+        ids, tokens, special = encoding.ids, encoding.tokens, encoding.special_tokens_mask
+        offsets = encoding.offsets
+        pieces = []
+        for first in range(0, len(ids), TOKENS_PER_PIECE):
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("the /tokenize answer was not written by its deadline")
+            piece = []
+            for j in range(first, min(first + TOKENS_PER_PIECE, len(ids))):
+                if special[j]:
+                    piece.append(
+                        {
+                            "id": ids[j],
+                            "text": tokens[j],
+                            "special": True,
+                            "start": None,
+                            "stop": None,
+                        }
+                    )
+                else:
+                    start, stop = offsets[j]
+                    piece.append(
+                        {
+                            "id": ids[j],
+                            "text": text[start:stop],
+                            "special": False,
+                            "start": start,
+                            "stop": stop,
+                        }
+                    )
+            pieces.append(json.dumps(piece, ensure_ascii=False, separators=(",", ":"))[1:-1])
+        answers.append("[" + ",".join(pieces) + "]")
+    return ("[" + ",".join(answers) + "]").encode()
 
 
 def check_finite(rows: np.ndarray) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from .errors import ApiError
 
 ENCODING_FORMATS = ("float", "base64")
+SHOWN = 40  # characters of a wrong string or number a message repeats; a longer one is described
 DIRECTIONS = ("right", "left")  # which end of a too-long input truncation cuts
 
 
@@ -92,7 +93,7 @@ def parse_openai_embeddings(body: Any) -> EmbedRequest:
     if encoding not in ENCODING_FORMATS:
         raise ApiError(
             "Validation",
-            f"encoding_format must be one of {list(ENCODING_FORMATS)}, got {encoding!r}",
+            f"encoding_format must be one of {list(ENCODING_FORMATS)}, got {_shown(encoding)}",
             param="encoding_format",
         )
     return EmbedRequest(
@@ -174,7 +175,7 @@ def _flag(body: dict, name: str, default: bool | None) -> bool | None:
         return default
     if not isinstance(value, bool):
         raise ApiError(
-            "Validation", f"{name} must be true or false, got {_kind(value)}", param=name
+            "Validation", f"{name} must be true or false, got {_shown(value)}", param=name
         )
     return value
 
@@ -217,10 +218,17 @@ def _shown(value: Any) -> str:
     """A wrong value as a message shows it: a string or a number itself, anything else by its
     kind (a list or an object may be nested a thousand deep, or megabytes long)."""
     if isinstance(value, str):
-        return repr(value) if len(value) <= 40 else f"a string of {len(value):,} characters"
+        return repr(value) if len(value) <= SHOWN else f"a string of {len(value):,} characters"
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return repr(value)
+        return _number(value)
     return _kind(value)
+
+
+def _number(value: int | float) -> str:
+    """A number as a message shows it: itself, or how long it is where it is too long to
+    repeat (JSON integers of thousands of digits parse)."""
+    text = repr(value)
+    return text if len(text) <= SHOWN else f"an integer of {len(text.lstrip('-')):,} digits"
 
 
 def _kind(value: Any) -> str:
@@ -230,7 +238,8 @@ def _kind(value: Any) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int | float):
-        return f"a number ({value!r})"
+        shown = _number(value)
+        return f"a number ({shown})" if shown == repr(value) else shown
     if isinstance(value, str):
         return "a string"
     if isinstance(value, list):

@@ -10,8 +10,8 @@ the encoder's own ``weights`` (packed rows, chunked pooling), so a row is ``enco
 The body is TEI's: ``{"inputs": "text" | ["text", ...], "truncate": false,
 "truncation_direction": "right", "model": ...}``, and beyond TEI's, ``"task": "query"`` for
 the query side of an inference-free model (default ``"document"``: the SPLADE side, TEI's only
-one). The answer: per input, its non-zero weights as ``[{"index": i, "value": v}, ...]`` in
-index order.
+one). The task picks the prompt: TEI's ``prompt_name`` is refused (422). The answer: per
+input, its non-zero weights as ``[{"index": i, "value": v}, ...]`` in index order.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import ApiError
-from .models import Prepared, ServedModel, _check_unicode, _copy
-from .prompt_cut import keep_prompts, prompt_tokens
+from .models import Prepared, ServedModel, _check_unicode, _copy, count_tokens
+from .prompt_cut import input_head, keep_prompts, prompt_tokens
 from .render import check_finite, json_body
-from .schemas import DIRECTIONS, _direction, _flag, _object, _optional, _texts
+from .schemas import DIRECTIONS, _direction, _flag, _object, _optional, _shown, _texts
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +52,20 @@ class EmbedSparseRequest:
 
 def parse_embed_sparse(body) -> EmbedSparseRequest:
     body = _object(body)
+    if body.get("prompt_name") is not None:
+        # TEI's body has it; here the task picks a sparse model's prompt, and a name taken
+        # without being applied would give other weights than the client asked for.
+        raise ApiError(
+            "Validation",
+            "prompt_name must be left out on /embed_sparse, where task ('query' or "
+            f"'document') picks the model's prompt, got {_shown(body['prompt_name'])}",
+            param="prompt_name",
+        )
     task = _optional(body, "task", str, "a string")
     task = "document" if task is None else task  # an empty string is not a task
     if task not in TASKS:
         raise ApiError(
-            "Validation", f"task must be one of {list(TASKS)}, got {task!r}", param="task"
+            "Validation", f"task must be one of {list(TASKS)}, got {_shown(task)}", param="task"
         )
     return EmbedSparseRequest(
         inputs=_texts(body, "inputs"),
@@ -135,12 +144,20 @@ class SparseServedModel(ServedModel):
             texts, add_special_tokens=specials
         )
         full = self._untruncated[task]
-        whole = lambda i: full.encode(texts[i], add_special_tokens=specials)  # noqa: E731
         if not truncate:
-            self._refuse_long(encodings, whole, "inputs", limit=self._limits[task], task=task)
+            self._refuse_long(
+                encodings,
+                lambda i: count_tokens(full, texts[i], add_special_tokens=specials),
+                "inputs",
+                limit=self._limits[task],
+                task=task,
+            )
         elif prompt and direction == "left":
-            keep = prompt_tokens(full, prompt, add_special_tokens=specials)
-            encodings = keep_prompts(encodings, whole, keep)
+            encodings = keep_prompts(
+                encodings,
+                lambda i: full.encode(input_head(prompt, texts[i]), add_special_tokens=specials),
+                prompt_tokens(full, prompt, add_special_tokens=specials),
+            )
         return Prepared(encodings, SparseOptions(task))
 
     def run(self, encodings: list, options: SparseOptions) -> np.ndarray:
@@ -157,9 +174,6 @@ class SparseServedModel(ServedModel):
         for task in TASKS:
             prepared = self.prepare_sparse([WARM_UP_TEXT], task=task, truncate=True)
             self.run(prepared.encodings, prepared.options)
-
-    def tokenize(self, texts, *, add_special_tokens: bool, prompt_name: str | None):
-        return super().tokenize(texts, add_special_tokens=add_special_tokens, prompt_name=None)
 
     def info(self) -> dict:
         return {

@@ -22,6 +22,7 @@ from .config import ServeConfig
 from .errors import ApiError
 from .metrics import ServerMetrics
 from .models import ModelSpec, ServedModel
+from .schemas import _shown
 from .token_models import load_served_model
 
 log = logging.getLogger(__name__)
@@ -259,7 +260,7 @@ class ServerState:
         if model is None:
             raise ApiError(
                 "NotFound",
-                f"model {name!r} is not served here; served: {self._listing()}",
+                f"model {_shown(name)} is not served here; served: {self._listing()}",
                 param="model",
             )
         if not model.serves(kind):
@@ -279,7 +280,7 @@ class ServerState:
         if model is None:
             raise ApiError(
                 "NotFound",
-                f"model {name!r} is not served here; served: {self._listing()}",
+                f"model {_shown(name)} is not served here; served: {self._listing()}",
                 param="model",
             )
         return model

@@ -20,7 +20,7 @@ from ..devices import check_device
 from ..model_kinds import model_kind
 from ..precision.names import is_int8
 from .errors import ApiError
-from .models import Prepared, ServedModel, _check_unicode, _copy, load_model
+from .models import Prepared, ServedModel, _check_unicode, _copy, count_tokens, load_model
 from .sparse import load_sparse
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class TokenVectorModel(ServedModel):
             for i, row in enumerate(rows):
                 # Only a text that fills the limit may have been cut: count it whole.
                 if len(row.ids) >= self.max_input_tokens:
-                    count = len(self._full.encode(texts[i]).ids)
+                    count = count_tokens(self._full, texts[i])
                     if count > self.max_input_tokens:
                         raise self._too_long(i, count, field)
         return Prepared(rows, TokenOptions(output, side))
@@ -156,9 +156,6 @@ class TokenVectorModel(ServedModel):
         output = "dense" if self.kind == "bge-m3" else "colbert"
         prepared = self.prepare_tokens([WARM_UP_TEXT], output=output, side=side, field="warm-up")
         self.run(prepared.encodings, prepared.options)
-
-    def tokenize(self, texts, *, add_special_tokens: bool, prompt_name: str | None):
-        return super().tokenize(texts, add_special_tokens=add_special_tokens, prompt_name=None)
 
     def info(self) -> dict:
         return {

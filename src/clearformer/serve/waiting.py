@@ -15,7 +15,7 @@ from .errors import ApiError, ClientGone
 from .models import Prepared, ServedModel
 from .state import ServerState
 
-__all__ = ["ClientGone", "disconnected", "wait_for_rows"]
+__all__ = ["ClientGone", "deadline_of", "disconnected", "timed_out", "wait_for_rows"]
 
 
 async def wait_for_rows(
@@ -53,11 +53,23 @@ async def wait_for_rows(
     _give_up(batcher, job)
     if gone in done:
         raise ClientGone
-    raise ApiError(
+    raise timed_out(state)
+
+
+def deadline_of(state: ServerState, request: Request) -> float:
+    """When the request's ``request_timeout`` ends (``time.monotonic()``): as the app's wrapper
+    set it at its arrival, else from now."""
+    deadline = getattr(request.state, "deadline", None)
+    return time.monotonic() + state.config.request_timeout if deadline is None else deadline
+
+
+def timed_out(state: ServerState) -> ApiError:
+    """The 503 of a request not answered within ``request_timeout``."""
+    return ApiError(
         "Unhealthy",
         f"the request was not answered within {state.config.request_timeout:g} s "
         "(request_timeout); its work was dropped",
-        headers={"Retry-After": str(batcher.retry_after())},
+        headers={"Retry-After": str(state.batcher.retry_after())},
     )
 
 
