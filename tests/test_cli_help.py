@@ -72,6 +72,16 @@ def test_every_option_that_takes_a_value_names_its_default():
     assert missing == []
 
 
+def test_every_help_is_text_a_person_can_read():
+    # argparse formats each help with "%": a stray "%" in a help built from a comment ("30%
+    # slower") printed the whole action's dict into --help.
+    for name, parser in _parsers(build_parser()):
+        shown = parser.format_help()
+        assert "option_strings" not in shown, name
+    train = dict(_parsers(build_parser()))["clearformer train"].format_help()
+    assert "30% slower" in " ".join(train.split())
+
+
 def test_the_search_and_rerank_help_names_how_many_results(capsys):
     for command in ("search", "rerank"):
         with pytest.raises(SystemExit):

@@ -101,6 +101,17 @@ def test_eval_mode_flags_are_checked_before_any_work(tiny, tmp_path):
     assert not (tmp_path / "i").exists()
 
 
+def test_a_kind_asked_of_a_lone_dense_index_names_no_flag_eval_lacks(tiny, tmp_path):
+    # eval has no --kind: the refusal says what the folder is and what to do, in its words.
+    model, beir = tiny
+    dense = cli("eval", "--data", str(beir), "--model", str(model), "--index",
+                str(tmp_path / "d.idx"), "--no-progress")  # fmt: skip
+    assert dense.returncode == 0, dense.stderr
+    result = cli("eval", "--data", str(beir), "--mode", "bm25", "--index", str(tmp_path / "d.idx"))
+    assert result.returncode == 2 and "dense index built on its own" in result.stderr
+    assert "--kind" not in result.stderr
+
+
 def test_a_kind_is_embedded_in_the_precision_asked(tiny, tmp_path):
     from clearformer import MultiVectorEncoder
 

@@ -51,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default = f.default if f.default is not MISSING else None
         what = comments.get(f.name, "")
         helptext = f"{what} (default {default!r})" if what else f"default {default!r}"
+        helptext = helptext.replace("%", "%%")  # argparse formats help with %: "30%" is text
         common = {"dest": f"set_{f.name}", "default": argparse.SUPPRESS, "help": helptext}
         if f.type == "bool":
             group.add_argument(flag, action=argparse.BooleanOptionalAction, **common)

@@ -127,7 +127,8 @@ def ensure_texts(root: Path, texts: list[str], ids: list[str]) -> str:
     damaged store is written again."""
     if (root / layout.CURRENT).exists() and not is_collection(root):
         raise ValueError(
-            f"{root} is a dense index built without --kind; give --kind indexes a new folder"
+            f"{root} is a dense index built on its own (without a kind): a sparse, "
+            "multi-vector or BM25 index goes into a folder of kinds, at another path"
         )
     content = content_hash(texts, ids)
     folder = root / TEXTS_DIR
