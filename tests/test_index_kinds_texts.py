@@ -188,3 +188,29 @@ def test_a_damaged_database_of_an_add_with_the_record_lost_is_refused(added):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{database} is damaged too" in lines[0]
     assert "--corpus" in lines[0]
+
+
+def test_a_dense_kind_of_other_texts_than_the_store_is_refused(tmp_path):
+    # The dense kind keeps its own texts; hybrid results take each row's text from the store.
+    # The store damaged and written again by a build of other texts (as many rows) must not
+    # be fused with the dense rows of the first texts.
+    import shutil
+
+    from clearformer import TextEncoder
+
+    from .index_helpers import tiny_model
+
+    dense = TextEncoder.from_pretrained(tiny_model(tmp_path / "tiny"))
+    root = tmp_path / "idx"
+    build_index(root, TEXTS, dense, kind="dense", ids=IDS)
+    assert HybridIndex.open(root, [dense]).search("w1 w2", k=3)
+    shutil.rmtree(root / "texts")
+    other = word_corpus(40, seed=99)
+    build_index(root, other, kind="bm25", ids=IDS)
+    with pytest.raises(layout.IndexDamagedError, match="dense.*meta.json.*records texts"):
+        HybridIndex.open(root, [dense])
+    with pytest.raises(layout.IndexDamagedError, match="records texts"):
+        add_to_kinds(root, MORE, [dense], ids=MORE_IDS)
+    build_index(root, other, dense, kind="dense", ids=IDS)  # the same build repairs it
+    hits = HybridIndex.open(root, [dense]).search("w1 w2", k=40)
+    assert {hit.text for hit in hits} == set(other)

@@ -179,6 +179,24 @@ def texts_file(record: dict[str, Any]) -> str:
     return record.get("file", layout.TEXTS)
 
 
+def check_dense_holds_store(root: Path, index: Any) -> None:
+    """IndexDamagedError unless the dense kind ``index`` of the folder of kinds ``root`` holds
+    the texts store's rows: its last write records the store's hash it was made with (a
+    dense kind written before it did is taken as it is). The dense kind keeps its own texts,
+    so nothing else ties its rows to the store the other kinds and the fused results read."""
+    content = index.meta["segments"][-1].get("source", {}).get("texts_store")
+    if content is None:
+        return
+    _, record = open_texts(root)
+    if not holds_state(record, index.rows, content):
+        meta = layout.generation_dir(root / "dense", index.generation) / layout.META
+        raise layout.IndexDamagedError(
+            meta,
+            f"records texts {content[:12]} of {index.rows} rows, but {root / TEXTS_DIR} holds "
+            f"{record['content'][:12]} of {record['rows']} rows",
+        )
+
+
 def holds_state(record: dict[str, Any], rows: int, content: str | None) -> bool:
     """Whether the store's first ``rows`` rows are the texts of hash ``content``: its current
     state, or one it had before an add (an add only appends, so that state is a prefix)."""

@@ -24,6 +24,7 @@ from .collection import (
     KINDS,
     KindNotFoundError,
     KindsDisagreeError,
+    check_dense_holds_store,
     ensure_texts,
     is_collection,
     kinds_present,
@@ -113,7 +114,9 @@ def build_kind_index(
         raise ValueError(f"a {kind} index needs a model: give encoder")
     view = encoder_for(kind, encoder, "encoder")  # a model of another kind is refused here
     if kind == "dense":
-        ensure_texts(root, texts, ids)
+        content = ensure_texts(root, texts, ids)
+        # The store's hash in the write's record ties the dense rows to the store's.
+        dense_options["source"] = {**(dense_options.get("source") or {}), "texts_store": content}
         if progress is not None:
             dense_options["progress"] = progress
         if batch_size is not None:
@@ -141,10 +144,14 @@ def open_kind_index(path: str | os.PathLike, kind: str, encoder: Any = None):
     root = Path(path)
     require_kind(root, kind, "mode")
     if kind == "dense":
-        dense_root = root / "dense" if is_collection(root) else root
-        return VectorIndex.open(
-            dense_root, None if encoder is None else encoder_for("dense", encoder)
+        collection = is_collection(root)
+        index = VectorIndex.open(
+            root / "dense" if collection else root,
+            None if encoder is None else encoder_for("dense", encoder),
         )
+        if collection:
+            check_dense_holds_store(root, index)
+        return index
     reader = {"sparse": SparseIndex, "multivector": MultiVectorIndex, "bm25": BM25Index}[kind]
     return reader.open(root, encoder)
 

@@ -23,6 +23,7 @@ from . import layout
 from .bm25_index import BM25Index, BM25Options, write_bm25_files
 from .build import stage_add
 from .chunks import ChunkDone, texts_sha256
+from .collection import check_dense_holds_store
 from .identity import ModelIdentity
 from .kind_store import encode_in_chunks, finish, model_precision, write_generation
 from .multivector_index import MultiVectorIndex, extend_multivector_files, multivector_encode
@@ -68,6 +69,7 @@ def read_state(root: Path, kind: str, store_rows: int) -> KindState:
             raise layout.IndexDamagedError(
                 meta, f"records {index.rows:,} rows, but {root / 'texts'} holds {store_rows:,}"
             )
+        check_dense_holds_store(root, index)
         return KindState(kind, index.rows, index.generation, index.identity, index.meta, None)
     index = _READERS[kind](root)
     return KindState(kind, index.rows, index.generation, index.identity, index.meta, index.folder)
@@ -123,6 +125,8 @@ def stage_kind(
             options["progress"] = progress
         if batch_size is not None:
             options["batch_size"] = batch_size
+        # The store's hash in the write's record ties the dense rows to the store's.
+        options["source"] = {**(options.get("source") or {}), "texts_store": content}
         staged = stage_add(
             root / "dense", texts[first:], model, ids=ids[first:], on_chunk=on_chunk, **options
         )
