@@ -272,3 +272,36 @@ def test_an_add_past_the_exact_mark_gives_the_multivector_kind_its_graph(
     assert added._graph is not None and whole._graph is not None
     assert added.meta["options"]["ann"] == "auto"
     assert_same_results(results(tmp_path / "a", dense), results(tmp_path / "whole", dense))
+
+
+def test_a_hybrid_open_between_an_adds_commits_waits_for_the_rest(folders, dense, monkeypatch,
+                                                                   tmp_path):  # fmt: skip
+    # docs/index.md: "a reader never sees half of anything". A reader that opens the folder
+    # after the add committed its dense kind, and before its other kinds, sees every kind at
+    # the new rows once the add is done, not an error telling it to run the add again.
+    import threading
+    import time
+
+    out = tmp_path / "idx"
+    shutil.copytree(folders["a"], out)
+    commit = layout.commit
+    reader: dict = {}
+
+    def open_hybrid():
+        try:
+            reader["index"] = HybridIndex.open(out, models(dense))
+        except Exception as exc:  # noqa: BLE001 -- reported by the assertion below
+            reader["error"] = exc
+
+    def commit_then_open(*args):
+        commit(*args)
+        if "thread" not in reader:  # the first kind's commit: dense
+            reader["thread"] = threading.Thread(target=open_hybrid)
+            reader["thread"].start()
+            time.sleep(0.3)  # the reader opens now, between the kinds' commits
+
+    monkeypatch.setattr(layout, "commit", commit_then_open)
+    add_to_kinds(out, TEXTS[A:B], models(dense), ids=IDS[A:B])
+    reader["thread"].join()
+    assert "error" not in reader, reader.get("error")
+    assert reader["index"].rows == B

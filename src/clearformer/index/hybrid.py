@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,10 @@ def open_kind_index(path: str | os.PathLike, kind: str, encoder: Any = None):
     return reader.open(root, encoder)
 
 
+# How long an open waits for an add's commits to reach every kind.
+COMMITS_WAIT_SECONDS = 3.0
+
+
 class HybridIndex:
     """An index folder's kinds, opened for search by text.
 
@@ -186,11 +191,19 @@ class HybridIndex:
         for kind in kinds or ():
             require_kind(root, kind, "kinds")
         by_kind = dict(models) if isinstance(models, Mapping) else _assign(models, present)
-        indexes = {
-            kind: open_kind_index(root, kind, by_kind.get(kind)) for kind in (kinds or present)
-        }
-        _check_same_rows(root, indexes)
-        return cls(root, indexes)
+        # An add commits the kinds one after another: opened between two commits, they hold
+        # different rows for a moment. Open them again until they agree; kinds that still
+        # disagree after the wait are what an add stopped part-way leaves.
+        deadline = time.monotonic() + COMMITS_WAIT_SECONDS
+        while True:
+            indexes = {
+                kind: open_kind_index(root, kind, by_kind.get(kind)) for kind in (kinds or present)
+            }
+            if len({index.rows for index in indexes.values()}) <= 1:
+                return cls(root, indexes)
+            if time.monotonic() >= deadline:
+                _check_same_rows(root, indexes)
+            time.sleep(0.05)
 
     @property
     def kinds(self) -> list[str]:
