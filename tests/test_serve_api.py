@@ -236,6 +236,10 @@ def test_the_openai_client_reads_embeddings_floats_and_base64(server, encoder):
         client.embeddings.create(model="gpt", input="a")
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model="tiny", input=[])
+    # models.retrieve: GET /v1/models/{model}, a served model or a 404.
+    assert [client.models.retrieve(name).id for name in ("tiny", "ranker")] == ["tiny", "ranker"]
+    with pytest.raises(openai.NotFoundError, match="'gpt' is not served"):
+        client.models.retrieve("gpt")
 
 
 def test_base64_is_little_endian_float32(server, encoder):

@@ -69,6 +69,7 @@ def create_app(
         route("/info", "GET", "info", "tei", handlers.info(state)),
         route("/metrics", "GET", "metrics", "tei", handlers.metrics(state)),
         route("/v1/models", "GET", "models", "openai", handlers.models(state)),
+        route("/v1/models/{model:path}", "GET", "models", "openai", handlers.model(state)),
         route("/embed", "POST", "embed", "tei", handlers.embed(state), compute=True),
         route(
             "/v1/embeddings",

@@ -81,14 +81,26 @@ def metrics(state: ServerState) -> Handler:
 def models(state: ServerState) -> Handler:
     started = int(time.time())
 
+    def described(name: str) -> dict:
+        return {"id": name, "object": "model", "created": started, "owned_by": "clearformer"}
+
     async def models(request: Request) -> Response:
-        data = [
-            {"id": m.name, "object": "model", "created": started, "owned_by": "clearformer"}
-            for m in state.models
-        ]
-        return _json({"object": "list", "data": data})
+        return _json({"object": "list", "data": [described(m.name) for m in state.models]})
 
     return models
+
+
+def model(state: ServerState) -> Handler:
+    """OpenAI's ``GET /v1/models/{model}`` (the client's ``models.retrieve``): one served
+    model by its name or an alias, as the client asked for it; 404 for another."""
+    started = int(time.time())
+
+    async def model(request: Request) -> Response:
+        name = request.path_params["model"]
+        state.any_model(name)  # 404 naming the served models
+        return _json({"id": name, "object": "model", "created": started, "owned_by": "clearformer"})
+
+    return model
 
 
 def embed(state: ServerState) -> Handler:
