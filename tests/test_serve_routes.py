@@ -60,3 +60,23 @@ def test_a_wrong_method_on_an_openai_route_says_so_in_openais_shape():
         answer.json()["error"]["message"]
         == "DELETE is not allowed on /v1/models: it takes GET, HEAD"
     )
+
+
+def test_the_listening_socket_is_not_handed_to_child_processes():
+    # A child (the compiler of a kernel build) that inherited it would keep the port after
+    # the server is gone: a restart would find it taken.
+    import subprocess
+    import sys
+
+    from clearformer.serve.server import _bind
+
+    sock = _bind("127.0.0.1", 0)
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", f"import os; os.fstat({sock.fileno()})"],
+            close_fds=False,
+            capture_output=True,
+        )
+        assert child.returncode != 0 and b"Bad file descriptor" in child.stderr
+    finally:
+        sock.close()

@@ -200,5 +200,6 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.set_inheritable(True)
+    # Not inherited (Python's default, kept): a child process, such as the compiler a kernel
+    # build runs, must not hold the port after the server is gone.
     return sock
