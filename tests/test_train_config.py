@@ -15,7 +15,6 @@ from .train_helpers import run_train, tiny_flags
     ("changes", "message"),
     [
         ({"lr": -1e-3}, "lr must be a finite number > 0.0, got -0.001"),
-        ({"lr": 0}, "lr must be a finite number > 0.0, got 0.0"),
         ({"lr": float("inf")}, "lr must be a finite number > 0.0, got inf"),
         ({"lr": float("nan")}, "lr must be a finite number > 0.0, got nan"),
         ({"eps": float("inf")}, "eps must be a finite number > 0.0, got inf"),
@@ -169,3 +168,15 @@ def test_a_field_added_since_a_checkpoint_counts_as_its_default():
     assert changed_fields(old, TrainConfig(**mlm, text_unit="paragraph")) == {
         "text_unit": ("line", "paragraph")
     }
+
+
+def test_the_learning_rate_defaults_to_the_tasks_own():
+    # contrastive and rerank fine-tune a pretrained model: sentence-transformers' 5e-5, not
+    # the from-scratch 1e-3 that wrecks a pretrained embedder; a given lr is kept as given.
+    assert TrainConfig().lr == 1e-3
+    assert TrainConfig(task="contrastive", train_file="x.jsonl").lr == 5e-5
+    assert TrainConfig(task="rerank", train_file="x.jsonl").lr == 5e-5
+    assert TrainConfig(task="contrastive", train_file="x.jsonl", lr=2e-4).lr == 2e-4
+    # What a run records is the value it trained with: the same config again, as resolved.
+    resolved = TrainConfig(task="rerank", train_file="x.jsonl")
+    assert TrainConfig.from_dict(resolved.to_dict()) == resolved

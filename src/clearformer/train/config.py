@@ -47,6 +47,12 @@ CHOICES = {
     "rerank_fusion": RERANK_FUSIONS,
 }
 
+# The peak learning rate of each task when none is given: the tasks that fine-tune a
+# pretrained model take sentence-transformers' default (at 1e-3 a pretrained embedder loses
+# what it knew within a few steps); the others train from scratch, or a small new head.
+TASK_LR = {"contrastive": 5e-5, "rerank": 5e-5}
+DEFAULT_LR = 1e-3
+
 # The fields only some tasks read (every other field, every task reads), and the tasks that
 # do: TrainConfig refuses another value than the default for any other task.
 TASK_FIELDS = {
@@ -171,7 +177,7 @@ class TrainConfig:
     accumulation: int = 1  # micro-batches per step: memory of batch_size / accumulation
 
     # AdamW.
-    lr: float = 1e-3  # peak learning rate, reached at the end of warm-up
+    lr: float = 0.0  # peak lr, after warm-up; 0: the task's (5e-5 contrastive/rerank, else 1e-3)
     weight_decay: float = 0.01  # decoupled (AdamW); not applied to biases and norms
     beta1: float = 0.9
     beta2: float = 0.999
@@ -290,6 +296,8 @@ class TrainConfig:
             raise ValueError(
                 f"d_model must be divisible by n_heads={self.n_heads}, got {self.d_model}"
             )
+        if self.lr == 0.0:
+            object.__setattr__(self, "lr", TASK_LR.get(self.task, DEFAULT_LR))
         _check_range("lr", self.lr, low=0.0, low_open=True)
         _check_range("weight_decay", self.weight_decay, low=0.0)
         _check_range("beta1", self.beta1, low=0.0, high=1.0, high_open=True)
