@@ -167,6 +167,7 @@ def test_a_cache_file_is_named_from_the_setting_that_chose_the_folder(tmp_path, 
         json.dumps({"format": 99}),
         json.dumps({"format": 1, "key": {"cpu": "another"}, "verdicts": {}}),
         "KEY",  # the right key, a verdict with a field missing
+        b'{"format": 1, "key": "\xff\xfe"}',  # not UTF-8
     ],
 )
 def test_a_damaged_file_is_ignored_with_a_warning_and_rebuilt(
@@ -179,13 +180,49 @@ def test_a_damaged_file_is_ignored_with_a_warning_and_rebuilt(
         from dataclasses import asdict
 
         damage = json.dumps({"format": 1, "key": asdict(key), "verdicts": {"k": {"winner": 1}}})
-    key.path().write_text(damage)
+    if isinstance(damage, bytes):
+        key.path().write_bytes(damage)
+    else:
+        key.path().write_text(damage)
     with caplog.at_level(logging.WARNING, logger="clearformer.calibration.cache"):
         assert cache.read(key) is None
     assert "damaged" in caplog.text and str(key.path()) in caplog.text
     verdict = verdict_of([{"torch": 0.02, "avx512": 0.01}])
     cache.write(key, {"k": verdict})  # the next measurement replaces it
     assert cache.read(key) == {"k": verdict}
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("speedups", {"torch": 1.0, "avx512": "1.6"}),  # a string, compared and printed later
+        ("speedups", {"torch": 1.0, "avx512": True}),
+        ("speedups", {"torch": 1.0, "avx512": float("nan")}),
+        ("speedups", {"torch": 1.0, "avx512": float("inf")}),
+        ("speedups", {"torch": 1.0, "avx512": None}),
+        ("seconds", {"w0": {"torch": "0.02", "avx512": 0.01}}),
+        ("seconds", {"w0": 0.02}),
+        ("seconds", {"w0": {"torch": 0.02}}),  # a candidate's time missing
+        ("margin", True),
+        ("rounds", True),
+        ("baseline", "oneDNN"),  # no speedup of its own
+    ],
+)
+def test_a_verdict_whose_numbers_cannot_be_used_is_damaged(
+    tmp_path, monkeypatch, caplog, field, value
+):
+    monkeypatch.setenv("CLEARFORMER_CACHE", str(tmp_path))
+    written = verdict_of([{"torch": 0.02, "avx512": 0.01}]).to_dict()
+    with pytest.raises(ValueError, match=field):
+        Verdict.from_dict({**written, field: value})
+    key = a_key()
+    cache.write(key, {"k": Verdict.from_dict(written)})
+    record = json.loads(key.path().read_text())
+    record["verdicts"]["k"][field] = value
+    key.path().write_text(json.dumps(record))
+    with caplog.at_level(logging.WARNING, logger="clearformer.calibration.cache"):
+        assert cache.read(key) is None
+    assert "damaged" in caplog.text
 
 
 class TestAutoReadsTheVerdict:

@@ -166,12 +166,17 @@ def test_the_measurement_is_cached_per_cpu_model_and_torch_version(tmp_path, mon
     assert speedup.bf16_speedup(other, measure=lambda: 0.9)[0] == 0.9
 
 
-def test_a_damaged_cache_is_measured_again(tmp_path, monkeypatch):
+@pytest.mark.parametrize("damage", ["{not json", b"\xff\xfe not UTF-8", "A STRING SPEEDUP"])
+def test_a_damaged_cache_is_measured_again(tmp_path, monkeypatch, damage):
     monkeypatch.setenv("CLEARFORMER_CACHE", str(tmp_path))
     zen = cpu("avx512_bf16")
     path = speedup.cache_path(zen)
-    path.parent.mkdir(parents=True)
-    path.write_text("{not json")
+    if damage == "A STRING SPEEDUP":  # the right file, "1.6" where a number belongs
+        speedup.bf16_speedup(zen, measure=lambda: 1.6)
+        damage = path.read_text().replace('"bf16": 1.6', '"bf16": "1.6"')
+        assert '"1.6"' in damage
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(damage if isinstance(damage, bytes) else damage.encode())
     assert speedup.bf16_speedup(zen, measure=lambda: 1.5)[0] == 1.5
     assert json.loads(path.read_text())["verdicts"][speedup.CHOICE]["speedups"]["bf16"] == 1.5
 

@@ -8,7 +8,7 @@ machine's capabilities.
 from __future__ import annotations
 
 from . import switches
-from .calibration.cache import cached_verdicts, shown
+from .calibration.cache import cached_verdicts, settled, shown
 from .fast import avx512
 from .machine import machine
 from .options import Decision
@@ -68,7 +68,8 @@ def kernel_route(kernel: str) -> Decision:
                 f"{label}: not measured on this CPU yet, PyTorch's route kept; "
                 "`clearformer calibrate` measures it",
             )
-        measured = f"{label}: {verdict.reason} on {key.cpu}, cached {shown(path)}"
+        kept = f"cached {shown(path)}" if path is not None else "not cached"
+        measured = f"{label}: {verdict.reason} on {key.cpu}, {kept}"
         if verdict.winner != "avx512":
             return Decision("torch", measured)
         taken = Decision("avx512", measured)
@@ -98,15 +99,18 @@ def kernels_wanted(kernels: tuple[str, ...] = avx512.KERNELS) -> bool:
 
 def verdicts_wanted() -> bool:
     """Calibration on, a kernel left to ``auto``, and this CPU and build without a verdict for
-    every kernel: a measurement would change what ``auto`` takes."""
+    every kernel, or with provisional ones (measured while other processes were busy, by
+    another process: :func:`clearformer.calibration.cache.settled`): a measurement would
+    change what ``auto`` takes."""
     if not switches.calibration_enabled():
         return False
     here = avx512.kernels_here()
     settings = {switches.kernel_setting(kernel).choice for kernel in here}
     if "auto" not in settings:
         return False
-    verdicts, _ = cached_verdicts(avx512.calibration_key())
-    return verdicts is None or not set(here) <= set(verdicts)
+    key = avx512.calibration_key()
+    verdicts, _ = cached_verdicts(key)
+    return not settled(key, verdicts, here)
 
 
 def kernel_note(kernel: str) -> str:

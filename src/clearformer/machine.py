@@ -26,7 +26,7 @@ import torch
 from .cpu import CpuInfo, cpu_info
 from .options import Decision
 
-__all__ = ["CACHE_VARIABLE", "Machine", "cache_folder", "compiler", "machine"]
+__all__ = ["CACHE_VARIABLE", "Machine", "NoCacheFolder", "cache_folder", "compiler", "machine"]
 
 CACHE_VARIABLE = "CLEARFORMER_CACHE"
 # The flags clearformer's AVX-512 library is compiled for.
@@ -73,16 +73,32 @@ def machine() -> Machine:
     )
 
 
+class NoCacheFolder(OSError):
+    """No setting names a cache folder and the user has no home folder (no ``$HOME`` and a uid
+    without a passwd entry: a container run as ``--user 12345``). An ``OSError``: the callers
+    treat it as a cache they cannot read or write, so nothing is built or kept and PyTorch's
+    routes run."""
+
+
 def cache_folder() -> Path:
     """clearformer's cache folder: ``$CLEARFORMER_CACHE``, else ``$XDG_CACHE_HOME/clearformer``
     (an absolute ``XDG_CACHE_HOME`` only, as the XDG rules say), else ``~/.cache/clearformer``.
-    Read on each call: a test or a program may point it elsewhere between calls."""
+    Read on each call: a test or a program may point it elsewhere between calls. Raises
+    :class:`NoCacheFolder` where none of them names a folder."""
     own = os.environ.get(CACHE_VARIABLE)
     if own:
         return Path(own)
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "clearformer"
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "clearformer"
+    try:
+        home = Path.home()
+    except RuntimeError:  # "Could not determine home directory."
+        raise NoCacheFolder(
+            f"no cache folder: neither ${CACHE_VARIABLE}, $XDG_CACHE_HOME nor a home folder "
+            f"names one (set ${CACHE_VARIABLE} to keep built kernels and measured verdicts)"
+        ) from None
+    return home / ".cache" / "clearformer"
 
 
 def compiler() -> str | None:

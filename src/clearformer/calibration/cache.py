@@ -10,8 +10,14 @@ Files live in clearformer's cache folder (:func:`clearformer.machine.cache_folde
 ``$CLEARFORMER_CACHE``, else ``$XDG_CACHE_HOME/clearformer``, else ``~/.cache/clearformer``),
 under ``calibration/``; each is written whole to a temporary
 file and moved into place (``os.replace``), so a reader never sees half of one. A file that
-does not parse, or holds another key, is ignored with a warning in the log and rebuilt by the
-next measurement.
+does not parse (not UTF-8, not JSON, a field of the wrong type), or holds another key, is
+ignored with a warning in the log and rebuilt by the next measurement. Verdicts that cannot be
+written (a read-only folder, or no cache folder at all) are kept for the process that measured
+them (:func:`keep_unsaved`).
+
+A verdict measured while other processes were busy (context ``"loaded": true``) is
+provisional: it is used, and the next process that may calibrate measures it again
+(:func:`settled`). Measuring processes take turns on ``calibration/.lock`` (:func:`turn`).
 
 A process reads each file once (:func:`cached_verdicts`); :func:`forget` drops what it read,
 after a measurement writes a new file.
@@ -19,11 +25,14 @@ after a measurement writes a new file.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -52,10 +61,14 @@ def shown(path: Path) -> str:
 
 
 def _spelled(path: Path) -> str:
-    folder = cache_folder()
+    try:
+        folder = cache_folder()
+    except OSError:  # no cache folder: the file is outside it
+        return path.name
     if os.environ.get(CACHE_VARIABLE):
         setting = f"${CACHE_VARIABLE}"
-    elif folder.parent != Path.home() / ".cache":
+    # expanduser, unlike Path.home(), leaves "~" as it is where the home folder is unknown.
+    elif folder.parent != Path(os.path.expanduser("~")) / ".cache":
         setting = "$XDG_CACHE_HOME/clearformer"
     else:
         setting = "~/.cache/clearformer"
@@ -98,25 +111,36 @@ class CalibrationKey:
         return f"{self.cpu}, torch {self.torch}, clearformer {self.clearformer}{build}"
 
 
-# What cached_verdicts read: (key, cache folder settings) -> (verdicts or None, their file).
+# What cached_verdicts read: (key, cache folder settings) -> (verdicts or None, their file, or
+# None where they are not in a file).
 _read: dict[
-    tuple[CalibrationKey, tuple[str, str, str]], tuple[dict[str, Verdict] | None, Path]
+    tuple[CalibrationKey, tuple[str, str, str]], tuple[dict[str, Verdict] | None, Path | None]
 ] = {}
+# Verdicts measured in this process that the cache folder could not keep: this process uses
+# them all the same (a read-only folder must not cost a measurement per decision).
+_unsaved: dict[tuple[CalibrationKey, tuple[str, str, str]], dict[str, Verdict]] = {}
+# The keys this process measured, or waited for another process to measure: their
+# provisional verdicts are not measured again here.
+_measured: set[tuple[CalibrationKey, tuple[str, str, str]]] = set()
 
 
 def read(key: CalibrationKey) -> dict[str, Verdict] | None:
     """The verdicts kept for ``key`` (by choice name), None where there are none yet; a
-    damaged file is logged and counts as none."""
-    path = key.path()
+    damaged file is logged and counts as none. Verdicts this process measured and could not
+    write (:func:`keep_unsaved`) come first."""
+    unsaved = _unsaved.get((key, _settings()))
+    if unsaved is not None:
+        return dict(unsaved)
     try:
-        text = path.read_text(encoding="utf-8")
+        path = key.path()
+        raw = path.read_bytes()
     except FileNotFoundError:
         return None
-    except OSError as error:
-        log.warning("calibration cache %s cannot be read (%s); ignored", path, error)
+    except OSError as error:  # unreadable, or no cache folder at all
+        log.warning("calibration cache cannot be read (%s); ignored", error)
         return None
     try:
-        data = json.loads(text)
+        data = json.loads(raw.decode("utf-8"))  # UnicodeDecodeError: a ValueError
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"expected format {FORMAT}, got {data.get('format')!r}")
         if data.get("key") != asdict(key):
@@ -125,7 +149,7 @@ def read(key: CalibrationKey) -> dict[str, Verdict] | None:
         if not isinstance(verdicts, dict):
             raise ValueError(f"field 'verdicts': expected an object, got {verdicts!r}")
         return {name: Verdict.from_dict(value) for name, value in verdicts.items()}
-    except (ValueError, TypeError, AttributeError) as error:
+    except (ValueError, TypeError, AttributeError, RecursionError) as error:
         log.warning(
             "calibration cache %s is damaged (%s); ignored, and rebuilt by the next "
             "measurement (`clearformer calibrate`)",
@@ -136,7 +160,8 @@ def read(key: CalibrationKey) -> dict[str, Verdict] | None:
 
 
 def write(key: CalibrationKey, verdicts: dict[str, Verdict]) -> Path:
-    """Keep ``verdicts`` for ``key`` (replacing the file whole) and return its path."""
+    """Keep ``verdicts`` for ``key`` (replacing the file whole) and return its path. Raises
+    OSError where the cache folder cannot hold it (the caller may :func:`keep_unsaved`)."""
     path = key.path()
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {
@@ -148,18 +173,103 @@ def write(key: CalibrationKey, verdicts: dict[str, Verdict]) -> Path:
         json.dump(data, handle, indent=2, sort_keys=True)
         handle.write("\n")
     log.info("calibration verdicts written to %s", path)
-    forget()
+    with _lock:
+        _unsaved.pop((key, _settings()), None)  # the file holds them now
+    settle(key)
     return path
 
 
-def cached_verdicts(key: CalibrationKey) -> tuple[dict[str, Verdict] | None, Path]:
-    """:func:`read` and the file it read, once per process, key and cache folder (routes ask
-    on every call)."""
+def keep_unsaved(key: CalibrationKey, verdicts: dict[str, Verdict]) -> None:
+    """Use ``verdicts`` for ``key`` in this process, where :func:`write` could not keep them."""
+    with _lock:
+        _unsaved[(key, _settings())] = dict(verdicts)
+    settle(key)
+
+
+def settle(key: CalibrationKey) -> None:
+    """Count ``key``'s verdicts as measured at this start (this process measured them, or
+    waited while another did): provisional ones are not measured again by this process."""
+    with _lock:
+        _measured.add((key, _settings()))
+    forget()
+
+
+def provisional(verdicts: dict[str, Verdict]) -> bool:
+    """Whether any of ``verdicts`` was measured while other processes were busy (its context
+    says ``"loaded": true``): it may not hold on a quiet machine."""
+    return any(verdict.context.get("loaded") is True for verdict in verdicts.values())
+
+
+def settled(
+    key: CalibrationKey, verdicts: dict[str, Verdict] | None, choices: Iterable[str]
+) -> bool:
+    """Whether ``verdicts`` need no new measurement: one for each of ``choices``, and none
+    provisional unless measured at this start (:func:`settle`: a busy machine is measured
+    again by the next process, not again and again by this one)."""
+    if verdicts is None or not set(choices) <= set(verdicts):
+        return False
+    return not provisional(verdicts) or (key, _settings()) in _measured
+
+
+@contextlib.contextmanager
+def held_lock(path: Path, *, wait: bool = True) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on ``path`` (made if need be) for the block; the kernel
+    frees it when its holder dies. Yields False where another process holds it and ``wait``
+    is False; True without a lock where ``path`` cannot be made or locked (a read-only
+    folder, where nothing can be written to race over, or a file system without locks)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")  # noqa: SIM115 (closed below, after the block)
+    except OSError:
+        handle = None
+    held = True
+    try:
+        if handle is not None:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                held = False
+            except OSError as error:
+                log.debug("no lock on %s (%s); going on without one", path, error)
+        yield held
+    finally:
+        if handle is not None:
+            handle.close()  # releases the lock
+
+
+@contextlib.contextmanager
+def turn() -> Iterator[None]:
+    """One measuring process at a time on this cache folder (``calibration/.lock``): two
+    measuring side by side would load each other's timings, and the later one's file would
+    replace the earlier one's."""
+    try:
+        lock = cache_folder() / "calibration" / ".lock"
+    except OSError:  # no cache folder: nothing shared to take turns on
+        lock = None
+    with contextlib.nullcontext() if lock is None else held_lock(lock):
+        yield
+
+
+def cached_verdicts(key: CalibrationKey) -> tuple[dict[str, Verdict] | None, Path | None]:
+    """:func:`read` and the file it read (None where the verdicts are not in a file: kept
+    unsaved, or no cache folder), once per process, key and cache folder (routes ask on
+    every call)."""
     memo = (key, _settings())
     with _lock:
         if memo not in _read:
-            _read[memo] = (read(key), key.path())
+            _read[memo] = (read(key), stored_path(key))
         return _read[memo]
+
+
+def stored_path(key: CalibrationKey) -> Path | None:
+    """The file ``key``'s verdicts are kept in; None where this process keeps them unsaved
+    (:func:`keep_unsaved`) or there is no cache folder."""
+    if (key, _settings()) in _unsaved:
+        return None
+    try:
+        return key.path()
+    except OSError:
+        return None
 
 
 def forget() -> None:

@@ -86,16 +86,18 @@ class Calibration:
 def calibrate(*, force: bool = False, rounds: int | None = None) -> Calibration:
     """Measure the AVX-512 kernels against PyTorch's routes on this CPU and cache the
     verdicts, building the library first if need be; with verdicts already cached for this
-    CPU and build, return those unless ``force``. Never raises for a machine that cannot run
-    the kernels: the result says why."""
+    CPU and build, return those unless ``force`` or they are provisional (measured while
+    other processes were busy, and not by this process: :func:`cache.settled`). One process
+    measures at a time (:func:`cache.turn`); one that waited reads what the other measured.
+    Never raises for a machine that cannot run the kernels, nor for a cache folder that
+    cannot keep the verdicts (this process uses them all the same): the result says why."""
     supported = machine().avx512
     if supported.choice != "available":
         return Calibration({}, None, False, f"nothing to measure: {supported.reason}")
     key = avx512.calibration_key()
-    if not force:
-        verdicts = cache.read(key)
-        if verdicts is not None and set(avx512.kernels_here()) <= set(verdicts):
-            return Calibration(verdicts, key.path(), False, "cached", key)
+    before = None if force else cache.read(key)
+    if not force and cache.settled(key, before, avx512.kernels_here()):
+        return _cached(key, before)
     loaded = avx512.load(build=False)
     if loaded.choice == "not built":
         # A compile of several seconds, which a person at a terminal should not wait through
@@ -106,6 +108,24 @@ def calibrate(*, force: bool = False, rounds: int | None = None) -> Calibration:
         return Calibration(
             {}, None, False, f"the AVX-512 library is {loaded.choice}: {loaded.reason}", key
         )
+    with cache.turn():
+        if not force:
+            # Again: a process this one waited for may have measured them. Those are taken
+            # even where provisional: measured just now, they are what this start would get.
+            now = cache.read(key)
+            if now is not None and now != before:
+                cache.settle(key)
+            if cache.settled(key, now, avx512.kernels_here()):
+                return _cached(key, now)
+        return _measure(key, rounds)
+
+
+def _cached(key: cache.CalibrationKey, verdicts: dict) -> Calibration:
+    return Calibration(verdicts, cache.stored_path(key), False, "cached", key)
+
+
+def _measure(key: cache.CalibrationKey, rounds: int | None) -> Calibration:
+    """Time every kernel's workloads and keep the verdicts (the library is loaded)."""
     from ..bench.load import LoadMeter
 
     log.info("calibrating clearformer's AVX-512 kernels against PyTorch on %s", key.cpu)
@@ -145,8 +165,8 @@ def calibrate(*, force: bool = False, rounds: int | None = None) -> Calibration:
     if load.loaded:
         log.warning(
             "clearformer's kernels were measured while other processes were busy (%s); the "
-            "verdicts may not hold on a quiet machine: `clearformer calibrate --force` there "
-            "measures again",
+            "verdicts may not hold on a quiet machine: they are used for now and measured "
+            "again by the next process that calibrates",
             load.reason,
         )
     context = {
@@ -157,7 +177,17 @@ def calibrate(*, force: bool = False, rounds: int | None = None) -> Calibration:
         "load": load.reason,
     }
     verdicts = {k: dataclasses.replace(v, context=context) for k, v in verdicts.items()}
-    path = cache.write(key, verdicts)
+    try:
+        path = cache.write(key, verdicts)
+    except OSError as error:
+        # A read-only or missing cache folder: the measurement still serves this process (a
+        # server's start, a training run's first step must not fail over a cache).
+        log.warning(
+            "clearformer's kernel verdicts could not be cached (%s); used by this process only",
+            error,
+        )
+        cache.keep_unsaved(key, verdicts)
+        return Calibration(verdicts, None, True, "measured (not cached)", key)
     return Calibration(verdicts, path, True, "measured", key)
 
 

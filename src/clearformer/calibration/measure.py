@@ -87,10 +87,26 @@ class Verdict:
             "reason": str,
         }
         for name, kind in kinds.items():
-            if not isinstance(data.get(name), kind):
-                raise ValueError(f"verdict field {name!r}: expected {kind}, got {data.get(name)!r}")
-        if data["winner"] not in data["speedups"]:
-            raise ValueError(f"verdict winner {data['winner']!r} has no speedup")
+            value = data.get(name)
+            # bool is an int to isinstance: true is no margin or count of rounds.
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ValueError(f"verdict field {name!r}: expected {kind}, got {value!r}")
+        # The readers compute with these (a speedup compared, printed with :.2f): a string
+        # there would raise TypeError far from the file that holds it.
+        for candidate, speedup in data["speedups"].items():
+            _check_number(f"speedups[{candidate!r}]", speedup)
+        for workload, times in data["seconds"].items():
+            if not isinstance(times, dict) or set(times) != set(data["speedups"]):
+                raise ValueError(
+                    f"verdict field seconds[{workload!r}]: expected a time for each of "
+                    f"{sorted(data['speedups'])}, got {times!r}"
+                )
+            for candidate, seconds in times.items():
+                _check_number(f"seconds[{workload!r}][{candidate!r}]", seconds)
+        _check_number("margin", data["margin"])
+        for role in ("winner", "baseline"):
+            if data[role] not in data["speedups"]:
+                raise ValueError(f"verdict {role} {data[role]!r} has no speedup")
         return cls(**{name: data[name] for name in kinds}, context=dict(data.get("context", {})))
 
     def speedup(self, candidate: str | None = None) -> float:
@@ -100,6 +116,12 @@ class Verdict:
             others = {n: s for n, s in self.speedups.items() if n != self.baseline}
             candidate = max(others, key=others.get) if others else self.baseline
         return self.speedups[candidate]
+
+
+def _check_number(field: str, value: object) -> None:
+    """Raise ValueError unless ``value`` is a finite real number (bool is not one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"verdict field {field}: expected a finite number, got {value!r}")
 
 
 def measure_choice(

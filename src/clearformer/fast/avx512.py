@@ -18,7 +18,13 @@ float32 rows (``avx512_flash.cpp``) and for bfloat16 rows on CPUs with AVX512-BF
 It is C++, so it is compiled here, by the system's C++ compiler (``$CXX``, else ``g++``), once
 per source, PyTorch version and compiler, into clearformer's cache folder
 (:func:`clearformer.machine.cache_folder`)/kernels; later processes load the built
-library in milliseconds. Nothing is compiled unless asked: :func:`load` with ``build=True``
+library in milliseconds. Beside it, a record of what the build wrote (its size and SHA-256):
+a library that does not match its record (cut short by a full disk or a crash, emptied, or
+left without a record by a build that stopped) is never loaded (a truncated one would stop
+the process with SIGBUS) but removed, and built again where a build is allowed; one that
+fails to load is removed too. One process at a time builds or removes a library
+(``kernels/<name>.lock``); the others wait for it and load what it built. Nothing is
+compiled unless asked: :func:`load` with ``build=True``
 (``TextEncoder.encode`` asks for calls of at least ``BUILD_MIN_TOKENS`` tokens on CPUs that
 :func:`clearformer.routes.kernels_wanted` names, and measures it there), ``clearformer
 calibrate``, or a call with ``method="avx512"``. Where it cannot be built (no AVX-512, no
@@ -50,8 +56,10 @@ and reads a grouped key/value head once per query head.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import json
 import logging
 import os
 import subprocess
@@ -63,8 +71,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..calibration.cache import CalibrationKey
+from ..calibration.cache import CalibrationKey, held_lock
 from ..cpu import cpu_info
+from ..io import atomic_write
 from ..machine import cache_folder, compiler, machine
 from ..options import Decision
 from ..runtime import capturing_graph
@@ -173,8 +182,7 @@ def calibration_key() -> CalibrationKey:
     this build (the library's hash, :func:`library_path`)."""
     info = cpu_info()
     cpu = f"{info.model} (family {info.family})" if info.family else info.model
-    build = library_path().stem.removeprefix("avx512_kernels-")
-    return CalibrationKey(cpu, torch.__version__, __version__, build)
+    return CalibrationKey(cpu, torch.__version__, __version__, _build_hash())
 
 
 def is_loaded() -> bool:
@@ -188,7 +196,7 @@ def load(build: bool = True) -> Decision:
 
     Returns ``Decision("loaded" | "not built" | "unavailable", reason)``; never raises for a
     machine that cannot build it (the reason is logged once). Safe to call from several
-    threads: one builds, the others wait for it.
+    threads and processes: one builds, the others wait for it (``kernels/<name>.lock``).
     """
     with _lock:
         if "load" in _state:
@@ -196,22 +204,62 @@ def load(build: bool = True) -> Decision:
         supported = machine().avx512
         if supported.choice != "available":
             return _remember(supported)
-        library = library_path()
-        if not library.exists():
-            if not build:
-                return Decision("not built", f"no {library.name} in {library.parent} yet")
-            try:
-                _build(library)
-            except subprocess.CalledProcessError as error:
-                said = (error.stderr or "").strip()[-800:]
-                return _remember(Decision("unavailable", f"the build failed: {said}"))
-            except OSError as error:
-                return _remember(Decision("unavailable", f"the build failed: {error}"))
+        try:
+            library = library_path()
+        except OSError as error:  # no cache folder: nowhere to build or find it
+            return _remember(Decision("unavailable", str(error)))
+        if not library.exists() and not build:
+            return Decision("not built", f"no {library.name} in {library.parent} yet")
+        if _fault(library) is not None:
+            # Built, removed or waited for under the build's lock.
+            outcome = _make_sound(library, build)
+            if outcome is not None:
+                return outcome
         try:
             torch.ops.load_library(str(library))
-        except (OSError, RuntimeError) as error:
+        except OSError as error:  # the dynamic loader refused the file
+            # Removed, so that the next build makes it again rather than every later process
+            # meeting the same file.
+            with held_lock(_lock_path(library), wait=False) as held:
+                if held:
+                    with contextlib.suppress(OSError):  # unused here either way
+                        _discard(library)
+            return _remember(Decision("unavailable", f"{library} did not load: {error}"))
+        except RuntimeError as error:  # PyTorch refused its ops: the file may serve others
             return _remember(Decision("unavailable", f"{library} did not load: {error}"))
         return _remember(Decision("loaded", str(library)))
+
+
+def _make_sound(library: Path, build: bool) -> Decision | None:
+    """Under ``library``'s lock: None once ``library`` matches its record (another process
+    built it meanwhile, or this one built it now), else the outcome to return. A damaged
+    library is removed first (one warning). Without ``build`` (a route's check: no compile,
+    no wait for another process's), "not built"."""
+    with held_lock(_lock_path(library), wait=build) as held:
+        if not held:
+            return Decision("not built", f"{library.name} is being built by another process")
+        fault = _fault(library)  # again: the lock's last holder may have built it
+        if fault is None:
+            return None
+        if library.exists():
+            try:
+                _discard(library)
+            except OSError as error:  # a read-only folder: no build could replace it either
+                return _remember(
+                    Decision("unavailable", f"{library} {fault} and cannot be removed: {error}")
+                )
+            then = "building it again" if build else "the next build makes it again"
+            log.warning("clearformer's AVX-512 library %s %s; removed, %s", library, fault, then)
+        if not build:
+            return Decision("not built", f"no {library.name} in {library.parent} yet")
+        try:
+            _build(library)
+        except subprocess.CalledProcessError as error:
+            said = (error.stderr or "").strip()[-800:]
+            return _remember(Decision("unavailable", f"the build failed: {said}"))
+        except OSError as error:
+            return _remember(Decision("unavailable", f"the build failed: {error}"))
+        return None
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, scale: float) -> Tensor:
@@ -336,56 +384,135 @@ def serves(q: Tensor, k: Tensor, v: Tensor) -> bool:
 @functools.cache
 def library_path() -> Path:
     """Where the built library lives: its name hashes the source, the PyTorch version and
-    the compiler, so a change of any of them builds anew instead of loading a stale one."""
+    the compiler, so a change of any of them builds anew instead of loading a stale one.
+    Raises :class:`clearformer.machine.NoCacheFolder` where there is no cache folder."""
+    return cache_folder() / "kernels" / f"avx512_kernels-{_build_hash()}.so"
+
+
+@functools.cache
+def _build_hash() -> str:
+    """The build's name: the sources, the PyTorch version, the compiler and its flags."""
     key = hashlib.sha256()
     for source in (*SOURCES, *HEADERS):
         key.update(source.read_bytes())
     key.update(torch.__version__.encode())
     key.update(" ".join((compiler() or "", *COMPILE_FLAGS)).encode())
-    return cache_folder() / "kernels" / f"avx512_kernels-{key.hexdigest()[:16]}.so"
+    return key.hexdigest()[:16]
+
+
+def _record_path(library: Path) -> Path:
+    """The record of what the build of ``library`` wrote: its size and SHA-256."""
+    return library.with_suffix(".record")
+
+
+def _lock_path(library: Path) -> Path:
+    """The lock its builders and removers take turns on."""
+    return library.with_suffix(".lock")
+
+
+def _digest(path: Path) -> dict:
+    """``path``'s size and SHA-256, as its record holds them."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            sha.update(chunk)
+        size = handle.tell()
+    return {"size": size, "sha256": sha.hexdigest()}
+
+
+def _fault(library: Path) -> str | None:
+    """What is wrong with ``library`` ("is not built" where there is none yet), None where
+    it matches the record of its build. Read before any load: the dynamic loader maps a file
+    cut short and the process dies of SIGBUS at the first page past its end."""
+    if not library.exists():
+        return "is not built"
+    try:
+        record = json.loads(_record_path(library).read_text(encoding="utf-8"))
+        wanted = {"size": int(record["size"]), "sha256": str(record["sha256"])}
+    except FileNotFoundError:
+        return "has no record of its build (a build that stopped, or an older clearformer's)"
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        return f"has a damaged record of its build ({error})"
+    try:
+        found = _digest(library)
+    except OSError as error:
+        return f"cannot be read ({error})"
+    if found["size"] != wanted["size"]:
+        return f"holds {found['size']} bytes where its build wrote {wanted['size']}"
+    if found["sha256"] != wanted["sha256"]:
+        return "differs from what its build wrote (SHA-256)"
+    return None
+
+
+def _discard(library: Path) -> None:
+    """Remove ``library`` and its record (the caller holds the lock)."""
+    library.unlink(missing_ok=True)
+    _record_path(library).unlink(missing_ok=True)
 
 
 def _build(library: Path) -> None:
     """Compile ``SOURCES`` against this PyTorch into ``library``, atomically (a killed build
-    leaves no half-written library behind). The sources compile side by side, one compiler
-    process each, then link."""
+    leaves no half-written library behind), and write its record. The sources compile side
+    by side, one compiler process each, then link. The caller holds ``library``'s lock."""
+    library.parent.mkdir(parents=True, exist_ok=True)
+    log.info("building clearformer's AVX-512 kernels into %s (once)", library)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
+        partial = Path(scratch) / library.name
+        _compile(Path(scratch), partial)
+        # On disk before the name points at it: a crash after the rename must not leave a
+        # library whose pages were never written.
+        with open(partial, "rb") as handle:
+            os.fsync(handle.fileno())
+        record = _digest(partial)
+        os.replace(partial, library)
+        with atomic_write(_record_path(library)) as handle:  # fsynced, then renamed
+            json.dump(record, handle)
+        _fsync_folder(library.parent)
+    log.info("built the AVX-512 kernels in %.1fs", time.perf_counter() - started)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the renames inside ``folder`` durable (its entries are data too)."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _compile(scratch: Path, partial: Path) -> None:
+    """Compile ``SOURCES`` into objects in ``scratch`` and link them into ``partial``."""
     from torch.utils import cpp_extension
 
-    library.parent.mkdir(parents=True, exist_ok=True)
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     cxx = compiler() or "g++"
     flags = [*COMPILE_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     includes = [f"-I{path}" for path in cpp_extension.include_paths()]
     libraries = [f"-L{path}" for path in cpp_extension.library_paths()]
     libraries += ["-lc10", "-ltorch_cpu", "-ltorch"]
-    log.info("building clearformer's AVX-512 kernels into %s (once)", library)
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
-        objects = [Path(scratch) / f"{source.stem}.o" for source in SOURCES]
-        compiles = [
-            subprocess.Popen(
-                [cxx, *flags, "-c", *includes, str(source), "-o", str(obj)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for source, obj in zip(SOURCES, objects, strict=True)
-        ]
-        # Every compiler is waited for before any failure is raised: one still writing into
-        # the scratch folder as it is removed would replace the compiler's message.
-        failures = [
-            subprocess.CalledProcessError(process.returncode, process.args, stderr=stderr)
-            for process in compiles
-            for _, stderr in [process.communicate()]
-            if process.returncode
-        ]
-        if failures:
-            raise failures[0]
-        partial = Path(scratch) / library.name
-        link = [cxx, *flags, *map(str, objects), *libraries, "-o", str(partial)]
-        subprocess.run(link, check=True, capture_output=True, text=True)
-        os.replace(partial, library)
-    log.info("built the AVX-512 kernels in %.1fs", time.perf_counter() - started)
+    objects = [scratch / f"{source.stem}.o" for source in SOURCES]
+    compiles = [
+        subprocess.Popen(
+            [cxx, *flags, "-c", *includes, str(source), "-o", str(obj)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for source, obj in zip(SOURCES, objects, strict=True)
+    ]
+    # Every compiler is waited for before any failure is raised: one still writing into
+    # the scratch folder as it is removed would replace the compiler's message.
+    failures = [
+        subprocess.CalledProcessError(process.returncode, process.args, stderr=stderr)
+        for process in compiles
+        for _, stderr in [process.communicate()]
+        if process.returncode
+    ]
+    if failures:
+        raise failures[0]
+    link = [cxx, *flags, *map(str, objects), *libraries, "-o", str(partial)]
+    subprocess.run(link, check=True, capture_output=True, text=True)
 
 
 def _remember(outcome: Decision) -> Decision:

@@ -83,7 +83,10 @@ def bf16_speedup(
 
     cpu = cpu_info() if cpu is None else cpu
     key = speedup_key(cpu)
-    path = key.path()
+    try:
+        path = key.path()
+    except OSError:  # no cache folder: measured in each process, as a read-only one is
+        path = None
     verdict = (cache.read(key) or {}).get(CHOICE)
     ratio = None if verdict is None else verdict.speedups.get("bf16")
     if ratio is not None and ratio > 0:
@@ -109,7 +112,7 @@ def bf16_speedup(
     try:
         cache.write(key, {CHOICE: verdict})
     except OSError as error:
-        log.warning("could not cache the bfloat16 measurement in %s: %s", path, error)
+        log.warning("could not cache the bfloat16 measurement: %s", error)  # names the file
         return ratio, "measured now (not cached)"
     return ratio, f"measured now, cached in {path}"
 
