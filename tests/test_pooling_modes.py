@@ -123,6 +123,11 @@ def test_do_lower_case_lowercases_before_a_cased_tokenizer(tmp_path):
     tokenizer = json.loads(tokenizer_file.read_text())
     tokenizer["normalizer"]["lowercase"] = False  # a cased tokenizer
     tokenizer_file.write_text(json.dumps(tokenizer))
+    # transformers rebuilds a BERT tokenizer's normalizer from tokenizer_config.json, whose
+    # do_lower_case is true when absent: cased there too.
+    config_path = path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    config_path.write_text(json.dumps({**config, "do_lower_case": False}))
     texts = ["The CAT sat", "HELLO there"]
     cased = TextEncoder.from_pretrained(path).encode(texts)
     config_file = path / "sentence_bert_config.json"
