@@ -249,3 +249,19 @@ def test_csv_and_tsv_rows_read_as_jsonl_rows(tmp_path):
     (tmp_path / "bad.csv").write_text("query,positive\nw1,w2\n")
     with pytest.raises(ValueError, match=r"bad.csv, line 1: the header has no 'anchor' column"):
         read_pairs(tmp_path / "bad.csv")
+
+
+@pytest.mark.parametrize("task", ["contrastive", "rerank"])
+def test_max_length_is_honoured_above_the_length_the_files_record(data, task):
+    # The files record the length the model was last used at (here sentence-transformers'
+    # max_seq_length 32; positions 64): a run asked for 48 tokens trains on 48, as asked,
+    # and only the position table bounds it.
+    from clearformer.train import TrainConfig
+    from clearformer.train.tasks import build_task
+
+    def length(asked):
+        config = TrainConfig(task=task, train_file=str(data["pairs"]), model=str(data["model"]),
+                             max_length=asked, batch_size=4)  # fmt: skip
+        return build_task(config).tokenizer.max_length
+
+    assert (length(48), length(16), length(100)) == (48, 16, 64)

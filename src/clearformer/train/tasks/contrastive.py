@@ -26,6 +26,7 @@ from ..duplicate_free_sampler import DuplicateFreeSampler
 from ..gradcache import contrastive_step
 from ..models import SentenceEmbedder
 from ..pairs import Pair, read_pairs
+from .model_files import training_length
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class ContrastiveTask:
         model_config = self.parts.loaded.model.config
         self.dims = matryoshka_dimensions(config.matryoshka_dims, self.parts.head.width)
         pad_id = model_config.pad_token_id if model_config.pad_token_id is not None else 0
-        max_length = min(config.max_length, self.parts.tokenizer.max_length)
+        max_length = training_length(config.max_length, model_config.max_length)
         self.tokenizer = TextTokenizer.from_files(
             self.parts.loaded.files, max_length, pad_id, vocab_size=model_config.vocab_size
         )

@@ -4,10 +4,13 @@ to, its prompts), so that every library that loads it treats texts as the traini
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from ...io import atomic_write
+
+log = logging.getLogger(__name__)
 
 
 def update_json(path: Path, changes: dict[str, Any]) -> None:
@@ -31,3 +34,15 @@ def record_max_length(out: Path, max_length: int) -> None:
         settings = json.loads(sentence_config.read_text(encoding="utf-8"))
         if isinstance(settings, dict) and "max_seq_length" in settings:
             update_json(sentence_config, {"max_seq_length": max_length})
+
+
+def training_length(asked: int, positions: int) -> int:
+    """The tokens kept per text in a fine-tuning run: ``max_length`` as asked, up to what the
+    model's position table covers. Not capped by the length the checkpoint's files record
+    (``model_max_length``, ``max_seq_length``): that is the length the model was last used or
+    trained at, which a run may change (sentence-transformers' ``max_seq_length`` too may be
+    set above it), and a run cut silently to it would train on other texts than asked."""
+    if asked > positions:
+        log.info("max_length %d is above the model's %d positions: texts cut to %d", asked,
+                 positions, positions)  # fmt: skip
+    return min(asked, positions)

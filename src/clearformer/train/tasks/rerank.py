@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from ..config import TrainConfig
 from ..pairs import read_pairs
 from .contrastive import _split
-from .model_files import record_max_length
+from .model_files import record_max_length, training_length
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class RerankTask:
     def __init__(self, config: TrainConfig) -> None:
         from ...interop.hf import find_checkpoint
         from ...interop.hf.loading import load_model, read_family
-        from ...interop.hf.tokenizer import TextTokenizer, max_length_for
+        from ...interop.hf.tokenizer import TextTokenizer
 
         self.config = config
         pairs = read_pairs(config.train_file)
@@ -132,7 +132,7 @@ class RerankTask:
             )
         self._load_base(load_model)
         pad_id = encoder_config.pad_token_id if encoder_config.pad_token_id is not None else 0
-        max_length = min(config.max_length, max_length_for(self.files, encoder_config.max_length))
+        max_length = training_length(config.max_length, encoder_config.max_length)
         self.tokenizer = TextTokenizer.from_files(
             self.files, max_length, pad_id, vocab_size=encoder_config.vocab_size
         )
