@@ -32,11 +32,12 @@ def choose_prompt(prompts: Prompts, prompt: str | None, prompt_name: str | None)
     """
     named = prompts.prompts
     if prompt_name is not None and not isinstance(prompt_name, str):
-        raise TypeError(f"prompt_name must be a str or None, got {prompt_name!r}")
+        raise TypeError(f"prompt_name must be a str or None, got {type(prompt_name).__name__}")
     if prompt_name is not None and prompt_name not in named:
+        # A request may send megabytes as a name: the message shows its start.
+        shown = repr(prompt_name) if len(prompt_name) <= 60 else f"{prompt_name[:57]!r}..."
         raise ValueError(
-            f"prompt_name must be one of the checkpoint's prompts {sorted(named)}, got "
-            f"{prompt_name!r}"
+            f"prompt_name must be one of the checkpoint's prompts {sorted(named)}, got {shown}"
         )
     if prompt is not None:
         if not isinstance(prompt, str):
