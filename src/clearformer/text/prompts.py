@@ -32,12 +32,11 @@ def choose_prompt(prompts: Prompts, prompt: str | None, prompt_name: str | None)
     """
     named = prompts.prompts
     if prompt_name is not None and not isinstance(prompt_name, str):
-        raise TypeError(f"prompt_name must be a str or None, got {type(prompt_name).__name__}")
+        raise TypeError(f"prompt_name must be a str or None, got {_start(prompt_name)}")
     if prompt_name is not None and prompt_name not in named:
-        # A request may send megabytes as a name: the message shows its start.
-        shown = repr(prompt_name) if len(prompt_name) <= 60 else f"{prompt_name[:57]!r}..."
         raise ValueError(
-            f"prompt_name must be one of the checkpoint's prompts {sorted(named)}, got {shown}"
+            f"prompt_name must be one of the checkpoint's prompts {sorted(named)}, got "
+            f"{_start(prompt_name)}"
         )
     if prompt is not None:
         if not isinstance(prompt, str):
@@ -58,3 +57,9 @@ def prompt_length(tokenizer, prompt: str) -> int:
     (encoding,) = tokenizer.encode([prompt])
     closing = bool(encoding.special_tokens_mask) and encoding.special_tokens_mask[-1] == 1
     return len(encoding.ids) - int(closing)
+
+
+def _start(value: object, width: int = 60) -> str:
+    """``value``'s repr, cut to its start: a request may send megabytes as a name."""
+    shown = repr(value)
+    return shown if len(shown) <= width else shown[: width - 3] + "..."
