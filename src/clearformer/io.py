@@ -69,6 +69,15 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
         raise
 
 
+def fsync_directory(path: str | os.PathLike) -> None:
+    """Make a rename inside ``path`` durable (its directory entry is data too)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_text_atomically(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` through :func:`atomic_write`: a reader (or a run
     stopped halfway) sees the old file or the new one, never half of one."""

@@ -73,7 +73,7 @@ from torch import Tensor
 
 from ..calibration.cache import CalibrationKey, held_lock
 from ..cpu import cpu_info
-from ..io import atomic_write
+from ..io import atomic_write, fsync_directory
 from ..machine import cache_folder, compiler, machine
 from ..options import Decision
 from ..runtime import capturing_graph
@@ -468,17 +468,8 @@ def _build(library: Path) -> None:
         os.replace(partial, library)
         with atomic_write(_record_path(library)) as handle:  # fsynced, then renamed
             json.dump(record, handle)
-        _fsync_folder(library.parent)
+        fsync_directory(library.parent)
     log.info("built the AVX-512 kernels in %.1fs", time.perf_counter() - started)
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make the renames inside ``folder`` durable (its entries are data too)."""
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _compile(scratch: Path, partial: Path) -> None:

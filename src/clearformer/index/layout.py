@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..io import atomic_write
+from ..io import atomic_write, fsync_directory
 
 log = logging.getLogger(__name__)
 
@@ -212,15 +212,6 @@ def new_directory(target: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
-
-
-def fsync_directory(path: Path) -> None:
-    """Make a rename inside ``path`` durable (its directory entry is data too)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def commit(root: Path, generation: str) -> None:

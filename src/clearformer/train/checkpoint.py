@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..io import atomic_write
+from ..io import atomic_write, fsync_directory
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +84,6 @@ def _write_file(path: Path, data: bytes, *, stop_half_way: bool = False) -> None
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _sha256(data: bytes) -> str:
@@ -163,7 +155,7 @@ def _write_folder(tmp: Path, step: int, weights, state, meta) -> None:
     marker = {"step": step, "sha256": sums}
     _write_file(tmp / MARKER, json.dumps(marker, indent=1).encode())  # last: says "complete"
     for folder in {p.parent for p in tmp.rglob("*")} | {tmp}:
-        _fsync_dir(folder)
+        fsync_directory(folder)
 
 
 def _publish(directory: Path, tmp: Path, final: Path, step: int) -> None:
@@ -178,7 +170,7 @@ def _publish(directory: Path, tmp: Path, final: Path, step: int) -> None:
         shutil.rmtree(aside, ignore_errors=True)
     else:
         os.rename(tmp, final)
-    _fsync_dir(directory)
+    fsync_directory(directory)
     if _fault("rename", step):
         os._exit(17)
     write_pointer(directory, LATEST, final.name)
