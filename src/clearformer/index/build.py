@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from ..checks import check_finite_rows
 from . import engine, integrity, layout
 from .chunks import ChunkStore, chunk_count, chunk_progress, embed_chunks, texts_sha256
 from .identity import ModelIdentity
@@ -337,27 +336,13 @@ def _stage(
         f"{options.chunk_rows:,}",
     )
 
-    def encode_chunk(chunk: list[str], start: int) -> np.ndarray:
-        vectors = encoder.encode(
+    encoded, reused = embed_chunks(
+        lambda chunk, start: encoder.encode(
             chunk,
             normalize=True,
             progress=chunk_progress(progress, start, len(texts)),
             **encode_options,
-        )
-        # Before the chunk is committed: a committed chunk is reused by every later run, a
-        # NaN row is never found by a search, and an int8 index takes its ranges from every
-        # row (one NaN makes every stored row alike).
-        check_finite_rows(
-            vectors,
-            chunk,
-            start=start,
-            total=len(texts),
-            consequence="that chunk was not committed and the index was not changed",
-        )
-        return vectors
-
-    encoded, reused = embed_chunks(
-        encode_chunk,
+        ),
         texts,
         store,
         options.chunk_rows,

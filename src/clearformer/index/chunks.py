@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..checks import check_finite_rows
 from ..io import atomic_write
 from .layout import JSONFileError, read_json, write_json
 
@@ -137,6 +138,10 @@ class ChunkStore:
             )
         return None
 
+    def row_values(self, vectors: Any) -> np.ndarray:
+        """(n, k): what must be finite in each of a chunk's n rows (here the rows themselves)."""
+        return np.asarray(vectors)
+
     def write(self, index: int, vectors: Any) -> None:
         with atomic_write(self.path(index), "wb") as handle:
             np.save(handle, np.asarray(vectors, dtype=np.float32))
@@ -152,8 +157,13 @@ def embed_chunks(
     chunk_rows: int,
     chunks: Sequence[int] | None = None,
     on_chunk: ChunkDone | None = None,
+    consequence: str = "that chunk was not committed and the index was not changed",
 ) -> tuple[int, int]:
     """Embed every chunk of ``texts`` (or only ``chunks``) that ``store`` lacks.
+
+    A chunk holding a NaN or an infinity is refused before it is committed (ValueError naming
+    the texts, and ``consequence``, what was left undone): a committed chunk is reused by every
+    later run, and such a row scores nothing it is compared with.
 
     Args:
         encode: (texts, row of the first) -> what ``store.write`` takes: (n, D) float32
@@ -174,7 +184,15 @@ def embed_chunks(
                 on_chunk(index, True)
             continue
         start = index * chunk_rows
-        vectors = encode(list(texts[start : start + chunk_rows]), start)
+        chunk = list(texts[start : start + chunk_rows])
+        vectors = encode(chunk, start)
+        check_finite_rows(
+            store.row_values(vectors),
+            chunk,
+            start=start,
+            total=len(texts),
+            consequence=consequence,
+        )
         store.write(index, vectors)  # the store decides the file's form
         encoded += 1
         if on_chunk is not None:

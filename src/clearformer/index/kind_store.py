@@ -20,9 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ..checks import check_finite_rows
 from . import integrity, layout
 from .chunks import ChunkDone, chunk_count, chunk_progress, embed_chunks
 from .collection import KIND_FORMAT, ensure_texts
@@ -126,21 +123,8 @@ def encode_in_chunks(
         f"{chunk_rows:,}",
     )
 
-    def encode_chunk(chunk: list[str], start: int) -> Ragged:
-        rows = encode(chunk, chunk_progress(progress, start, len(texts)))
-        # Before the chunk is committed, as for dense rows: a NaN weight or token vector
-        # scores nothing it is compared with, and a committed chunk is reused by every rerun.
-        check_finite_rows(
-            _row_finiteness(rows),
-            chunk,
-            start=start,
-            total=len(texts),
-            consequence="that chunk was not committed and the index was not changed",
-        )
-        return rows
-
     encoded, reused = embed_chunks(
-        encode_chunk,
+        lambda chunk, start: encode(chunk, chunk_progress(progress, start, len(texts))),
         texts,
         store,
         chunk_rows,
@@ -154,16 +138,6 @@ def encode_in_chunks(
         time.perf_counter() - started,
     )
     return concatenate([store.read(i) for i in range(encoded + reused)])
-
-
-def _row_finiteness(rows: Ragged) -> np.ndarray:
-    """(n, 1) float32: NaN where a row holds a value that is not finite, else 0."""
-    values = rows.values.reshape(len(rows.values), -1)  # (nnz, 1) or (nnz, D)
-    bad_entries = np.flatnonzero(~np.isfinite(values).all(axis=1))
-    flags = np.zeros((rows.rows, 1), dtype=np.float32)
-    # The row of each entry: the last row whose start is at or before it.
-    flags[np.searchsorted(rows.indptr, bad_entries, side="right") - 1] = np.nan
-    return flags
 
 
 def write_generation(

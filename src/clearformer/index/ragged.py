@@ -109,6 +109,15 @@ class RaggedChunkStore(ChunkStore):
     def path(self, index: int) -> Path:
         return self.directory / f"chunk-{index:06d}.npz"
 
+    def row_values(self, rows: Ragged) -> np.ndarray:
+        """(n, 1) float32: NaN where a row holds a value that is not finite, else 0."""
+        values = rows.values.reshape(len(rows.values), -1)  # (nnz, 1) or (nnz, D)
+        bad_entries = np.flatnonzero(~np.isfinite(values).all(axis=1))
+        flags = np.zeros((rows.rows, 1), dtype=np.float32)
+        # The row of each entry: the last row whose start is at or before it.
+        flags[np.searchsorted(rows.indptr, bad_entries, side="right") - 1] = np.nan
+        return flags
+
     def write(self, index: int, rows: Any) -> None:
         if not isinstance(rows, Ragged):
             raise TypeError(f"chunk {index}: expected Ragged rows, got {type(rows).__name__}")

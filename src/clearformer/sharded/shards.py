@@ -47,7 +47,6 @@ from typing import Any
 
 import numpy as np
 
-from ..checks import check_finite_rows
 from ..index.chunks import ChunkStore, chunk_count, chunk_progress, embed_chunks, texts_sha256
 from ..index.identity import ModelIdentity, file_sha256
 from ..index.layout import read_json, write_json
@@ -197,27 +196,20 @@ def encode_shard(
         if on_chunk is not None:
             on_chunk(index, reused)
 
-    def encode_chunk(chunk: list[str], start: int) -> np.ndarray:
-        vectors = encoder.encode(
+    encoded, reused = embed_chunks(
+        lambda chunk, start: encoder.encode(
             chunk,
             normalize=normalize,
             precision=precision,
             progress=chunk_progress(progress, start, len(texts)),
             **encode_options,
-        )
-        # Before the chunk is committed: a committed chunk is reused by every later run, and
-        # a NaN row poisons every similarity computed from the shards.
-        check_finite_rows(
-            vectors,
-            chunk,
-            start=start,
-            total=len(texts),
-            consequence="that chunk was not committed and no shard was written",
-        )
-        return vectors
-
-    encoded, reused = embed_chunks(
-        encode_chunk, texts, store, chunk_rows, chunks=chunks, on_chunk=chunk_done
+        ),
+        texts,
+        store,
+        chunk_rows,
+        chunks=chunks,
+        on_chunk=chunk_done,
+        consequence="that chunk was not committed and no shard was written",
     )
     log.info(
         "rank %d/%d: rows %d-%d, %d chunks encoded, %d reused, in %.1fs",
