@@ -59,9 +59,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import json
 import logging
-import os
 import subprocess
 import tempfile
 import threading
@@ -73,11 +71,11 @@ from torch import Tensor
 
 from ..calibration.cache import CalibrationKey, held_lock
 from ..cpu import cpu_info
-from ..io import atomic_write, fsync_directory
 from ..machine import cache_folder, compiler, machine
 from ..options import Decision
 from ..runtime import capturing_graph
 from ..version import __version__
+from . import library_record
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +208,7 @@ def load(build: bool = True) -> Decision:
             return _remember(Decision("unavailable", str(error)))
         if not library.exists() and not build:
             return Decision("not built", f"no {library.name} in {library.parent} yet")
-        if _fault(library) is not None:
+        if library_record.fault(library) is not None:
             # Built, removed or waited for under the build's lock.
             outcome = _make_sound(library, build)
             if outcome is not None:
@@ -223,7 +221,7 @@ def load(build: bool = True) -> Decision:
             with held_lock(_lock_path(library), wait=False) as held:
                 if held:
                     with contextlib.suppress(OSError):  # unused here either way
-                        _discard(library)
+                        library_record.discard(library)
             return _remember(Decision("unavailable", f"{library} did not load: {error}"))
         except RuntimeError as error:  # PyTorch refused its ops: the file may serve others
             return _remember(Decision("unavailable", f"{library} did not load: {error}"))
@@ -238,12 +236,12 @@ def _make_sound(library: Path, build: bool) -> Decision | None:
     with held_lock(_lock_path(library), wait=build) as held:
         if not held:
             return Decision("not built", f"{library.name} is being built by another process")
-        fault = _fault(library)  # again: the lock's last holder may have built it
+        fault = library_record.fault(library)  # again: the lock's last holder may have built it
         if fault is None:
             return None
         if library.exists():
             try:
-                _discard(library)
+                library_record.discard(library)
             except OSError as error:  # a read-only folder: no build could replace it either
                 return _remember(
                     Decision("unavailable", f"{library} {fault} and cannot be removed: {error}")
@@ -400,54 +398,9 @@ def _build_hash() -> str:
     return key.hexdigest()[:16]
 
 
-def _record_path(library: Path) -> Path:
-    """The record of what the build of ``library`` wrote: its size and SHA-256."""
-    return library.with_suffix(".record")
-
-
 def _lock_path(library: Path) -> Path:
     """The lock its builders and removers take turns on."""
     return library.with_suffix(".lock")
-
-
-def _digest(path: Path) -> dict:
-    """``path``'s size and SHA-256, as its record holds them."""
-    sha = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            sha.update(chunk)
-        size = handle.tell()
-    return {"size": size, "sha256": sha.hexdigest()}
-
-
-def _fault(library: Path) -> str | None:
-    """What is wrong with ``library`` ("is not built" where there is none yet), None where
-    it matches the record of its build. Read before any load: the dynamic loader maps a file
-    cut short and the process dies of SIGBUS at the first page past its end."""
-    if not library.exists():
-        return "is not built"
-    try:
-        record = json.loads(_record_path(library).read_text(encoding="utf-8"))
-        wanted = {"size": int(record["size"]), "sha256": str(record["sha256"])}
-    except FileNotFoundError:
-        return "has no record of its build (a build that stopped, or an older clearformer's)"
-    except (OSError, ValueError, TypeError, KeyError) as error:
-        return f"has a damaged record of its build ({error})"
-    try:
-        found = _digest(library)
-    except OSError as error:
-        return f"cannot be read ({error})"
-    if found["size"] != wanted["size"]:
-        return f"holds {found['size']} bytes where its build wrote {wanted['size']}"
-    if found["sha256"] != wanted["sha256"]:
-        return "differs from what its build wrote (SHA-256)"
-    return None
-
-
-def _discard(library: Path) -> None:
-    """Remove ``library`` and its record (the caller holds the lock)."""
-    library.unlink(missing_ok=True)
-    _record_path(library).unlink(missing_ok=True)
 
 
 def _build(library: Path) -> None:
@@ -460,15 +413,7 @@ def _build(library: Path) -> None:
     with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
         partial = Path(scratch) / library.name
         _compile(Path(scratch), partial)
-        # On disk before the name points at it: a crash after the rename must not leave a
-        # library whose pages were never written.
-        with open(partial, "rb") as handle:
-            os.fsync(handle.fileno())
-        record = _digest(partial)
-        os.replace(partial, library)
-        with atomic_write(_record_path(library)) as handle:  # fsynced, then renamed
-            json.dump(record, handle)
-        fsync_directory(library.parent)
+        library_record.publish(partial, library)
     log.info("built the AVX-512 kernels in %.1fs", time.perf_counter() - started)
 
 
