@@ -73,6 +73,15 @@ def run(self, encodings, options):
     return original(self, encodings, options)
 
 ServedModel.run = run
+original_tokenize = ServedModel.tokenize
+
+def tokenize(self, texts, **options):
+    if any("dog" in text for text in texts):
+        print("tokenize", flush=True)
+        hold()
+    return original_tokenize(self, texts, **options)
+
+ServedModel.tokenize = tokenize
 if "--hold-loading" in sys.argv:  # the models' loading held the same way
     sys.argv.remove("--hold-loading")
     from clearformer.serve.state import ServerState
@@ -409,6 +418,22 @@ def test_work_past_request_timeout_is_503_and_overload_429(fresh):
     assert added(fresh, before) == Counter(
         {("embed", 503): 2, ("embed", 429): 1, ("embed", 200): 1}
     )
+
+
+def test_a_client_gone_during_tokenize_is_499_and_frees_its_slot(fresh):
+    """/tokenize works on a thread of its own: its client's going is noticed while it works
+    (counted 499, the slot freed), not once an answer nobody reads is written (counted 200)."""
+    before = counts(fresh)
+    body = json.dumps({"inputs": "the dog"}).encode()
+    head = f"POST /tokenize HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {len(body)}"
+    raw(fresh, head, body, close=True)
+    assert fresh.proc.stdout.readline() == "tokenize\n"  # its work is held
+    wait_for(lambda: added(fresh, before) == Counter({("tokenize", 499): 1}), "a 499 counted")
+    assert in_flight(fresh) == 0
+    fresh.release()
+    answer = post(fresh, "/tokenize", json.dumps({"inputs": "a b"}).encode())
+    assert answer.status == 200
+    assert added(fresh, before) == Counter({("tokenize", 499): 1, ("tokenize", 200): 1})
 
 
 def in_flight(child: Child) -> int:

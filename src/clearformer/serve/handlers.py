@@ -8,6 +8,7 @@ takes seconds, and on the event loop it would hold every other request and ``/he
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Callable
 
@@ -27,7 +28,7 @@ from .schemas import (
 )
 from .sparse import parse_embed_sparse, sparse_rows_body
 from .state import ServerState
-from .waiting import deadline_of, timed_out, wait_for_rows
+from .waiting import ClientGone, deadline_of, disconnected, timed_out, wait_for_rows
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -236,21 +237,39 @@ def tokenize(state: ServerState) -> Handler:
         model = state.any_model(parsed.model)
         check_count(len(parsed.inputs), state.config, "inputs")
         deadline = deadline_of(state, request)
+        abandoned = threading.Event()  # nobody waits for the answer: the thread stops
         # The answer is written on the worker thread too: for a body near the size limit it
         # is tens of megabytes of JSON, seconds of work that would hold every other request.
-        work = asyncio.to_thread(
-            model.tokenize,
-            parsed.inputs,
-            add_special_tokens=parsed.add_special_tokens,
-            prompt_name=parsed.prompt_name,
-            deadline=deadline,
+        work = asyncio.ensure_future(
+            asyncio.to_thread(
+                model.tokenize,
+                parsed.inputs,
+                add_special_tokens=parsed.add_special_tokens,
+                prompt_name=parsed.prompt_name,
+                deadline=deadline,
+                abandoned=abandoned,
+            )
         )
+        gone = asyncio.ensure_future(disconnected(request))
         try:
-            body = await asyncio.wait_for(work, max(0.0, deadline - time.monotonic()))
-        except (asyncio.TimeoutError, TimeoutError):
-            # Answered at the deadline; the thread stops at its next look at the deadline.
-            raise timed_out(state) from None
-        return Response(body, media_type="application/json")
+            done, _ = await asyncio.wait(
+                {work, gone},
+                timeout=max(0.0, deadline - time.monotonic()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            gone.cancel()
+        if work in done:
+            try:
+                return Response(work.result(), media_type="application/json")
+            except TimeoutError:  # the thread saw the deadline pass first
+                raise timed_out(state) from None
+        # The thread stops at its next look; its end (a TimeoutError) is read, not logged.
+        abandoned.set()
+        work.add_done_callback(lambda task: task.cancelled() or task.exception())
+        if gone in done:
+            raise ClientGone  # counted 499, as on the embedding routes
+        raise timed_out(state)
 
     return tokenize
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,7 @@ class ServedModel:
         add_special_tokens: bool,
         prompt_name: str | None,
         deadline: float | None = None,
+        abandoned: threading.Event | None = None,
     ) -> bytes:
         """TEI's ``/tokenize`` answer, as JSON: per text, its tokens as ``{id, text, special,
         start, stop}``, untruncated; ``start``/``stop`` are character offsets into the text
@@ -244,8 +246,9 @@ class ServedModel:
         other model refuses it (422).
 
         Raises:
-            TimeoutError: ``deadline`` (``time.monotonic()``) passed: nobody waits for the
-                answer any more, and the work stops.
+            TimeoutError: ``deadline`` (``time.monotonic()``) passed, or ``abandoned`` was
+                set (the client has gone): nobody waits for the answer any more, and the
+                work stops.
         """
         _check_unicode(texts, "inputs")
         if self.kind == "embed":
@@ -263,7 +266,7 @@ class ServedModel:
                 param="prompt_name",
             )
         encodings = self._full.encode_batch(texts, add_special_tokens=add_special_tokens)
-        return tokens_body(texts, encodings, deadline)
+        return tokens_body(texts, encodings, deadline, abandoned)
 
     def info(self) -> dict:
         """What ``/info`` says of this model (TEI's ``model_type`` shape)."""

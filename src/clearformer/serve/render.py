@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 
 import numpy as np
@@ -75,13 +76,19 @@ def openai_embeddings_body(rows: np.ndarray, encoding: str, model: str, tokens: 
     return f'{{"object":"list","data":[{data}],"model":{name},"usage":{usage}}}'.encode()
 
 
-def tokens_body(texts: list[str], encodings: list, deadline: float | None = None) -> bytes:
+def tokens_body(
+    texts: list[str],
+    encodings: list,
+    deadline: float | None = None,
+    abandoned: threading.Event | None = None,
+) -> bytes:
     """TEI's ``/tokenize`` answer for ``texts`` and their ``tokenizers.Encoding`` s: per text,
     its tokens as ``{id, text, special, start, stop}`` (a special token: its own string and
     null offsets).
 
     Raises:
-        TimeoutError: ``deadline`` (``time.monotonic()``) passed before the answer was written.
+        TimeoutError: ``deadline`` (``time.monotonic()``) passed, or ``abandoned`` was set,
+            before the answer was written.
     """
     answers = []
     for text, encoding in zip(texts, encodings, strict=True):
@@ -92,6 +99,8 @@ def tokens_body(texts: list[str], encodings: list, deadline: float | None = None
         for first in range(0, len(ids), TOKENS_PER_PIECE):
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError("the /tokenize answer was not written by its deadline")
+            if abandoned is not None and abandoned.is_set():
+                raise TimeoutError("the /tokenize answer was abandoned: its client has gone")
             piece = []
             for j in range(first, min(first + TOKENS_PER_PIECE, len(ids))):
                 if special[j]:
