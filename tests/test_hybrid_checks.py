@@ -41,6 +41,13 @@ def test_k_is_checked_in_every_mode_before_any_kind_searches(folder, mode, k):
     assert len(index.search("w1 w2", k=3, mode=mode)) == 3  # a valid k still searches
 
 
+@pytest.mark.parametrize("kind", ["sparse", "bm25"])
+def test_a_kind_searched_alone_gives_every_row_once_for_a_k_far_above_its_rows(folder, kind):
+    index = HybridIndex.open(folder, [FakeSparseEncoder()]).indexes[kind]
+    hits = index.search("w1 w2", k=10**11)  # result arrays of k rows would be GiBs
+    assert 0 < len(hits) == len({hit.id for hit in hits}) <= len(TEXTS)
+
+
 def test_a_kind_missing_from_kinds_is_named_in_python(folder):
     index = HybridIndex.open(folder, [FakeSparseEncoder()], kinds=["bm25"])
     with pytest.raises(ValueError, match=r"^kinds: index .* holds no sparse index"):

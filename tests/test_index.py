@@ -163,6 +163,10 @@ def test_a_search_for_a_large_share_of_the_rows_finds_every_row(tmp_path, tiny, 
             exact = np.sort(x @ index.embed_queries([query])[0])[::-1][:found]
             np.testing.assert_allclose(query_scores[:found], exact, atol=1e-6)
     assert len(index.search(texts[0], k=1000)) == 300
+    # A k far above the rows gives every row once, not result arrays of k rows (10^11: GiBs).
+    assert len(index.search(texts[0], k=10**11)) == 300
+    with pytest.raises(ValueError, match="k must be a positive integer, got 0"):
+        index.search(texts[0], k=0)
 
 
 def test_another_model_is_refused(tmp_path, tiny, texts):

@@ -70,9 +70,7 @@ def run_index_search(args: argparse.Namespace) -> int:
     index = VectorIndex.open(path)
     encoder = index_encoder(args, path)
     index = index.with_encoder(encoder)
-    # No more hits than rows: a -k far above them would only size empty result arrays.
-    k = min(args.top_k, max(index.rows, 1))
-    hits = index.search(args.query, k=k, precision=args.precision)
+    hits = index.search(args.query, k=args.top_k, precision=args.precision)
     for rank, hit in enumerate(hits, start=1):
         if args.json:
             item = {"rank": rank, "score": round(hit.score, 6), "id": hit.id, "text": hit.text}

@@ -34,12 +34,11 @@ from .collection import (
 )
 from .fusion import Fusion
 from .inputs import check_ids, check_texts
-from .kind_index import _check_k
 from .kinds import encoder_for, model_kind_of
 from .multivector_index import MultiVectorIndex, MultiVectorOptions, build_multivector
 from .options import IndexOptions
 from .sparse_index import SparseIndex, SparseOptions, build_sparse
-from .vector_index import Hit, VectorIndex
+from .vector_index import Hit, VectorIndex, hits_wanted
 
 log = logging.getLogger(__name__)
 
@@ -239,10 +238,7 @@ class HybridIndex:
         settings = dict(settings or {})
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        k = _check_k(k)  # as each kind checks it, before any kind searches
-        # No more hits than texts: a k far above the rows would only size empty arrays (a k of
-        # 10^11 asked for hundreds of GiB).
-        k = min(k, max(self.rows, 1))
+        k = hits_wanted(k, self.rows)  # as each kind checks it, before any kind searches
         depth = min(depth, max(self.rows, 1))
         single = isinstance(queries, str)
         batch = [queries] if single else list(queries)

@@ -14,7 +14,7 @@ from .collection import holds_state, open_texts
 from .identity import ModelIdentity
 from .kind_store import open_kind
 from .kinds import encoder_for, identity_of
-from .vector_index import Hit
+from .vector_index import Hit, hits_wanted
 
 
 class KindIndex:
@@ -70,7 +70,7 @@ class KindIndex:
         ``search_vectors``)."""
         single = isinstance(queries, str)
         batch = [queries] if single else list(queries)
-        rows, scores = self.search_texts(batch, _check_k(k), **how)
+        rows, scores = self.search_texts(batch, hits_wanted(k, self.rows), **how)
         hits = self.hits(rows, scores)
         return hits[0] if single else hits
 
@@ -116,9 +116,3 @@ def top_k(scores: np.ndarray, k: int, positive_only: bool = True) -> tuple[np.nd
     rows[: len(order)] = candidates[order]
     values[: len(order)] = scores[candidates[order]]
     return rows, values
-
-
-def _check_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
-        raise ValueError(f"k must be a positive integer, got {k!r}")
-    return k

@@ -200,6 +200,7 @@ class VectorIndex:
         (None: the encoder's)."""
         single = isinstance(queries, str)
         batch = [queries] if single else list(queries)
+        k = hits_wanted(k, self.rows)
         vectors = self.embed_queries(batch, precision)
         rows, scores = self.search_vectors(
             vectors, k, expansion_search=expansion_search, rescore_multiplier=rescore_multiplier
@@ -361,3 +362,13 @@ def _not_found(root: Path) -> str:
             "run the same build again to rebuild it"
         )
     return f"{root} is not an index directory (no {layout.CURRENT} file)"
+
+
+def hits_wanted(k: Any, rows: int) -> int:
+    """``k`` checked (a positive integer, else ValueError naming it, before any work) and
+    held to the index's ``rows``: a search returns no more hits than texts, and a ``k`` far
+    above them would only size empty result arrays (a ``k`` of 10^11 asks for hundreds of
+    GiB)."""
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    return min(k, max(rows, 1))
