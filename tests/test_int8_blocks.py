@@ -434,8 +434,8 @@ def test_an_index_built_in_int8_blocks_records_it_and_finds_with_it(tmp_path, ca
     records the precision; an add in another precision is refused; search finds the text."""
     pytest.importorskip("usearch")
     from clearformer.cli import main
-    from clearformer.index.build import index_precision
     from clearformer.index.layout import META, current_generation, generation_dir, read_json
+    from clearformer.index.recipe import index_precision
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(SENTENCES) + "\n")

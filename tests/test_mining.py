@@ -88,7 +88,7 @@ def test_negatives_equal_a_brute_force_ranking(setup, tmp_path, settings):
 
 def test_a_precision_embeds_the_corpus_and_the_anchors_and_the_index_records_it(setup, tmp_path):
     from clearformer.index import VectorIndex
-    from clearformer.index.build import index_precision
+    from clearformer.index.recipe import index_precision
 
     encoder, pairs, *_ = setup
     settings = MiningSettings(negatives=2, range_max=10)
@@ -232,7 +232,7 @@ def test_cli_writes_rows_train_reads_and_reuses_the_index(setup, tmp_path):
 
 def test_cli_precisions_for_the_encoder_and_the_cross_encoder(setup, reranker, tmp_path):
     from clearformer.index import VectorIndex
-    from clearformer.index.build import index_precision
+    from clearformer.index.recipe import index_precision
 
     _, _, _, model, beir = setup
     out = tmp_path / "mined.jsonl"

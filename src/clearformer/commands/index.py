@@ -201,7 +201,7 @@ def index_encoder(args: argparse.Namespace, index_path: Path, *, hold: bool | No
     directory still exists), else the bundled one. The index refuses any other model.
     ``hold``: load it in --precision alone (None: as the command's ``hold_precision`` says)."""
     from ..index import IndexNotFoundError, VectorIndex
-    from ..index.build import index_precision
+    from ..index.recipe import index_precision
     from ..text import TextEncoder
     from .encode import device_flag
 

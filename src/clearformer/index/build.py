@@ -34,6 +34,13 @@ from .identity import ModelIdentity
 from .inputs import check_ids, check_texts
 from .options import IndexOptions, resolve_ann
 from .quantize import int8_ranges, quantize, stored_bytes, truncate
+from .recipe import (
+    check_adds_alike,
+    computed_precision,
+    computed_prompt,
+    index_precision,
+    index_prompt,
+)
 from .texts import write_texts
 from .vector_index import FORMAT, VectorIndex, stored_vectors
 
@@ -211,7 +218,7 @@ def _plan(
     precision = computed_precision(encoder, encode_options.get("precision"))
     prompt = computed_prompt(encoder, encode_options)
     if base is not None:
-        _check_adds_alike(root, base, identity, precision, prompt)
+        check_adds_alike(root, base, identity, precision, prompt)
     dimensions = options.dimensions or identity.width
     if dimensions > identity.width:
         raise ValueError(
@@ -239,56 +246,6 @@ def _plan(
     return _Plan(texts, ids, content, identity, dimensions, job, key, default_ids=named is None)
 
 
-def _check_adds_alike(
-    root: Path, base: VectorIndex, identity, precision: str, prompt: str | None
-) -> None:
-    """An add's vectors must compare with the index's: the same model, the same precision,
-    the same prompt before each text."""
-    base.identity.check_same(identity, f"index {root}", purpose="add")
-    held = index_precision(base.meta)
-    if held != precision:  # one index, one precision: its vectors compare alike
-        raise ValueError(
-            f"precision must be {held!r} for an add to index {root}: it holds embeddings "
-            f"computed in {held} (build it again to change that), got {precision!r}"
-        )
-    held_prompt = index_prompt(base.meta)
-    if held_prompt != prompt:
-        raise ValueError(
-            f"the prompt must be {held_prompt!r} for an add to index {root}: its texts were "
-            f"embedded with it (build it again to change that), got {prompt!r}"
-        )
-
-
-def index_prompt(meta: dict) -> str | None:
-    """The prompt put before each text of a committed index (None: none; its segments record
-    it where there was one), or "mixed"."""
-    found = {s.get("prompt") for s in meta["segments"]}
-    return found.pop() if len(found) == 1 else "mixed"
-
-
-def computed_prompt(encoder, encode_options: dict[str, Any]) -> str | None:
-    """The prompt ``encoder.encode(**encode_options)`` puts before every text (an encoder
-    without prompts: None)."""
-    resolve = getattr(encoder, "resolve_prompt", None)
-    if resolve is None:
-        return None
-    return resolve(encode_options.get("prompt"), encode_options.get("prompt_name"))[0]
-
-
-def index_precision(meta: dict) -> str:
-    """The precision a committed index's embeddings were computed in (its segments record it;
-    an index written before they did is float32)."""
-    found = {s.get("precision", "float32") for s in meta["segments"]}
-    return found.pop() if len(found) == 1 else "mixed"
-
-
-def computed_precision(encoder, asked: str | None) -> str:
-    """The precision ``encoder.encode(precision=asked)`` computes in (float32 for encoders
-    that offer no choice)."""
-    decide = getattr(encoder, "precision_for", None)
-    return "float32" if decide is None else decide(asked).choice
-
-
 def _stage(
     root: Path,
     plan: _Plan,
@@ -308,7 +265,7 @@ def _stage(
         committed = base.meta
         # The checks before the lock saw the index as it was: a rebuild since may hold another
         # model, precision or storage, which this add's vectors must not join.
-        _check_adds_alike(root, base, plan.identity, plan.job["precision"], plan.job.get("prompt"))
+        check_adds_alike(root, base, plan.identity, plan.job["precision"], plan.job.get("prompt"))
         if base.options != options:
             raise ValueError(
                 f"index {root} was built again with other options while this add waited for "

@@ -81,7 +81,7 @@ def check_add_precision(root: Path, state: KindState, model: Any) -> str:
     if state.kind == "bm25":
         return "float32"
     if state.kind == "dense":
-        from .build import computed_precision, index_precision
+        from .recipe import computed_precision, index_precision
 
         held, precision = index_precision(state.meta), computed_precision(model, None)
     else:

@@ -306,7 +306,7 @@ def _prepared_index(data, encoder, settings: EvalSettings, report, encode_option
 
 
 def _check_index_matches(index, data: RetrievalData, settings: EvalSettings, encoder) -> None:
-    from ..index.build import computed_precision, computed_prompt, index_precision, index_prompt
+    from ..index.recipe import computed_precision, computed_prompt, index_precision, index_prompt
 
     asked = {"storage": settings.storage, "ann": settings.ann, "dimensions": settings.dimensions}
     held_by = {name: getattr(index.options, name) for name in asked}
