@@ -157,7 +157,7 @@ def check_finite_rows(
     bad = np.flatnonzero(~np.isfinite(embeddings).all(axis=1))
     if not len(bad):
         return
-    named = ", ".join(f"{start + int(i)} ({_short(texts[int(i)])!r})" for i in bad[:NAMED_TEXTS])
+    named = ", ".join(f"{start + int(i)} ({shortened(texts[int(i)])!r})" for i in bad[:NAMED_TEXTS])
     more = f" and {len(bad) - NAMED_TEXTS} more" if len(bad) > NAMED_TEXTS else ""
     part = total is not None and len(texts) != total
     where = f" in rows {start}-{start + len(texts)}" if part else ""
@@ -168,5 +168,7 @@ def check_finite_rows(
     )
 
 
-def _short(text: str, width: int = 40) -> str:
+def shortened(text: str, width: int = 40) -> str:
+    """``text`` cut to ``width`` characters, "..." marking a cut: a message repeats a value
+    that may be megabytes long by its start."""
     return text if len(text) <= width else text[: width - 3] + "..."

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from ..checks import check_unicode
+from ..checks import check_unicode, shortened
 from ..interop.hf.sentence_transformers import Prompts
 
 log = logging.getLogger(__name__)
@@ -31,12 +31,12 @@ def choose_prompt(prompts: Prompts, prompt: str | None, prompt_name: str | None)
         ValueError: a ``prompt_name`` the checkpoint does not have.
     """
     named = prompts.prompts
+    shown = shortened(repr(prompt_name), 60)  # a request may send megabytes as a name
     if prompt_name is not None and not isinstance(prompt_name, str):
-        raise TypeError(f"prompt_name must be a str or None, got {_start(prompt_name)}")
+        raise TypeError(f"prompt_name must be a str or None, got {shown}")
     if prompt_name is not None and prompt_name not in named:
         raise ValueError(
-            f"prompt_name must be one of the checkpoint's prompts {sorted(named)}, got "
-            f"{_start(prompt_name)}"
+            f"prompt_name must be one of the checkpoint's prompts {sorted(named)}, got {shown}"
         )
     if prompt is not None:
         if not isinstance(prompt, str):
@@ -57,9 +57,3 @@ def prompt_length(tokenizer, prompt: str) -> int:
     (encoding,) = tokenizer.encode([prompt])
     closing = bool(encoding.special_tokens_mask) and encoding.special_tokens_mask[-1] == 1
     return len(encoding.ids) - int(closing)
-
-
-def _start(value: object, width: int = 60) -> str:
-    """``value``'s repr, cut to its start: a request may send megabytes as a name."""
-    shown = repr(value)
-    return shown if len(shown) <= width else shown[: width - 3] + "..."
