@@ -193,3 +193,17 @@ def test_tokenize_refuses_a_prompt_name_for_a_reranker(reranker):
         "embedding model's prompt, got 'q'"
     )
     assert served.tokenize(["w1"], add_special_tokens=True, prompt_name=None).startswith(b"[[")
+
+
+def test_a_limit_below_the_special_tokens_is_refused(prompted, reranker):
+    """Below the template's special tokens the tokenizers library truncates nothing: every
+    input would run whole under a limit the server reports in /info."""
+    with pytest.raises(ValueError, match="max_input_tokens must be at least 2, .* text, got 1"):
+        _served(prompted, 1)
+    with pytest.raises(ValueError, match="max_input_tokens must be at least 3, .* pair, got 2"):
+        _served(reranker, 2)
+    served = _served(reranker, 3)
+    prepared = served.prepare_pairs(
+        "dog", ["cat dog"], activation=served.model.activation, truncate=True
+    )
+    assert [len(e.ids) for e in prepared.encodings] == [3]  # the special tokens alone: it holds

@@ -484,3 +484,13 @@ def test_sides_of_other_lengths_share_one_model(base, tmp_path):
     held = SparseEncoder.from_pretrained(path, precision="bf16")
     assert held.sides["query"].loaded is held.sides["document"].loaded
     assert held.sides["query"].loaded.loaded.model.embeddings.word.weight.dtype == torch.bfloat16
+
+
+def test_a_max_length_below_the_special_tokens_is_refused(splade):
+    """Below the template's special tokens the tokenizers library truncates nothing: a limit of
+    1 would run every text whole while the model (and an index's identity) claimed 1."""
+    with pytest.raises(ValueError, match="max_length must be at least 2, the special .* got 1"):
+        SparseEncoder.from_pretrained(splade, max_length=1)
+    model = SparseEncoder.from_pretrained(splade, max_length=2)
+    (row,) = model.sides["document"].encode([TEXTS[0]])
+    assert len(row.ids) == 2  # the special tokens alone: the limit holds

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..interop.hf import TextTokenizer, find_checkpoint
 from ..interop.hf.bundled import BUNDLED_NAME
-from ..interop.hf.tokenizer import check_texts
+from ..interop.hf.tokenizer import check_room_for_specials, check_texts
 from ..text.prompts import choose_prompt
 from .errors import ApiError
 from .prompt_cut import input_head, keep_prompts, prompt_tokens
@@ -113,6 +113,8 @@ class ServedModel:
         self.precision = model.precision_for(precision).choice
         base = model.tokenizer.tokenizer
         pad_id = model.tokenizer.pad_id
+        pair = kind == "rerank"
+        check_room_for_specials(base, max_input_tokens, pair=pair, name="max_input_tokens")
         # Copies of the checkpoint's tokenizer, truncating at the server's limit from either
         # end, and one that does not truncate (to count a refused input, and for /tokenize).
         self._tokenizers = {}

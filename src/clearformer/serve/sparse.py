@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..interop.hf.tokenizer import check_room_for_specials
 from .errors import ApiError
 from .models import Prepared, ServedModel, _check_unicode, _copy, count_tokens
 from .prompt_cut import input_head, keep_prompts, prompt_tokens
@@ -113,6 +114,8 @@ class SparseServedModel(ServedModel):
             self._specials[task] = not side.static  # a static table runs without them
             own = side.max_length
             limit = max_input_tokens if own is None else min(own, max_input_tokens)
+            if not side.static:
+                check_room_for_specials(base, limit, pair=False, name="max_input_tokens")
             self._limits[task] = limit
             for direction in DIRECTIONS:
                 tokenizer = _copy(base)

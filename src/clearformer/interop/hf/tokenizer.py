@@ -163,6 +163,7 @@ class TextTokenizer:
         self.max_length = max_length
         self.pad_id = pad_id
         self.padding_side = padding_side
+        check_room_for_specials(tokenizer, max_length, pair=False)
         tokenizer.no_padding()
         tokenizer.enable_truncation(max_length=max_length)
 
@@ -220,6 +221,7 @@ class TextTokenizer:
         joins them (``[CLS] A [SEP] B [SEP]``, second segment token type 1, for BERT); the
         longer side loses pieces first when a pair is too long. A ``prompt`` goes before each
         first text (sentence-transformers' rule for pairs)."""
+        check_room_for_specials(self.tokenizer, self.max_length, pair=True)
         if prompt is not None:
             pairs = [(prompt + first, second) for first, second in pairs]
         return self._encode_batch(pairs, with_tokens)
@@ -485,3 +487,18 @@ def _check_declared_ids(tokenizer, flags: dict[str, tuple[Any, dict]], vocab: Pa
                 f"tokenizer_config.json added_tokens_decoder gives {text!r} id {key}, but with "
                 f"{vocab} it gets id {actual}"
             )
+
+
+def check_room_for_specials(tokenizer, limit: int, *, pair: bool, name: str = "max_length") -> None:
+    """``limit`` (the argument ``name``) must leave room for the special tokens the
+    ``tokenizers.Tokenizer``'s template adds to a text (``pair``: to a pair): below their
+    count the tokenizers library does not truncate at all, and every text would run whole
+    under a limit that claims otherwise."""
+    processor = tokenizer.post_processor
+    specials = 0 if processor is None else processor.num_special_tokens_to_add(pair)
+    if limit < specials:
+        what = "pair" if pair else "text"
+        raise ValueError(
+            f"{name} must be at least {specials}, the special tokens this tokenizer adds to "
+            f"every {what}, got {limit}"
+        )
