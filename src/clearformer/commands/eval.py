@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -171,6 +172,41 @@ def _check_outputs(args) -> None:
         raise CliError(f"--out and --run-out name one file ({args.out}); give two")
     if args.compare is not None and not Path(args.compare).is_file():
         raise CliError(f"--compare {args.compare}: no such file")
+    _check_apart_from_inputs(args)
+
+
+def _check_apart_from_inputs(args) -> None:
+    """No output is one of the files the run reads: it would be replaced by the results
+    after they were computed from it (a qrels file turned into a run, a compared result lost)."""
+    from ..cli import CliError
+
+    data = Path(args.data)
+    inputs = [
+        (f"--data {args.data}", data / "corpus.jsonl"),
+        (f"--data {args.data}", data / "queries.jsonl"),
+        (f"--data {args.data} --split {args.split}", data / "qrels" / f"{args.split}.tsv"),
+    ]
+    if args.compare is not None:
+        inputs.append(("--compare", Path(args.compare)))
+    for flag, value in (("--out", args.out), ("--run-out", args.run_out)):
+        if value is None:
+            continue
+        for source, path in inputs:
+            if _same_file(Path(value), path):
+                raise CliError(
+                    f"{flag} {value} is the file {source} reads ({path}): the results would "
+                    "replace it; give another path"
+                )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """One file under two names: the same resolved path, or a hard link to it."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:  # unreadable here: the writes that follow say why
+        return False
 
 
 def _read_compared(path: str, data, measures: tuple[str, ...]) -> dict:
@@ -198,6 +234,12 @@ def _read_compared(path: str, data, measures: tuple[str, ...]) -> dict:
         for figures in per_query.values()
     ):
         raise refuse("its 'per_query' is not query -> measure -> number")
+    for query, figures in per_query.items():
+        for measure, value in figures.items():
+            # Every measure eval writes is a fraction: NaN, an infinity or 5.0 would print
+            # as a difference all the same (NaN fails both comparisons).
+            if not 0 <= value <= 1:
+                raise refuse(f"query {query!r}, {measure}: {value!r} is not a figure in [0, 1]")
     if described.get("sha256") != data.sha256 or described.get("split") != data.split:
         raise CliError(
             f"--compare {path}: scored another benchmark or split ({described.get('folder')}, "
@@ -262,6 +304,11 @@ def run(args: argparse.Namespace) -> int:
     other = _read_compared(args.compare, data, settings.measures) if args.compare else None
     if args.rerank is not None and not Path(args.rerank).is_dir():
         raise CliError(f"--rerank {args.rerank}: no such directory")
+    if args.index is not None and Path(args.index).exists() and not Path(args.index).is_dir():
+        raise CliError(
+            f"--index {args.index} is a file, not an index folder (give a folder that holds "
+            "an index, or a path that does not exist yet to build one there)"
+        )
     if args.rerank is None and args.rerank_fusion != "none":
         raise CliError("--rerank-fusion applies with --rerank MODEL")
     show = args.progress if args.progress is not None else True
@@ -283,8 +330,9 @@ def run(args: argparse.Namespace) -> int:
         )
     encoder = None
     if args.mode == "dense" or (args.mode == "hybrid" and "dense" in (settings.kinds or ["dense"])):
-        encoder = load_encoder(args)
+        encoder = _dense_model(args, load_encoder)
         check_dimensions_flag(encoder, args)
+        _check_prompt_names(encoder, args)
     result = evaluate(
         data,
         encoder,
@@ -296,11 +344,9 @@ def run(args: argparse.Namespace) -> int:
         ),
         encode_options=batching_options(args),
     )
-    print(format_table(result), flush=True)
-    if other is not None:
-        print(format_comparison(compare(result.per_query, other), args.compare), flush=True)
     # Both files or neither: the run file is written inside the result's atomic write, so a
-    # failure in either leaves both as they were.
+    # failure in either leaves both as they were. Written before the table is printed: a
+    # reader of stdout that has gone (`| head`) must not cost the evaluation's results.
     with contextlib.ExitStack() as stack:
         if args.out is not None:
             f = stack.enter_context(atomic_write(args.out))
@@ -308,12 +354,42 @@ def run(args: argparse.Namespace) -> int:
             f.write("\n")
         if args.run_out is not None:
             write_run(args.run_out, result.run, tag="clearformer")
+    print(format_table(result), flush=True)
+    if other is not None:
+        print(format_comparison(compare(result.per_query, other), args.compare), flush=True)
     return 0
+
+
+def _dense_model(args: argparse.Namespace, load_encoder):
+    """The dense model of ``--model``, a missing or unloadable one named by its flag."""
+    from ..cli import CliError
+    from ..interop.hf.files import CheckpointError
+
+    try:
+        return load_encoder(args)
+    except (FileNotFoundError, CheckpointError) as exc:
+        raise CliError(f"--model: {exc}") from None
+
+
+def _check_prompt_names(encoder, args: argparse.Namespace) -> None:
+    """Each prompt name the flags give is one of the model's: checked before any text is
+    embedded, not after the whole corpus was."""
+    from ..cli import CliError
+
+    named = sorted(encoder.prompts.prompts)
+    for flag in ("--query-prompt-name", "--document-prompt-name"):
+        name = getattr(args, flag[2:].replace("-", "_"))
+        if name is not None and name not in named:
+            raise CliError(
+                f"{flag} {name!r}: the model has no such prompt (its prompts: "
+                f"{', '.join(named) if named else 'none'})"
+            )
 
 
 def _mode_settings(args: argparse.Namespace) -> dict:
     """EvalSettings' mode and fusion fields from the flags."""
     from ..cli import CliError
+    from ..index.texts_record import KINDS
     from .search_kinds import fusion_from
 
     if args.mode != "hybrid":
@@ -330,6 +406,11 @@ def _mode_settings(args: argparse.Namespace) -> dict:
         kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
         if not kinds:
             raise CliError(f"--kinds must name at least one kind, got {args.kinds!r}")
+        for kind in kinds:
+            if kind not in KINDS:
+                raise CliError(
+                    f"--kinds: {kind!r} is not a kind; expected some of {', '.join(KINDS)}"
+                )
     fused = kinds or ("dense", "sparse", "multivector", "bm25")
     fusion = fusion_from(args, list(fused))
     return {
@@ -367,6 +448,8 @@ def _kind_models(args: argparse.Namespace) -> dict:
 def format_table(result) -> str:
     settings = result.settings
     path = "exact" if settings["index"] is None else f"index {settings['index']}"
+    if settings["index"] is not None and settings.get("storage") is not None:
+        path += f" ({settings['storage']} storage, {settings['ann']})"  # what the index ran
     if settings.get("mode", "dense") != "dense":
         path = f"{settings['mode']} ({', '.join(settings['kinds'])}), {path}"
     if settings["rerank"]:

@@ -70,6 +70,9 @@ def load_beir(folder: str | Path, split: str = "test") -> RetrievalData:
     corpus_path = folder / "corpus.jsonl"
     queries_path = folder / "queries.jsonl"
     qrels_path = folder / "qrels" / f"{split}.tsv"
+    for path in (corpus_path, queries_path, qrels_path):
+        if path.is_dir():  # "missing" would send the user looking for a file that is there
+            raise DataError(f"{path}: is a directory, not a file")
     for path in (corpus_path, queries_path):
         if not path.is_file():
             raise DataError(

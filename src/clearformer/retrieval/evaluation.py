@@ -191,6 +191,8 @@ def evaluate(
     run = _reranked(run, data, cross_encoder, settings, report, seconds)
     per_query = evaluate_run(run, data.qrels, settings.measures)
     described = asdict(settings)
+    if index is not None:
+        described.update(_index_described(index))
     described.update(_rerank_described(cross_encoder, settings))
     # What ran, where a name runs as another here (int8 without int8 products, int8-blocks
     # without its kernel): the figures are that precision's.
@@ -270,6 +272,18 @@ def _rerank_described(cross_encoder, settings: EvalSettings) -> dict:
     }
 
 
+def _index_described(index) -> dict:
+    """The storage, search and width the index ran with: an existing index searched without
+    ``--storage``, ``--ann`` or ``--dimensions`` runs its own, which None would misstate (None
+    reads as float32, auto and the model's full width)."""
+    width = index.dimensions
+    return {
+        "storage": index.options.storage,
+        "ann": index.ann,  # what ``auto`` resolved to: hnsw or exact
+        "dimensions": None if width == index.identity.width else width,
+    }
+
+
 def _prepared_index(data, encoder, settings: EvalSettings, report, encode_options, seconds):
     """The index at ``settings.index``: opened and checked against ``data``'s corpus, or built
     from it (with the corpus embedded as ``settings`` say)."""
@@ -306,6 +320,9 @@ def _prepared_index(data, encoder, settings: EvalSettings, report, encode_option
 
 
 def _check_index_matches(index, data: RetrievalData, settings: EvalSettings, encoder) -> None:
+    """ValueError unless ``index`` holds ``data``'s corpus (its ids and texts, row by row)
+    embedded as ``settings`` would embed it."""
+    from ..checks import shortened
     from ..index.recipe import computed_precision, computed_prompt, index_precision, index_prompt
 
     asked = {"storage": settings.storage, "ann": settings.ann, "dimensions": settings.dimensions}
@@ -331,12 +348,22 @@ def _check_index_matches(index, data: RetrievalData, settings: EvalSettings, enc
             "documents: it was built from other texts"
         )
     rows = np.arange(index.rows, dtype=np.int64)[None, :]
-    ids = [hit.id for hit in index.hits(rows, np.zeros(rows.shape, np.float32))[0]]
-    for row, (held, wanted) in enumerate(zip(ids, data.corpus_ids, strict=True)):
-        if held != wanted:
+    hits = index.hits(rows, np.zeros(rows.shape, np.float32))[0]
+    for row, hit in enumerate(hits):
+        if hit.id != data.corpus_ids[row]:
             raise ValueError(
-                f"index {index.root} row {row} has id {held!r}, the corpus {wanted!r}: it was "
-                "built from other texts"
+                f"index {index.root} row {row} has id {hit.id!r}, the corpus "
+                f"{data.corpus_ids[row]!r}: it was built from other texts"
+            )
+    # The same ids may name other texts (the corpus edited since the build): its vectors
+    # would then be scored against these qrels in silence.
+    for row, hit in enumerate(hits):
+        if hit.text != data.corpus_texts[row]:
+            raise ValueError(
+                f"index {index.root} was built from other texts: its row {row} (id {hit.id!r}) "
+                f"holds {shortened(repr(hit.text), 60)}, the corpus "
+                f"{shortened(repr(data.corpus_texts[row]), 60)}; give another --index path to "
+                "build one"
             )
 
 

@@ -120,10 +120,28 @@ def _index_run(kind: str, data, model: Any, settings, depth: int, report) -> Run
             f"index {root} holds {index.rows} rows, the corpus {len(data.corpus_ids)} documents: "
             "it was built from other texts"
         )
+    _check_texts_store(root, data)
     hits = index.search(list(data.query_texts), k=depth)
     return {
         q: {h.id: h.score for h in found} for q, found in zip(data.query_ids, hits, strict=True)
     }
+
+
+def _check_texts_store(root: Path, data) -> None:
+    """ValueError unless the folder's texts store holds ``data``'s corpus: the same ids may
+    name other texts (the corpus edited since the build), whose kinds would then be scored
+    against these qrels in silence."""
+    from ..index.collection import holds_state, open_texts
+    from ..index.texts_record import content_hash
+
+    _, record = open_texts(root)
+    content = content_hash(data.corpus_texts, data.corpus_ids)
+    if not holds_state(record, len(data.corpus_ids), content):
+        raise ValueError(
+            f"index {root} was built from other texts: it holds {record['rows']} rows of "
+            f"content {record['content'][:12]}, the corpus {len(data.corpus_ids)} of content "
+            f"{content[:12]}; give another --index path to build one"
+        )
 
 
 def fused_run(runs: Mapping[str, Run], fusion, depth: int) -> Run:
