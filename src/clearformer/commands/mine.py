@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -59,7 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--index",
         metavar="DIR",
-        help="the corpus index (default: OUT.index; reused when it holds these texts)",
+        help="the corpus index (default: OUT.index; reused when it holds these texts; a "
+        "folder named here that holds other texts is refused, never replaced)",
     )
     p.add_argument(
         "-n", "--negatives", type=positive_int, default=3, help="negatives per anchor (default 3)"
@@ -113,7 +115,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, writes_stdout=lambda args: False)
 
 
-def _pairs(args) -> tuple[list[tuple[str, str]], list[str]]:
+def _pairs(args) -> tuple[list[tuple[str, str]], list[str], int]:
+    """(the (anchor, positive) pairs, the corpus, the --data pairs left out because the query's
+    text is its document's)."""
     from ..cli import CliError
     from ..retrieval import DataError, load_beir
     from ..train.pairs import read_pairs
@@ -127,16 +131,22 @@ def _pairs(args) -> tuple[list[tuple[str, str]], list[str]]:
             raise CliError(str(exc)) from None
         text = dict(zip(data.corpus_ids, data.corpus_texts, strict=True))
         queries = dict(zip(data.query_ids, data.query_texts, strict=True))
-        pairs = [
+        relevant = [
             (queries[q], text[d])
             for q in data.query_ids
             for d, level in data.qrels[q].items()
             if level >= 1
         ]
-        return pairs, data.corpus_texts
-    rows = read_pairs(args.pairs)
+        # A query whose text is its document's (a benchmark of duplicate questions has them)
+        # teaches nothing, and train refuses the row: left out, and counted in the report.
+        pairs = [(a, p) for a, p in relevant if a.strip() != p.strip()]
+        return pairs, data.corpus_texts, len(relevant) - len(pairs)
+    try:
+        rows = read_pairs(args.pairs, name="--pairs")
+    except (OSError, ValueError) as exc:
+        raise CliError(str(exc)) from None
     corpus = [] if args.corpus is None else _corpus(Path(args.corpus))
-    return [(r.anchor, r.positive) for r in rows], corpus
+    return [(r.anchor, r.positive) for r in rows], corpus, 0
 
 
 def _corpus(path: Path) -> list[str]:
@@ -164,10 +174,68 @@ def _in_flags(message: str) -> str:
     return _FLAGS.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
+def _check_paths(args, out: Path) -> None:
+    """Before any work: --index can be a folder, no model flag names a missing directory, and
+    --out is none of the files the command reads (it would replace its own input)."""
+    from ..cli import CliError
+
+    if args.index is not None and Path(args.index).exists() and not Path(args.index).is_dir():
+        raise CliError(f"--index {args.index}: is a file; give the folder of the corpus index")
+    if args.cross_encoder is not None:
+        _check_model_dir("--cross-encoder", args.cross_encoder)
+    inputs = [
+        ("the --pairs file", args.pairs),
+        ("the --corpus file", args.corpus),
+        ("the --index folder", args.index),
+    ]
+    if args.data is not None:
+        data, split = Path(args.data), args.split
+        inputs += [
+            (f"the corpus of --data {data}", data / "corpus.jsonl"),
+            (f"the queries of --data {data}", data / "queries.jsonl"),
+            (f"the qrels of --data {data} --split {split}", data / "qrels" / f"{split}.tsv"),
+        ]
+    for what, path in inputs:
+        if path is not None and _same_file(out, Path(path)):
+            raise CliError(
+                f"--out {out} is {what} ({path}): the mined rows would replace it; give "
+                "another --out"
+            )
+
+
+def _check_model_dir(flag: str, path: str) -> None:
+    """A model directory a flag names: there, and holding a checkpoint's files (its weights
+    are read later, once every input has been checked)."""
+    from ..cli import CliError
+    from ..interop.hf.files import CheckpointError, find_checkpoint
+
+    if not Path(path).is_dir():
+        raise CliError(f"{flag} {path}: no such directory")
+    try:
+        find_checkpoint(path)
+    except CheckpointError as exc:
+        raise CliError(f"{flag} {path}: {exc}") from None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """One file under two names: the same resolved path, or a hard link to it."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:  # unreadable here: the reads that follow say why
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
     from ..cli import CliError
     from ..io import atomic_write
-    from ..retrieval.mining import MiningSettings, mine_hard_negatives
+    from ..retrieval.mining import (
+        MiningSettings,
+        check_index_holds,
+        corpus_texts,
+        mine_hard_negatives,
+    )
     from .encode import batching_options, device_flag, load_encoder
     from .phase_progress import PhaseProgress
 
@@ -177,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--out {out}: the folder {out.parent} does not exist")
     if out.is_dir():  # refused now, not after the corpus is embedded
         raise CliError(f"--out {out}: is a folder; give the JSONL file to write")
+    _check_paths(args, out)
     try:
         settings = MiningSettings(
             negatives=args.negatives,
@@ -193,9 +262,17 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(_in_flags(str(exc))) from None
     if args.cross_encoder is None and args.cross_encoder_precision != "float32":
         raise CliError("--cross-encoder-precision applies with --cross-encoder DIR")
-    pairs, corpus = _pairs(args)
+    pairs, corpus, same = _pairs(args)
     if not pairs:
-        raise CliError("no (anchor, positive) pairs to mine for")
+        why = f" ({same:,} left out: the query's text is its document's)" if same else ""
+        raise CliError(f"no (anchor, positive) pairs to mine for{why}")
+    if args.index is not None:
+        # OUT.index is mine's own, built again at will; a folder the user names may hold an
+        # index made for something else, which the build would replace.
+        try:
+            check_index_holds(args.index, corpus_texts(pairs, corpus))
+        except ValueError as exc:
+            raise CliError(f"--index {exc}") from None
     cross_encoder = None
     if args.cross_encoder is not None:
         from .rerank import load_scorer
@@ -224,10 +301,12 @@ def run(args: argparse.Namespace) -> int:
     with atomic_write(out) as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    left_out = f"; pairs left out, the query's text being its document's: {same:,}"
     print(
         f"mine: wrote {out}: {report.rows:,} rows, {report.negatives:,} negatives for "
         f"{report.anchors:,} anchors from {report.corpus:,} texts ({report.without_negatives:,} "
-        f"rows without a negative; candidates dropped: {report.dropped})",
+        f"rows without a negative; candidates dropped: {report.dropped}"
+        f"{left_out if same else ''})",
         file=sys.stderr,
     )
     return 0

@@ -69,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def resolve(args: argparse.Namespace):
     """The config: defaults < --config file < flags; and the flags given."""
     from ..cli import CliError
-    from ..train.config import TrainConfig
+    from ..train.config import TrainConfig, check_model_files
     from ..train.tomlfile import read_toml
 
     overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("set_")}
@@ -77,6 +77,7 @@ def resolve(args: argparse.Namespace):
     source = args.config or "the command line"
     try:
         config = TrainConfig.from_dict({**base, **overrides}, source=source)
+        check_model_files(config)  # a missing model refused now, not at the first evaluation
     except (TypeError, ValueError) as exc:
         # A field's own message starts with its name: say where the bad value came from.
         name = str(exc).split(" ", 1)[0]

@@ -10,8 +10,9 @@ bounded by the index and one block of results, never by anchors x corpus.
 For each anchor, the candidates are its ``range_max`` nearest texts, without its own positives
 (an anchor with several rows has several), without the anchor's own text where the corpus
 holds it (as sentence-transformers leaves the query out: a text is no negative of itself, and
-``train`` refuses a row whose anchor is among its negatives) and the first ``range_min`` ranks;
-then, as sentence-transformers' ``mine_hard_negatives`` does:
+``train`` refuses a row whose anchor is among its negatives) and the first ``range_min`` ranks
+(texts are compared stripped, as ``train`` compares them, and the negatives are the corpus's
+stripped texts, each once); then, as sentence-transformers' ``mine_hard_negatives`` does:
 
 * ``absolute_margin``: keep a candidate only if its score is at least this much below the
   positive's (``score <= positive - margin``), and ``relative_margin``: at most
@@ -163,11 +164,11 @@ def mine_hard_negatives(
         encode_options = {**(encode_options or {}), "precision": precision}
     report_progress = progress or (lambda phase, done, total: None)
     encode_options = dict(encode_options or {})
-    texts = list(dict.fromkeys([*(p for _, p in pairs), *corpus]))  # unique, positives first
+    texts = corpus_texts(pairs, corpus)
     row_of = {text: row for row, text in enumerate(texts)}
-    positives: dict[str, set[int]] = {}
+    positives: dict[str, set[int]] = {}  # by the anchor's stripped text, as texts are keyed
     for anchor, positive in pairs:
-        positives.setdefault(anchor, set()).add(row_of[positive])
+        positives.setdefault(anchor.strip(), set()).add(row_of[positive.strip()])
     anchors = list(positives)
     report = MiningReport(anchors=len(anchors), corpus=len(texts))
     report_progress("corpus", 0, len(texts))
@@ -226,12 +227,45 @@ def mine_hard_negatives(
         report_progress("anchors", min(start + QUERY_BLOCK, len(anchors)), len(anchors))
     rows_out = []
     for anchor, positive in pairs:
-        negatives = chosen[anchor]
+        negatives = chosen[anchor.strip()]
         rows_out.append({"anchor": anchor, "positive": positive, "negative": negatives})
         report.negatives += len(negatives)
         report.without_negatives += not negatives
     report.rows = len(rows_out)
     return rows_out, report
+
+
+def corpus_texts(pairs: Sequence[tuple[str, str]], corpus: Sequence[str] = ()) -> list[str]:
+    """The texts the index of :func:`mine_hard_negatives` holds, row by row: the positives,
+    then the corpus, each once and stripped. ``train`` compares texts stripped (leading and
+    trailing spaces make no other text to a tokenizer): keyed on the raw text, a positive or
+    an anchor with a trailing space would miss its stripped copy in the corpus and come back
+    as its own hard negative."""
+    stripped = [*(p.strip() for _, p in pairs), *(t.strip() for t in corpus)]
+    return list(dict.fromkeys(t for t in stripped if t))  # a blank text is no negative
+
+
+def check_index_holds(index_path: str | Path, texts: Sequence[str]) -> None:
+    """Refuse a committed index at ``index_path`` that holds other rows than ``texts`` (as
+    :func:`corpus_texts` gives them, ids their row numbers): building there would replace
+    an index made for something else. One of these texts with another model or precision
+    passes (it is built again, as :func:`mine_hard_negatives` says). No index there passes."""
+    from ..index import IndexNotFoundError, VectorIndex
+
+    try:
+        index = VectorIndex.open(index_path)
+    except IndexNotFoundError:
+        return
+    held = index.rows == len(texts)
+    if held:
+        found = index.hits(np.arange(index.rows)[None, :], np.zeros((1, index.rows)))[0]
+        held = [(h.id, h.text) for h in found] == [(str(i), t) for i, t in enumerate(texts)]
+    if not held:
+        raise ValueError(
+            f"{index_path}: holds an index of {index.rows:,} other texts (model "
+            f"{index.identity.name}), not the {len(texts):,} these pairs are mined from; "
+            "building there would replace it: give another folder (or remove this one)"
+        )
 
 
 def _rescored(block, looked_at, positives, texts, cross_encoder, precision, progress):

@@ -469,6 +469,22 @@ def resolve_mode(mode: str, metric: str) -> str:
     return mode or ("min" if metric in LOWER_IS_BETTER else "max")
 
 
+def check_model_files(config: TrainConfig) -> None:
+    """The models a run loads only later, checked before any data is read: ``retriever``,
+    the first stage of a rerank evaluation, is loaded at the first evaluation, after the run
+    folder is begun. Its directory must hold a checkpoint's files (its weights are read then)."""
+    if config.task != "rerank" or not config.eval_data or config.retriever == "bundled":
+        return
+    from ..interop.hf.files import find_checkpoint
+
+    try:
+        find_checkpoint(config.retriever)
+    except (OSError, ValueError) as exc:  # no such directory; a file; a folder of other files
+        raise ValueError(
+            f"retriever must be a model directory, got {config.retriever!r} ({exc})"
+        ) from None
+
+
 def check_against_data(config: TrainConfig, train_size: int) -> None:
     """What the config can only be checked against once the data is loaded."""
     if config.batch_size > train_size:

@@ -23,14 +23,14 @@ from ..options import Decision
 from ..version import __version__
 from . import checkpoint as ckpt
 from . import distributed
-from .config import TrainConfig, check_against_data, resolve_mode
+from .config import TrainConfig, check_against_data, check_model_files, resolve_mode
 from .early_stopping import EarlyStopping
 from .plots import write_loss_plot
 from .precision import Precision, resolve_device
 from .resume import check_early_stopping, check_resume, restore, train_file_digest
 from .rng import rng_state, seed_everything, set_rng_state
 from .run_folder import MetricsLog, RunFolder
-from .sampler import BucketSampler
+from .sampler import BucketSampler, EpochSampler
 from .schedule import learning_rate
 from .step import build_optimizer, evaluate, train_step
 from .tasks import build_task, reported_metrics
@@ -86,9 +86,12 @@ def train(
     # speaks for all.
     launched_main = os.environ.get("RANK", "0") == "0"
     metric = _check_metric(config)  # before the data is read
+    check_model_files(config)
     _phase(progress, f"loading the {config.task} task's data", main=launched_main)
     task = build_task(config)
     check_against_data(config, len(task.train_lengths))
+    # Before the run folder: a sampler may find the data cannot fill a batch.
+    sampler = _make_sampler(task, config)
     context = distributed.setup(config.distributed, device)
     try:
         distributed.check_split(config.batch_size, config.accumulation, context.world)
@@ -99,6 +102,7 @@ def train(
                 config,
                 run,
                 task,
+                sampler,
                 metric,
                 device,
                 precision,
@@ -110,6 +114,16 @@ def train(
             )
     finally:
         context.close()
+
+
+def _make_sampler(task, config: TrainConfig) -> EpochSampler:
+    """The batch order. A task whose batches follow a rule of their own (contrastive: no text
+    twice in a batch) makes its sampler; the others bucket by length. The sampler draws from
+    a generator of its own, so where it is made changes no draw."""
+    make_sampler = getattr(task, "make_sampler", None)
+    if make_sampler is not None:
+        return make_sampler(config.batch_size, config.seed)
+    return BucketSampler(task.train_lengths, config.batch_size, seed=config.seed)
 
 
 def _check_metric(config: TrainConfig) -> str:
@@ -148,6 +162,7 @@ def _train(
     config,
     run,
     task,
+    sampler,
     metric,
     device,
     precision,
@@ -192,14 +207,6 @@ def _train(
     model = distributed.wrap(task.build_model().to(device), context, device)
     optimizer = build_optimizer(model, config)  # after FSDP: it shards the parameters
     scaler = precision.grad_scaler()
-    # A task whose batches follow a rule of their own (contrastive: no text twice in a batch)
-    # makes its sampler; the others bucket by length.
-    make_sampler = getattr(task, "make_sampler", None)
-    sampler = (
-        make_sampler(config.batch_size, config.seed)
-        if make_sampler is not None
-        else BucketSampler(task.train_lengths, config.batch_size, seed=config.seed)
-    )
     stopper = EarlyStopping(resolve_mode(config.mode, metric), config.patience, config.min_delta)
     seed_everything(config.seed + 1_000_003 * context.rank)
     step, window = 0, {"sum": 0.0, "count": 0}  # the training loss since the last record

@@ -6,6 +6,11 @@ optional; one string is one negative), or CSV / TSV with a header naming ``ancho
 ``positive`` and optionally ``negative`` (one negative a row) or ``negative_1``,
 ``negative_2``, ... columns, as sentence-transformers' datasets have them. Every fault is an
 error naming the file, the line and the field, raised before any model is loaded.
+
+Other fields and columns are not read, except that those which look like negatives
+(``negatives``, ``hard_negative``, ``negative_id``, ``negative_score``, ...) are refused: read
+as texts, an id or a score column would be trained on; left out, a misnamed list would train
+without the negatives the file meant to give.
 """
 
 from __future__ import annotations
@@ -13,8 +18,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..checks import check_unicode
+
+NEGATIVE_COLUMN = re.compile(r"negative(_[0-9]+)?")  # negative, negative_1, negative_2, ...
 
 
 @dataclass(frozen=True)
@@ -25,23 +35,28 @@ class Pair:
     line: int  # in the file, for messages
 
 
-def read_pairs(path: str | Path) -> list[Pair]:
-    """Every row of ``path``, checked; a clear error for any fault."""
+def read_pairs(path: str | Path, name: str = "train_file") -> list[Pair]:
+    """Every row of ``path``, checked; a clear error for any fault. ``name`` is what the
+    caller calls the file (``train_file``; ``--pairs`` for ``clearformer mine``)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"train_file {path}: no such file")
+        raise FileNotFoundError(f"{name} {path}: no such file")
     if path.suffix in (".jsonl", ".json"):
         rows = _jsonl_rows(path)
     elif path.suffix in (".csv", ".tsv"):
         rows = _table_rows(path, "\t" if path.suffix == ".tsv" else ",")
     else:
         raise ValueError(
-            f"train_file {path}: expected a .jsonl, .csv or .tsv file, got {path.suffix!r}"
+            f"{name} {path}: expected a .jsonl, .csv or .tsv file, got {path.suffix!r}"
         )
     pairs = [_pair(path, line, row) for line, row in rows]
     if not pairs:
-        raise ValueError(f"train_file {path}: no rows")
+        raise ValueError(f"{name} {path}: no rows")
     return pairs
+
+
+def _looks_like_negatives(name: str) -> bool:
+    return "neg" in name.casefold()
 
 
 def _jsonl_rows(path: Path):
@@ -57,6 +72,12 @@ def _jsonl_rows(path: Path):
                 raise ValueError(
                     f"{path}, line {number}: expected a JSON object, got {type(row).__name__}"
                 )
+            for key in row:
+                if key != "negative" and _looks_like_negatives(key):
+                    raise ValueError(
+                        f"{path}, line {number}: field {key!r} is not read: a row's negatives "
+                        "are the field 'negative' (a string or a list of strings)"
+                    )
             yield number, row
 
 
@@ -73,7 +94,7 @@ def _table_rows(path: Path, delimiter: str):
         for name in ("anchor", "positive"):
             if name not in header:
                 raise ValueError(f"{path}, line 1: the header has no {name!r} column: {header}")
-        negative_columns = [h for h in header if h == "negative" or h.startswith("negative_")]
+        negative_columns = _negative_columns(path, header)
         while True:
             start = reader.line_num + 1  # the line this row starts on (a field may span lines)
             try:
@@ -96,6 +117,18 @@ def _table_rows(path: Path, delimiter: str):
             )
     finally:
         csv.field_size_limit(limit)
+
+
+def _negative_columns(path: Path, header: list[str]) -> list[str]:
+    """The header's negative columns; one that only looks like one (an id, a score) is
+    refused rather than read as a text or left out."""
+    for name in header:
+        if _looks_like_negatives(name) and not NEGATIVE_COLUMN.fullmatch(name):
+            raise ValueError(
+                f"{path}, line 1: column {name!r} is not read: negatives are the columns "
+                "'negative' or 'negative_1', 'negative_2', ..."
+            )
+    return [name for name in header if NEGATIVE_COLUMN.fullmatch(name)]
 
 
 def utf8_text(path: Path) -> str:
@@ -125,6 +158,9 @@ def _pair(path: Path, line: int, row: dict) -> Pair:
             )
         if not value.strip():
             raise ValueError(f"{where}: field {name!r} is empty")
+        # A lone surrogate (JSON's "\ud800") would fail in the tokenizer, after the model
+        # has loaded, with a message that names neither the file nor the text.
+        check_unicode(value, f"{where}: field {name!r}")
     negatives = row.get("negative", [])
     if isinstance(negatives, str):
         negatives = [negatives]
@@ -135,6 +171,7 @@ def _pair(path: Path, line: int, row: dict) -> Pair:
     for i, negative in enumerate(negatives):
         if not isinstance(negative, str) or not negative.strip():
             raise ValueError(f"{where}: field 'negative' item {i} must be a non-empty string")
+        check_unicode(negative, f"{where}: field 'negative' item {i}")
     # Compared as the tokenizer sees them: leading and trailing spaces make no other text.
     anchor, positive = row["anchor"].strip(), row["positive"].strip()
     if anchor == positive:

@@ -145,7 +145,10 @@ class ContrastiveTask:
 
     def make_sampler(self, batch_size: int, seed: int) -> DuplicateFreeSampler:
         texts = [(p.anchor, p.positive, *self._negatives(p)) for p in self.train_pairs]
-        return DuplicateFreeSampler(texts, batch_size, seed=seed)
+        try:
+            return DuplicateFreeSampler(texts, batch_size, seed=seed)
+        except ValueError as exc:  # the rows share too many texts: the file is the cause
+            raise ValueError(f"train_file {self.config.train_file}: {exc}") from None
 
     def train_step(self, model, indices, *, context, **step_options) -> tuple[float, float]:
         step_options.pop("accumulation", None)  # GradCache's mini-batches replace it
