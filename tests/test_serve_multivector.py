@@ -96,7 +96,8 @@ def test_a_route_the_model_does_not_serve_names_route_and_kind(server):
     wrong = post(server.url, "/embed", {"inputs": ["hello"], "model": "colbert"})
     assert 400 <= wrong.status_code < 500
     message = wrong.json()["error"]
-    assert "multi-vector" in message and "/embed_multivector" in message
+    assert "model 'colbert' is a multi-vector (ColBERT) model, which /embed" in message
+    assert "/embed_multivector" in message
     sparse = post(server.url, "/embed_sparse", {"inputs": ["hello"], "model": "colbert"})
     assert 400 <= sparse.status_code < 500 and "/embed_multivector" in sparse.json()["error"]
 

@@ -83,7 +83,7 @@ def test_embed_sparse_equals_encode(dirs):
         refused = post("/embed_sparse", {"inputs": ["hello"], "model": "dense"})
         assert refused.status_code == 422
         message = refused.json()["error"]
-        assert "embedding model" in message and "/embed_sparse" in message
+        assert "model 'dense' is an embedding model, which /embed_sparse" in message
         for task in ("passage", ""):
             bad = post("/embed_sparse", {"inputs": ["hello"], "task": task})
             assert bad.status_code == 422 and "task" in bad.json()["error"], task

@@ -28,12 +28,12 @@ from .token_models import load_served_model
 log = logging.getLogger(__name__)
 
 STATUSES = ("loading", "ready", "draining", "failed")
-_KIND_NAMES = {
-    "embed": "embedding",
-    "rerank": "cross-encoder (rerank)",
-    "multivector": "multi-vector (ColBERT)",
-    "bge-m3": "bge-m3",
-    "sparse": "sparse (SPLADE)",
+_KIND_NAMES = {  # each with its article: "a model", "an embedding model"
+    "embed": "an embedding",
+    "rerank": "a cross-encoder (rerank)",
+    "multivector": "a multi-vector (ColBERT)",
+    "bge-m3": "a bge-m3",
+    "sparse": "a sparse (SPLADE)",
 }
 _KIND_ROUTES = {
     "embed": "/embed or /v1/embeddings",
@@ -266,7 +266,7 @@ class ServerState:
         if not model.serves(kind):
             raise ApiError(
                 "Validation",
-                f"model {name!r} is a {_KIND_NAMES[model.kind]} model, which "
+                f"model {name!r} is {_KIND_NAMES[model.kind]} model, which "
                 f"{_KIND_ROUTES[kind]} does not serve: use {_KIND_ROUTES[model.kind]}",
                 param="model",
             )
