@@ -89,9 +89,10 @@ def run_kind_info(args: argparse.Namespace) -> int:
 
     path = Path(args.index)
     _, record = open_texts(path)
-    print(f"index       {path}: {record['rows']:,} texts, kinds {', '.join(kinds_present(path))}")
-    for kind in kinds_present(path):
-        index = open_kind_index(path, kind)
+    # Every kind opened before a line is printed: a damaged one is the only line.
+    indexes = {kind: open_kind_index(path, kind) for kind in kinds_present(path)}
+    print(f"index       {path}: {record['rows']:,} texts, kinds {', '.join(indexes)}")
+    for kind, index in indexes.items():
         model = "no model" if index.identity is None else index.identity.describe()
         print(f"{kind:<11} {index.generation}, {index.rows:,} rows, {model}")
     return 0
@@ -238,7 +239,7 @@ def _kind_model(args: argparse.Namespace, kind: str):
     """The model of a ``kind`` build: none for bm25, the checkpoint's kind checked first."""
     from ..cli import CliError
     from .encode import load_encoder
-    from .kind_models import check_model_kind, load_model
+    from .kind_models import check_model_kind, is_bge_m3, load_model
 
     if kind == "bm25":
         if args.model is not None:
@@ -250,6 +251,7 @@ def _kind_model(args: argparse.Namespace, kind: str):
         if not Path(args.model).is_dir():
             raise CliError(f"--model {args.model}: no such directory")
         check_model_kind(kind, args.model, "--model")
-    if kind == "dense":
+    if kind == "dense" and (args.model is None or not is_bge_m3(args.model)):
         return load_encoder(args, hold_precision=True)
+    # bge-m3 for a dense kind too: the build takes its dense view (index.kinds.encoder_for)
     return load_model(kind, args.model, precision=args.precision, device=args.device)

@@ -80,16 +80,16 @@ def run_kind_add(args: argparse.Namespace) -> int:
 def _model(args: argparse.Namespace, path: Path, kind: str):
     """The ``kind`` index's model: its flag, else the model the kind records (the dense kind:
     else the bundled one, as the dense add); its checkpoint's kind checked first."""
-    if kind != "dense":
-        from .search_kinds import _model as kind_model
+    from .search_kinds import _dense_model
+    from .search_kinds import _model as kind_model
 
+    if kind != "dense":
         return kind_model(args, path, kind)
-    from .index import index_encoder
     from .kind_models import check_model_kind
 
     if args.model is not None:
         check_model_kind("dense", args.model, "--model")
-    return index_encoder(args, path / "dense")
+    return _dense_model(args, path, hold=getattr(args, "hold_precision", False))
 
 
 def _report(added, chunks, given: int) -> None:

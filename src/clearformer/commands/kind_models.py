@@ -17,6 +17,12 @@ def checkpoint_kind(path: str | Path) -> str | None:
     return model_kind(path)
 
 
+def is_bge_m3(path: str | Path) -> bool:
+    """Whether ``path`` is a bge-m3 checkpoint: a dense kind loads it as
+    :class:`~clearformer.BGEM3Encoder` (its dense view), not as a TextEncoder."""
+    return checkpoint_kind(path) == "bge-m3"
+
+
 def check_model_kind(kind: str, path: str | Path, flag: str = "model") -> None:
     """ValueError naming both kinds unless the checkpoint at ``path`` can serve a ``kind``
     index (a BGE-M3 checkpoint serves dense, sparse and multivector)."""
@@ -27,16 +33,17 @@ def check_model_kind(kind: str, path: str | Path, flag: str = "model") -> None:
 
 
 def kind_precision(kind: str, precision: str) -> str:
-    """``--precision`` for a sparse or multi-vector model: float32 or bf16 (``auto`` decided
-    here, as for a cross-encoder); int8, which only dense models run, refused naming the
-    kind."""
+    """``--precision`` for a sparse, multi-vector or bge-m3 model: float32 or bf16 (``auto``
+    decided here, as for a cross-encoder); int8, which only dense TextEncoder models run,
+    refused naming the kind."""
     from ..precision import check_precision, choose_precision, is_int8
 
     offered = ("float32", "bf16")
     asked = check_precision(precision, "--precision")
     if is_int8(asked):
+        which = "dense TextEncoder models" if kind == "bge-m3" else "dense models"
         raise ValueError(
-            f"--precision {asked} applies to dense models; a {kind} model runs float32 or bf16"
+            f"--precision {asked} applies to {which}; a {kind} model runs float32 or bf16"
         )
     precision = check_precision(precision, "--precision", (*offered, "auto"))
     return choose_precision(precision, offered=offered).choice
@@ -46,25 +53,28 @@ def load_model(
     kind: str, path: str | Path | None, precision: str | None = None, device: str | None = None
 ) -> Any:
     """The sparse or multi-vector model at ``path`` (a BGE-M3 checkpoint as BGE-M3, which
-    serves both), holding ``precision`` alone where one is given (``--precision``: float32,
-    bf16 or auto; int8 is for dense models and is refused here). The classes are imported
-    here, on use, so that the commands import without the sparse and multi-vector encoders
-    (dense models load with ``encode.load_encoder``). ``device`` (``--device``): these
-    models run on the CPU alone, and another device is refused before any read."""
+    serves both, and dense: :func:`is_bge_m3`), holding ``precision`` alone where one is given
+    (``--precision``: float32, bf16 or auto; int8 is for dense models and is refused here).
+    The classes are imported here, on use, so that the commands import without the sparse
+    and multi-vector encoders (dense models load with ``encode.load_encoder``). ``device``
+    (``--device``): these models run on the CPU alone, and another device is refused before
+    any weight is read."""
+    label = "bge-m3" if path is not None and is_bge_m3(path) else kind
     if device is not None:
         from ..devices import check_device
 
         if check_device(device, "--device").type != "cpu":
+            which = "dense TextEncoder models" if label == "bge-m3" else "dense models"
             raise ValueError(
-                f"--device {device}: {kind} models run on the CPU here; only dense models "
+                f"--device {device}: {label} models run on the CPU here; only {which} "
                 f"are placed on another device"
             )
     if path is None:
         raise ValueError(f"a {kind} index needs --model: no {kind} model ships with clearformer")
     check_model_kind(kind, path, "--model")
     if precision is not None:
-        precision = kind_precision(kind, precision)
-    if checkpoint_kind(path) == "bge-m3":
+        precision = kind_precision(label, precision)
+    if label == "bge-m3":
         from ..text.bge_m3 import BGEM3Encoder
 
         return BGEM3Encoder.from_pretrained(path, precision=precision)

@@ -217,8 +217,8 @@ def run_kind_search(args: argparse.Namespace, path: Path) -> int:
     models = {kind: _model(args, path, kind) for kind in kinds if kind != "bm25"}
     index = HybridIndex.open(path, models, kinds=kinds)
     hits = index.search(
-        args.query, k=args.top_k, mode=mode, kinds=kinds, fusion=fusion, depth=args.depth,
-        settings=settings,
+        args.query, k=args.top_k, mode=mode, kinds=kinds if mode == "hybrid" else None,
+        fusion=fusion, depth=args.depth, settings=settings,
     )  # fmt: skip
     if not hits:  # on stderr: stdout stays the (empty) list of results
         why = ""
@@ -241,11 +241,7 @@ def _model(args: argparse.Namespace, path: Path, kind: str):
     from .kind_models import check_model_kind, load_model
 
     if kind == "dense":
-        from ..index.collection import is_collection
-        from .index import index_encoder
-
-        # search holds --precision for its queries, as index add holds it for its texts
-        return index_encoder(args, path / "dense" if is_collection(path) else path, hold=True)
+        return _dense_model(args, path)
     flag = f"--{kind}-model"
     given = getattr(args, f"{kind}_model")
     if given is None:
@@ -264,6 +260,43 @@ def _model(args: argparse.Namespace, path: Path, kind: str):
     if getattr(args, "hold_precision", False):
         held = args.precision or _recorded_precision(path, kind)
     return load_model(kind, given, precision=held, device=getattr(args, "device", None))
+
+
+def _dense_model(args: argparse.Namespace, path: Path, hold: bool = True):
+    """The dense kind's model: ``--model``, else the one the dense index records (else the
+    bundled one). A bge-m3 checkpoint is loaded as bge-m3 (the index takes its dense view),
+    held in --precision, else in the precision the index holds its vectors in."""
+    from ..index.collection import is_collection
+    from .index import index_encoder
+    from .kind_models import is_bge_m3, load_model
+
+    dense = path / "dense" if is_collection(path) else path
+    recorded = _dense_record(dense) if args.model is None or is_bge_m3(args.model) else {}
+    given = args.model or recorded.get("path")
+    if given is None or not is_bge_m3(given):
+        # search holds --precision for its queries, as index add holds it for its texts
+        return index_encoder(args, dense, hold=hold)
+    held = args.precision
+    if hold and held is None:
+        held = recorded.get("precision")
+    return load_model("dense", given, precision=held, device=getattr(args, "device", None))
+
+
+def _dense_record(dense: Path) -> dict:
+    """What the committed dense index at ``dense`` records of its model: ``path`` and
+    ``precision`` where its ``meta.json`` says (opening the index for the search checks it
+    whole, and says what is wrong)."""
+    from ..index import layout
+    from ..index.recipe import index_precision
+
+    try:
+        generation = layout.current_generation(dense)
+        meta = layout.read_json(layout.generation_dir(dense, generation or "") / layout.META)
+        path, precision = meta["model"]["path"], index_precision(meta)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    found = {"precision": precision} if precision != "mixed" else {}
+    return {**found, "path": path} if isinstance(path, str) and path else found
 
 
 def _recorded_precision(path: Path, kind: str) -> str:

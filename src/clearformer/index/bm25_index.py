@@ -31,14 +31,27 @@ class BM25Options:
     stopwords: str | None = "en"  # bm25s's English stop words; None keeps every word
 
     def __post_init__(self) -> None:
+        for name in ("k1", "b"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{name} must be a number, got {value!r:.40}")
         if not self.k1 >= 0 or not 0 <= self.b <= 1:
             raise ValueError(f"k1 must be >= 0 and b in [0, 1], got k1={self.k1}, b={self.b}")
         methods = ("lucene", "robertson", "atire", "bm25l", "bm25+")
         if self.method not in methods:
             raise ValueError(f"method must be one of {methods}, got {self.method!r}")
+        words = self.stopwords
+        if not (words is None or isinstance(words, str) or _strings(words)):
+            raise TypeError(
+                f"stopwords must be a language, a list of words or None, got {words!r:.40}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list | tuple) and all(isinstance(word, str) for word in value)
 
 
 def _bm25s():
@@ -65,6 +78,8 @@ def query_terms(queries: list[str], options: BM25Options) -> list[list[str]]:
 
 def build_bm25(root: Path, texts: list[str], ids: list[str], options: BM25Options) -> BM25Index:
     _bm25s()  # a missing bm25s fails now, before the texts store is written
+    tokens = tokenize(texts, options)
+    check_words(tokens, options)  # before the texts store is written
     write_kind(
         root,
         "bm25",
@@ -72,7 +87,7 @@ def build_bm25(root: Path, texts: list[str], ids: list[str], options: BM25Option
         ids,
         model=None,
         options=options.to_dict(),
-        write_files=lambda folder, _rows: write_bm25_files(folder, texts, options),
+        write_files=lambda folder, _rows: write_bm25_files(folder, texts, options, tokens),
         reader=BM25Index,
         encode=None,
         chunk_rows=max(len(texts), 1),
@@ -80,12 +95,26 @@ def build_bm25(root: Path, texts: list[str], ids: list[str], options: BM25Option
     return BM25Index.open(root)
 
 
-def write_bm25_files(folder: Path, texts: list[str], options: BM25Options) -> None:
-    """bm25s's files for ``texts``, every one of them. An add indexes all the texts again: a
-    BM25 score depends on the corpus (each term's document frequency, the mean length), and
-    bm25s has no append, so only an index of them all scores as a build of them all does."""
+def check_words(tokens: Any, options: BM25Options) -> None:
+    """ValueError unless some text holds a word BM25 indexes: bm25s cannot index a corpus of
+    none (its scores divide by the mean length, 0), and such an index would find nothing."""
+    if not any(tokens.vocab):  # "" marks a text of no word
+        kept = "punctuation" if options.stopwords is None else "stop words or punctuation"
+        raise ValueError(
+            f"none of the {len(tokens.ids):,} texts holds a word BM25 indexes (each is only "
+            f"{kept}, or empty): a bm25 index of them would find nothing"
+        )
+
+
+def write_bm25_files(
+    folder: Path, texts: list[str], options: BM25Options, tokens: Any = None
+) -> None:
+    """bm25s's files for ``texts``, every one of them (``tokens``: theirs, when the caller
+    has them already). An add indexes all the texts again: a BM25 score depends on the
+    corpus (each term's document frequency, the mean length), and bm25s has no append, so
+    only an index of them all scores as a build of them all does."""
     retriever = _bm25s().BM25(k1=options.k1, b=options.b, method=options.method)
-    retriever.index(tokenize(texts, options), show_progress=False)
+    retriever.index(tokenize(texts, options) if tokens is None else tokens, show_progress=False)
     retriever.save(str(folder))
 
 
@@ -93,12 +122,13 @@ class BM25Index(KindIndex):
     """A committed BM25 index (bm25s, memory-mapped)."""
 
     kind = "bm25"
+    needs_model = False
 
     def __init__(self, root: Path, encoder: Any = None) -> None:
         if encoder is not None:
             raise ValueError("a bm25 index uses no model: open it without an encoder")
         super().__init__(root)
-        self.options = BM25Options(**self.meta["options"])
+        self.options = self.from_meta("'options'", lambda: BM25Options(**self.meta["options"]))
         try:
             self._retriever = _bm25s().BM25.load(str(self.folder), mmap=True)
         except (OSError, ValueError, KeyError) as exc:

@@ -32,6 +32,7 @@ from . import engine, integrity, layout
 from .chunks import ChunkStore, chunk_count, chunk_progress, embed_chunks, texts_sha256
 from .identity import ModelIdentity
 from .inputs import check_ids, check_texts
+from .kinds import identity_of, model_kind_of
 from .options import IndexOptions, resolve_ann
 from .quantize import int8_ranges, quantize, stored_bytes, truncate
 from .recipe import (
@@ -214,7 +215,13 @@ def _plan(
     content = _sha256_json({"texts": texts_sha256(texts), "ids": named})
     first = 0 if base is None else base.rows
     ids = [str(first + i) for i in range(len(texts))] if given is None else given
-    identity = ModelIdentity.of(encoder)
+    # Another kind's model has no dense encode(): refused here, before any work.
+    if model_kind_of(encoder) != "dense":
+        raise ValueError(
+            f"encoder: a dense index needs a dense model, got a {model_kind_of(encoder)} model"
+            + (" (its dense view: encoder.as_dense())" if hasattr(encoder, "as_dense") else "")
+        )
+    identity = identity_of(encoder)  # a TextEncoder's, or a dense view's (bge-m3's)
     precision = computed_precision(encoder, encode_options.get("precision"))
     prompt = computed_prompt(encoder, encode_options)
     if base is not None:

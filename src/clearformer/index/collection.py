@@ -101,17 +101,41 @@ def kinds_present(root: Path) -> list[str]:
     present = []
     for kind in KINDS:
         try:
-            if layout.current_generation(root / kind) is not None:
+            if kind_generation(root / kind) is not None:
                 present.append(kind)
         except layout.IndexDamagedError:
             present.append(kind)  # there, but damaged: opening it says which file
     return present
 
 
+def kind_generation(sub: Path) -> str | None:
+    """The committed generation of the kind folder ``sub`` (None: no such kind, or none of
+    its builds got as far as writing a generation). IndexDamagedError naming the file where
+    ``sub`` is a file, or where its ``CURRENT`` is missing or empty while generations remain:
+    the kind was committed and its pointer lost, and left out in silence it would change
+    what a hybrid search fuses. (A first build killed between its generation and its commit
+    looks the same; running it again is the remedy for both.)"""
+    if sub.exists() and not sub.is_dir():
+        raise layout.IndexDamagedError(
+            sub, f"is a file, not the {sub.name} index's folder (remove it first)"
+        )
+    generation = layout.current_generation(sub)
+    if generation is None:
+        written = sorted(p.name for p in (sub / "generations").glob("gen-*"))
+        if written:
+            raise layout.IndexDamagedError(
+                sub / layout.CURRENT,
+                f"is missing or empty, but {sub / 'generations'} holds {', '.join(written)}",
+            )
+    return generation
+
+
 def require_kind(root: Path, kind: str, asked_by: str) -> None:
     """KindNotFoundError (one line, naming the kinds present) unless ``root`` holds ``kind``."""
     if kind not in KINDS:
         raise KindNotFoundError(f"{asked_by}: unknown kind {kind!r}; expected one of {KINDS}")
+    if is_collection(root):
+        kind_generation(root / kind)  # a damaged pointer is named, not taken for no kind
     present = kinds_present(root)
     if kind not in present:
         holds = ", ".join(present) if present else "no kind"
@@ -130,6 +154,12 @@ def ensure_texts(root: Path, texts: list[str], ids: list[str]) -> str:
             f"{root} is a dense index built on its own (without a kind): a sparse, "
             "multi-vector or BM25 index goes into a folder of kinds, at another path"
         )
+    for kind in KINDS:  # no build can write a kind where a file stands
+        if (root / kind).exists() and not (root / kind).is_dir():
+            raise ValueError(
+                f"{root / kind} is a file, not the {kind} index's folder: remove it, or build "
+                "into another folder"
+            )
     content = content_hash(texts, ids)
     folder = root / TEXTS_DIR
     with layout.writer_lock(root):

@@ -3,9 +3,9 @@ the model that made it (refusing another), the collection's texts, and results a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -16,11 +16,20 @@ from .kind_store import open_kind
 from .kinds import encoder_for, identity_of
 from .vector_index import Hit, hits_wanted
 
+T = TypeVar("T")
+# A recorded identity's fields and their types (width and max_length: positive integers);
+# "path", a hint never compared, may be absent (ModelIdentity's default).
+_IDENTITY_FIELDS = {
+    "name": str, "revision": str, "pooling": str, "normalize": bool, "width": int,
+    "max_length": int, "path": str,
+}  # fmt: skip
+
 
 class KindIndex:
     """A committed sub-index of kind :attr:`kind` in the collection at ``root``."""
 
     kind = ""
+    needs_model = True  # bm25: False (its meta.json records "model": null)
 
     def __init__(self, root: Path, encoder: Any = None) -> None:
         self.root = root
@@ -36,8 +45,7 @@ class KindIndex:
                 f"records texts {str(self.meta.get('texts'))[:12]} of {self.rows} rows, but "
                 f"{root / 'texts'} holds {record['content'][:12]} of {record['rows']} rows",
             )
-        model = self.meta.get("model")
-        self.identity = None if model is None else ModelIdentity.from_dict(model)
+        self.identity = self._recorded_identity()
         self.encoder = None
         if encoder is not None:
             self.with_encoder(encoder)
@@ -45,6 +53,39 @@ class KindIndex:
     @classmethod
     def open(cls, path: str | Path, encoder: Any = None):
         return cls(Path(path), encoder)
+
+    def from_meta(self, what: str, make: Callable[[], T]) -> T:
+        """``make()``, which reads ``what`` of this generation's ``meta.json`` (its options,
+        say); IndexDamagedError naming the file where the recorded values are not such
+        (a key lost or unknown, a value of another type or out of range)."""
+        try:
+            return make()
+        except (TypeError, ValueError, KeyError) as exc:
+            raise layout.IndexDamagedError(
+                self.folder / layout.META, f"has {what} this {self.kind} index cannot use ({exc})"
+            ) from None
+
+    def _recorded_identity(self) -> ModelIdentity | None:
+        """The model ``meta.json`` records, its fields checked (None: bm25, which has none)."""
+        model, meta = self.meta["model"], self.folder / layout.META
+        if not self.needs_model:
+            if model is not None:
+                raise layout.IndexDamagedError(
+                    meta, f"records a model; a {self.kind} index uses none"
+                )
+            return None
+        if model is None:
+            raise layout.IndexDamagedError(meta, f"records no model; a {self.kind} index needs one")
+        for name, kind in _IDENTITY_FIELDS.items():
+            value = model.get(name)
+            if name == "path" and value is None:
+                continue
+            whole = isinstance(value, kind) and (kind is not int or not isinstance(value, bool))
+            if not whole or (kind is int and value <= 0):
+                raise layout.IndexDamagedError(
+                    meta, f"has 'model' {name} {value!r:.60}, not a model identity's {name}"
+                )
+        return ModelIdentity.from_dict(model)
 
     def with_encoder(self, encoder: Any):
         """This index with ``encoder`` for text queries, after checking it is the index's

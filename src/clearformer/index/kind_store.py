@@ -22,7 +22,7 @@ from typing import Any
 
 from . import integrity, layout
 from .chunks import ChunkDone, chunk_count, chunk_progress, embed_chunks
-from .collection import KIND_FORMAT, ensure_texts
+from .collection import KIND_FORMAT, ensure_texts, kind_generation
 from .ragged import Ragged, RaggedChunkStore, concatenate
 
 log = logging.getLogger(__name__)
@@ -230,6 +230,9 @@ def read_kind_meta(sub: Path, generation: str) -> dict[str, Any]:
             raise layout.IndexDamagedError(path, f"has {key!r} {meta.get(key)!r:.60}")
     if meta["generation"] != generation:
         raise layout.IndexDamagedError(path, f"records generation {meta['generation']!r:.40}")
+    # bm25 records "model": null; the other kinds their model's identity. Absent, it is lost.
+    if "model" not in meta:
+        raise layout.IndexDamagedError(path, "has no 'model' (the model's identity, or null)")
     if meta["model"] is not None and not isinstance(meta["model"], dict):
         raise layout.IndexDamagedError(path, f"has 'model' {meta['model']!r:.60}")
     for name, record in meta["files"].items():
@@ -269,7 +272,7 @@ def open_kind(root: Path, kind: str) -> tuple[Path, dict[str, Any]]:
     every recorded file checked (IndexDamagedError naming the file)."""
     sub = root / kind
     for attempt in range(_OPEN_TRIES):
-        generation = layout.current_generation(sub)
+        generation = kind_generation(sub)
         if generation is None:
             raise FileNotFoundError(f"{sub} holds no committed {kind} index")
         folder = layout.generation_dir(sub, generation)

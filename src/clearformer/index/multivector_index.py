@@ -188,9 +188,13 @@ class MultiVectorIndex(KindIndex):
 
     def __init__(self, root: Path, encoder: Any = None) -> None:
         super().__init__(root, encoder)
-        self.options = MultiVectorOptions(**self.meta["options"])
+        self.options = self.from_meta(
+            "'options'", lambda: MultiVectorOptions(**self.meta["options"])
+        )
         self.width: int = self.identity.width
-        self.muvera = Muvera(self.options.muvera(self.width))
+        self.muvera = self.from_meta(
+            "MUVERA 'options'", lambda: Muvera(self.options.muvera(self.width))
+        )
         load = lambda name: np.load(self.folder / name, mmap_mode="r")  # noqa: E731
         self._tokens = load(TOKENS)  # (T, D)
         self._indptr = np.asarray(load(TOKEN_INDPTR))  # (n + 1,)

@@ -184,14 +184,23 @@ class SparseIndex(KindIndex):
 
     def __init__(self, root: Path, encoder: Any = None) -> None:
         super().__init__(root, encoder)
-        self.vocabulary: int = self.meta["options"]["vocabulary"]
+        self.vocabulary: int = self.from_meta("'options' vocabulary", self._recorded_vocabulary)
+        self.options = self.from_meta(
+            "'options'",
+            lambda: SparseOptions(
+                **{k: v for k, v in self.meta["options"].items() if k != "vocabulary"}
+            ),
+        )
         load = lambda name: np.load(self.folder / name, mmap_mode="r")  # noqa: E731
         self._indptr = np.asarray(load(POSTINGS_INDPTR))  # small: (vocab + 1,) in memory
+        if len(self._indptr) != self.vocabulary + 1:  # a term id past it would read no list
+            raise layout.IndexDamagedError(
+                self.folder / POSTINGS_INDPTR,
+                f"holds {len(self._indptr)} offsets, but {self.folder / layout.META} records "
+                f"a vocabulary of {self.vocabulary} (its offsets: {self.vocabulary + 1})",
+            )
         self._rows = load(POSTINGS_ROWS)
         self._weights = load(POSTINGS_WEIGHTS)
-        self.options = SparseOptions(
-            **{k: v for k, v in self.meta["options"].items() if k != "vocabulary"}
-        )
         self._seismic = None
         if self.options.engine == "seismic":
             self._documents = Ragged(
@@ -207,6 +216,15 @@ class SparseIndex(KindIndex):
                 raise layout.IndexDamagedError(
                     self.folder / SEISMIC_FILE, f"cannot be loaded by Seismic ({exc})"
                 ) from None
+
+    def _recorded_vocabulary(self) -> int:
+        """The vocabulary ``meta.json`` records: the model's width, which built the lists."""
+        vocabulary = self.meta["options"].get("vocabulary")
+        if isinstance(vocabulary, bool) or not isinstance(vocabulary, int):
+            raise TypeError(f"{vocabulary!r:.40} is not the model's width, an integer")
+        if vocabulary != self.identity.width:
+            raise ValueError(f"{vocabulary} is not the model's width {self.identity.width}")
+        return vocabulary
 
     def search_texts(self, queries: list[str], k: int, **how: Any) -> tuple[np.ndarray, np.ndarray]:
         encoded = sparse_rows(self._require_encoder().encode_query(queries))

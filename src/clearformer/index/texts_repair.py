@@ -49,25 +49,38 @@ def record_damaged(root: Path) -> bool:
 
 
 def repair_plan(root: Path, texts: list[str], ids: list[str]) -> str | None:
-    """For a damaged record: the database holding exactly ``texts`` and ``ids`` (the record
-    is written again naming it), or None where no database is whole (the store is written
-    anew from them). ValueError, nothing changed, where a whole database holds other texts:
-    the folder's kinds were built over those, as an intact record would have said."""
+    """For a damaged record: the newest whole database (the most rows), where it holds
+    exactly ``texts`` and ``ids`` (the record is written again naming it), or None where no
+    database is whole (the store is written anew from them). ValueError, nothing changed,
+    where the newest holds other texts, or more rows after these (the first corpus after an
+    add): the folder's kinds were built over its rows, as an intact record would have said."""
     content = content_hash(texts, ids)
-    others = []
-    for name, held_ids, held_texts in _whole_databases(root / TEXTS_DIR):
+    whole = _whole_databases(root / TEXTS_DIR)
+    if not whole:
+        return None
+    # An add only appends: the database with the most rows is the store's newest state, and
+    # the only one a record may name. An earlier one (the first corpus after an add) would
+    # roll the store back, and every kind holding the added rows would stop opening.
+    rows = max(len(found[2]) for found in whole)
+    newest = [found for found in whole if len(found[2]) == rows]
+    for name, held_ids, held_texts in newest:
         if content_hash(held_texts, held_ids) == content:
             return name
-        others.append((name, len(held_texts)))
-    if others:
-        name, rows = max(others, key=lambda found: found[1])
-        raise ValueError(
-            f"{root / TEXTS_DIR / TEXTS_RECORD} is damaged, and {root / TEXTS_DIR / name} holds "
-            f"other texts ({rows:,} rows) than this build's ({len(texts):,} rows): build without "
-            "--corpus (over the texts the folder holds) to write it again, or build into "
-            "another folder"
-        )
-    return None
+    newest, newest_ids, newest_texts = newest[-1]
+    record = root / TEXTS_DIR / TEXTS_RECORD
+    earlier = (
+        len(texts) < rows
+        and content_hash(newest_texts[: len(texts)], newest_ids[: len(texts)]) == content
+    )
+    held = (
+        f"holds these {len(texts):,} rows and {rows - len(texts):,} added after them"
+        if earlier
+        else f"holds other texts ({rows:,} rows) than this build's ({len(texts):,} rows)"
+    )
+    raise ValueError(
+        f"{record} is damaged, and {root / TEXTS_DIR / newest} {held}: build without --corpus "
+        "(over the texts the folder holds) to write it again, or build into another folder"
+    )
 
 
 def rewrite_record(root: Path, texts: list[str], ids: list[str]) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ import numpy as np
 
 from . import engine, integrity, layout
 from .identity import ModelIdentity
+from .kinds import encoder_for, identity_of
 from .options import IndexOptions
 from .quantize import quantize, stored_bytes, truncate
 from .texts import TextStore
@@ -170,8 +171,10 @@ class VectorIndex:
         return index
 
     def with_encoder(self, encoder) -> VectorIndex:
-        """This index with ``encoder`` for text queries, after checking it is the index's model."""
-        self.identity.check_same(ModelIdentity.of(encoder), f"index {self.root}")
+        """This index with ``encoder`` for text queries, after checking it is the index's model
+        (a BGE-M3 model: its dense view)."""
+        encoder = encoder_for("dense", encoder, f"index {self.root}")
+        self.identity.check_same(identity_of(encoder), f"index {self.root}")
         self.encoder = encoder
         return self
 

@@ -29,11 +29,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checks import check_int
+from ..checks import check_bool, check_int
 from ..fast.reordered_weights import KeptReordering, use_reordered_weights
 from ..heads.maxsim import maxsim_scores
 from ..index.identity import ModelIdentity, checkpoint_revision
@@ -48,7 +49,7 @@ from .batching import check_batch_limits, default_max_tokens, plan_batches
 from .multivector_files import BGE_M3_HEADS, kind_error
 from .progress import ProgressFn, check_progress, progress_reporter
 from .token_states import TokenRow, pad_rows, token_states
-from .workers import auto_workers, map_in_workers
+from .workers import auto_workers, check_workers, map_in_workers
 
 log = logging.getLogger(__name__)
 
@@ -271,18 +272,23 @@ class BGEM3Encoder:
         batch_size: int | None = None,
         progress: bool | ProgressFn | None = None,
         precision: str | None = None,
+        max_tokens: int | None = None,
+        workers: int | None = None,
     ) -> BGEM3Output:
         """The embeddings asked for, from one forward pass per batch (see the module
         docstring for each). A text's embeddings do not depend on its batch-mates.
         ``precision``: the backbone's, ``"float32"``, ``"bf16"`` (``"bfloat16"``) or
-        ``"auto"``; None = the one it was loaded in, else float32."""
+        ``"auto"``; None = the one it was loaded in, else float32. ``max_tokens`` and
+        ``workers``: as :meth:`clearformer.TextEncoder.encode` takes them (speed and memory,
+        never the result)."""
         texts = check_texts(texts)
         precision = self._backbone.check(precision)  # before any work
         for flag, name in ((dense, "dense"), (sparse, "sparse"), (colbert, "colbert")):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
         check_progress(progress)
-        max_tokens = default_max_tokens("float32")
+        check_workers(workers)
+        max_tokens = default_max_tokens("float32") if max_tokens is None else max_tokens
         check_batch_limits(batch_size, max_tokens)
         n = len(texts)
         rows = self.token_rows(texts)
@@ -293,7 +299,8 @@ class BGEM3Encoder:
             tokens = sum(len(r) for r in rows)
             log.info("bge-m3 encode: %d texts, %d tokens", n, tokens)
             batches = plan_batches([len(r) for r in rows], batch_size, max_tokens)
-            workers = auto_workers(len(batches), next(self.model.parameters()).device)
+            if workers is None:
+                workers = auto_workers(len(batches), next(self.model.parameters()).device)
             packed = self._reordering.for_call(tokens)
             report = progress_reporter(progress, n)
             model = self._backbone.model_for(precision)
@@ -446,7 +453,8 @@ class _View:
 
 class DenseView(_View):
     """bge-m3 as a dense encoder: ``encode_query`` / ``encode_document`` give (B, D) float32
-    unit rows."""
+    unit rows, and :meth:`encode` the same rows as :meth:`clearformer.TextEncoder.encode`
+    gives them (a numpy array), so a dense index builds and searches with it."""
 
     kind = "dense"
     output = "dense"
@@ -454,6 +462,37 @@ class DenseView(_View):
     @property
     def dim(self) -> int:
         return self.model.dim
+
+    def encode(
+        self,
+        texts: list[str],
+        batch_size: int | None = None,
+        normalize: bool | None = None,
+        progress: bool | ProgressFn | None = None,
+        *,
+        max_tokens: int | None = None,
+        workers: int | None = None,
+        precision: str | None = None,
+    ) -> np.ndarray:
+        """(n, D) float32 unit rows, row i for ``texts[i]``: the keywords a dense index's
+        build and search pass (as :meth:`clearformer.TextEncoder.encode` takes them).
+        bge-m3's dense vectors are normalised by definition, so ``normalize=False`` is
+        refused rather than silently ignored."""
+        check_bool(normalize, "normalize", optional=True)
+        if normalize is False:
+            raise ValueError(
+                "normalize=False: bge-m3's dense vectors are its first token's states "
+                "L2-normalised, by definition; give True or None"
+            )
+        out = self.model.encode(
+            texts, dense=True, sparse=False, colbert=False, batch_size=batch_size,
+            progress=progress, precision=precision, max_tokens=max_tokens, workers=workers,
+        )  # fmt: skip
+        return out.dense.numpy()
+
+    def precision_for(self, precision: str | None = "auto") -> Decision:
+        """The precision a call asking for ``precision`` runs in (the model's)."""
+        return self.model.precision_for(precision)
 
     @property
     def identity(self) -> ModelIdentity:
