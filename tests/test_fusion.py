@@ -92,3 +92,6 @@ def test_fusion_config_uses_weights_by_kind_and_checks_its_fields():
         Fusion("weighted", normalization="softmax")
     with pytest.raises(ValueError, match="weight of bm25"):
         Fusion("weighted", weights={"bm25": -1.0})
+    for weight in ("1", None, True, [1.0]):  # not numbers: a ValueError naming the kind
+        with pytest.raises(ValueError, match=r"weight of bm25 must be a finite number >= 0"):
+            Fusion("weighted", weights={"bm25": weight})

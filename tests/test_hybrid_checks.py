@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from clearformer.index import HybridIndex, SparseOptions, build_index
+from clearformer.index import Fusion, HybridIndex, SparseOptions, build_index
 
 from .hybrid_helpers import FakeSparseEncoder, word_corpus
 from .index_helpers import cli
@@ -46,6 +46,21 @@ def test_a_kind_searched_alone_gives_every_row_once_for_a_k_far_above_its_rows(f
     index = HybridIndex.open(folder, [FakeSparseEncoder()]).indexes[kind]
     hits = index.search("w1 w2", k=10**11)  # result arrays of k rows would be GiBs
     assert 0 < len(hits) == len({hit.id for hit in hits}) <= len(TEXTS)
+
+
+def test_depth_kinds_and_fusion_are_checked_before_any_kind_searches(folder):
+    index = HybridIndex.open(folder, [FakeSparseEncoder()])
+    for depth in (0, -5, "x", True):
+        with pytest.raises(ValueError, match="depth must be a positive integer"):
+            index.search("w1 w2", depth=depth)
+    with pytest.raises(ValueError, match="kinds must be a list of kinds, got the string 'bm25'"):
+        index.search("w1 w2", kinds="bm25")
+    # A single kind's search fuses nothing: kinds and fusion given with it are refused, not
+    # ignored.
+    with pytest.raises(ValueError, match="kinds applies to mode='hybrid'"):
+        index.search("w1 w2", mode="bm25", kinds=["sparse"])
+    with pytest.raises(ValueError, match="fusion applies to mode='hybrid'"):
+        index.search("w1 w2", mode="bm25", fusion=Fusion("weighted"))
 
 
 def test_a_kind_missing_from_kinds_is_named_in_python(folder):

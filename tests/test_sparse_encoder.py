@@ -146,6 +146,13 @@ def test_decode_and_vocabulary(splade):
     assert len(rows) == len(TEXTS) and rows[2] == reference.decode(vectors)[2]
     with pytest.raises(ValueError, match="top_k must be a positive int"):
         encoder.decode(vectors[0], top_k=0)
+    # Any sparse layout decodes as its dense rows; NaN or infinity is refused, not listed first.
+    assert encoder.decode(vectors.to_dense().to_sparse_csr()) == rows
+    for bad in (float("nan"), float("inf")):
+        broken = vectors[0].to_dense().clone()
+        broken[7] = bad
+        with pytest.raises(ValueError, match="vector must hold finite weights"):
+            encoder.decode(broken)
 
 
 def test_kind_refusals(splade, base, tmp_path):

@@ -53,8 +53,9 @@ class Fusion:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0:
             raise ValueError(f"k must be an integer >= 0, got {self.k!r}")
         for kind, weight in self.weights.items():
-            if not np.isfinite(weight) or weight < 0:
-                raise ValueError(f"weight of {kind} must be a finite number >= 0, got {weight}")
+            real = isinstance(weight, int | float | np.integer | np.floating)
+            if not real or isinstance(weight, bool) or not np.isfinite(weight) or weight < 0:
+                raise ValueError(f"weight of {kind} must be a finite number >= 0, got {weight!r}")
 
     def fuse(self, rankings: Mapping[str, Ranking], top: int) -> list[tuple[int, float]]:
         """The ``top`` best documents over ``rankings`` (kind -> ranking), best first."""

@@ -239,7 +239,15 @@ class HybridIndex:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         k = hits_wanted(k, self.rows)  # as each kind checks it, before any kind searches
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth <= 0:
+            raise ValueError(f"depth must be a positive integer, got {depth!r}")
         depth = min(depth, max(self.rows, 1))
+        if mode != "hybrid" and (kinds is not None or fusion is not None):
+            given = "kinds" if kinds is not None else "fusion"
+            raise ValueError(
+                f"{given} applies to mode='hybrid', not this search: mode={mode!r} searches "
+                "one kind"
+            )
         single = isinstance(queries, str)
         batch = [queries] if single else list(queries)
         if mode != "hybrid":
@@ -318,6 +326,9 @@ def kinds_of(path: str | os.PathLike) -> list[str]:
 
 
 def _check_kinds_given(kinds: Sequence[str] | None) -> None:
-    """None means every kind; an empty list names none, which is no search to run."""
+    """None means every kind; an empty list names none, which is no search to run; a string
+    would be read as its letters."""
+    if isinstance(kinds, str):
+        raise ValueError(f"kinds must be a list of kinds, got the string {kinds!r}")
     if kinds is not None and not list(kinds):
         raise ValueError("kinds must name at least one kind (None: every kind), got none")

@@ -376,8 +376,8 @@ class SparseEncoder:
         largest; None: all); for a (n, V) input, one such list per row.
 
         Raises:
-            TypeError: ``vector`` is not a tensor. ValueError: not (V,) or (n, V), or a
-            ``top_k`` that is not a positive int.
+            TypeError: ``vector`` is not a tensor. ValueError: not (V,) or (n, V), weights
+            that are NaN or infinite, or a ``top_k`` that is not a positive int.
         """
         if not isinstance(vector, Tensor):
             raise TypeError(f"vector must be a torch.Tensor, got {type(vector).__name__}")
@@ -390,7 +390,10 @@ class SparseEncoder:
             isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0
         ):
             raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
-        dense = vector.to_dense() if vector.is_sparse else vector
+        # Any sparse layout (COO, as encode returns it; CSR, CSC, ...) reads as its dense rows.
+        dense = vector if vector.layout == torch.strided else vector.to_dense()
+        if not bool(torch.isfinite(dense).all()):
+            raise ValueError("vector must hold finite weights, got NaN or infinity")
         words = self.vocabulary
         lists = []
         for row in dense.reshape(-1, self.vocab_size).float():  # (V,) each
