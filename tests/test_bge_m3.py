@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
 
 import pytest
@@ -216,18 +217,41 @@ class _RunsCode:
         return (open, (str(self.marker), "w"))
 
 
-def test_a_head_file_that_would_run_code_is_refused_in_one_line(m3, tmp_path):
+class _RunsCommand:
+    """Unpickled, it would run a shell command that creates a file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize(
+    ("written_by", "code", "named"),
+    [("pickle", _RunsCode, "open"), ("torch.save", _RunsCode, "open"),
+     ("torch.save", _RunsCommand, "system")],
+)  # fmt: skip
+def test_a_head_file_that_would_run_code_is_refused_in_one_line(
+    m3, tmp_path, written_by, code, named
+):
+    """Refused naming the global torch refused, however torch words it (a blocked module's
+    global is "unsupported GLOBAL", others "Unsupported global")."""
     path, _, _ = m3
     bad = tmp_path / "bad"
     shutil.copytree(path, bad)
     marker = tmp_path / "ran"
-    with open(bad / "sparse_linear.pt", "wb") as handle:
-        pickle.dump({"weight": _RunsCode(marker)}, handle, protocol=2)
+    payload = {"weight": code(marker)}
+    if written_by == "pickle":
+        with open(bad / "sparse_linear.pt", "wb") as handle:
+            pickle.dump(payload, handle, protocol=2)
+    else:
+        torch.save(payload, bad / "sparse_linear.pt")
     with pytest.raises(CheckpointError) as caught:
         BGEM3Encoder.from_pretrained(bad)
     message = str(caught.value)
     assert "\n" not in message and "sparse_linear.pt" in message and "weights_only" in message
-    assert "Unsupported global" in message
+    assert re.search(rf"unsupported global\W.*\b{named}\b", message, re.IGNORECASE), message
     assert not marker.exists()
 
 

@@ -97,7 +97,9 @@ def load_head(root: Path, name: str) -> dict[str, Tensor]:
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
         # torch's message is long and ends in advice to load with weights_only=False: keep
         # only its reason (the global it refused, say).
-        found = re.search(r"Unsupported[^\n]*", str(exc))
+        # "Unsupported global: GLOBAL io.open was not an allowed global", or for a blocked
+        # module's global "unsupported GLOBAL posix.system whose module posix is blocked".
+        found = re.search(r"unsupported global[^\n]*", str(exc), re.IGNORECASE)
         reason = found.group(0).split(" was not")[0] if found else type(exc).__name__
         raise CheckpointError(
             f"{file} is not a plain tensor file: torch.load(weights_only=True) refused it "
