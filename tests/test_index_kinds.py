@@ -187,7 +187,8 @@ def test_model_of_another_kind_or_identity_is_refused(folder, corpus, tmp_path):
     with pytest.raises(ValueError, match="kind must be one of"):
         build_index(tmp_path / "x", texts, FakeSparseEncoder(), kind="splade")
     assert not (tmp_path / "x").exists()
-    with pytest.raises(ModelMismatchError, match="differs in revision"):
+    # The advice names the flag that gives a sparse search its model (--model is refused there).
+    with pytest.raises(ModelMismatchError, match=r"differs in revision.*\(--sparse-model "):
         SparseIndex.open(folder, FakeSparseEncoder(seed=1))
 
 
@@ -237,6 +238,22 @@ def test_a_bge_m3_model_serves_its_sparse_and_multivector_views(folder):
         got = index.search(QUERIES[1], k=5, mode=mode)
         assert [h.row for h in got] == [h.row for h in plain.search(QUERIES[1], k=5, mode=mode)]
     assert isinstance(index.indexes["sparse"].encoder, FakeSparseEncoder)
+
+
+def test_a_model_of_the_kind_itself_serves_it_before_a_bge_m3_view_in_any_order(folder):
+    class OtherBGEM3:  # its sparse view is another model than the one the index was built with
+        kind = "bge-m3"
+
+        def as_sparse(self):
+            return FakeSparseEncoder(seed=1)
+
+        def as_multivector(self):
+            return FakeMultiVectorEncoder()
+
+    for models in ([OtherBGEM3(), FakeSparseEncoder()], [FakeSparseEncoder(), OtherBGEM3()]):
+        index = HybridIndex.open(folder, models)
+        assert index.indexes["sparse"].encoder.seed == 0  # the SPLADE model given, not the view
+        assert isinstance(index.indexes["multivector"].encoder, FakeMultiVectorEncoder)
 
 
 def test_per_call_settings_reach_the_kind(folder):

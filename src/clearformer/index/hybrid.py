@@ -307,13 +307,19 @@ def _check_same_rows(root: Path, indexes: Mapping[str, Any]) -> None:
 
 
 def _assign(models: Sequence[Any], present: Sequence[str]) -> dict[str, Any]:
-    """Kind -> model: each model serves its own kind; BGE-M3 serves every model kind."""
+    """Kind -> model: each model serves its own kind; BGE-M3 serves every model kind that no
+    model of that kind was given for, whatever the models' order (a SPLADE model given after
+    a bge-m3 one still serves the sparse kind it built)."""
     by_kind: dict[str, Any] = {}
-    for model in models:
-        found = model_kind_of(model)
-        for kind in ("dense", "sparse", "multivector") if found == "bge-m3" else (found,):
-            if kind in present:
-                by_kind.setdefault(kind, model)
+    kinds = [(model, model_kind_of(model)) for model in models]
+    for model, found in kinds:
+        if found != "bge-m3" and found in present:
+            by_kind.setdefault(found, model)
+    for model, found in kinds:
+        if found == "bge-m3":
+            for kind in ("dense", "sparse", "multivector"):
+                if kind in present:
+                    by_kind.setdefault(kind, model)
     return by_kind
 
 

@@ -102,16 +102,19 @@ class ModelIdentity:
             if getattr(self, name) != getattr(other, name)
         ]
 
-    def check_same(self, other: ModelIdentity, where: str, purpose: str = "search") -> None:
+    def check_same(
+        self, other: ModelIdentity, where: str, purpose: str = "search", flag: str = "--model"
+    ) -> None:
         """Raise :class:`ModelMismatchError` unless ``other`` is this model; ``purpose``
-        (``"search"`` or ``"add"``) is what ``other`` was given for, named in the message."""
+        (``"search"`` or ``"add"``) is what ``other`` was given for, and ``flag`` the
+        command-line flag that names the model for it, both named in the message."""
         differ = self.differences(other)
         if differ:
             role = "the model adding texts" if purpose == "add" else "the query model"
             raise ModelMismatchError(
                 f"{where} was built with {self.describe()}, but {role} is "
                 f"{other.describe()} (differs in {', '.join(differ)}); vectors of two models "
-                f"cannot be compared: {purpose} with the index's model (--model {self.path}) "
+                f"cannot be compared: {purpose} with the index's model ({flag} {self.path}) "
                 "or build a new index"
             )
 

@@ -16,6 +16,9 @@ from .kind_store import open_kind
 from .kinds import encoder_for, identity_of
 from .vector_index import Hit, hits_wanted
 
+# The flag that names a kind's query model on the command line (`clearformer search`).
+MODEL_FLAGS = {"sparse": "--sparse-model", "multivector": "--multivector-model", "bm25": "--model"}
+
 T = TypeVar("T")
 # A recorded identity's fields and their types (width and max_length: positive integers);
 # "path", a hint never compared, may be absent (ModelIdentity's default).
@@ -91,7 +94,8 @@ class KindIndex:
         """This index with ``encoder`` for text queries, after checking it is the index's
         model (:class:`~.identity.ModelMismatchError` if not)."""
         view = encoder_for(self.kind, encoder, f"{self.kind} index {self.root}")
-        self.identity.check_same(identity_of(view), f"{self.kind} index {self.root / self.kind}")
+        where, flag = f"{self.kind} index {self.root / self.kind}", MODEL_FLAGS.get(self.kind)
+        self.identity.check_same(identity_of(view), where, flag=flag or "--model")
         self.encoder = view
         return self
 
