@@ -8,8 +8,10 @@ Embeddings go to ``.npy`` or ``.jsonl`` (written atomically) or to stdout as JSO
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ..options import BACKENDS
@@ -263,16 +265,50 @@ def device_flag(args: argparse.Namespace):
     return device
 
 
-def load_encoder(args: argparse.Namespace, *, hold_precision: bool = False):
+def load_encoder(
+    args: argparse.Namespace,
+    *,
+    hold_precision: bool = False,
+    route: Callable[[str], str] | None = None,
+):
     """The dense model of ``--model``; with ``hold_precision``, loaded in ``--precision``
     alone (a command whose every call runs that precision: no float32 model kept beside a
-    bf16 or int8 one)."""
+    bf16 or int8 one). A model of another kind is refused naming ``--model`` and ``route(kind)``,
+    what runs it on the command line (default: :func:`other_model_flag`)."""
     from ..text import TextEncoder
+    from .kind_models import refuse_other_kind
 
     device = device_flag(args)  # named as the flag, before any read
+    refuse_other_kind(args.model, route or (lambda kind: other_model_flag(args, kind)))
     precision = args.precision if hold_precision else None
     return TextEncoder.from_pretrained(
         args.model, backend=args.backend, precision=precision, device=device
+    )
+
+
+def other_model_flag(args: argparse.Namespace, kind: str) -> str:
+    """What a command that runs a dense ``--model`` says of a model of another ``kind``: its
+    own flag for that kind where it has one (eval's ``--sparse-model``), else that it embeds
+    with a dense model."""
+    if hasattr(args, f"{kind}_model"):
+        return f"--model is the dense model: give it as --{kind}-model"
+    return f"clearformer {args.command} embeds with a dense model"
+
+
+def encode_route(kind: str, model: str) -> str:
+    """What runs a ``kind`` model that ``encode`` cannot write (only dense embeddings go to
+    shards; multi-vector and bge-m3 outputs are indexed or served)."""
+    from .kind_models import kind_flag
+
+    if kind == "sparse":
+        return "its weights go to JSONL (stdout or --output FILE.jsonl), not to --output DIR"
+    served = "POST /embed_multivector"
+    if kind == "bge-m3":
+        served = "POST /embed, /embed_sparse, /embed_multivector"
+    return (
+        f"encode embeds dense and sparse models: index it with `clearformer index build "
+        f"{kind_flag(kind)} --model {model}`, or serve it (`clearformer serve --model {model}`, "
+        f"{served})"
     )
 
 
@@ -296,7 +332,8 @@ def run(args: argparse.Namespace) -> int:
 
     if is_sparse_model(args.model):  # SPLADE weights: JSONL of {token id: weight}
         return run_sparse(args, texts, output)
-    encoder = load_encoder(args, hold_precision=True)
+    route = functools.partial(encode_route, model=args.model)
+    encoder = load_encoder(args, hold_precision=True, route=route)
     check_dimensions_flag(encoder, args)  # a width the model cannot give: before any work
     with encode_progress(args, len(texts)) as progress:  # its line ended before any message
         embeddings = encoder.encode(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
 from pathlib import Path
@@ -98,7 +99,8 @@ def check_shard_directory(output: str) -> Path:
 def run_sharded(args: argparse.Namespace) -> int:
     from ..cli import CliError
     from ..sharded.shards import corpus_sha256, encode_shard, launch_rank, read_manifest
-    from .encode import load_encoder, read_input_file
+    from .encode import encode_route, load_encoder, read_input_file
+    from .kind_models import refuse_other_kind
     from .status_line import encode_progress
 
     if args.similarity:
@@ -110,6 +112,9 @@ def run_sharded(args: argparse.Namespace) -> int:
             "--dimensions writes .npy, .jsonl or stdout; shards in --output DIR keep the full "
             "width (cut them when reading)"
         )
+    # Shards hold dense embeddings: a model of another kind is refused before any input read.
+    route = functools.partial(encode_route, model=args.model)
+    refuse_other_kind(args.model, route)
     rank, world = launch_rank()
     out = check_shard_directory(args.output)
     fmt = args.shard_format or SHARD_FORMAT
@@ -122,7 +127,7 @@ def run_sharded(args: argparse.Namespace) -> int:
             ) from None
     texts, data = read_input_file(args.input, args.field)  # read once: -i may be a pipe
     source = {"file": str(Path(args.input)), "sha256": corpus_sha256(data)}
-    encoder = load_encoder(args, hold_precision=True)
+    encoder = load_encoder(args, hold_precision=True, route=route)
     # Only a lone process shows a bar: several would draw over each other's line.
     progress = encode_progress(args, len(texts)) if world == 1 else contextlib.nullcontext(False)
     with progress as shown:  # its line ended before the messages below

@@ -3,8 +3,9 @@
 Each line is ``{"index": i, "text": ..., "sparse": {"<token id>": weight, ...}}``, the text's
 non-zero weights in token-id order (``SparseEncoder.encode_document``'s; 9 significant digits,
 enough to restore every float32). The flags of dense embeddings (``--similarity``,
-``--dimensions``, ``--no-normalize``, ``.npy`` or shard outputs, ``--precision int8``) are
-refused by name before any work.
+``--dimensions``, ``--no-normalize``, ``.npy`` or shard outputs, ``--precision int8``), and
+``--max-tokens`` and a ``--device`` other than the CPU, which a sparse model cannot honour,
+are refused by name before any work; ``--workers`` and ``--batch-size`` apply.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ def is_sparse_model(model: str | None) -> bool:
 
 
 def check_sparse_flags(args: argparse.Namespace) -> None:
+    """Every flag run_sparse cannot honour refused by name, before the model loads."""
     from ..cli import CliError
+    from ..devices import check_device
+    from ..text.batching import DEFAULT_MAX_TOKENS
 
     refused = [
         ("--similarity", args.similarity),
@@ -43,6 +47,18 @@ def check_sparse_flags(args: argparse.Namespace) -> None:
                 f"{flag} is for dense embeddings; --model {args.model} is a sparse (SPLADE) "
                 "model, whose weights go to JSONL (stdout or --output FILE.jsonl)"
             )
+    # SparseEncoder.encode batches by --batch-size or its own token budget, on the CPU alone:
+    # these flags would change nothing.
+    if args.max_tokens is not None:
+        raise CliError(
+            f"--max-tokens applies to dense models; --model {args.model} is a sparse (SPLADE) "
+            f"model, batched by up to {DEFAULT_MAX_TOKENS} padded tokens: give --batch-size N"
+        )
+    if args.device is not None and check_device(args.device, "--device").type != "cpu":
+        raise CliError(
+            f"--device {args.device}: sparse models run on the CPU here; only dense models are "
+            "placed on another device"
+        )
 
 
 def run_sparse(args: argparse.Namespace, texts: list[str], output: Path | None) -> int:
@@ -61,6 +77,7 @@ def run_sparse(args: argparse.Namespace, texts: list[str], output: Path | None) 
         batch_size=args.batch_size,
         progress=progress_for(args, len(texts)),
         precision=precision,
+        workers=args.workers,
     ).coalesce()  # (n, V)
     if output is None:
         write_sparse_jsonl(sys.stdout, texts, vectors)

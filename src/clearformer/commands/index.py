@@ -11,7 +11,9 @@ embeddings it committed. See ``docs/index.md``.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .encode import (
@@ -196,16 +198,26 @@ def check_index_destination(value: str) -> Path:
     return path
 
 
-def index_encoder(args: argparse.Namespace, index_path: Path, *, hold: bool | None = None):
+def index_encoder(
+    args: argparse.Namespace,
+    index_path: Path,
+    *,
+    hold: bool | None = None,
+    route: Callable[[str], str] | None = None,
+):
     """The model to embed with: --model, else the model the index records (if that
     directory still exists), else the bundled one. The index refuses any other model.
-    ``hold``: load it in --precision alone (None: as the command's ``hold_precision`` says)."""
+    ``hold``: load it in --precision alone (None: as the command's ``hold_precision`` says).
+    A --model of another kind is refused naming ``route(kind)`` (default: a dense index's
+    own model, :func:`dense_index_route`)."""
     from ..index import IndexNotFoundError, VectorIndex
     from ..index.recipe import index_precision
     from ..text import TextEncoder
     from .encode import device_flag
+    from .kind_models import refuse_other_kind
 
     model = args.model
+    refuse_other_kind(model, route or functools.partial(dense_index_route, args, index_path))
     # index add holds its --precision alone (by default the one the index was built in);
     # search encodes its queries per call.
     if hold is None:
@@ -225,6 +237,25 @@ def index_encoder(args: argparse.Namespace, index_path: Path, *, hold: bool | No
     return TextEncoder.from_pretrained(
         model, backend=args.backend, precision=held, device=device_flag(args)
     )
+
+
+def dense_index_route(args: argparse.Namespace, index_path: Path, kind: str) -> str:
+    """What a search of, or an add to, the dense index at ``index_path`` says of a --model of
+    another ``kind``: the index embeds with its own dense model; that kind has its own."""
+    from .kind_models import kind_flag
+
+    verb = "searched" if args.command == "search" else "embedded"
+    return (
+        f"{index_path} is a dense index, {verb} with its own dense model (omit --model); a "
+        f"{kind} model needs an index built with `clearformer index build {kind_flag(kind)}`"
+    )
+
+
+def build_route(kind: str) -> str:
+    """What ``index build`` without ``--kind`` (a dense index) says of a ``kind`` model."""
+    if kind == "bge-m3":
+        return "build its dense view with --kind dense (or its --kind sparse or multivector)"
+    return f"build its index with --kind {kind}"
 
 
 def _encode_options(args: argparse.Namespace, status) -> dict:
@@ -348,7 +379,7 @@ def run_info(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace):
     from .encode import load_encoder
 
-    return load_encoder(args, hold_precision=True)
+    return load_encoder(args, hold_precision=True, route=build_route)
 
 
 def _require_engine() -> None:

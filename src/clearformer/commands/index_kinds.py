@@ -188,6 +188,7 @@ def _kind_options(args: argparse.Namespace):
     """The kind's options from the flags; a dense-only flag given to another kind is refused."""
     from ..cli import CliError
     from ..index import BM25Options, IndexOptions, MultiVectorOptions, SparseOptions
+    from .search_kinds import refuse_model_flags
 
     kind = args.kind
     if kind != "dense":
@@ -201,6 +202,8 @@ def _kind_options(args: argparse.Namespace):
         raise CliError(f"--engine applies to --kind sparse, not --kind {kind}")
     if kind in ("bm25", "sparse") and args.ann != "auto":
         raise CliError(f"--ann applies to --kind dense or multivector, not --kind {kind}")
+    if kind == "bm25":
+        refuse_model_flags(args, "--kind bm25")
     try:
         if kind == "dense":
             return IndexOptions(

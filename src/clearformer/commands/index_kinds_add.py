@@ -45,6 +45,7 @@ def run_kind_add(args: argparse.Namespace) -> int:
     from ..index import add_to_kinds
     from ..index.collection import kinds_present
     from .index import _Chunks, _status, _writing, read_corpus_file
+    from .search_kinds import refuse_model_flags
 
     path = Path(args.index)
     present = kinds_present(path)
@@ -53,6 +54,8 @@ def run_kind_add(args: argparse.Namespace) -> int:
     for kind, flag in _FLAGS.items():
         if getattr(args, flag[2:].replace("-", "_")) is not None and kind not in present:
             raise CliError(f"{flag}: {path} holds no {kind} index (it holds {', '.join(present)})")
+    if present == ["bm25"]:
+        refuse_model_flags(args, f"an add to {path} (bm25 alone)")
     texts, ids, source = read_corpus_file(args)
     models = {kind: _model(args, path, kind) for kind in present if kind != "bm25"}
     chunks = _Chunks()

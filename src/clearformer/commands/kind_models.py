@@ -3,6 +3,7 @@ kind (so that a sparse model given to a dense build is refused naming both kinds
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,27 @@ def check_model_kind(kind: str, path: str | Path, flag: str = "model") -> None:
     if found is None or found == kind or found == "bge-m3":
         return
     raise ValueError(f"{flag} {path} is a {found} model; a {kind} index needs a {kind} model")
+
+
+def refuse_other_kind(
+    model: str | Path | None, route: Callable[[str], str], serves: tuple[str, ...] = ("dense",)
+) -> None:
+    """CliError naming ``--model`` when its checkpoint is of a kind the command does not run,
+    before any weight is read: the loader's own refusal gives Python advice ("use
+    clearformer.SparseEncoder.from_pretrained"), which a command line cannot follow.
+    ``route(kind)`` says what runs a model of that kind on the command line."""
+    from ..cli import CliError
+
+    found = None if model is None else checkpoint_kind(model)
+    if found is None or found in serves:
+        return
+    raise CliError(f"--model {model} is a {found} model; {route(found)}")
+
+
+def kind_flag(kind: str) -> str:
+    """The ``index build`` flag that builds an index of a ``kind`` model (bge-m3: any of
+    three, its dense view among them, written as a usage line writes a choice)."""
+    return "--kind dense|sparse|multivector" if kind == "bge-m3" else f"--kind {kind}"
 
 
 def kind_precision(kind: str, precision: str) -> str:

@@ -8,6 +8,7 @@ corpus file, as for an index built from it (``search --index``).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -95,6 +96,16 @@ def read_corpus(args: argparse.Namespace) -> list[tuple[int, str]]:
     return entries
 
 
+def corpus_route(kind: str, model: str) -> str:
+    """What a ``--corpus`` search (dense alone) says of a ``kind`` model: index the corpus as
+    that kind, then search the index."""
+    kind_flag = "--kind dense" if kind == "bge-m3" else f"--kind {kind}"  # bge-m3's dense view
+    return (
+        f"a --corpus search ranks with a dense model: build an index with `clearformer index "
+        f"build {kind_flag} --corpus FILE --out INDEX --model {model}`, then search --index INDEX"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -105,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("give --corpus FILE (rank its lines) or --index INDEX")
     device_flag(args)  # before the corpus is read
     entries = read_corpus(args)
-    encoder = load_encoder(args)
+    encoder = load_encoder(args, route=functools.partial(corpus_route, model=args.model))
     corpus = encoder.encode(
         [t for _, t in entries],
         batch_size=args.batch_size,

@@ -203,14 +203,9 @@ def run_kind_search(args: argparse.Namespace, path: Path) -> int:
     fusion = fusion_from(args, kinds) if mode == "hybrid" else None
     if args.depth <= 0:
         raise CliError(f"--depth must be a positive integer, got {args.depth}")
-    settings = {}
-    if args.candidates is not None:
-        if args.candidates <= 0:
-            raise CliError(f"--candidates must be a positive integer, got {args.candidates}")
-        approximate = [k for k in kinds if k in ("sparse", "multivector")]
-        if not approximate:
-            raise CliError(f"--candidates applies to multivector or sparse, not {', '.join(kinds)}")
-        settings = {kind: {"candidates": args.candidates} for kind in approximate}
+    if kinds == ["bm25"]:
+        refuse_model_flags(args, "--mode bm25" if mode == "bm25" else "--kinds bm25")
+    settings = _candidates(args, path, kinds)
     if not args.query.strip():
         raise CliError("QUERY is empty")
     check_unicode(args.query, "QUERY")
@@ -233,6 +228,48 @@ def run_kind_search(args: argparse.Namespace, path: Path) -> int:
             print(f"{rank:>3}  {hit.score:.4f}  {hit.id}: {shorten(hit.text, args.width)}")
     sys.stdout.flush()
     return 0
+
+
+def refuse_model_flags(args: argparse.Namespace, where: str) -> None:
+    """BM25 runs no model: a model's flags (``where`` names the search, build or add that
+    uses none) would be unused in silence. ``--precision`` counts as given when it is not
+    the default (float32, or none where an add holds the index's)."""
+    from ..cli import CliError
+
+    for flag, given in (
+        (f"--precision {args.precision}", args.precision not in (None, "float32")),
+        ("--batch-size", args.batch_size is not None),
+        ("--max-tokens", args.max_tokens is not None),
+        ("--workers", args.workers is not None),
+        (f"--device {args.device}", args.device is not None),
+        (f"--backend {args.backend}", args.backend != "auto"),
+    ):
+        if given:
+            raise CliError(f"{flag} applies to a model; {where} uses none (BM25 scores words)")
+
+
+def _candidates(args: argparse.Namespace, path: Path, kinds: list[str]) -> dict:
+    """``--candidates`` as the settings of the kinds that take it: multivector, and sparse
+    with the seismic engine (the exact engine scores every posting list: no candidates)."""
+    from ..cli import CliError
+
+    if args.candidates is None:
+        return {}
+    if args.candidates <= 0:
+        raise CliError(f"--candidates must be a positive integer, got {args.candidates}")
+    approximate = [k for k in kinds if k == "multivector"]
+    engine = _recorded_engine(path) if "sparse" in kinds else None
+    if engine == "seismic":
+        approximate.append("sparse")
+    if not approximate and engine is not None:
+        raise CliError(
+            f"--candidates applies to multivector or a sparse index of engine seismic; the "
+            f"sparse index of {path} is of engine {engine}, which scores every text (no "
+            "candidates)"
+        )
+    if not approximate:
+        raise CliError(f"--candidates applies to multivector or sparse, not {', '.join(kinds)}")
+    return {kind: {"candidates": args.candidates} for kind in approximate}
 
 
 def _model(args: argparse.Namespace, path: Path, kind: str):
@@ -271,15 +308,21 @@ def _dense_model(args: argparse.Namespace, path: Path, hold: bool = True):
     from .kind_models import is_bge_m3, load_model
 
     dense = path / "dense" if is_collection(path) else path
+    route = _kind_model_flag if dense != path else None  # a folder of kinds: a flag per kind
     recorded = _dense_record(dense) if args.model is None or is_bge_m3(args.model) else {}
     given = args.model or recorded.get("path")
     if given is None or not is_bge_m3(given):
         # search holds --precision for its queries, as index add holds it for its texts
-        return index_encoder(args, dense, hold=hold)
+        return index_encoder(args, dense, hold=hold, route=route)
     held = args.precision
     if hold and held is None:
         held = recorded.get("precision")
     return load_model("dense", given, precision=held, device=getattr(args, "device", None))
+
+
+def _kind_model_flag(kind: str) -> str:
+    """What a folder of kinds says of a ``--model`` of another ``kind``: its own flag."""
+    return f"--model is the dense kind's model: give it as --{kind}-model"
 
 
 def _dense_record(dense: Path) -> dict:
@@ -304,6 +347,14 @@ def _recorded_precision(path: Path, kind: str) -> str:
 
     _, meta = open_kind(path, kind)
     return meta.get("precision", "float32")
+
+
+def _recorded_engine(path: Path) -> str:
+    """The engine of the sparse index of ``path``: exact (as before engines), or seismic."""
+    from ..index.kind_store import open_kind
+
+    _, meta = open_kind(path, "sparse")
+    return meta["options"].get("engine", "exact")
 
 
 def _recorded_model(path: Path, kind: str) -> str:

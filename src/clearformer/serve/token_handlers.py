@@ -3,8 +3,10 @@ multi-vector model's, or bge-m3's ColBERT vectors) and ``POST /embed_sparse`` on
 token weights, in text-embeddings-inference's sparse format).
 
 ``/embed_multivector`` takes ``{"inputs": str | [str], "mode": "query" | "document",
-"model"?}`` and answers ``[[[float, ...] per token] per input]``; ``mode`` picks the side a
-ColBERT model encodes (queries get their marker and expansion, documents their skiplist).
+"model"?, "truncate"?, "truncation_direction"?}`` and answers ``[[[float, ...] per token] per
+input]``; ``mode`` picks the side a ColBERT model encodes (queries get their marker and
+expansion, documents their skiplist); a too-long text is cut at its end, as the model cuts it,
+unless ``"truncate": false`` (413), and ``"truncation_direction": "left"`` is refused (422).
 ``/embed_sparse`` takes TEI's ``{"inputs", "model"?}`` and answers
 ``[[{"index": token id, "value": weight}, ...] per input]``, ids ascending.
 """
@@ -22,7 +24,7 @@ from starlette.responses import Response
 from .errors import ApiError
 from .guards import check_count, read_json
 from .render import float_rows, json_body
-from .schemas import _object, _optional, _shown, _texts
+from .schemas import _direction, _flag, _object, _optional, _shown, _texts
 from .state import ServerState
 from .waiting import wait_for_rows
 
@@ -36,12 +38,16 @@ class TokenRequest:
     inputs: list[str]
     model: str | None = None
     mode: str = "document"
+    # As on /embed: None (not sent) cuts a too-long text as the model does; false refuses it.
+    truncate: bool | None = None
+    direction: str = "right"
 
 
 def parse_token_request(body: Any, *, mode_required: bool) -> TokenRequest:
-    """``inputs`` (a string or a list), ``model``, and ``mode`` (``"query"`` or
-    ``"document"``, required where ``mode_required``: a query encoded as a document would
-    silently score otherwise)."""
+    """``inputs`` (a string or a list), ``model``, ``mode`` (``"query"`` or ``"document"``,
+    required where ``mode_required``: a query encoded as a document would silently score
+    otherwise), and TEI's ``truncate`` and ``truncation_direction``, which the model holds to
+    or refuses by name (:meth:`.token_models.TokenVectorModel.prepare_tokens`)."""
     body = _object(body)
     mode = body.get("mode")
     if mode is None and not mode_required:
@@ -54,6 +60,8 @@ def parse_token_request(body: Any, *, mode_required: bool) -> TokenRequest:
         inputs=_texts(body, "inputs"),
         model=_optional(body, "model", str, "a string"),
         mode=mode,
+        truncate=_flag(body, "truncate", None),
+        direction=_direction(body),
     )
 
 
@@ -63,7 +71,13 @@ def embed_multivector(state: ServerState):
         model = state.model_for(parsed.model, "multivector")
         check_count(len(parsed.inputs), state.config, "inputs")
         prepared = await asyncio.to_thread(
-            model.prepare_tokens, parsed.inputs, output="colbert", side=parsed.mode, field="inputs"
+            model.prepare_tokens,
+            parsed.inputs,
+            output="colbert",
+            side=parsed.mode,
+            field="inputs",
+            truncate=parsed.truncate,
+            direction=parsed.direction,
         )
         payloads = await wait_for_rows(state, request, model, prepared)  # (n, 1) objects
         texts = []

@@ -108,9 +108,9 @@ class TokenVectorModel(ServedModel):
         direction: str = "right",
     ) -> Prepared:
         """Inputs of ``/embed_multivector`` (``output="colbert"``), ``/embed_sparse`` or
-        ``/embed`` (``"dense"``). bge-m3 cuts a too-long text at its end, as ``encode`` does:
-        ``truncate`` false (sent) refuses it instead (413), and a cut at the start is refused
-        (422)."""
+        ``/embed`` (``"dense"``). Both kinds cut a too-long text at its end, as ``encode``
+        does (a multi-vector model at its ``side``'s length): ``truncate`` false (sent)
+        refuses it instead (413), and a cut at the start is refused (422)."""
         _check_unicode(texts, field)
         if direction != "right":
             raise ApiError(
@@ -124,13 +124,24 @@ class TokenVectorModel(ServedModel):
         else:
             rows = self.model.token_rows(side, texts)
         if truncate is False:
+            limit, prompt, marker = self._side_limit(side)
+            task = side if self.kind == "multivector" else None  # its sides' limits differ
             for i, row in enumerate(rows):
                 # Only a text that fills the limit may have been cut: count it whole.
-                if len(row.ids) >= self.max_input_tokens:
-                    count = count_tokens(self._full, texts[i])
-                    if count > self.max_input_tokens:
-                        raise self._too_long(i, count, field)
+                if len(row.ids) >= limit:
+                    count = count_tokens(self._full, prompt + texts[i]) + marker
+                    if count > limit:
+                        raise self._too_long(i, count, field, limit=limit, task=task)
         return Prepared(rows, TokenOptions(output, side))
+
+    def _side_limit(self, side: str) -> tuple[int, str, int]:
+        """(tokens a text is cut to, the prompt put before it, marker tokens put in it) on
+        ``side``: bge-m3 has one length and neither; a multi-vector model has its own per side
+        (a query's is often far shorter than a document's)."""
+        if self.kind == "bge-m3":
+            return self.max_input_tokens, "", 0
+        config = getattr(self.model.config, side)
+        return config.max_length, config.prompt, int(config.marker_id is not None)
 
     def run(self, encodings: list, options: TokenOptions) -> np.ndarray:
         """One forward pass: ``(B, D)`` float32 for dense, else a ``(B, 1)`` object array of
