@@ -9,12 +9,14 @@ Faults the process itself meets are handled here, for every command:
   stream when a command needs it, never a traceback; the closed descriptors are first pointed
   at ``/dev/null`` so that no file the command opens takes their number;
 * SIGTERM is handled like Ctrl-C (SIGINT): the command stops, an output being written is
-  removed (``clearformer.io.atomic_write``), and the exit status is 143 (130 for SIGINT).
+  removed (``clearformer.io.atomic_write``), and the exit status is 143 (130 for SIGINT),
+  the process ending without the interpreter's finalization (:func:`entry` says why).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import logging
@@ -22,6 +24,7 @@ import os
 import signal
 import sys
 import threading
+from typing import NoReturn
 
 from .commands import COMMANDS
 from .progress import LOGGER_NAME as PROGRESS_LOGGER
@@ -244,10 +247,29 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def entry() -> NoReturn:
+    """The ``clearformer`` command: :func:`main`, then the process ends with its status.
+
+    A run stopped by a signal ends at once, without the interpreter's finalization: a batch
+    worker may still be inside a forward pass (torch's C++ code), and a thread that takes the
+    GIL back during finalization is ended with pthread_exit, whose unwinding cannot pass that
+    frame: "terminate called without an active exception" and SIGABRT (134) instead of the
+    promised 130 or 143. By then the outputs being written were removed (the exception passed
+    through their ``atomic_write``) and nothing is left to do but flush."""
+    status = main()
+    if status in (EXIT_SIGINT, EXIT_SIGTERM):
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
     # Run as ``python -m clearformer.cli`` this file is ``__main__``, a second copy of the
     # module whose CliError is not the clearformer.cli.CliError the commands raise: run the
     # package's own copy.
-    from clearformer.cli import main as package_main
+    from clearformer.cli import entry as package_entry
 
-    sys.exit(package_main())
+    package_entry()
