@@ -179,3 +179,17 @@ def test_an_epoch_that_cuts_no_batch_is_skipped_and_too_many_are_an_error():
     sampler._make_epoch = lambda: []
     with pytest.raises(ValueError, match="epochs in a row cut no batch of batch_size 3"):
         sampler.next_batch()
+
+
+def test_texts_that_differ_only_by_white_space_never_share_a_batch():
+    """The tokenizer reads "a text " as "a text": in one batch, each would be the other's
+    in-batch negative, a text taught not to be relevant to itself."""
+    from clearformer.train.duplicate_free_sampler import DuplicateFreeSampler
+
+    texts = [(f"anchor {i}", "one article" + " " * (i % 2)) for i in range(4)]
+    texts += [(f"other {i}", f"article {i}") for i in range(8)]
+    sampler = DuplicateFreeSampler(texts, 4, seed=0)
+    for _ in range(3 * sampler.batches_per_epoch):
+        batch = sampler.next_batch()
+        shared = [i for i in batch if texts[i][1].strip() == "one article"]
+        assert len(shared) <= 1, batch

@@ -26,7 +26,9 @@ class DuplicateFreeSampler(EpochSampler):
 
     def __init__(self, texts: Sequence[Sequence[str]], batch_size: int, *, seed: int) -> None:
         super().__init__(len(texts), batch_size, seed)
-        self.texts = [frozenset(t) for t in texts]
+        # Compared as the tokenizer reads them (as the pairs reader compares a row's texts):
+        # "a text " and "a text" in one batch would each be the other's negative.
+        self.texts = [frozenset(text.strip() for text in row) for row in texts]
         self._start()
         if not self._batches:
             raise ValueError(
