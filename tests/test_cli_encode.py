@@ -78,6 +78,22 @@ def test_jsonl_input_with_field_to_jsonl(tmp_path, capsys, reference):
     np.testing.assert_array_equal(got, reference.astype(np.float32))  # 9 digits: exact
 
 
+@pytest.mark.parametrize("name", ["docs.JSONL", "docs.ndjson"])
+def test_jsonl_input_is_known_by_its_suffix_in_any_case(tmp_path, capsys, reference, name):
+    """Read as plain lines, each line's JSON syntax would be embedded, in silence."""
+    source = tmp_path / name
+    source.write_text("\n".join(json.dumps({"text": t}) for t in TEXTS), encoding="utf-8")
+    code, out, err = _run(capsys, "encode", "-i", str(source))
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["text"] for r in rows] == TEXTS
+    got = np.array([r["embedding"] for r in rows], dtype=np.float32)
+    np.testing.assert_allclose(got, reference, atol=1e-6)
+    code, out, err = _run(capsys, "search", TEXTS[1], "--corpus", str(source), "--json")
+    assert code == 0, err
+    assert json.loads(out.splitlines()[0])["text"] == TEXTS[1]
+
+
 def test_stdin(monkeypatch, capsys, reference):
     data = ("\n".join(TEXTS) + "\n").encode("utf-8")
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))

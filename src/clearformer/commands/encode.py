@@ -159,6 +159,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="keep the first N values of each embedding (a Matryoshka model's shorter "
         "embedding), then normalise as the checkpoint says (default: the full width)",
     )
+    add_prompt_arguments(p)
     add_precision_argument(p, ENCODE_PRECISIONS, ENCODE_PRECISION_HELP)
     add_model_arguments(p)
     p.set_defaults(
@@ -166,6 +167,57 @@ def register(sub: argparse._SubParsersAction) -> None:
         writes_stdout=lambda args: args.output is None or args.similarity,
         stdout_hint="; give --output FILE",
     )
+
+
+def add_prompt_arguments(p: argparse.ArgumentParser) -> None:
+    """``--prompt-name NAME`` and ``--prompt TEXT``: what ``encode`` puts before every text."""
+    p.add_argument(
+        "--prompt-name",
+        metavar="NAME",
+        default=None,
+        help="put the model's named prompt before every text (e.g. query or document, from its "
+        "config_sentence_transformers.json; default: the model's default prompt, if any)",
+    )
+    p.add_argument(
+        "--prompt",
+        metavar="TEXT",
+        default=None,
+        help="put TEXT before every text (e.g. 'query: '), instead of a named prompt",
+    )
+
+
+def check_prompt_flags(encoder, args: argparse.Namespace) -> dict:
+    """``encode``'s prompt keywords from ``--prompt-name`` / ``--prompt``, checked against the
+    model's prompts once it is loaded, before any text is embedded: a name it lacks would
+    otherwise fail only at the first batch (or, sharded, be recorded in no job)."""
+    from ..checks import check_unicode
+    from ..cli import CliError
+
+    name, text = args.prompt_name, args.prompt
+    if name is not None and text is not None:
+        raise CliError("give --prompt-name NAME or --prompt TEXT, not both")
+    named = sorted(encoder.prompts.prompts)
+    if name is not None and name not in named:
+        raise CliError(
+            f"--prompt-name {name!r}: the model has no such prompt (its prompts: "
+            f"{', '.join(named) if named else 'none'})"
+        )
+    if text is not None:
+        check_unicode(text, "--prompt")
+    return {"prompt": text, "prompt_name": name}
+
+
+def refuse_sparse_prompt(args: argparse.Namespace) -> None:
+    """A sparse model's ``encode`` embeds documents with its own document prompt: a prompt
+    flag there would be ignored, so it is refused before the model loads."""
+    from ..cli import CliError
+
+    for flag, value in (("--prompt-name", args.prompt_name), ("--prompt", args.prompt)):
+        if value is not None:
+            raise CliError(
+                f"{flag} is for dense embeddings; --model {args.model} is a sparse (SPLADE) "
+                "model, which puts its own document prompt before each text"
+            )
 
 
 def read_input(texts: list[str], input_path: str | None, field: str | None) -> list[str]:
@@ -193,11 +245,11 @@ def read_input(texts: list[str], input_path: str | None, field: str | None) -> l
 def read_input_file(input_path: str, field: str | None) -> tuple[list[str], bytes]:
     """The texts of ``--input FILE`` and the file's bytes, read once: a named pipe or a
     process substitution (``-i <(...)``) gives its bytes once."""
-    from .inputs import require_input_file
+    from .inputs import is_jsonl, require_input_file
 
     path = require_input_file(input_path, "--input")
     data = path.read_bytes()
-    if field is None and path.suffix == ".jsonl":
+    if field is None and is_jsonl(path):
         field = "text"
     return texts_of(data, str(path), field), data
 
@@ -331,10 +383,12 @@ def run(args: argparse.Namespace) -> int:
     from .encode_sparse import is_sparse_model, run_sparse
 
     if is_sparse_model(args.model):  # SPLADE weights: JSONL of {token id: weight}
+        refuse_sparse_prompt(args)
         return run_sparse(args, texts, output)
     route = functools.partial(encode_route, model=args.model)
     encoder = load_encoder(args, hold_precision=True, route=route)
     check_dimensions_flag(encoder, args)  # a width the model cannot give: before any work
+    prompts = check_prompt_flags(encoder, args)
     with encode_progress(args, len(texts)) as progress:  # its line ended before any message
         embeddings = encoder.encode(
             texts,
@@ -345,6 +399,7 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             precision=args.precision,
             dimensions=args.dimensions,
+            **prompts,
         )  # (n, dimensions or width) float32
     ran = encoder.precision_for(args.precision)
     if is_int8(args.precision) and ran.choice != args.precision:  # no int8 products here

@@ -149,13 +149,13 @@ def read_corpus_file(args: argparse.Namespace) -> tuple[list[str], list[str], di
     from ..checks import check_unicode
     from ..cli import CliError
     from ..io import parse_json_object, read_lines, read_texts
-    from .inputs import require_input_file
+    from .inputs import is_jsonl, require_input_file
 
     if args.corpus is None:
         raise CliError("--corpus FILE is required: the texts to index")
     path = require_input_file(args.corpus, "--corpus")
     data = path.read_bytes()
-    jsonl = args.field is not None or args.id_field is not None or path.suffix == ".jsonl"
+    jsonl = args.field is not None or args.id_field is not None or is_jsonl(path)
     if not jsonl:
         entries = [(f"{path.name}:{n}", t) for n, t in enumerate(read_texts(data, str(path)), 1)]
     else:

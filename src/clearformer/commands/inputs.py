@@ -20,3 +20,12 @@ def require_input_file(value: str | Path, flag: str) -> Path:
     if not path.exists():
         raise CliError(f"{flag} file not found: {path}")
     return path
+
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+
+
+def is_jsonl(path: Path) -> bool:
+    """Whether ``path`` names JSON lines by its suffix, in any case (``docs.JSONL``,
+    ``docs.ndjson``): read as plain lines, each line's JSON syntax would be embedded."""
+    return path.suffix.lower() in JSONL_SUFFIXES

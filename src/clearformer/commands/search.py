@@ -67,6 +67,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help=f"characters of each text shown (default {DISPLAY_WIDTH}; 0: all)",
     )
+    p.add_argument(
+        "--query-prompt-name",
+        metavar="NAME",
+        default=None,
+        help="with --corpus: the model's named prompt for the query (default: its query prompt "
+        "where it has one, else its default prompt, if any)",
+    )
+    p.add_argument(
+        "--document-prompt-name",
+        metavar="NAME",
+        default=None,
+        help="with --corpus: the model's named prompt for the corpus texts (default: its "
+        "document prompt where it has one, else its default prompt, if any)",
+    )
     add_precision_argument(p, ENCODE_PRECISIONS, ENCODE_PRECISION_HELP)
     add_model_arguments(p)
     p.set_defaults(func=run)
@@ -80,13 +94,13 @@ def read_corpus(args: argparse.Namespace) -> list[tuple[int, str]]:
     from ..checks import check_unicode
     from ..cli import CliError
     from ..io import read_numbered_texts
-    from .inputs import require_input_file
+    from .inputs import is_jsonl, require_input_file
 
     path = require_input_file(args.corpus, "--corpus")
     if not args.query.strip():
         raise CliError("QUERY is empty")
     check_unicode(args.query, "QUERY")
-    field = args.field if args.field is not None or path.suffix != ".jsonl" else "text"
+    field = args.field if args.field is not None or not is_jsonl(path) else "text"
     texts = read_numbered_texts(path.read_bytes(), str(path), field=field)
     # Blank lines carry no meaning to rank; keep each text's line number for the output (a
     # JSONL file's, not its place among the texts: an index names the same line).
@@ -106,6 +120,27 @@ def corpus_route(kind: str, model: str) -> str:
     )
 
 
+def prompt_names(encoder, args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The (query, document) prompt names a ``--corpus`` search embeds with: the flags', each
+    checked to be one of the model's before any text is embedded; else the model's ``query``
+    and ``document`` prompts where it has them, as a retrieval model is meant to be used
+    (Qwen3-Embedding, EmbeddingGemma, ``train --task contrastive --query-prompt``); else None
+    (the model's default prompt, if any, as ``encode`` applies it)."""
+    from ..cli import CliError
+
+    named = sorted(encoder.prompts.prompts)
+    chosen = []
+    for flag, side in (("--query-prompt-name", "query"), ("--document-prompt-name", "document")):
+        name = getattr(args, flag[2:].replace("-", "_"))
+        if name is not None and name not in named:
+            raise CliError(
+                f"{flag} {name!r}: the model has no such prompt (its prompts: "
+                f"{', '.join(named) if named else 'none'})"
+            )
+        chosen.append(name if name is not None else side if side in named else None)
+    return chosen[0], chosen[1]
+
+
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -117,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
     device_flag(args)  # before the corpus is read
     entries = read_corpus(args)
     encoder = load_encoder(args, route=functools.partial(corpus_route, model=args.model))
+    query_prompt, document_prompt = prompt_names(encoder, args)
     corpus = encoder.encode(
         [t for _, t in entries],
         batch_size=args.batch_size,
@@ -125,9 +161,12 @@ def run(args: argparse.Namespace) -> int:
         normalize=True,
         progress=progress_for(args, len(entries)),
         precision=args.precision,
+        prompt_name=document_prompt,
     )  # (n, D), unit rows
     check_finite(corpus, [t for _, t in entries])
-    query = encoder.encode([args.query], normalize=True, precision=args.precision)[0]  # (D,)
+    query = encoder.encode(
+        [args.query], normalize=True, precision=args.precision, prompt_name=query_prompt
+    )[0]  # (D,)
     check_finite(query[None, :], [args.query])
     scores = corpus @ query  # (n,) cosine similarities
     k = min(args.top_k, len(entries))

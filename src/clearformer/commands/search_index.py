@@ -52,6 +52,12 @@ def run_index_search(args: argparse.Namespace) -> int:
         raise CliError("give --corpus FILE or --index INDEX, not both")
     if args.field is not None:
         raise CliError("--field applies to --corpus; an index keeps the texts it was built from")
+    for flag, given in (
+        ("--query-prompt-name", getattr(args, "query_prompt_name", None)),
+        ("--document-prompt-name", getattr(args, "document_prompt_name", None)),
+    ):
+        if given is not None:
+            raise CliError(f"{flag} applies to --corpus, not an --index search")
     if not args.query.strip():
         raise CliError("QUERY is empty")
     check_unicode(args.query, "QUERY")

@@ -14,7 +14,8 @@ only defines what Ray calls. ``pip install 'clearformer[ray]'``.
     ds = ray.data.read_text("corpus.txt")  # a "text" column
     ds = ds.map_batches(
         TextEmbedder,
-        fn_constructor_kwargs={"model": None},  # None: the bundled all-MiniLM-L6-v2
+        # checked here, on the driver; None: the bundled all-MiniLM-L6-v2
+        fn_constructor_kwargs=TextEmbedder.arguments(model=None),
         batch_size=256,
         concurrency=2,  # actors, each with its own copy of the model
         batch_format="numpy",
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from .batch_texts import batch_texts
+from .options import check_encode_options
 
 
 class TextEmbedder:
@@ -40,8 +42,19 @@ class TextEmbedder:
     Args:
         model: a checkpoint directory; None = the bundled all-MiniLM-L6-v2.
         column: the text column; ``output_column``: where the (B, D) float32 embeddings go.
-        normalize, precision, encode_options: as :meth:`clearformer.TextEncoder.encode`.
+        normalize, precision, encode_options: as :meth:`clearformer.TextEncoder.encode`
+            (but ``progress``), checked before the model loads.
+
+    Ray constructs the class in each actor: :meth:`arguments` checks the options on the
+    driver, before any actor starts.
     """
+
+    @classmethod
+    def arguments(cls, model: str | None = None, **options: Any) -> dict[str, Any]:
+        """``fn_constructor_kwargs`` for ``map_batches``, checked as the constructor checks
+        them (TypeError or ValueError naming the option), without loading the model."""
+        _check(**options)
+        return {"model": model, **options}
 
     def __init__(
         self,
@@ -55,6 +68,13 @@ class TextEmbedder:
     ) -> None:
         from ..text import TextEncoder
 
+        _check(  # before the model loads
+            column=column,
+            output_column=output_column,
+            normalize=normalize,
+            precision=precision,
+            **encode_options,
+        )
         self.encoder = TextEncoder.from_pretrained(model)  # once per actor
         self.column = column
         self.output_column = output_column
@@ -70,3 +90,18 @@ class TextEmbedder:
         batch = batch.copy()  # a pandas DataFrame: one array per row
         batch[self.output_column] = list(np.asarray(vectors))
         return batch
+
+
+def _check(
+    *,
+    column: str = "text",
+    output_column: str = "embedding",
+    normalize: bool | None = None,
+    precision: str = "float32",
+    **encode_options: Any,
+) -> None:
+    """:class:`TextEmbedder`'s keywords checked as its constructor checks them."""
+    for name, value in (("column", column), ("output_column", output_column)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, got {value!r}")
+    check_encode_options(normalize, precision, encode_options)

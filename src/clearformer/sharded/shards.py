@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -50,6 +51,7 @@ import numpy as np
 from ..index.chunks import ChunkStore, chunk_count, chunk_progress, embed_chunks, texts_sha256
 from ..index.identity import ModelIdentity, file_sha256
 from ..index.layout import read_json, write_json
+from ..index.recipe import computed_prompt
 from ..io import atomic_write
 from .reordering import reorder_as_one_call
 
@@ -62,6 +64,13 @@ CHUNKS = ".chunks"
 # before its checksum.
 SHARD_ENTRY = ("file", "rank", "rows", "count", "bytes", "sha256")
 JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+# The names a run writes: shards, their records, and io.atomic_write's temporary files of
+# them and of the manifest. A leftover is removed only under one of these names.
+SHARD_FILE = re.compile(r"shard-\d{5}-of-\d{5}\.(npy|parquet)")
+RECORD_FILE = re.compile(r"shard-\d{5}-of-\d{5}\.json")
+TEMPORARY_FILE = re.compile(
+    rf"\.(shard-\d{{5}}-of-\d{{5}}\.(npy|parquet|json)|{re.escape(MANIFEST)})\.\w+\.tmp"
+)
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,9 @@ class ShardResult:
     manifest: bool  # this rank wrote the manifest
     reused_chunks: tuple[int, ...] = ()  # which chunks were reused, in order
     kept: bool = False  # a killed run had written and recorded this rank's shard: kept as is
-    cleaned: list[str] = field(default_factory=list)  # leftovers of a killed run, removed
+    # Leftovers of an earlier run of this job (chunks, shards of another world size, killed
+    # writes' temporary files), removed by this rank.
+    cleaned: list[str] = field(default_factory=list)
 
 
 def launch_rank() -> tuple[int, int]:
@@ -131,7 +142,10 @@ def encode_shard(
             as this machine resolves it (``"auto"`` is recorded as what it chose), and so are
             the encoder's attention backend and device type.
         encode_options: ``batch_size``, ``max_tokens``, ``workers``, ``progress`` (a callable
-            is told the rows of the corpus done, reused chunks included).
+            is told the rows of the corpus done, reused chunks included), ``prompt`` and
+            ``prompt_name`` (the prompt they put before each text is part of the job).
+        on_chunk: called with (chunk index, reused) as each of this rank's chunks is
+            committed or found committed.
 
     Raises:
         ValueError: a chunk's embeddings hold NaN or infinity (nothing of that chunk is
@@ -164,6 +178,12 @@ def encode_shard(
         "backend": encoder.config.backend,
         "device": encoder.device.type,
     }
+    # The prompt put before every text (a named one resolved to its text, the model's default
+    # included) makes other vectors: a run resumed with another is refused, not mixed. Kept
+    # out of the job when there is none, so that the chunks of earlier runs keep their job.
+    prompt = computed_prompt(encoder, encode_options)  # a prompt_name it lacks: before any work
+    if prompt is not None:
+        job["prompt"] = prompt
     out.mkdir(parents=True, exist_ok=True)
     done = _complete_manifest(out, job, fmt)
     chunks = rank_chunks(len(texts), chunk_rows, rank, world)
@@ -178,9 +198,18 @@ def encode_shard(
     name = shard_name(rank, world, fmt)
     if _recorded(out, rank, world, job, fmt):
         log.info("rank %d/%d: %s was written by an earlier run: kept", rank, world, name)
-        wrote = _finish(out, job, fmt, world, identity, source)
+        cleaned = _finish(out, job, fmt, world, identity, source)
         return ShardResult(
-            rank, world, name, (first, stop), 0, len(chunks), wrote, tuple(chunks), kept=True
+            rank,
+            world,
+            name,
+            (first, stop),
+            0,
+            len(chunks),
+            cleaned is not None,
+            tuple(chunks),
+            kept=True,
+            cleaned=cleaned or [],
         )
     store = ChunkStore(out / CHUNKS, job)
     started = time.perf_counter()
@@ -242,9 +271,17 @@ def encode_shard(
         "sha256": file_sha256(out / name),
     }
     write_json(_record_path(out, rank, world), record)
-    wrote = _finish(out, job, fmt, world, identity, source)
+    cleaned = _finish(out, job, fmt, world, identity, source)
     return ShardResult(
-        rank, world, name, (first, stop), encoded, reused, wrote, tuple(reused_chunks)
+        rank,
+        world,
+        name,
+        (first, stop),
+        encoded,
+        reused,
+        cleaned is not None,
+        tuple(reused_chunks),
+        cleaned=cleaned or [],
     )
 
 
@@ -354,9 +391,10 @@ def _recorded(out: Path, rank: int, world: int, job: dict, fmt: str) -> bool:
     )
 
 
-def _finish(out: Path, job: dict, fmt: str, world: int, identity, source) -> bool:
+def _finish(out: Path, job: dict, fmt: str, world: int, identity, source) -> list[str] | None:
     """Write the manifest if every shard of this run is recorded (any rank may find that;
-    two ranks that both do write the same bytes).
+    two ranks that both do write the same bytes), and remove the leftovers: what was removed,
+    or None where the manifest is not written yet.
 
     A record may be a killed run's: its rank, run again, keeps that shard and reads no chunk
     (:func:`_recorded`), so once every rank is recorded none reads a chunk any more and the
@@ -365,10 +403,10 @@ def _finish(out: Path, job: dict, fmt: str, world: int, identity, source) -> boo
     for rank in range(world):
         path = _record_path(out, rank, world)
         if not path.is_file():
-            return False
+            return None
         record = _read_object(path, "shard record")
         if record.get("job") != job or record.get("format") != fmt:
-            return False  # left by an earlier run; this run's rank has not written it yet
+            return None  # left by an earlier run; this run's rank has not written it yet
         records.append(record)
     manifest = {
         "job": job,
@@ -384,9 +422,9 @@ def _finish(out: Path, job: dict, fmt: str, world: int, identity, source) -> boo
         ],
     }
     _write_manifest(out, manifest)
-    _remove_leftovers(out, manifest)
+    removed = _remove_leftovers(out, manifest)
     log.info("wrote %s: %d rows in %d shards", out / MANIFEST, job["rows"], world)
-    return True
+    return removed
 
 
 def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
@@ -406,31 +444,85 @@ def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
 
 def _remove_leftovers(out: Path, manifest: dict[str, Any]) -> list[str]:
     """Remove what the manifest's run no longer needs: the chunks, shards of an earlier,
-    killed run with another world size, and temporary files of killed shard, record and
-    manifest writes; the names of what was removed. The writer of the manifest calls it, and
-    so does every later run that finds the manifest complete (the writer may have been killed
-    before it)."""
+    killed run of this job with another world size, and temporary files of killed shard,
+    record and manifest writes; the names of what was removed, each logged. The writer of the
+    manifest calls it, and so does every later run that finds the manifest complete (the
+    writer may have been killed before it).
+
+    ``out`` may be a directory the user keeps other files in: a file goes only when its name
+    is a shard's and its record says it is this job's, and the chunks only when their
+    ``job.json`` is this job's; anything else is left as it is (and logged when it looks like
+    a shard)."""
     world = manifest["world"]
     kept = {s["file"] for s in manifest["shards"]} | {
-        f"shard-{r:05d}-of-{world:05d}.json" for r in range(world)
+        _record_path(out, r, world).name for r in range(world)
     }
-    removed = []
-    for path in sorted(out.glob("shard-*")):
-        if path.name not in kept:  # shards of an earlier, killed run with another world size
-            path.unlink(missing_ok=True)
-            removed.append(path.name)
+    doomed = [p for p in _earlier_shards(out, manifest["job"]) if p.name not in kept]
     # The temporary files (io.atomic_write's ".NAME.*.tmp") of a shard, a record or the
     # manifest, left by a process killed while writing it: every shard is written now, so
     # none is being written. Another rank may be writing this same manifest at this moment:
     # it finds its temporary file gone and this manifest in place (_write_manifest).
-    for pattern in (".shard-*.tmp", f".{MANIFEST}.*.tmp"):
-        for path in sorted(out.glob(pattern)):
-            path.unlink(missing_ok=True)
-            removed.append(path.name)
-    if (out / CHUNKS).exists():
+    doomed += [p for p in sorted(out.iterdir()) if TEMPORARY_FILE.fullmatch(p.name)]
+    removed = []
+    for path in doomed:
+        path.unlink(missing_ok=True)
+        removed.append(path.name)
+    if _chunks_of(out, manifest["job"]):
         shutil.rmtree(out / CHUNKS, ignore_errors=True)
         removed.append(CHUNKS)
+    for name in removed:
+        log.info("%s: removed %s, left by an earlier run of this job", out, name)
     return removed
+
+
+def _earlier_shards(out: Path, job: dict[str, Any]) -> list[Path]:
+    """The shard files and records in ``out`` that a record of this job names (this run's and
+    an earlier run's of another world size alike). A file with a shard's name but no record
+    of this job (a user's, another job's, or a shard whose rank was killed before recording
+    it) is not one: nothing says it may go."""
+    found = set()
+    for path in sorted(out.glob("shard-*.json")):
+        if not RECORD_FILE.fullmatch(path.name):
+            continue  # not a record's name: a user's file, left alone
+        try:
+            record = _read_object(path, "shard record")
+        except ValueError:  # damaged or foreign JSON: not known to be this job's
+            log.info("%s: left as it is (not a record of this job)", path)
+            continue
+        if record.get("job") != job:
+            log.info("%s: left as it is (a record of another job)", path)
+            continue
+        found.add(path.name)
+        named = record.get("file")
+        if isinstance(named, str) and SHARD_FILE.fullmatch(named) and (out / named).is_file():
+            found.add(named)
+    for path in sorted(out.glob("shard-*")):
+        if path.name not in found:
+            log.info("%s: left as it is (no record of this job names it)", path)
+    return [out / name for name in sorted(found)]
+
+
+def _chunks_of(out: Path, job: dict[str, Any]) -> bool:
+    """Whether ``out/.chunks`` is there and its ``job.json`` is this job's (an empty folder,
+    left by a kill before its record was written, is too); a folder holding anything else is
+    not removed."""
+    chunks = out / CHUNKS
+    if not chunks.is_dir():
+        return False
+    record = chunks / "job.json"
+    if not record.is_file():
+        if any(chunks.iterdir()):
+            log.info("%s: left as it is (no job.json says it holds this job's chunks)", chunks)
+            return False
+        return True
+    try:
+        found = read_json(record)
+    except ValueError:  # damaged: not known to be this job's
+        found = None
+    if found != job:
+        log.info("%s: left as it is (its job.json is not this job's)", chunks)
+        return False
+    return True
 
 
 def _write_parquet(path: Path, rows: range, texts: Sequence[str], vectors: np.ndarray) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .batch_texts import batch_texts
+from .options import check_encode_options
 
 
 @functools.lru_cache(maxsize=4)
@@ -43,8 +44,11 @@ def embedding_udf(
 
     Args:
         model: a checkpoint directory that every worker can read; None = the bundled model.
-        normalize, precision, encode_options: as :meth:`clearformer.TextEncoder.encode`.
+        normalize, precision, encode_options: as :meth:`clearformer.TextEncoder.encode` (but
+            ``progress``), checked here, on the driver: a wrong one would otherwise fail in
+            every executor, at its first batch.
     """
+    check_encode_options(normalize, precision, encode_options)
     import pandas as pd
     from pyspark.sql.functions import pandas_udf
     from pyspark.sql.types import ArrayType, FloatType
