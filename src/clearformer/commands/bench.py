@@ -10,6 +10,7 @@ unless ``--force``. Every file is written atomically, after each section and at 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -95,8 +96,10 @@ _FIELDS = {
 
 
 def options_from_args(args: argparse.Namespace):
-    """A validated :class:`~clearformer.bench.suite.BenchOptions` (ValueError on bad input)."""
+    """A validated :class:`~clearformer.bench.suite.BenchOptions` (CliError naming the flag on
+    bad input)."""
     from ..bench.suite import BenchOptions
+    from ..cli import CliError
 
     chosen = {field: getattr(args, attr) for attr, field in _FIELDS.items()}
     chosen = {k: v for k, v in chosen.items() if v is not None}
@@ -104,7 +107,26 @@ def options_from_args(args: argparse.Namespace):
         chosen["with_math"] = False
     if args.no_memory:
         chosen["measure_memory"] = False
-    return BenchOptions.quick(**chosen) if args.quick else BenchOptions(**chosen)
+    try:
+        return BenchOptions.quick(**chosen) if args.quick else BenchOptions(**chosen)
+    except ValueError as exc:
+        flags = _flags_named(str(exc), args)
+        raise CliError(f"{flags}: {exc}" if flags else str(exc)) from None
+
+
+def _flags_named(message: str, args: argparse.Namespace) -> str:
+    """The flags of the BenchOptions fields a message names (``train_batch`` is
+    ``--train-batch``), those the user typed first: the field names alone do not say which
+    flag to change. Empty when it names none."""
+    fields = {field: attr for attr, field in _FIELDS.items()} | {"size": "sizes"}
+    found = sorted(
+        (match.start(), attr)
+        for field, attr in fields.items()
+        if (match := re.search(rf"\b{field}\b", message))
+    )
+    named = list(dict.fromkeys(attr for _, attr in found))  # in the message's order, once
+    typed = [attr for attr in named if getattr(args, attr) is not None]
+    return ", ".join("--" + attr.replace("_", "-") for attr in typed or named)
 
 
 def prepare_out(out: Path | None, name: str, *, force: bool) -> Path:

@@ -31,13 +31,30 @@ def check_parameters(parameters: int, sizes: str, bound: str) -> None:
         )
 
 
+def check_sizes(sizes: dict[str, int]) -> None:
+    """Each size flag positive, and ``--d-model`` split evenly among ``--n-heads`` (explain
+    --random's too): checked here so the message names the flags typed, not EncoderConfig's
+    fields."""
+    from ..cli import CliError
+
+    for flag, value in sizes.items():
+        if value <= 0:
+            raise CliError(f"{flag} must be positive, got {value}")
+    d_model, n_heads = sizes["--d-model"], sizes["--n-heads"]
+    if d_model % n_heads:
+        raise CliError(
+            "--d-model must be divisible by --n-heads (each head takes an equal share), "
+            f"got --d-model {d_model} and --n-heads {n_heads}"
+        )
+
+
 def _check_arguments(args: argparse.Namespace) -> None:
     from ..cli import CliError
 
     check_seed(args.seed)
-    # Per layer: 4 D^2 in attention and 8 D^2 in the MLP (dim_mlp = 4 D). A size below 1 is
-    # left to EncoderConfig, whose message names it.
-    parameters = 12 * max(args.n_layers, 0) * max(args.d_model, 0) ** 2
+    check_sizes({"--d-model": args.d_model, "--n-heads": args.n_heads, "--n-layers": args.n_layers})
+    # Per layer: 4 D^2 in attention and 8 D^2 in the MLP (dim_mlp = 4 D).
+    parameters = 12 * args.n_layers * args.d_model**2
     if args.n_layers > MAX_LAYERS:  # thin layers are cheap in parameters, not in time
         raise CliError(f"--n-layers must be at most {MAX_LAYERS}, got {args.n_layers}")
     sizes = f"--d-model {args.d_model} and --n-layers {args.n_layers}"

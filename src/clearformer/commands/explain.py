@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     files = _files(args)
     for flag, path in files.items():
         _check_writable(flag, path)
+    _check_json_name(args.json)
     if args.png is not None and importlib.util.find_spec("matplotlib") is None:
         raise CliError("--png needs matplotlib: pip install 'clearformer[plot]'")
     filters = Filters(args.layer, args.head, args.step, args.sequence)
@@ -197,13 +198,11 @@ def _check_random(args: argparse.Namespace) -> None:
     the toy's tables (a 4,096-word vocabulary and max_length positions, each D wide)."""
     from ..cli import CliError
     from ..explainer.toy import VOCAB_SIZE
-    from .demo import MAX_LAYERS, check_parameters, check_seed
+    from .demo import MAX_LAYERS, check_parameters, check_seed, check_sizes
 
     check_seed(args.seed)
-    for flag in ("--d-model", "--n-heads", "--n-layers", "--max-length"):
-        value = getattr(args, _dest(flag))
-        if value <= 0:
-            raise CliError(f"{flag} must be positive, got {value}")
+    flags = ("--d-model", "--n-heads", "--n-layers", "--max-length")
+    check_sizes({flag: getattr(args, _dest(flag)) for flag in flags})
     if args.n_layers > MAX_LAYERS:  # thin layers are cheap in parameters, not in time
         raise CliError(f"--n-layers must be at most {MAX_LAYERS}, got {args.n_layers}")
     parameters = (12 * args.n_layers * args.d_model + VOCAB_SIZE + args.max_length) * args.d_model
@@ -211,6 +210,19 @@ def _check_random(args: argparse.Namespace) -> None:
         f"--d-model {args.d_model}, --n-layers {args.n_layers} and --max-length {args.max_length}"
     )
     check_parameters(parameters, sizes, "a random model has")
+
+
+def _check_json_name(path: str | None) -> None:
+    """``--json`` takes an optional FILE, so ``--json "The cat sat." "Dogs bark."`` reads the
+    first text as the file name: a value that is no ``.json`` path is refused, not written."""
+    from ..cli import CliError
+
+    if path is None or path == "-" or path.lower().endswith(".json"):
+        return
+    raise CliError(
+        f"--json must be a FILE ending in .json or - for stdout, got {path!r}; to print the "
+        "trace of these texts, put --json after them: clearformer explain TEXT ... --json"
+    )
 
 
 def _check_writable(flag: str, path: str) -> None:

@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
     model = build_model(config)
     seq2seq = model.model
+    check_beams(args.num_beams, "--num-beams", seq2seq.config.target_vocab)
     vocab = seq2seq.config.src_vocab_size
     for s in sources:
         bad = [t for t in s if not FIRST <= t < vocab]
@@ -133,3 +134,16 @@ def run(args: argparse.Namespace) -> int:
     for line in lines:
         print(line)
     return 0
+
+
+def check_beams(beams: int, flag: str, target_vocab: int) -> None:
+    """CliError for a beam wider than the run's target vocabulary, before decoding: more beams
+    cannot be distinct at the first step, and a huge width ends in an allocation failure (or
+    minutes of work) inside the search."""
+    from ..cli import CliError
+
+    if beams > target_vocab:
+        raise CliError(
+            f"{flag} must be at most {target_vocab} for this run (its target vocabulary), "
+            f"got {beams}"
+        )

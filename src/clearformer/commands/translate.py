@@ -69,12 +69,11 @@ def _load_config(folder):
     return config
 
 
-def _load_model(folder, config):
-    """The run's vocabularies and model; CliError naming the file for anything damaged."""
+def _load_vocabularies(folder):
+    """The run's (source, target) vocabularies; CliError naming the file if it is damaged."""
     from ..cli import CliError
-    from ..train.tasks.translate import VOCABULARY_FILE, build_model
+    from ..train.tasks.translate import VOCABULARY_FILE
     from ..train.tasks.words import load_vocabularies
-    from .runs import load_weights
 
     vocab_file = folder / VOCABULARY_FILE
     try:
@@ -83,10 +82,17 @@ def _load_model(folder, config):
         raise CliError(
             f"--run {folder}: {VOCABULARY_FILE} is not UTF-8 text (byte offset {exc.start})"
         ) from None
-    source, target = load_vocabularies(text, str(vocab_file))
+    return load_vocabularies(text, str(vocab_file))
+
+
+def _load_model(folder, config, source, target):
+    """The run's model, for its vocabularies; CliError naming the file for damaged weights."""
+    from ..train.tasks.translate import VOCABULARY_FILE, build_model
+    from .runs import load_weights
+
     model = build_model(config, len(source), len(target))
     load_weights(folder, model, f"its config and {VOCABULARY_FILE}")
-    return source, target, model.model.eval()
+    return model.model.eval()
 
 
 def _read_sentences(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -114,10 +120,14 @@ def run(args: argparse.Namespace) -> int:
 
     from ..cli import CliError
     from ..io import atomic_write
+    from .generate import check_beams
 
     out = _check_arguments(args)
     folder = Path(args.run)
     config = _load_config(folder)
+    source, target = _load_vocabularies(folder)
+    # The width's bound is the run's target vocabulary, known once its small file is read.
+    check_beams(args.beams, "--beams", len(target))
     from ..train.tasks.translate import held_out_bleu, translate_ids
     from ..train.tasks.words import join_words, split_words
 
@@ -136,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
                     f"(its translate_max_length)"
                 )
             sentences.append(words)
-    source, target, model = _load_model(folder, config)
+    model = _load_model(folder, config, source, target)
     if args.bleu:
         texts = _bleu(args, config, source, target, model, held_out_bleu)
     else:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checks import check_choice
+from ..checks import check_bool, check_choice
 from ..config import EncoderConfig
 from ..fast.local import BANDED_MIN_LENGTH, use_banded
 from ..heads import POOLING_MODES, pool
@@ -109,8 +109,9 @@ class ExportableEncoder(nn.Module):
         self.backend = export_backend(model.config, backend)
         if pooling is not None:
             check_choice(pooling, POOLING_MODES, "pooling")
+        check_bool(normalize, "normalize")  # bool("no") is True: it would normalise
         self.pooling = pooling
-        self.normalize = bool(normalize)
+        self.normalize = normalize
         self.config = model.config
         self.counts_past_pads = model.counts_past_pads  # RoBERTa's positions skip pad ids
         self.train(model.training)  # a new module trains by default; follow the model's mode
@@ -220,6 +221,9 @@ def export_program(
         the ExportedProgram; ``program.module()(input_ids, attention_mask[, token_type_ids])``
         returns what :meth:`ExportableEncoder.forward` returns, for any B and T in range.
     """
+    # Checked before tracing, whatever ``model`` is: strict="no" would be read as True.
+    check_bool(normalize, "normalize")
+    check_bool(strict, "strict")
     if not isinstance(model, ExportableEncoder):
         model = ExportableEncoder(model, backend=backend, pooling=pooling, normalize=normalize)
     with eval_mode(model), torch.no_grad():

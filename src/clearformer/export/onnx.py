@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..checks import check_bool
 from ..heads import pool
 from ..model import EncoderModel
 from .module import ExportableEncoder, eval_mode, export_program
@@ -183,6 +184,10 @@ def export_onnx(
     say = _reporter(progress)
     if not isinstance(opset, int) or isinstance(opset, bool) or opset < MIN_OPSET:
         raise ValueError(f"opset must be an int >= {MIN_OPSET}, got {opset!r}")
+    # Before anything is loaded or written: overwrite="no" would be truthy and replace an
+    # earlier export, pooling="no" and verify="no" would pool and check anyway.
+    for value, name in ((pooling, "pooling"), (verify, "verify"), (overwrite, "overwrite")):
+        check_bool(value, name)
     require_packages(verify)
     target = check_target(Path(out_dir), overwrite)
     model, text = _resolve(model_or_dir, pooling, say)
