@@ -350,6 +350,38 @@ def test_ndcg_equals_sentence_transformers_evaluator_on_bbc_with_the_bundled_mod
     assert 0.5 < ours < 1.0
 
 
+def test_each_side_takes_the_models_prompt_as_sentence_transformers_evaluator_does(tiny, tmp_path):
+    """Unnamed, the queries take the model's "query" prompt and the corpus its "document"
+    prompt (encode_query, encode_document), and a side whose prompt the model lacks takes
+    none: not the default prompt, nor another name; the results record the names that ran."""
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    from clearformer import TextEncoder
+
+    from .test_serve_prompts import _prompts
+
+    model, beir = tiny
+    prompted = tmp_path / "prompted"
+    shutil.copytree(model, prompted)
+    _prompts(prompted, {"query": "w1 w2 ", "passage": "w3 ", "other": "w4 w5 w6 "}, "other")
+    data = load_beir(beir)
+    result = evaluate(data, TextEncoder.from_pretrained(prompted))
+    assert (result.settings["query_prompt_name"], result.settings["document_prompt_name"]) == (
+        "query",
+        None,
+    )
+    reference = SentenceTransformer(str(prompted), device="cpu")
+    queries = reference.encode_query(list(data.query_texts), normalize_embeddings=True)
+    corpus = reference.encode_document(list(data.corpus_texts), normalize_embeddings=True)
+    cosines = queries @ corpus.T  # (Q, N)
+    for i, query in enumerate(data.query_ids):
+        for j, document in enumerate(data.corpus_ids):
+            if document in result.run[query]:
+                assert result.run[query][document] == pytest.approx(cosines[i, j], abs=1e-5)
+
+
 def _folder(tmp_path: Path, corpus=None, queries=None, qrels=None, split="test") -> Path:
     folder = tmp_path / "bad"
     (folder / "qrels").mkdir(parents=True, exist_ok=True)

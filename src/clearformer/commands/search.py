@@ -123,10 +123,12 @@ def corpus_route(kind: str, model: str) -> str:
 def prompt_names(encoder, args: argparse.Namespace) -> tuple[str | None, str | None]:
     """The (query, document) prompt names a ``--corpus`` search embeds with: the flags', each
     checked to be one of the model's before any text is embedded; else the model's ``query``
-    and ``document`` prompts where it has them, as a retrieval model is meant to be used
-    (Qwen3-Embedding, EmbeddingGemma, ``train --task contrastive --query-prompt``); else None
-    (the model's default prompt, if any, as ``encode`` applies it)."""
+    and ``document`` prompts where it has them, as sentence-transformers' encode_query and
+    encode_document take them and a retrieval model is meant to be used (Qwen3-Embedding,
+    EmbeddingGemma, ``train --task contrastive --query-prompt``); else None: no prompt
+    (:func:`~clearformer.text.prompts.side_prompt_options`)."""
     from ..cli import CliError
+    from ..text.prompts import side_prompt_name
 
     named = sorted(encoder.prompts.prompts)
     chosen = []
@@ -137,7 +139,7 @@ def prompt_names(encoder, args: argparse.Namespace) -> tuple[str | None, str | N
                 f"{flag} {name!r}: the model has no such prompt (its prompts: "
                 f"{', '.join(named) if named else 'none'})"
             )
-        chosen.append(name if name is not None else side if side in named else None)
+        chosen.append(name if name is not None else side_prompt_name(named, side))
     return chosen[0], chosen[1]
 
 
@@ -150,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
     if args.corpus is None:
         raise CliError("give --corpus FILE (rank its lines) or --index INDEX")
     device_flag(args)  # before the corpus is read
+    from ..text.prompts import side_prompt_options
+
     entries = read_corpus(args)
     encoder = load_encoder(args, route=functools.partial(corpus_route, model=args.model))
     query_prompt, document_prompt = prompt_names(encoder, args)
@@ -161,11 +165,11 @@ def run(args: argparse.Namespace) -> int:
         normalize=True,
         progress=progress_for(args, len(entries)),
         precision=args.precision,
-        prompt_name=document_prompt,
+        **side_prompt_options(document_prompt),
     )  # (n, D), unit rows
     check_finite(corpus, [t for _, t in entries])
     query = encoder.encode(
-        [args.query], normalize=True, precision=args.precision, prompt_name=query_prompt
+        [args.query], normalize=True, precision=args.precision, **side_prompt_options(query_prompt)
     )[0]  # (D,)
     check_finite(query[None, :], [args.query])
     scores = corpus @ query  # (n,) cosine similarities

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..options import RERANK_FUSIONS
 from ..precision.names import CROSS_ENCODER_PRECISIONS, check_precision
+from ..text.prompts import side_prompt_options
 from ..version import __version__
 from .beir import RetrievalData
 from .metrics import DEFAULT_MEASURES, evaluate_run, mean_measures, parse_measure
@@ -155,6 +156,7 @@ def evaluate(
     if settings.mode != "dense":
         return _evaluate_kinds(data, encoder, settings, models or {}, cross_encoder, progress)
     encode_options = dict(encode_options or {})
+    settings = _with_side_prompts(settings, encoder)
     if settings.dimensions is not None:
         encoder.head.check_dimensions(settings.dimensions, "dimensions")
     cross_encoder = _rerank_stage(settings, cross_encoder)
@@ -169,7 +171,7 @@ def evaluate(
             normalize=True,
             precision=settings.precision,
             dimensions=settings.dimensions,
-            prompt_name=prompt_name,
+            **side_prompt_options(prompt_name),
             progress=lambda done, total: report(phase, done, total),
             **encode_options,
         )
@@ -272,6 +274,21 @@ def _rerank_described(cross_encoder, settings: EvalSettings) -> dict:
     }
 
 
+def _with_side_prompts(settings: EvalSettings, encoder) -> EvalSettings:
+    """Each side's prompt name where the settings give none: the model's "query" prompt for
+    the queries and its "document" prompt for the corpus, else none (not the model's default
+    prompt), as sentence-transformers' InformationRetrievalEvaluator embeds them
+    (encode_query, encode_document); recorded in the results as they ran."""
+    from ..text.prompts import side_prompt_name
+
+    named = getattr(getattr(encoder, "prompts", None), "prompts", None) or {}
+    return replace(
+        settings,
+        query_prompt_name=settings.query_prompt_name or side_prompt_name(named, "query"),
+        document_prompt_name=settings.document_prompt_name or side_prompt_name(named, "document"),
+    )
+
+
 def _index_described(index) -> dict:
     """The storage, search and width the index ran with: an existing index searched without
     ``--storage``, ``--ann`` or ``--dimensions`` runs its own, which None would misstate (None
@@ -311,7 +328,7 @@ def _prepared_index(data, encoder, settings: EvalSettings, report, encode_option
         options=options,
         source={"beir": str(data.folder), "sha256": data.sha256},
         precision=settings.precision,
-        prompt_name=settings.document_prompt_name,
+        **side_prompt_options(settings.document_prompt_name),
         progress=lambda done, total: report("corpus", done, total),
         **encode_options,
     )
@@ -332,7 +349,7 @@ def _check_index_matches(index, data: RetrievalData, settings: EvalSettings, enc
     asked["precision"] = computed_precision(encoder, settings.precision)
     held_by["precision"] = index_precision(index.meta)
     asked["document prompt"] = computed_prompt(
-        encoder, {"prompt_name": settings.document_prompt_name}
+        encoder, side_prompt_options(settings.document_prompt_name)
     )
     held_by["document prompt"] = index_prompt(index.meta)
     for name, value in asked.items():

@@ -57,3 +57,26 @@ def prompt_length(tokenizer, prompt: str) -> int:
     (encoding,) = tokenizer.encode([prompt])
     closing = bool(encoding.special_tokens_mask) and encoding.special_tokens_mask[-1] == 1
     return len(encoding.ids) - int(closing)
+
+
+# The prompt each side of a retrieval takes when a call names none, as sentence-transformers'
+# encode_query and encode_document choose it (its InformationRetrievalEvaluator embeds with
+# them): the model's "query" or "document" prompt; where the model has none of that name, no
+# prompt at all (sentence-transformers gives every model an empty "query" and "document"
+# prompt), not the model's default one.
+SIDE_PROMPTS = ("query", "document")
+
+
+def side_prompt_name(named, side: str) -> str | None:
+    """The prompt name (of ``named``, the model's prompts) that ``side`` (``"query"`` or
+    ``"document"``) takes when a call names none, or None: then no prompt (see
+    :func:`side_prompt_options`)."""
+    if side not in SIDE_PROMPTS:
+        raise ValueError(f"side must be one of {SIDE_PROMPTS}, got {side!r}")
+    return side if side in named else None
+
+
+def side_prompt_options(prompt_name: str | None) -> dict:
+    """``encode``'s prompt options for a side of a retrieval: the named prompt, or none at
+    all (an empty ``prompt``: the checkpoint's default prompt is not a side's prompt)."""
+    return {"prompt": ""} if prompt_name is None else {"prompt_name": prompt_name}
