@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -179,6 +178,7 @@ def _check_apart_from_inputs(args) -> None:
     """No output is one of the files the run reads: it would be replaced by the results
     after they were computed from it (a qrels file turned into a run, a compared result lost)."""
     from ..cli import CliError
+    from .inputs import same_file
 
     data = Path(args.data)
     inputs = [
@@ -192,21 +192,11 @@ def _check_apart_from_inputs(args) -> None:
         if value is None:
             continue
         for source, path in inputs:
-            if _same_file(Path(value), path):
+            if same_file(Path(value), path):
                 raise CliError(
                     f"{flag} {value} is the file {source} reads ({path}): the results would "
                     "replace it; give another path"
                 )
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    """One file under two names: the same resolved path, or a hard link to it."""
-    if a.resolve() == b.resolve():
-        return True
-    try:
-        return a.exists() and b.exists() and os.path.samefile(a, b)
-    except OSError:  # unreadable here: the writes that follow say why
-        return False
 
 
 def _read_compared(path: str, data, measures: tuple[str, ...]) -> dict:

@@ -84,15 +84,10 @@ def check_target(value: str, force: bool) -> Path:
 
 def check_model(value: str | None) -> None:
     """--model is a directory, said with the flag: the loader's own message names neither."""
-    from ..cli import CliError
+    from .inputs import check_model_directory
 
-    if value is None:
-        return  # the bundled model
-    path = Path(value).expanduser()
-    if not path.exists():
-        raise CliError(f"--model: checkpoint directory not found: {value}")
-    if not path.is_dir():
-        raise CliError(f"--model: checkpoint path must be a directory, got a file: {value}")
+    if value is not None:  # None: the bundled model
+        check_model_directory(value)
 
 
 def check_apart(target: Path, model: str | None) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -178,6 +177,7 @@ def _check_paths(args, out: Path) -> None:
     """Before any work: --index can be a folder, no model flag names a missing directory, and
     --out is none of the files the command reads (it would replace its own input)."""
     from ..cli import CliError
+    from .inputs import same_file
 
     if args.index is not None and Path(args.index).exists() and not Path(args.index).is_dir():
         raise CliError(f"--index {args.index}: is a file; give the folder of the corpus index")
@@ -196,7 +196,7 @@ def _check_paths(args, out: Path) -> None:
             (f"the qrels of --data {data} --split {split}", data / "qrels" / f"{split}.tsv"),
         ]
     for what, path in inputs:
-        if path is not None and _same_file(out, Path(path)):
+        if path is not None and same_file(out, Path(path)):
             raise CliError(
                 f"--out {out} is {what} ({path}): the mined rows would replace it; give "
                 "another --out"
@@ -215,16 +215,6 @@ def _check_model_dir(flag: str, path: str) -> None:
         find_checkpoint(path)
     except CheckpointError as exc:
         raise CliError(f"{flag} {path}: {exc}") from None
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    """One file under two names: the same resolved path, or a hard link to it."""
-    if a.resolve() == b.resolve():
-        return True
-    try:
-        return a.exists() and b.exists() and os.path.samefile(a, b)
-    except OSError:  # unreadable here: the reads that follow say why
-        return False
 
 
 def run(args: argparse.Namespace) -> int:

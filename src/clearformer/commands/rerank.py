@@ -130,17 +130,6 @@ def _check_model(model: str | None) -> str:
     return model
 
 
-def _check_model_directory(model: str) -> None:
-    """--model is a directory, said with the flag: the loader's own message names neither."""
-    from ..cli import CliError
-
-    path = Path(model).expanduser()
-    if not path.exists():
-        raise CliError(f"--model: checkpoint directory not found: {model}")
-    if not path.is_dir():
-        raise CliError(f"--model: checkpoint path must be a directory, got a file: {model}")
-
-
 def _check_output(output: str | None) -> Path | None:
     from ..cli import CliError
     from .outputs import check_destination
@@ -158,10 +147,11 @@ def run(args: argparse.Namespace) -> int:
     from ..cli import CliError
     from ..io import atomic_write
     from ..text import CrossEncoder
+    from .inputs import check_model_directory
 
     model_dir = _check_model(args.model)  # before any work
     output = _check_output(args.output)
-    _check_model_directory(model_dir)
+    check_model_directory(model_dir)
     entries = read_corpus(args)
     model = CrossEncoder.from_pretrained(model_dir, backend=args.backend)
     if model.num_labels != 1:
