@@ -186,6 +186,19 @@ def add_prompt_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def check_prompt_name(encoder, flag: str, name: str | None) -> None:
+    """A prompt name a flag gives is one of the model's (None: none given), checked once the
+    model is loaded, before any text is embedded."""
+    from ..cli import CliError
+
+    named = sorted(encoder.prompts.prompts)
+    if name is not None and name not in named:
+        raise CliError(
+            f"{flag} {name!r}: the model has no such prompt (its prompts: "
+            f"{', '.join(named) if named else 'none'})"
+        )
+
+
 def check_prompt_flags(encoder, args: argparse.Namespace) -> dict:
     """``encode``'s prompt keywords from ``--prompt-name`` / ``--prompt``, checked against the
     model's prompts once it is loaded, before any text is embedded: a name it lacks would
@@ -196,12 +209,7 @@ def check_prompt_flags(encoder, args: argparse.Namespace) -> dict:
     name, text = args.prompt_name, args.prompt
     if name is not None and text is not None:
         raise CliError("give --prompt-name NAME or --prompt TEXT, not both")
-    named = sorted(encoder.prompts.prompts)
-    if name is not None and name not in named:
-        raise CliError(
-            f"--prompt-name {name!r}: the model has no such prompt (its prompts: "
-            f"{', '.join(named) if named else 'none'})"
-        )
+    check_prompt_name(encoder, "--prompt-name", name)
     if text is not None:
         check_unicode(text, "--prompt")
     return {"prompt": text, "prompt_name": name}

@@ -364,16 +364,10 @@ def _dense_model(args: argparse.Namespace, load_encoder):
 def _check_prompt_names(encoder, args: argparse.Namespace) -> None:
     """Each prompt name the flags give is one of the model's: checked before any text is
     embedded, not after the whole corpus was."""
-    from ..cli import CliError
+    from .encode import check_prompt_name
 
-    named = sorted(encoder.prompts.prompts)
-    for flag in ("--query-prompt-name", "--document-prompt-name"):
-        name = getattr(args, flag[2:].replace("-", "_"))
-        if name is not None and name not in named:
-            raise CliError(
-                f"{flag} {name!r}: the model has no such prompt (its prompts: "
-                f"{', '.join(named) if named else 'none'})"
-            )
+    check_prompt_name(encoder, "--query-prompt-name", args.query_prompt_name)
+    check_prompt_name(encoder, "--document-prompt-name", args.document_prompt_name)
 
 
 def _mode_settings(args: argparse.Namespace) -> dict:

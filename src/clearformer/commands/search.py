@@ -127,19 +127,14 @@ def prompt_names(encoder, args: argparse.Namespace) -> tuple[str | None, str | N
     encode_document take them and a retrieval model is meant to be used (Qwen3-Embedding,
     EmbeddingGemma, ``train --task contrastive --query-prompt``); else None: no prompt
     (:func:`~clearformer.text.prompts.side_prompt_options`)."""
-    from ..cli import CliError
     from ..text.prompts import side_prompt_name
+    from .encode import check_prompt_name
 
-    named = sorted(encoder.prompts.prompts)
     chosen = []
     for flag, side in (("--query-prompt-name", "query"), ("--document-prompt-name", "document")):
         name = getattr(args, flag[2:].replace("-", "_"))
-        if name is not None and name not in named:
-            raise CliError(
-                f"{flag} {name!r}: the model has no such prompt (its prompts: "
-                f"{', '.join(named) if named else 'none'})"
-            )
-        chosen.append(name if name is not None else side_prompt_name(named, side))
+        check_prompt_name(encoder, flag, name)
+        chosen.append(name if name is not None else side_prompt_name(encoder.prompts.prompts, side))
     return chosen[0], chosen[1]
 
 
