@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -129,3 +131,21 @@ def torchrun_command(nproc: int, *argv: str) -> list[str]:
         "--rdzv-endpoint=127.0.0.1:0",
         *argv,
     ]
+
+
+def watch_lock_waits(monkeypatch) -> tuple[threading.Event, object]:
+    """An event set once a thread other than the main one is about to wait for a lock
+    (``fcntl.flock`` without ``LOCK_NB``), and ``fcntl.flock`` itself, for the test that plays
+    the other process and holds the lock."""
+    flock = fcntl.flock
+    waiting = threading.Event()
+
+    def watched(fd, operation):
+        if threading.current_thread() is not threading.main_thread() and not (
+            operation & fcntl.LOCK_NB
+        ):
+            waiting.set()  # the thread under test is about to wait for the lock
+        return flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", watched)
+    return waiting, flock

@@ -23,6 +23,7 @@ from clearformer.fast import avx512
 from clearformer.machine import machine
 from clearformer.options import Decision
 
+from .helpers import watch_lock_waits
 from .test_calibration import verdict_of
 
 
@@ -137,17 +138,7 @@ def test_a_verdict_measured_on_a_busy_machine_is_measured_again_at_the_next_star
 def test_a_calibration_waits_for_another_and_reads_what_it_measured(calibrating, monkeypatch, busy):
     # The test plays the other process: it holds calibration/.lock, writes its verdicts, lets
     # go. What it measured is taken even where provisional: measured just now, not again.
-    flock = fcntl.flock
-    waiting = threading.Event()
-
-    def watched(fd, operation):
-        if threading.current_thread() is not threading.main_thread() and not (
-            operation & fcntl.LOCK_NB
-        ):
-            waiting.set()  # the calibrating thread is about to wait for the lock
-        return flock(fd, operation)
-
-    monkeypatch.setattr(fcntl, "flock", watched)
+    waiting, flock = watch_lock_waits(monkeypatch)
     folder = cache.cache_folder() / "calibration"
     folder.mkdir(parents=True)
     results = []

@@ -25,6 +25,8 @@ from clearformer.fast import avx512
 from clearformer.machine import machine
 from clearformer.options import Decision
 
+from .helpers import watch_lock_waits
+
 # What the fake compiler writes: large enough that a cut or a changed byte is not the end.
 BUILT = b"\x7fELF a fake library, built by a test\n" * 300
 
@@ -158,17 +160,7 @@ def test_a_library_that_fails_to_load_is_removed_and_built_again(kernels):
 
 def test_a_build_waits_for_another_process_building_and_loads_its_library(kernels, monkeypatch):
     # The test plays the other process: it holds the library's lock, builds, and lets go.
-    flock = fcntl.flock
-    waiting = threading.Event()
-
-    def watched(fd, operation):
-        if threading.current_thread() is not threading.main_thread() and not (
-            operation & fcntl.LOCK_NB
-        ):
-            waiting.set()  # the loading thread is about to wait for the lock
-        return flock(fd, operation)
-
-    monkeypatch.setattr(fcntl, "flock", watched)
+    waiting, flock = watch_lock_waits(monkeypatch)
     kernels.library.parent.mkdir(parents=True)
     outcomes = []
     with open(kernels.library.with_suffix(".lock"), "a") as lock:
