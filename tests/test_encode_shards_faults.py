@@ -17,7 +17,7 @@ from argparse import Namespace
 import numpy as np
 import pytest
 
-from clearformer.sharded import shards
+from clearformer.sharded import directory, shards
 from clearformer.sharded.shards import encode_shard, read_manifest, read_shards
 from clearformer.text import TextEncoder
 
@@ -255,7 +255,7 @@ def test_two_ranks_writing_the_same_manifest_at_once_both_finish(tmp_path, monke
             other = tmp_path / ".manifest.json.other.tmp"
             other.write_text(json.dumps(manifest))
             publish(other, target)  # the twin publishes first and removes the leftovers
-            shards._remove_leftovers(tmp_path, manifest)
+            directory.remove_leftovers(tmp_path, manifest)
         publish(tmp, target)
 
     monkeypatch.setattr(clearformer.io, "publish", twin_first)

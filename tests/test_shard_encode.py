@@ -133,7 +133,7 @@ def test_a_run_killed_right_after_its_manifest_leaves_its_chunks_to_the_next_run
     out = tmp_path / "out"
     argv = command(setup, out)
     # The first rmtree is the chunks': the manifest is written, nothing is removed yet.
-    killed = killed_cli("clearformer.sharded.shards:shutil.rmtree:1", *argv)
+    killed = killed_cli("clearformer.sharded.directory:shutil.rmtree:1", *argv)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert (out / "manifest.json").is_file()
     assert len(list((out / ".chunks").glob("chunk-*.npy"))) == 10

@@ -38,8 +38,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,27 +48,18 @@ import numpy as np
 
 from ..index.chunks import ChunkStore, chunk_count, chunk_progress, embed_chunks, texts_sha256
 from ..index.identity import ModelIdentity, file_sha256
-from ..index.layout import read_json, write_json
+from ..index.layout import write_json
 from ..index.recipe import computed_prompt
 from ..io import atomic_write
+from .directory import CHUNKS, MANIFEST, read_object, record_path, remove_leftovers
 from .reordering import reorder_as_one_call
 
 log = logging.getLogger(__name__)
 
 SHARD_FORMATS = ("npy", "parquet")
-MANIFEST = "manifest.json"
-CHUNKS = ".chunks"
 # What the manifest keeps of each shard's record; "bytes" lets a rerun check a shard's size
 # before its checksum.
 SHARD_ENTRY = ("file", "rank", "rows", "count", "bytes", "sha256")
-JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
-# The names a run writes: shards, their records, and io.atomic_write's temporary files of
-# them and of the manifest. A leftover is removed only under one of these names.
-SHARD_FILE = re.compile(r"shard-\d{5}-of-\d{5}\.(npy|parquet)")
-RECORD_FILE = re.compile(r"shard-\d{5}-of-\d{5}\.json")
-TEMPORARY_FILE = re.compile(
-    rf"\.(shard-\d{{5}}-of-\d{{5}}\.(npy|parquet|json)|{re.escape(MANIFEST)})\.\w+\.tmp"
-)
 
 
 @dataclass(frozen=True)
@@ -193,7 +182,7 @@ def encode_shard(
         # A run killed between its manifest and the clean-up left its chunks (a second copy
         # of every embedding) and perhaps temporary files: once the manifest is written no
         # rank of any run reads them, so they go now.
-        cleaned = _remove_leftovers(out, _read_object(out / MANIFEST, "manifest"))
+        cleaned = remove_leftovers(out, read_object(out / MANIFEST, "manifest"))
         return ShardResult(rank, world, None, (first, stop), 0, 0, False, cleaned=cleaned)
     name = shard_name(rank, world, fmt)
     if _recorded(out, rank, world, job, fmt):
@@ -270,7 +259,7 @@ def encode_shard(
         "bytes": (out / name).stat().st_size,
         "sha256": file_sha256(out / name),
     }
-    write_json(_record_path(out, rank, world), record)
+    write_json(record_path(out, rank, world), record)
     cleaned = _finish(out, job, fmt, world, identity, source)
     return ShardResult(
         rank,
@@ -289,7 +278,7 @@ def read_manifest(out: str | os.PathLike) -> dict[str, Any]:
     path = Path(out) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{out} holds no {MANIFEST}: the run has not finished")
-    return _read_object(path, "manifest")
+    return read_object(path, "manifest")
 
 
 def read_shards(out: str | os.PathLike, verify: bool = True) -> np.ndarray:
@@ -318,25 +307,13 @@ def read_shards(out: str | os.PathLike, verify: bool = True) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def _read_object(path: Path, what: str) -> dict[str, Any]:
-    """The JSON object in ``path`` (a record or the manifest); ValueError naming the file if
-    it holds other JSON (a list, a number): only a damaged or foreign file does."""
-    data = read_json(path)
-    if not isinstance(data, dict):
-        held = JSON_TYPES.get(type(data), type(data).__name__)
-        raise ValueError(
-            f"{path} holds a JSON {held}, not the object a {what} is: remove it and run again"
-        )
-    return data
-
-
 def _complete_manifest(out: Path, job: dict, fmt: str) -> bool:
     """Whether ``out`` holds this job's manifest, every shard it lists there and whole;
     ValueError for another job's, or for a shard missing or damaged."""
     path = out / MANIFEST
     if not path.is_file():
         return False
-    manifest = _read_object(path, "manifest")
+    manifest = read_object(path, "manifest")
     if manifest.get("job") != job or manifest.get("format") != fmt:
         raise ValueError(
             f"{out} already holds the shards of another run (its {MANIFEST} differs in input, "
@@ -372,17 +349,13 @@ def _shard_problem(path: Path, entry: dict[str, Any]) -> str | None:
     return None
 
 
-def _record_path(out: Path, rank: int, world: int) -> Path:
-    return out / f"shard-{rank:05d}-of-{world:05d}.json"
-
-
 def _recorded(out: Path, rank: int, world: int, job: dict, fmt: str) -> bool:
     """Whether rank ``rank``'s shard of this job is written and recorded (by a run killed
     after it), its file whole: its size and checksum are the record's."""
-    path = _record_path(out, rank, world)
+    path = record_path(out, rank, world)
     if not path.is_file():
         return False
-    record = _read_object(path, "shard record")
+    record = read_object(path, "shard record")
     return (
         record.get("job") == job
         and record.get("format") == fmt
@@ -401,10 +374,10 @@ def _finish(out: Path, job: dict, fmt: str, world: int, identity, source) -> lis
     chunks can go."""
     records = []
     for rank in range(world):
-        path = _record_path(out, rank, world)
+        path = record_path(out, rank, world)
         if not path.is_file():
             return None
-        record = _read_object(path, "shard record")
+        record = read_object(path, "shard record")
         if record.get("job") != job or record.get("format") != fmt:
             return None  # left by an earlier run; this run's rank has not written it yet
         records.append(record)
@@ -422,7 +395,7 @@ def _finish(out: Path, job: dict, fmt: str, world: int, identity, source) -> lis
         ],
     }
     _write_manifest(out, manifest)
-    removed = _remove_leftovers(out, manifest)
+    removed = remove_leftovers(out, manifest)
     log.info("wrote %s: %d rows in %d shards", out / MANIFEST, job["rows"], world)
     return removed
 
@@ -433,96 +406,13 @@ def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
     except FileNotFoundError:
         # Its temporary file removed under it: another rank found every shard recorded at the
         # same moment, published the same manifest first and removed the manifest's
-        # temporary files as a killed write's (_remove_leftovers). Its manifest is this one.
+        # temporary files as a killed write's (remove_leftovers). Its manifest is this one.
         path = out / MANIFEST
         if not path.is_file():
             raise
-        found = _read_object(path, "manifest")
+        found = read_object(path, "manifest")
         if (found.get("job"), found.get("shards")) != (manifest["job"], manifest["shards"]):
             raise
-
-
-def _remove_leftovers(out: Path, manifest: dict[str, Any]) -> list[str]:
-    """Remove what the manifest's run no longer needs: the chunks, shards of an earlier,
-    killed run of this job with another world size, and temporary files of killed shard,
-    record and manifest writes; the names of what was removed, each logged. The writer of the
-    manifest calls it, and so does every later run that finds the manifest complete (the
-    writer may have been killed before it).
-
-    ``out`` may be a directory the user keeps other files in: a file goes only when its name
-    is a shard's and its record says it is this job's, and the chunks only when their
-    ``job.json`` is this job's; anything else is left as it is (and logged when it looks like
-    a shard)."""
-    world = manifest["world"]
-    kept = {s["file"] for s in manifest["shards"]} | {
-        _record_path(out, r, world).name for r in range(world)
-    }
-    doomed = [p for p in _earlier_shards(out, manifest["job"]) if p.name not in kept]
-    # The temporary files (io.atomic_write's ".NAME.*.tmp") of a shard, a record or the
-    # manifest, left by a process killed while writing it: every shard is written now, so
-    # none is being written. Another rank may be writing this same manifest at this moment:
-    # it finds its temporary file gone and this manifest in place (_write_manifest).
-    doomed += [p for p in sorted(out.iterdir()) if TEMPORARY_FILE.fullmatch(p.name)]
-    removed = []
-    for path in doomed:
-        path.unlink(missing_ok=True)
-        removed.append(path.name)
-    if _chunks_of(out, manifest["job"]):
-        shutil.rmtree(out / CHUNKS, ignore_errors=True)
-        removed.append(CHUNKS)
-    for name in removed:
-        log.info("%s: removed %s, left by an earlier run of this job", out, name)
-    return removed
-
-
-def _earlier_shards(out: Path, job: dict[str, Any]) -> list[Path]:
-    """The shard files and records in ``out`` that a record of this job names (this run's and
-    an earlier run's of another world size alike). A file with a shard's name but no record
-    of this job (a user's, another job's, or a shard whose rank was killed before recording
-    it) is not one: nothing says it may go."""
-    found = set()
-    for path in sorted(out.glob("shard-*.json")):
-        if not RECORD_FILE.fullmatch(path.name):
-            continue  # not a record's name: a user's file, left alone
-        try:
-            record = _read_object(path, "shard record")
-        except ValueError:  # damaged or foreign JSON: not known to be this job's
-            log.info("%s: left as it is (not a record of this job)", path)
-            continue
-        if record.get("job") != job:
-            log.info("%s: left as it is (a record of another job)", path)
-            continue
-        found.add(path.name)
-        named = record.get("file")
-        if isinstance(named, str) and SHARD_FILE.fullmatch(named) and (out / named).is_file():
-            found.add(named)
-    for path in sorted(out.glob("shard-*")):
-        if path.name not in found:
-            log.info("%s: left as it is (no record of this job names it)", path)
-    return [out / name for name in sorted(found)]
-
-
-def _chunks_of(out: Path, job: dict[str, Any]) -> bool:
-    """Whether ``out/.chunks`` is there and its ``job.json`` is this job's (an empty folder,
-    left by a kill before its record was written, is too); a folder holding anything else is
-    not removed."""
-    chunks = out / CHUNKS
-    if not chunks.is_dir():
-        return False
-    record = chunks / "job.json"
-    if not record.is_file():
-        if any(chunks.iterdir()):
-            log.info("%s: left as it is (no job.json says it holds this job's chunks)", chunks)
-            return False
-        return True
-    try:
-        found = read_json(record)
-    except ValueError:  # damaged: not known to be this job's
-        found = None
-    if found != job:
-        log.info("%s: left as it is (its job.json is not this job's)", chunks)
-        return False
-    return True
 
 
 def _write_parquet(path: Path, rows: range, texts: Sequence[str], vectors: np.ndarray) -> None:
