@@ -40,7 +40,8 @@ from ..heads.maxsim import maxsim_scores
 from ..index.identity import ModelIdentity, checkpoint_revision
 from ..interop.hf import TextTokenizer, find_checkpoint
 from ..interop.hf.files import CheckpointError, resolve_path
-from ..interop.hf.tokenizer import _token_text, check_texts, max_length_for
+from ..interop.hf.tokenizer import check_texts, max_length_for
+from ..interop.hf.vocab_files import token_text
 from ..interop.hf.weights import read_tensors
 from ..model_kinds import model_kind
 from ..options import Decision
@@ -214,7 +215,7 @@ class BGEM3Encoder:
         unused = set()
         for key, default in _UNUSED_TOKENS.items():
             found = tokenizer.tokenizer.token_to_id(
-                _token_text(files.tokenizer_config.get(key), default)
+                token_text(files.tokenizer_config.get(key), default)
             )
             if found is not None:
                 unused.add(found)

@@ -372,13 +372,13 @@ def _expansion(raw: Any, root: Path, token_id, files) -> QueryExpansion | None:
 def _expansion_token(name: str | None, token_id, files) -> int:
     """The expansion token's id: ``name``'s, else the tokenizer's mask token's, else its
     end-of-sequence token's (PyLate's and sentence-transformers' order)."""
-    from ..interop.hf.tokenizer import _token_text
+    from ..interop.hf.vocab_files import token_text
 
     names = (
         [name]
         if name is not None
         else [
-            _token_text(files.tokenizer_config.get(key), default)
+            token_text(files.tokenizer_config.get(key), default)
             for key, default in (("mask_token", "[MASK]"), ("eos_token", "</s>"))
         ]
     )
